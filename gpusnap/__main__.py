@@ -1,0 +1,3 @@
+from gpusnap.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""`gpusnap run`, `gpusnap restart`, `gpusnap snap` (being written)."""

@@ -1,0 +1,1 @@
+"""`gpusnap ls`, `inspect`, `verify`, `gc`, `export` (being written)."""

@@ -1,0 +1,123 @@
+"""Every failure a user can meet, as one hierarchy.
+
+The CLI shows a ``GpusnapError`` as one line (``gpusnap: <message>``), then ``hint: <hint>``,
+and exits with the class's ``exit_code``::
+
+    GpusnapError                      1  anything else gpusnap refuses
+    ├── UsageError                    2  bad arguments: durations, signal names, missing script
+    ├── RunDirError                   3  the run directory is wrong for this command
+    │   ├── RunDirMismatch               ... it belongs to a different command line
+    │   ├── RunDirLocked                 ... another live process holds its lock
+    │   ├── RunDirPermission             ... not writable / owned by someone else
+    │   └── FormatVersionError           ... written by a format this gpusnap does not know
+    ├── StoreError                    4  reading or writing snapshot data failed
+    │   ├── ChunkCorrupt                 ... a chunk's bytes do not match its name
+    │   ├── ChunkMissing                 ... a manifest names a chunk no pack holds
+    │   ├── NoSpace                      ... ENOSPC while writing
+    │   └── SnapshotNotFound             ... no such snapshot id / no snapshot at all
+    ├── SnapshotError                 5  one snapshot could not be taken (training goes on)
+    │   ├── HeadroomError                ... copy-on-write worst case would not fit in RAM
+    │   └── CaptureError                 ... the object graph could not be captured
+    └── RestoreError                  6  restart refused rather than restore wrong state
+        ├── ReplayDiverged               ... replay never reached the saved loop position
+        ├── StateMismatch                ... shape / dtype / tying differs at an object path
+        └── ProgramChanged               ... script, sources or arguments differ
+
+``gpusnap run`` itself passes the program's exit status through; see ``EXIT_*`` below and the
+README's table.
+"""
+
+from __future__ import annotations
+
+# Exit statuses of `gpusnap run` / `gpusnap restart` that are not the program's own.
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: stopped by SIGTERM after a committed snapshot; requeue me
+EXIT_PREEMPTED_UNSAVED = 76  # stopped by SIGTERM, but no snapshot was committed within --grace
+
+
+class GpusnapError(Exception):
+    exit_code = 1
+    default_hint = "run with --help for usage"
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint or self.default_hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(GpusnapError):
+    exit_code = 2
+
+
+class RunDirError(GpusnapError):
+    exit_code = 3
+    default_hint = "pass another directory with --dir"
+
+
+class RunDirMismatch(RunDirError):
+    pass
+
+
+class RunDirLocked(RunDirError):
+    default_hint = "wait for the other run to finish, or pass another --dir"
+
+
+class RunDirPermission(RunDirError):
+    pass
+
+
+class FormatVersionError(RunDirError):
+    default_hint = "use the gpusnap version that wrote this directory"
+
+
+class StoreError(GpusnapError):
+    exit_code = 4
+    default_hint = "run `gpusnap verify DIR` to see what is damaged"
+
+
+class ChunkCorrupt(StoreError):
+    pass
+
+
+class ChunkMissing(StoreError):
+    pass
+
+
+class NoSpace(StoreError):
+    default_hint = "free disk space or lower --keep; earlier snapshots are intact"
+
+
+class SnapshotNotFound(StoreError):
+    default_hint = "list the snapshots with `gpusnap ls DIR`"
+
+
+class SnapshotError(GpusnapError):
+    exit_code = 5
+    default_hint = "training goes on; earlier snapshots are intact"
+
+
+class HeadroomError(SnapshotError):
+    default_hint = "free host memory, or set GPUSNAP_HEADROOM_FRACTION to accept the risk"
+
+
+class CaptureError(SnapshotError):
+    pass
+
+
+class RestoreError(GpusnapError):
+    exit_code = 6
+    default_hint = "restart from another snapshot with --snapshot ID, or start fresh with --resume never"
+
+
+class ReplayDiverged(RestoreError):
+    pass
+
+
+class StateMismatch(RestoreError):
+    pass
+
+
+class ProgramChanged(RestoreError):
+    default_hint = "restore the original script, or pass --force to restore anyway"

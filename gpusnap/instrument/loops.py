@@ -1,0 +1,165 @@
+"""Runtime of instrumented loops: iteration counts, safe points, fast-forward.
+
+The transform (``instrument.transform``) rewrites, in every instrumented module::
+
+    for T in E: ...                 ->  for T in __gpusnap_loops__.for_loop("LINE:COL", E): ...
+    for T in enumerate(a, s): ...   ->  for T in __gpusnap_loops__.for_loop_call("LINE:COL", enumerate, a, s): ...
+    while C: ...                    ->  with __gpusnap_loops__.while_loop("LINE:COL") as __gpusnap_w_N:
+                                            while __gpusnap_w_N.boundary() and (C): ...
+
+Each running loop is an ``ActiveLoop`` on the main thread's ``ACTIVE`` list from its first
+iteration until it ends (CPython closes a ``for`` loop's generator as soon as the loop drops it:
+on exhaustion, ``break``, ``return`` or an exception). A *boundary* is the moment between two
+iterations: the previous body is complete and the next item is not fetched yet. When a snapshot
+is pending, every main-thread boundary calls ``on_boundary`` (installed by the capture agent),
+which decides whether this boundary is a safe point. When nothing is pending a boundary costs
+one global lookup and one counter step.
+"""
+
+from __future__ import annotations
+
+import builtins
+import sys
+import threading
+
+_MAIN_THREAD = threading.main_thread().ident
+
+# Set by the capture agent; read at every boundary. A plain module global: the cheapest check.
+pending = False
+# on_boundary(loop: ActiveLoop) -> None; installed by capture.agent.install().
+on_boundary = None
+# on_loop_start(loop: ActiveLoop, iterable) -> iterator | None; installed by restore (replay):
+# returns a replacement iterator that resumes the loop at its saved position, or None.
+on_loop_start = None
+
+# Running main-thread loops, outermost first (generators can make removal non-LIFO).
+ACTIVE: list["ActiveLoop"] = []
+
+
+class ActiveLoop:
+    """One execution of one loop statement."""
+
+    __slots__ = ("loop_id", "frame", "index", "kind", "source", "__weakref__")
+
+    def __init__(self, loop_id: str, frame, kind: str, source=None):
+        self.loop_id = loop_id  # "LINE:COL" of the statement inside frame.f_code
+        self.frame = frame
+        self.index = 0  # completed iterations == items handed to the body so far
+        self.kind = kind  # "for" | "while"
+        self.source = source  # for loops: what was iterated (DataLoader, range, ...)
+
+    @property
+    def code(self):
+        return self.frame.f_code
+
+    def where(self) -> str:
+        code = self.frame.f_code
+        return f"{code.co_filename}:{self.loop_id.split(':')[0]} in {code.co_qualname}"
+
+    def __repr__(self) -> str:
+        return f"<loop {self.where()} index={self.index}>"
+
+
+def _unregister(loop: ActiveLoop) -> None:
+    # Almost always the last entry; search from the end.
+    for i in range(len(ACTIVE) - 1, -1, -1):
+        if ACTIVE[i] is loop:
+            del ACTIVE[i]
+            return
+
+
+def _iterate(loop: ActiveLoop, it):
+    try:
+        if pending and on_boundary is not None:
+            on_boundary(loop)
+        for item in it:
+            loop.index += 1
+            yield item
+            # The body of the previous item is complete: this is a boundary.
+            if pending and on_boundary is not None:
+                on_boundary(loop)
+    finally:
+        _unregister(loop)
+
+
+def _start_for(loop_id: str, iterable, source, frame):
+    if threading.get_ident() != _MAIN_THREAD:
+        return iter(iterable)
+    loop = ActiveLoop(loop_id, frame, "for", source)
+    it = None
+    if on_loop_start is not None:
+        it = on_loop_start(loop, iterable)
+    if it is None:
+        it = iter(iterable)
+    ACTIVE.append(loop)
+    return _iterate(loop, it)
+
+
+def for_loop(loop_id: str, iterable):
+    return _start_for(loop_id, iterable, iterable, sys._getframe(1))
+
+
+def for_loop_call(loop_id: str, func, *args, **kwargs):
+    """``for x in enumerate(...)`` / ``zip(...)``: the call is deferred to here so that replay can
+    fast-forward the sources before any of them is turned into an iterator."""
+    frame = sys._getframe(1)
+    if func is builtins.enumerate or func is builtins.zip:
+        call = (func, args, kwargs)
+        if on_loop_start is not None and threading.get_ident() == _MAIN_THREAD:
+            return _start_for(loop_id, _DeferredCall(func, args, kwargs), call, frame)
+        return _start_for(loop_id, func(*args, **kwargs), call, frame)
+    return _start_for(loop_id, func(*args, **kwargs), None, frame)
+
+
+class _DeferredCall:
+    """An enumerate()/zip() not made yet; iter() makes it (replay may rebuild it instead)."""
+
+    __slots__ = ("func", "args", "kwargs")
+
+    def __init__(self, func, args, kwargs):
+        self.func, self.args, self.kwargs = func, args, kwargs
+
+    def __iter__(self):
+        return iter(self.func(*self.args, **self.kwargs))
+
+
+class _WhileLoop:
+    __slots__ = ("loop",)
+
+    def __init__(self, loop: ActiveLoop | None):
+        self.loop = loop
+
+    def __enter__(self):
+        if self.loop is not None:
+            ACTIVE.append(self.loop)
+            if on_loop_start is not None:
+                on_loop_start(self.loop, None)
+        return self
+
+    def __exit__(self, *exc):
+        if self.loop is not None:
+            _unregister(self.loop)
+        return False
+
+    def boundary(self) -> bool:
+        loop = self.loop
+        if loop is not None:
+            if pending and on_boundary is not None:
+                on_boundary(loop)
+            loop.index += 1
+        return True
+
+
+def while_loop(loop_id: str) -> _WhileLoop:
+    if threading.get_ident() != _MAIN_THREAD:
+        return _WhileLoop(None)
+    return _WhileLoop(ActiveLoop(loop_id, sys._getframe(1), "while"))
+
+
+def reset_after_fork_in_child() -> None:
+    """A forked child (DataLoader worker, writer) must never take a snapshot of its own."""
+    global pending, on_boundary, on_loop_start
+    pending = False
+    on_boundary = None
+    on_loop_start = None
+    ACTIVE.clear()

@@ -1,0 +1,50 @@
+"""Tunables, in one place.
+
+Every knob is a module-level value read once at import from ``GPUSNAP_<NAME>`` in the
+environment, falling back to the default written here. The supervisor passes its environment to
+the trainee, so ``GPUSNAP_CHUNK_BYTES=1048576 gpusnap run train.py`` reaches the writer too.
+Sizes are bytes, times are seconds, fractions are 0..1. Tests override knobs through the
+environment of the subprocess they start, never by assigning here.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _int(name: str, default: int) -> int:
+    return int(os.environ.get(f"GPUSNAP_{name}", default))
+
+
+def _float(name: str, default: float) -> float:
+    return float(os.environ.get(f"GPUSNAP_{name}", default))
+
+
+def _str(name: str, default: str) -> str:
+    return os.environ.get(f"GPUSNAP_{name}", default)
+
+
+# Content-defined dedup works on fixed chunks of a buffer; 4 MiB keeps the index small (one
+# entry per 4 MiB) while a changed region of a buffer still costs only its own chunks.
+CHUNK_BYTES = _int("CHUNK_BYTES", 4 << 20)
+# Chunks are appended to pack files of about this size, never one file per chunk.
+PACK_BYTES = _int("PACK_BYTES", 64 << 20)
+# Compression that gains less than this fraction is not worth its decode time: store raw.
+COMPRESS_MIN_GAIN = _float("COMPRESS_MIN_GAIN", 0.05)
+# blosc2 codec: "zstd" (level 1, better ratio) or "lz4" (faster).
+CODEC = _str("CODEC", "zstd")
+# Threads the forked writer gives blosc2 (0 = one per core).
+WRITER_THREADS = _int("WRITER_THREADS", 0)
+# Upper bound on chunk bytes the writer holds in memory at once, whatever the state's size.
+WRITER_WINDOW_BYTES = _int("WRITER_WINDOW_BYTES", 256 << 20)
+
+# Fork only when the copy-on-write worst case (the trainee's resident set) is at most this
+# fraction of the host memory still available; otherwise skip the snapshot with a warning.
+HEADROOM_FRACTION = _float("HEADROOM_FRACTION", 0.9)
+
+# How often the supervisor checks its timer and its child (seconds).
+SUPERVISOR_TICK_S = _float("SUPERVISOR_TICK_S", 0.2)
+# Default --grace: how long a SIGTERM snapshot may take before the trainee is killed.
+DEFAULT_GRACE_S = _float("DEFAULT_GRACE_S", 120.0)
+# How long a stale lock holder must have been gone before its lock is taken over.
+LOCK_STALE_S = _float("LOCK_STALE_S", 0.0)
