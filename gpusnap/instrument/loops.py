@@ -31,6 +31,9 @@ on_boundary = None
 # on_loop_start(loop: ActiveLoop, iterable) -> iterator | None; installed by restore (replay):
 # returns a replacement iterator that resumes the loop at its saved position, or None.
 on_loop_start = None
+# describe_source(iterable) -> dict | None; installed by the capture agent: what fast-forward will
+# need later, taken before iter() runs (a DataLoader's RNG state at the moment iter() is called).
+describe_source = None
 
 # Running main-thread loops, outermost first (generators can make removal non-LIFO).
 ACTIVE: list["ActiveLoop"] = []
@@ -39,7 +42,7 @@ ACTIVE: list["ActiveLoop"] = []
 class ActiveLoop:
     """One execution of one loop statement."""
 
-    __slots__ = ("loop_id", "frame", "index", "kind", "source", "__weakref__")
+    __slots__ = ("loop_id", "frame", "index", "kind", "source", "resume", "__weakref__")
 
     def __init__(self, loop_id: str, frame, kind: str, source=None):
         self.loop_id = loop_id  # "LINE:COL" of the statement inside frame.f_code
@@ -47,6 +50,7 @@ class ActiveLoop:
         self.index = 0  # completed iterations == items handed to the body so far
         self.kind = kind  # "for" | "while"
         self.source = source  # for loops: what was iterated (DataLoader, range, ...)
+        self.resume = None  # describe_source()'s note, kept in snapshots for fast-forward
 
     @property
     def code(self):
@@ -86,6 +90,8 @@ def _start_for(loop_id: str, iterable, source, frame):
     if threading.get_ident() != _MAIN_THREAD:
         return iter(iterable)
     loop = ActiveLoop(loop_id, frame, "for", source)
+    if describe_source is not None:
+        loop.resume = describe_source(source)
     it = None
     if on_loop_start is not None:
         it = on_loop_start(loop, iterable)
@@ -104,11 +110,10 @@ def for_loop_call(loop_id: str, func, *args, **kwargs):
     fast-forward the sources before any of them is turned into an iterator."""
     frame = sys._getframe(1)
     if func is builtins.enumerate or func is builtins.zip:
-        call = (func, args, kwargs)
-        if on_loop_start is not None and threading.get_ident() == _MAIN_THREAD:
-            return _start_for(loop_id, _DeferredCall(func, args, kwargs), call, frame)
-        return _start_for(loop_id, func(*args, **kwargs), call, frame)
-    return _start_for(loop_id, func(*args, **kwargs), None, frame)
+        call = _DeferredCall(func, args, kwargs)
+        return _start_for(loop_id, call, call, frame)
+    iterable = func(*args, **kwargs)
+    return _start_for(loop_id, iterable, iterable, frame)
 
 
 class _DeferredCall:
@@ -158,8 +163,9 @@ def while_loop(loop_id: str) -> _WhileLoop:
 
 def reset_after_fork_in_child() -> None:
     """A forked child (DataLoader worker, writer) must never take a snapshot of its own."""
-    global pending, on_boundary, on_loop_start
+    global pending, on_boundary, on_loop_start, describe_source
     pending = False
     on_boundary = None
     on_loop_start = None
+    describe_source = None
     ACTIVE.clear()

@@ -1,0 +1,137 @@
+"""Object paths: where in the roots each interesting object sits.
+
+Pickle does not say where it found an object, so after pickling the writer walks the roots
+breadth-first once and names, by the shortest path from a root, what a user needs to see: the
+live-only objects, the first holder of every buffer, and the nn.Modules (their state_dict names
+are what ``gpusnap export`` writes). Paths read like Python: ``frame[2].locals.model.fc.weight``,
+``globals[__main__].history[3]``, ``...state[<Parameter 0>]``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+# Bound on objects visited, so a pathological graph cannot make the writer walk forever.
+_MAX_VISITS = 500_000
+
+
+def _children(obj, torch_module):
+    """(suffix, child) pairs of one object, in a stable order."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            yield f"[{_key_repr(key)}]", value
+        return
+    if isinstance(obj, (list, tuple)):
+        for i, value in enumerate(obj):
+            yield f"[{i}]", value
+        return
+    if torch_module is not None and isinstance(obj, torch_module.nn.Module):
+        for group in ("_parameters", "_buffers", "_modules"):
+            for name, value in getattr(obj, group, {}).items():
+                if value is not None:
+                    yield f".{name}", value
+    attrs = getattr(obj, "__dict__", None)
+    if isinstance(attrs, dict):
+        for name, value in attrs.items():
+            if name not in ("_parameters", "_buffers", "_modules"):
+                yield f".{name}", value
+
+
+def _key_repr(key) -> str:
+    if isinstance(key, (str, int, float, bool)) or key is None:
+        return repr(key)
+    return f"<{type(key).__name__} {id(key):#x}>"
+
+
+_ATOMS = (str, bytes, int, float, bool, complex, type(None))
+
+
+def find_paths(roots: list[tuple[str, object]], wanted_ids: set[int], torch_module=None) -> dict[int, str]:
+    """Shortest path of each object whose id is in ``wanted_ids``. Tensors are leaves."""
+    found: dict[int, str] = {}
+    seen: set[int] = set()
+    queue = deque(roots)
+    visits = 0
+    leaf_types = _ATOMS
+    if torch_module is not None:
+        leaf_types = _ATOMS + (torch_module.Tensor,)
+    while queue and visits < _MAX_VISITS:
+        path, obj = queue.popleft()
+        oid = id(obj)
+        if oid in seen:
+            continue
+        seen.add(oid)
+        visits += 1
+        if oid in wanted_ids:
+            found[oid] = path
+            if len(found) == len(wanted_ids):
+                break
+        if isinstance(obj, leaf_types) or isinstance(obj, type):
+            continue
+        try:
+            for suffix, child in _children(obj, torch_module):
+                if id(child) not in seen and not isinstance(child, _ATOMS):
+                    queue.append((path + suffix, child))
+        except Exception:  # a __dict__ property that raises, a dict mutated by a thread
+            continue
+    return found
+
+
+def top_modules(roots: list[tuple[str, object]], torch_module) -> list[tuple[str, object]]:
+    """nn.Modules reachable from the roots that no other found module contains."""
+    if torch_module is None:
+        return []
+    Module = torch_module.nn.Module
+    result: list[tuple[str, object]] = []
+    inside: set[int] = set()
+    seen: set[int] = set()
+    queue = deque(roots)
+    visits = 0
+    while queue and visits < _MAX_VISITS:
+        path, obj = queue.popleft()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        visits += 1
+        if isinstance(obj, Module):
+            if id(obj) not in inside:
+                result.append((path, obj))
+                for sub in obj.modules():
+                    inside.add(id(sub))
+            continue
+        if isinstance(obj, _ATOMS) or isinstance(obj, (type, torch_module.Tensor)):
+            continue
+        if not isinstance(obj, (dict, list, tuple)) and not hasattr(obj, "__dict__"):
+            continue
+        if type(obj).__module__.startswith(("torch.utils.data", "threading", "socket", "io")):
+            continue
+        try:
+            queue.extend(_children(obj, torch_module))
+        except Exception:
+            continue
+    return result
+
+
+def module_tensors(module, storage_names: dict, key_of) -> dict[str, dict]:
+    """state_dict-style entries of one module's parameters and buffers, pointing into buffers."""
+    entries: dict[str, dict] = {}
+    for name, tensor in _named_state(module):
+        buffer = storage_names.get(key_of(tensor.untyped_storage()))
+        if buffer is None:
+            continue
+        entries[name] = {
+            "buffer": buffer,
+            "dtype": str(tensor.dtype).removeprefix("torch."),
+            "shape": list(tensor.shape),
+            "stride": list(tensor.stride()),
+            "offset": tensor.storage_offset(),
+        }
+    return entries
+
+
+def _named_state(module):
+    # named_parameters/named_buffers walk Python dicts only: safe in the forked writer.
+    yield from module.named_parameters(remove_duplicate=False)
+    for name, buffer in module.named_buffers(remove_duplicate=False):
+        if buffer is not None:
+            yield name, buffer

@@ -1,0 +1,284 @@
+"""The object-graph pickler: state goes to buffers, live things become placeholders.
+
+``GraphPickler`` runs in the forked writer. It pickles the snapshot's roots with protocol 5 and
+intercepts, through ``reducer_override``:
+
+- torch tensors -> ``_rebuild_tensor(storage, offset, size, stride, dtype, ...)`` with the
+  storage pickled once per (device, address, size) as a reference to a *buffer*: views and tied
+  weights share one buffer and come back sharing one storage; ``.grad`` travels with its tensor.
+- numpy arrays (plain dtypes) -> a buffer plus dtype and shape.
+- objects that cannot or should not be pickled (modules, files, sockets, locks, threads,
+  generators, DataLoaders and their iterators, functions that cannot be found by name, anything
+  whose ``__reduce_ex__`` raises) -> ``_live_only(serial, type)``: restore keeps the object the
+  replayed program built at that place.
+
+Buffer bytes never pass through the pickle stream: ``sink.put_buffer`` receives a memoryview over
+the storage's own memory (the fork gave the writer a consistent copy), so the stream holds only
+structure. Nothing here runs a torch operator: the writer is a forked child and torch's OpenMP
+pool would deadlock it. Reading tensor metadata and CPU storage bytes is safe.
+
+Loading mirrors it: ``load_graph(stream, read_buffer)`` unpickles with the same reconstruction
+functions, which fetch buffers through ``read_buffer(name)``, once per buffer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import pickle
+import sys
+import threading
+import types
+import weakref
+
+PROTOCOL = 5
+
+_ALWAYS_LIVE = (
+    types.ModuleType,
+    types.FrameType,
+    types.TracebackType,
+    types.CodeType,
+    types.GeneratorType,
+    types.CoroutineType,
+    types.AsyncGeneratorType,
+    weakref.ref,
+    weakref.ProxyType,
+    weakref.CallableProxyType,
+    type(threading.Lock()),
+    type(threading.RLock()),
+    threading.Thread,
+    threading.Condition,
+    threading.Event,
+    threading.Semaphore,
+    threading.Barrier,
+    io.IOBase,
+)
+
+
+def type_name(obj) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _findable(obj) -> bool:
+    """True when pickle can save ``obj`` (a function or class) by reference to its name."""
+    module = sys.modules.get(getattr(obj, "__module__", None) or "")
+    qualname = getattr(obj, "__qualname__", None)
+    if module is None or not qualname or "<" in qualname:
+        return False
+    found = module
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            return False
+    return found is obj
+
+
+def address_view(address: int, nbytes: int) -> memoryview:
+    """Zero-copy view of ``nbytes`` at a raw address (a CPU storage, a staging buffer)."""
+    if nbytes == 0:
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
+
+
+class GraphPickler(pickle.Pickler):
+    """Pickles roots; writes buffers to ``sink.put_buffer(view, dtype=, typesize=)``.
+
+    After ``dump``: ``buffers`` {name: record}, ``live_only`` [(obj, type name)], ``tensors``
+    [(tensor, buffer name)] for the path pass, ``storage_names`` {storage key: buffer name}.
+    ``staged`` maps (device type, address, nbytes) of device storages to host views (the
+    staging step fills it; empty in CPU mode).
+    """
+
+    def __init__(self, file, sink, staged: dict | None = None):
+        super().__init__(file, protocol=PROTOCOL)
+        self.sink = sink
+        self.staged = staged or {}
+        self.buffers: dict[str, dict] = {}
+        self.live_only: list[tuple[object, str]] = []
+        self.tensors: list[tuple[object, str]] = []
+        self.storage_names: dict[tuple, str] = {}
+        self._storage_dtype: dict[tuple, tuple[str, int]] = {}
+        self._torch = sys.modules.get("torch")
+        self._np = sys.modules.get("numpy")
+        self._live_types = _ALWAYS_LIVE + _torch_live_types(self._torch)
+
+    # -- dispatch -----------------------------------------------------------------------
+    def reducer_override(self, obj):
+        torch = self._torch
+        if torch is not None:
+            if isinstance(obj, torch.Tensor):
+                return self._reduce_tensor(obj)
+            if isinstance(obj, (torch.UntypedStorage, torch.TypedStorage)):
+                return self._reduce_storage(obj)
+        np = self._np
+        if np is not None and type(obj) is np.ndarray and not obj.dtype.hasobject and obj.dtype.names is None:
+            return self._reduce_ndarray(obj)
+        if isinstance(obj, self._live_types):
+            return self._live(obj)
+        if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
+            return NotImplemented if _findable(obj) else self._live(obj)
+        if not _findable(type(obj)):
+            return self._live(obj)
+        try:
+            return obj.__reduce_ex__(PROTOCOL)
+        except Exception:
+            return self._live(obj)
+
+    def _live(self, obj):
+        serial = len(self.live_only)
+        name = type_name(obj) if not isinstance(obj, type) else f"class {obj.__module__}.{obj.__qualname__}"
+        self.live_only.append((obj, name))
+        return _live_only, (serial, name)
+
+    # -- torch ----------------------------------------------------------------------------
+    def _reduce_tensor(self, t):
+        torch = self._torch
+        if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided or t.is_quantized:
+            try:
+                return t.__reduce_ex__(PROTOCOL)
+            except Exception:
+                return self._live(t)
+        storage = t.untyped_storage()
+        dtype = str(t.dtype).removeprefix("torch.")
+        key = _storage_key(storage)
+        self._storage_dtype.setdefault(key, (dtype, t.element_size()))
+        is_param = type(t) is torch.nn.Parameter
+        grad = t.grad if t.is_leaf else None
+        attrs = dict(t.__dict__) if t.__dict__ else None
+        requires_grad = t.requires_grad and t.is_leaf
+        self.tensors.append((t, key))
+        args = (storage, t.storage_offset(), tuple(t.size()), tuple(t.stride()), dtype, requires_grad, grad, is_param, attrs)
+        return _rebuild_tensor, args
+
+    def _reduce_storage(self, storage):
+        torch = self._torch
+        if isinstance(storage, torch.TypedStorage):
+            storage = storage.untyped()
+        key = _storage_key(storage)
+        name = self.storage_names.get(key)
+        if name is None:
+            device, address, nbytes = key
+            if device == "cpu":
+                view = address_view(address, nbytes)
+            elif key in self.staged:
+                view = self.staged[key]
+            elif device == "meta":
+                view = None
+            else:
+                return self._live(storage)
+            dtype, typesize = self._storage_dtype.get(key, ("uint8", 1))
+            name = f"t{len(self.storage_names)}"
+            self.storage_names[key] = name
+            if view is None:
+                record = {"nbytes": nbytes, "dtype": dtype, "chunks": []}
+            else:
+                record = self.sink.put_buffer(view, dtype=dtype, typesize=typesize)
+            record.update(kind="torch", device=device)
+            self.buffers[name] = record
+        return _load_storage, (name, key[0])
+
+    # -- numpy ----------------------------------------------------------------------------
+    def _reduce_ndarray(self, arr):
+        np = self._np
+        flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+        key = ("numpy", arr.__array_interface__["data"][0], arr.nbytes, arr.dtype.str, arr.shape, arr.strides)
+        name = self.storage_names.get(key)
+        if name is None:
+            name = f"n{len(self.storage_names)}"
+            self.storage_names[key] = name
+            record = self.sink.put_buffer(memoryview(flat), dtype=arr.dtype.name, typesize=arr.dtype.itemsize)
+            record.update(kind="numpy", shape=list(arr.shape))
+            self.buffers[name] = record
+        return _rebuild_ndarray, (name, arr.dtype.str, arr.shape)
+
+
+def _storage_key(storage) -> tuple:
+    return (storage.device.type, storage.data_ptr(), storage.nbytes())
+
+
+def _torch_live_types(torch) -> tuple:
+    if torch is None:
+        return ()
+    found = []
+    data = sys.modules.get("torch.utils.data")
+    if data is not None:
+        found += [data.DataLoader, data.dataloader._BaseDataLoaderIter]
+    found += [torch.Stream, torch.Event] if hasattr(torch, "Stream") else []
+    return tuple(found)
+
+
+# -- loading ------------------------------------------------------------------------------
+class LiveOnly:
+    """Stands where the snapshot held an object it could not capture."""
+
+    __slots__ = ("serial", "type_name")
+
+    def __init__(self, serial: int, type_name: str):
+        self.serial, self.type_name = serial, type_name
+
+    def __repr__(self) -> str:
+        return f"<live-only {self.type_name}>"
+
+
+_loading = threading.local()
+
+
+def _live_only(serial, name):
+    return LiveOnly(serial, name)
+
+
+def _load_storage(name, device):
+    cache = _loading.storages
+    storage = cache.get(name)
+    if storage is None:
+        import torch
+
+        data = _loading.read_buffer(name)
+        if len(data) == 0:
+            storage = torch.UntypedStorage(0)
+        else:
+            storage = torch.frombuffer(data, dtype=torch.uint8).untyped_storage()
+        if device not in ("cpu", "meta") and _loading.device_map is not None:
+            storage = storage.to(_loading.device_map(device))
+        cache[name] = storage
+    return storage
+
+
+def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, is_param, attrs):
+    import torch
+
+    t = torch.empty(0, dtype=getattr(torch, dtype), device=storage.device)
+    t.set_(storage, offset, size, stride)
+    if is_param:
+        t = torch.nn.Parameter(t, requires_grad=requires_grad)
+    elif requires_grad:
+        t.requires_grad_(True)
+    if grad is not None:
+        t.grad = grad
+    if attrs:
+        t.__dict__.update(attrs)
+    return t
+
+
+def _rebuild_ndarray(name, dtype, shape):
+    import numpy as np
+
+    cache = _loading.storages
+    arr = cache.get(name)
+    if arr is None:
+        arr = np.frombuffer(_loading.read_buffer(name), dtype=np.dtype(dtype)).reshape(shape)
+        cache[name] = arr
+    return arr
+
+
+def load_graph(stream: bytes, read_buffer, device_map=None):
+    """Unpickle a graph; ``read_buffer(name) -> bytearray`` supplies buffer bytes."""
+    _loading.storages = {}
+    _loading.read_buffer = read_buffer
+    _loading.device_map = device_map
+    try:
+        return pickle.loads(stream)
+    finally:
+        _loading.storages = None
+        _loading.read_buffer = None

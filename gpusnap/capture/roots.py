@@ -1,0 +1,115 @@
+"""The roots of a snapshot: frames on the path, module globals, RNG states, loop positions.
+
+Collected in the forked writer from its copy-on-write image of the trainee, so the trainee pays
+nothing for it. The pickled payload is a plain dict (format below) so that restore can align it
+with the replayed program by path::
+
+    {"frames":  [{"file", "function", "firstlineno", "line", "locals": {name: value}}, ...],
+     "globals": {module name: {name: value}},
+     "rng":     {"random": ..., "numpy": ..., "torch": ..., "torch.cuda": ...},
+     "loops":   [{"frame": index into frames, "loop_id": "LINE:COL", "index": n,
+                  "kind": "for"|"while", "resume": {...} | None}, ...]}
+
+Frames run from the ``__main__`` module frame (whose locals are its globals, so they are stored
+once, under ``globals``) down to the frame of the loop whose boundary is the safe point.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+from gpusnap.instrument import loops
+
+_DEFINITIONS = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type)
+
+
+def frames_on_path(innermost) -> list:
+    """Frames from the main module frame down to ``innermost``, outermost first."""
+    main_code = getattr(loops, "MAIN_CODE", None)
+    path = []
+    frame = innermost
+    while frame is not None:
+        path.append(frame)
+        if frame.f_code is main_code:
+            break
+        frame = frame.f_back
+    else:
+        # No main frame recorded (a bare test harness): keep the frames below gpusnap's own.
+        package_dir = loops.__file__.rsplit("/", 2)[0]
+        while path and path[-1].f_code.co_filename.startswith(package_dir):
+            path.pop()
+    path.reverse()
+    return path
+
+
+def _keep_local(name: str) -> bool:
+    return not name.startswith("__gpusnap")
+
+
+def _keep_global(name: str, value) -> bool:
+    if (name.startswith("__") and name.endswith("__")) or name.startswith("__gpusnap"):
+        return False
+    return not isinstance(value, _DEFINITIONS)
+
+
+def instrumented_modules() -> dict[str, dict]:
+    """{module name: globals dict} for ``__main__`` and every instrumented user module."""
+    found: dict[str, dict] = {}
+    main_globals = getattr(loops, "MAIN_GLOBALS", None)
+    if main_globals is not None:
+        found["__main__"] = main_globals
+    try:
+        from gpusnap.instrument.importer import SOURCES
+    except ImportError:
+        SOURCES = {}
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if path in SOURCES and name != "__main__" and isinstance(getattr(module, "__dict__", None), dict):
+            found[name] = module.__dict__
+    return found
+
+
+def collect(innermost_frame, active_loops: list, rng_states: dict) -> dict:
+    frames = frames_on_path(innermost_frame)
+    main_code = getattr(loops, "MAIN_CODE", None)
+    frame_entries = []
+    for frame in frames:
+        code = frame.f_code
+        is_module = code is main_code or code.co_name == "<module>"
+        local_vars = {} if is_module else {k: v for k, v in dict(frame.f_locals).items() if _keep_local(k)}
+        frame_entries.append(
+            {
+                "file": code.co_filename,
+                "function": code.co_qualname,
+                "firstlineno": code.co_firstlineno,
+                "line": frame.f_lineno,
+                "locals": local_vars,
+            }
+        )
+    module_globals = {
+        name: {k: v for k, v in list(g.items()) if _keep_global(k, v)} for name, g in instrumented_modules().items()
+    }
+    index_of = {id(f): i for i, f in enumerate(frames)}
+    loop_entries = [
+        {
+            "frame": index_of[id(loop.frame)],
+            "loop_id": loop.loop_id,
+            "index": loop.index,
+            "kind": loop.kind,
+            "resume": getattr(loop, "resume", None),
+        }
+        for loop in active_loops
+        if id(loop.frame) in index_of
+    ]
+    return {"frames": frame_entries, "globals": module_globals, "rng": rng_states, "loops": loop_entries}
+
+
+def named_roots(roots: dict) -> list[tuple[str, object]]:
+    """(path, value) of every top-level root value, in the order paths are assigned."""
+    named: list[tuple[str, object]] = []
+    for module, values in roots["globals"].items():
+        named += [(f"globals[{module}].{k}", v) for k, v in values.items()]
+    for i, frame in enumerate(roots["frames"]):
+        named += [(f"frame[{i}].locals.{k}", v) for k, v in frame["locals"].items()]
+    return named

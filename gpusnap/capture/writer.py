@@ -1,0 +1,120 @@
+"""The writer: runs in the forked child, turns the trainee's image into a committed snapshot.
+
+Order: collect roots -> pickle the graph (buffers stream into the store as they are met) -> put
+the pickle stream itself as the buffer "graph" -> name objects by path -> commit the manifest
+-> apply retention. The trainee has resumed training before any of this starts.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import time
+from dataclasses import dataclass, field
+
+from gpusnap.capture import paths, roots
+from gpusnap.capture.pickler import GraphPickler, _storage_key, type_name
+
+
+@dataclass
+class WriteJob:
+    """Everything the parent decided before fork; the child reads it from its memory image."""
+
+    run_dir: str
+    snap_id: str
+    frame: object  # the frame of the loop whose boundary is the safe point
+    active_loops: list
+    rng_states: dict
+    requested_s: float  # perf_counter() when the safe point was reached (monotonic across fork)
+    iteration: int | None
+    reason: str
+    resumed_from: str | None = None
+    keep: int | None = None
+    steps: int = 0  # optimizer steps so far: restored so that iteration numbers continue
+    sources: dict = field(default_factory=dict)  # instrumented file -> xxh3-128 of its source
+    staged: dict = field(default_factory=dict)
+
+
+def write_snapshot(job: WriteJob) -> dict:
+    from gpusnap.store import RunDir
+
+    stall_s = time.perf_counter() - job.requested_s
+    started = time.perf_counter()
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
+    rundir = RunDir.open(job.run_dir)
+    sink = rundir.begin_snapshot(job.snap_id)
+    try:
+        payload = roots.collect(job.frame, job.active_loops, job.rng_states)
+        stream = io.BytesIO()
+        pickler = GraphPickler(stream, sink, staged=job.staged)
+        pickler.dump(payload)
+        graph = sink.put_buffer(stream.getbuffer(), dtype="bytes", typesize=1)
+        graph["kind"] = "graph"
+        manifest = _manifest(job, payload, pickler, graph, stall_s)
+        manifest["write_s"] = time.perf_counter() - started
+        info = sink.commit(manifest)
+    except BaseException:
+        sink.abort()
+        raise
+    if job.keep:
+        rundir.prune(job.keep)
+    return {
+        "event": "committed",
+        "id": info.id,
+        "iteration": job.iteration,
+        "stall_s": stall_s,
+        "write_s": time.perf_counter() - started,
+        "bytes_written": info.bytes_written,
+        "bytes_total": info.bytes_total,
+        "live_only": len(pickler.live_only),
+    }
+
+
+def _manifest(job: WriteJob, payload: dict, pickler: GraphPickler, graph: dict, stall_s: float) -> dict:
+    torch = sys.modules.get("torch")
+    named = roots.named_roots(payload)
+    wanted = {id(obj) for obj, _ in pickler.live_only} | {id(t) for t, _ in pickler.tensors}
+    where = paths.find_paths(named, wanted, torch)
+
+    buffers = dict(pickler.buffers)
+    for tensor, key in pickler.tensors:
+        name = pickler.storage_names.get(key)
+        if name is not None and "path" not in buffers[name] and id(tensor) in where:
+            buffers[name]["path"] = where[id(tensor)]
+    buffers["graph"] = graph
+
+    objects = [{"path": path, "type": type_name(value)} for path, value in named]
+    for tensor, key in pickler.tensors:
+        if id(tensor) in where:
+            objects.append(
+                {
+                    "path": where[id(tensor)],
+                    "type": type_name(tensor),
+                    "dtype": str(tensor.dtype).removeprefix("torch."),
+                    "shape": list(tensor.shape),
+                    "buffer": pickler.storage_names.get(key),
+                }
+            )
+    modules = {
+        path: paths.module_tensors(module, pickler.storage_names, _storage_key)
+        for path, module in paths.top_modules(named, torch)
+    }
+    live_only = [{"path": where.get(id(obj), "?"), "type": name} for obj, name in pickler.live_only]
+    return {
+        "iteration": job.iteration,
+        "reason": job.reason,
+        "stall_s": stall_s,
+        "resumed_from": job.resumed_from,
+        "roots": {
+            "frames": [{"file": f["file"], "function": f["function"], "line": f["line"]} for f in payload["frames"]],
+            "globals": sorted(payload["globals"]),
+            "rng": sorted(payload["rng"]),
+        },
+        "loops": payload["loops"],
+        "steps": job.steps,
+        "sources": job.sources,
+        "objects": objects,
+        "live_only": live_only,
+        "modules": modules,
+        "buffers": buffers,
+    }

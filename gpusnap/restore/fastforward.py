@@ -1,0 +1,151 @@
+"""Fast-forward: start a loop's iteration at item ``skip`` without running skipped bodies.
+
+Cheap where the source allows it, always correct otherwise:
+
+- ``range``, ``list``, ``tuple``: their iterators take a position (``__setstate__``).
+- ``torch.utils.data.DataLoader``: the torch RNG (and the loader's generator) are put back to
+  their state at the moment the original run called ``iter()``, then the iterator is built with
+  an index sampler that drops the first ``skip`` batches of indices. Workers receive only the
+  indices after them: no skipped sample is loaded, shuffling and worker seeds come out the same.
+- ``enumerate(x, start)`` / ``zip(a, b)``: the sources are fast-forwarded and the call rebuilt.
+- anything else: ``skip`` items are consumed.
+
+``describe(source)`` runs at every loop start of the original run (capture side) and returns what
+a later fast-forward needs, JSON-ready, or None.
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import itertools
+import sys
+from collections import deque
+
+from gpusnap.instrument.loops import _DeferredCall
+
+_POSITIONED = (range, list, tuple)
+
+
+def _dataloader_class():
+    data = sys.modules.get("torch.utils.data")
+    return getattr(data, "DataLoader", None) if data is not None else None
+
+
+def _b64(tensor) -> str:
+    return base64.b64encode(tensor.numpy().tobytes()).decode()
+
+
+def _byte_tensor(text: str):
+    import torch
+
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
+
+
+def describe(source) -> dict | None:
+    if isinstance(source, _DeferredCall):
+        parts = [describe(arg) for arg in source.args]
+        return {"kind": "call", "args": parts} if any(parts) else None
+    loader_class = _dataloader_class()
+    if loader_class is None or not isinstance(source, loader_class):
+        return None
+    import torch
+
+    generator = source.generator
+    return {
+        "kind": "dataloader",
+        "torch_rng": _b64(torch.get_rng_state()),
+        "generator_rng": _b64(generator.get_state()) if generator is not None else None,
+    }
+
+
+def iterator_at(source, skip: int, note: dict | None) -> tuple[object, str]:
+    """An iterator over ``source`` positioned at item ``skip``, and how it got there."""
+    if isinstance(source, _DeferredCall):
+        return _call_at(source, skip, note)
+    if type(source) in _POSITIONED:
+        it = iter(source)
+        it.__setstate__(skip)
+        return it, "by index"
+    loader_class = _dataloader_class()
+    if loader_class is not None and isinstance(source, loader_class) and note and note.get("kind") == "dataloader":
+        return _dataloader_at(source, skip, note), "by batch sampler"
+    it = iter(source)
+    deque(itertools.islice(it, skip), maxlen=0)
+    return it, f"by consuming {skip} items"
+
+
+def _call_at(call: _DeferredCall, skip: int, note: dict | None):
+    args = call.args[:1] if call.func is builtins.enumerate else call.args
+    notes = (note or {}).get("args") or [None] * len(args)
+    sources = []
+    how = []
+    for arg, arg_note in zip(args, notes):
+        it, method = iterator_at(arg, skip, arg_note)
+        sources.append(it)
+        how.append(method)
+    if call.func is builtins.enumerate:
+        start = call.args[1] if len(call.args) > 1 else call.kwargs.get("start", 0)
+        return enumerate(sources[0], start + skip), how[0]
+    return zip(*sources, **call.kwargs), ", ".join(how)
+
+
+class _SkippingSampler:
+    """An index sampler whose iteration starts ``skip`` batches in."""
+
+    def __init__(self, sampler, skip: int):
+        self.sampler, self.skip = sampler, skip
+
+    def __iter__(self):
+        return _SkipIter(self.sampler, self.skip)
+
+    def __len__(self):
+        return len(self.sampler)
+
+    def __getattr__(self, name):
+        return getattr(self.sampler, name)
+
+
+class _SkipIter:
+    """Skips on ``start()``: the original run's first next() (RandomSampler's seed draw)
+    happened right after iter(), before anything else touched the RNG, and so must this."""
+
+    def __init__(self, sampler, skip: int):
+        self._sampler, self._skip, self._it = sampler, skip, None
+
+    def start(self) -> "_SkipIter":
+        if self._it is None:
+            self._it = iter(self._sampler)
+            deque(itertools.islice(self._it, self._skip), maxlen=0)
+        return self
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.start()._it)
+
+
+def _dataloader_at(loader, skip: int, note: dict):
+    import torch
+
+    torch.set_rng_state(_byte_tensor(note["torch_rng"]))
+    if note.get("generator_rng") and loader.generator is not None:
+        loader.generator.set_state(_byte_tensor(note["generator_rng"]))
+    original = type(loader)
+
+    class Skipping(original):  # only while iter() builds the iterator
+        @property
+        def _index_sampler(self):
+            return _SkippingSampler(original._index_sampler.fget(self), skip)
+
+    loader.__class__ = Skipping
+    try:
+        it = iter(loader)
+    finally:
+        loader.__class__ = original
+    sampler_iter = getattr(it, "_sampler_iter", None)
+    if isinstance(sampler_iter, _SkipIter):
+        sampler_iter.start()
+    it._num_yielded = skip
+    return it

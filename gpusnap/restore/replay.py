@@ -1,0 +1,214 @@
+"""Restart: replay the program, fast-forward the saved loop path, merge at the resume point.
+
+``install`` runs before the program's first line (from the agent). Setup code then runs for
+real. Each loop that starts is compared with the next loop of the saved path (same file,
+function and LINE:COL); a match is fast-forwarded: an enclosing loop to its current iteration
+(whose body prefix then runs once), the innermost loop to the saved boundary, where the snapshot
+is merged into the live objects and training continues. Until then no snapshot is taken.
+
+Refusals (``RestoreError``) are printed as one line with a hint and end the trainee with the
+error's exit code: a program that reaches an optimizer step or its end before the saved
+position, frames that differ from the snapshot's, a changed source file, a state mismatch.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import time
+
+from gpusnap.capture import rng, roots
+from gpusnap.capture.pickler import load_graph
+from gpusnap.errors import GpusnapError, ProgramChanged, ReplayDiverged
+from gpusnap.instrument import loops
+from gpusnap.restore import fastforward
+from gpusnap.restore.frames import write_locals
+from gpusnap.restore.merge import Merger
+
+active = None  # the Replay in progress, until its merge is done
+
+
+class Replay:
+    def __init__(self, rundir, snap_id: str, config: dict, emit):
+        self.rundir = rundir
+        self.manifest = rundir.manifest(snap_id)
+        self.snap_id = self.manifest["id"]
+        self.force = bool(config.get("force"))
+        self.emit = emit
+        frames = self.manifest["roots"]["frames"]
+        self.expected = [dict(loop, **frames[loop["frame"]]) for loop in self.manifest["loops"]]
+        self.cursor = 0
+        self.merged = False
+        self.started_s = time.perf_counter()
+        self.fastforward_s = 0.0
+        self.fastforwards: list[dict] = []
+        self._boundary_hook = None
+
+    # -- replay ----------------------------------------------------------------------------
+    def on_loop_start(self, loop, iterable):
+        if self.cursor >= len(self.expected):
+            return None
+        want = self.expected[self.cursor]
+        code = loop.frame.f_code
+        if loop.loop_id != want["loop_id"] or code.co_qualname != want["function"] or code.co_filename != want["file"]:
+            return None
+        self.cursor += 1
+        innermost = self.cursor == len(self.expected)
+        skip = want["index"] if innermost else max(want["index"] - 1, 0)
+        loop.resume = want.get("resume")
+        started = time.perf_counter()
+        if loop.kind == "while":
+            loop.index = skip
+            how = "by skipping bodies"
+            it = None
+            if innermost:
+                self._boundary_hook = loops.on_boundary
+                loops.on_boundary = self._while_boundary
+                loops.pending = True
+        else:
+            it, how = fastforward.iterator_at(iterable, skip, loop.resume)
+            loop.index = skip
+            if innermost:
+                it = self._merge_first(it, loop)
+        spent = time.perf_counter() - started
+        self.fastforward_s += spent
+        self.fastforwards.append({"loop": loop.where(), "to": skip, "how": how, "s": spent})
+        _say(f"fast-forward {_short(loop.where())} to iteration {skip} {how} ({spent:.3f} s)")
+        return it
+
+    def _merge_first(self, it, loop):
+        self.merge(loop)
+        yield from it
+
+    def _while_boundary(self, loop) -> None:
+        loops.on_boundary = self._boundary_hook
+        loops.pending = False
+        self.merge(loop)
+
+    # -- merge -----------------------------------------------------------------------------
+    def merge(self, loop) -> None:
+        global active
+        try:
+            self._merge(loop)
+        except GpusnapError as exc:
+            fail(exc)
+        self.merged = True
+        active = None
+        loops.on_loop_start = None
+
+    def _merge(self, loop) -> None:
+        replay_s = time.perf_counter() - self.started_s - self.fastforward_s
+        started = time.perf_counter()
+        _say(f"merging snapshot {self.snap_id} at {_short(loop.where())}")
+        check_sources(self.manifest, self.force)
+        buffers = self.manifest["buffers"]
+        graph = self.rundir.read_buffer(buffers["graph"])
+        payload = load_graph(bytes(graph), lambda name: self.rundir.read_buffer(buffers[name]))
+        live_frames = roots.frames_on_path(loop.frame)
+        saved_frames = payload["frames"]
+        _check_frames(live_frames, saved_frames)
+        merger = Merger()
+        live_modules = roots.instrumented_modules()
+        for module, values in payload["globals"].items():
+            live = live_modules.get(module)
+            if live is None:
+                raise ReplayDiverged(f"module {module} held state in the snapshot but is not imported at the resume point")
+            for name, value in values.items():
+                live[name] = merger.value(live.get(name), value, f"globals[{module}].{name}")
+        for i, (frame, saved) in enumerate(zip(live_frames, saved_frames)):
+            if not saved["locals"]:
+                continue
+            current = dict(frame.f_locals)
+            values = {name: merger.value(current.get(name), value, f"frame[{i}].locals.{name}") for name, value in saved["locals"].items()}
+            write_locals(frame, values)
+        merger.finish()
+        rng.restore(payload["rng"])
+        from gpusnap.capture import agent
+
+        agent.resumed(self.snap_id, self.manifest.get("steps") or 0)
+        merge_s = time.perf_counter() - started
+        _say(
+            f"restored snapshot {self.snap_id}: {merger.nbytes / 1e6:.1f} MB into {merger.tensors} tensors; "
+            f"replay {replay_s:.2f} s, fast-forward {self.fastforward_s:.2f} s, merge {merge_s:.2f} s"
+        )
+        self.emit(
+            "restored",
+            id=self.snap_id,
+            iteration=self.manifest.get("iteration"),
+            replay_s=replay_s,
+            fastforward_s=self.fastforward_s,
+            merge_s=merge_s,
+            merge_bytes=merger.nbytes,
+            fastforwards=self.fastforwards,
+        )
+
+    # -- divergence ------------------------------------------------------------------------
+    def not_reached(self) -> str:
+        want = self.expected[min(self.cursor, len(self.expected) - 1)]
+        line = want["loop_id"].split(":")[0]
+        return f"{_short(want['file'])}:{line} (in {want['function']})"
+
+
+def _check_frames(live_frames, saved_frames) -> None:
+    live = [(f.f_code.co_filename, f.f_code.co_qualname) for f in live_frames]
+    saved = [(f["file"], f["function"]) for f in saved_frames]
+    if live != saved:
+        for (lf, lq), (sf, sq) in zip(live, saved):
+            if (lf, lq) != (sf, sq):
+                raise ReplayDiverged(f"replay reached the loop through {lq} ({_short(lf)}), the snapshot through {sq} ({_short(sf)})")
+        raise ReplayDiverged(f"replay reached the loop {len(live)} calls deep, the snapshot {len(saved)}")
+
+
+def check_sources(manifest: dict, force: bool) -> None:
+    from gpusnap.instrument.importer import SOURCES
+
+    for path, digest in (manifest.get("sources") or {}).items():
+        now = SOURCES.get(path)
+        if now is not None and now != digest and not force:
+            raise ProgramChanged(f"{path} changed since snapshot {manifest['id']} was taken")
+
+
+def install(rundir, snap_id: str, config: dict, emit) -> Replay:
+    global active
+    replay = Replay(rundir, snap_id, config, emit)
+    it = replay.manifest.get("iteration")
+    _say(f"restoring snapshot {replay.snap_id} (iteration {it}): replaying setup")
+    try:
+        check_sources(replay.manifest, replay.force)
+    except GpusnapError as exc:
+        fail(exc)
+    active = replay
+    loops.on_loop_start = replay.on_loop_start
+    atexit.register(_check_reached, replay)
+    return replay
+
+
+def diverged_by_step() -> None:
+    """An optimizer step ran before the merge: the replay is redoing training."""
+    if active is not None:
+        fail(ReplayDiverged(f"the program took an optimizer step before reaching the saved position at {active.not_reached()}"))
+
+
+def _check_reached(replay: Replay) -> None:
+    if not replay.merged:
+        fail(ReplayDiverged(f"the program ended before reaching the saved position at {replay.not_reached()}"))
+
+
+def fail(exc: GpusnapError) -> None:
+    print(f"gpusnap: restore refused: {exc.message}", file=sys.stderr)
+    print(f"hint: {exc.hint}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(exc.exit_code)
+
+
+def _say(text: str) -> None:
+    print(f"gpusnap: {text}", file=sys.stderr, flush=True)
+
+
+def _short(path: str) -> str:
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return rel if not rel.startswith("..") else path
