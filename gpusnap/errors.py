@@ -9,12 +9,15 @@ and exits with the class's ``exit_code``::
     │   ├── RunDirMismatch               ... it belongs to a different command line
     │   ├── RunDirLocked                 ... another live process holds its lock
     │   ├── RunDirPermission             ... not writable / owned by someone else
-    │   └── FormatVersionError           ... written by a format this gpusnap does not know
+    │   ├── FormatVersionError           ... written by a format this gpusnap does not know
+    │   └── NoActiveRun                  ... `gpusnap snap`: no supervisor is running in it
     ├── StoreError                    4  reading or writing snapshot data failed
     │   ├── ChunkCorrupt                 ... a chunk's bytes do not match its name
     │   ├── ChunkMissing                 ... a manifest names a chunk no pack holds
     │   ├── NoSpace                      ... ENOSPC while writing
-    │   └── SnapshotNotFound             ... no such snapshot id / no snapshot at all
+    │   ├── SnapshotNotFound             ... no such snapshot id / no snapshot at all
+    │   ├── StoreDamaged                 ... `gpusnap verify` found damage
+    │   └── ExportError                  ... a tensor cannot be written as safetensors
     ├── SnapshotError                 5  one snapshot could not be taken (training goes on)
     │   ├── HeadroomError                ... copy-on-write worst case would not fit in RAM
     │   └── CaptureError                 ... the object graph could not be captured
@@ -72,6 +75,10 @@ class FormatVersionError(RunDirError):
     default_hint = "use the gpusnap version that wrote this directory"
 
 
+class NoActiveRun(RunDirError):
+    default_hint = "start the program with `gpusnap run --dir DIR ...`, or continue it with `gpusnap restart DIR`"
+
+
 class StoreError(GpusnapError):
     exit_code = 4
     default_hint = "run `gpusnap verify DIR` to see what is damaged"
@@ -91,6 +98,14 @@ class NoSpace(StoreError):
 
 class SnapshotNotFound(StoreError):
     default_hint = "list the snapshots with `gpusnap ls DIR`"
+
+
+class StoreDamaged(StoreError):
+    pass
+
+
+class ExportError(StoreError):
+    default_hint = "export the other modules with --module PATH (see `gpusnap inspect DIR`)"
 
 
 class SnapshotError(GpusnapError):

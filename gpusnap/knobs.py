@@ -48,3 +48,8 @@ SUPERVISOR_TICK_S = _float("SUPERVISOR_TICK_S", 0.2)
 DEFAULT_GRACE_S = _float("DEFAULT_GRACE_S", 120.0)
 # How long a stale lock holder must have been gone before its lock is taken over.
 LOCK_STALE_S = _float("LOCK_STALE_S", 0.0)
+
+# Where instrumented code objects are cached, keyed by source hash, transform version and
+# Python version. Empty: $XDG_CACHE_HOME/gpusnap (or ~/.cache/gpusnap); "off": no cache.
+# Never the user's __pycache__: a later plain `python` run must not load instrumented code.
+CACHE_DIR = _str("CACHE_DIR", "")

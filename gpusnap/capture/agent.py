@@ -85,7 +85,12 @@ def _connect(path: str | None) -> None:
     if not path:
         return
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(path)
+    try:
+        sock.connect(path)
+    except OSError as exc:
+        sock.close()
+        print(f"gpusnap: no supervisor at {path} ({exc.strerror}); snapshots on signal still work", file=sys.stderr)
+        return
     _control = sock
     _send({"op": "hello", "pid": os.getpid()})
     threading.Thread(target=_read_control, args=(sock,), name="gpusnap-control", daemon=True).start()

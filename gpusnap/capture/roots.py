@@ -44,11 +44,11 @@ def frames_on_path(innermost) -> list:
 
 
 def _keep_local(name: str) -> bool:
-    return not name.startswith("__gpusnap")
+    return "__gpusnap_" not in name
 
 
 def _keep_global(name: str, value) -> bool:
-    if (name.startswith("__") and name.endswith("__")) or name.startswith("__gpusnap"):
+    if (name.startswith("__") and name.endswith("__")) or "__gpusnap_" in name:
         return False
     return not isinstance(value, _DEFINITIONS)
 

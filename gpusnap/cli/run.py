@@ -1,1 +1,301 @@
-"""`gpusnap run`, `gpusnap restart`, `gpusnap snap` (being written)."""
+"""`gpusnap run`, `gpusnap restart`, `gpusnap snap`: start a program under the supervisor, continue
+it from a snapshot, ask a running one for a snapshot. Nothing here imports torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from gpusnap import knobs
+from gpusnap.cli import cli
+from gpusnap.errors import GpusnapError, NoActiveRun, SnapshotError, SnapshotNotFound, UsageError
+from gpusnap.launch import options as opt
+
+_PASSTHROUGH = {"ignore_unknown_options": True, "allow_interspersed_args": False}
+
+EXIT_CODES_HELP = """\b
+Exit status:
+  the program's own       it exited by itself (killed by signal N: 128+N)
+  75                      stopped by SIGTERM after a committed snapshot: requeue the job and
+                          it continues (`gpusnap run` again resumes, or `gpusnap restart DIR`)
+  76                      stopped by SIGTERM, but no snapshot was committed within --grace
+  1..6                    gpusnap refused before starting the program (2: bad arguments,
+                          3: run directory, 4: snapshot store, 6: restart refused); the
+                          message says why"""
+
+SCHEDULE_HELP = """\b
+Snapshots are taken:
+  on --signal (SIGUSR1), on SIGTERM (then the program stops, --on-term snapshot),
+  every --every, on `gpusnap snap DIR`, and when the program calls gpusnap.snapshot().
+A snapshot is taken at the next iteration boundary of the training loop and holds the whole
+program: the main thread's frames and their locals, the globals of the script and of the
+modules under its directory (and --instrument), every tensor (CPU and GPU), numpy array and
+RNG state they reach, and where each loop stands. Open files, sockets, threads and DataLoader
+workers are not saved; a restart re-creates them by running the setup code again."""
+
+
+def _schedule_options(f):
+    for deco in reversed([
+        click.option("--every", "every", metavar="DURATION", help="Also snapshot periodically: 90s, 10m, 1h, 1h30m, 45 (seconds)."),
+        click.option("--signal", "signal_name", metavar="NAME", default="USR1", show_default=True,
+                     help="Signal that asks for a snapshot: " + ", ".join(s[3:] for s in opt.SNAPSHOT_SIGNALS) + " (with or without SIG, any case)."),
+        click.option("--on-term", type=click.Choice(["snapshot", "exit"]), default="snapshot", show_default=True,
+                     help="On SIGTERM: snapshot at the next safe point, then exit 75 (snapshot); or pass SIGTERM to the program (exit)."),
+        click.option("--grace", metavar="DURATION", default=None,
+                     help=f"How long a SIGTERM snapshot may take before the program is killed (exit 76). Default {opt.format_duration(knobs.DEFAULT_GRACE_S)} (GPUSNAP_DEFAULT_GRACE_S)."),
+        click.option("--keep", metavar="N", default=None, help="Keep only the N newest snapshots (older ones are pruned after each commit)."),
+    ]):
+        f = deco(f)
+    return f
+
+
+@cli.command(context_settings=_PASSTHROUGH, epilog=SCHEDULE_HELP + "\n\n" + EXIT_CODES_HELP)
+@click.option("--dir", "run_dir", metavar="DIR", help="Run directory (snapshots, log). Default: ./gpusnap-runs/<script stem or module name>.")
+@_schedule_options
+@click.option("--instrument", multiple=True, metavar="PATH_OR_MODULE", help="Also instrument these sources (files, directories, or module names; repeatable).")
+@click.option("--at", "at", metavar="FILE:LINE", help="The step loop: the loop statement at FILE:LINE (when gpusnap cannot find it).")
+@click.option("--resume", default="auto", show_default=True, metavar="auto|never|ID",
+              help="auto: continue from the newest intact snapshot in DIR, if any; never: start fresh (snapshots go on into DIR); ID: continue from that snapshot.")
+@click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT|-m MODULE [ARGS]...")
+def run(run_dir, every, signal_name, on_term, grace, keep, instrument, at, resume, program):
+    """Run a Python program under gpusnap, unmodified.
+
+    \b
+    gpusnap run [OPTIONS] SCRIPT [ARGS]...
+    gpusnap run [OPTIONS] -m MODULE [ARGS]...
+
+    Options go before SCRIPT (or -m MODULE, which runs a module as `python -m` does);
+    everything after it is the program's own and reaches it untouched, even if it looks like
+    a gpusnap option.
+
+    \b
+    Examples:
+      gpusnap run train.py --epochs 3
+      gpusnap run --every 10m --keep 3 --dir /scratch/run1 train.py --lr 3e-4
+      gpusnap run -m mypkg.train --config big.yaml
+      kill -USR1 <gpusnap pid>          # snapshot now
+      gpusnap snap ./gpusnap-runs/train # same, and wait for the commit
+      sbatch --signal=B:USR1@120 ...    # Slurm: snapshot 2 minutes before the time limit
+    """
+    from gpusnap.launch.supervisor import Launch
+
+    cwd = os.getcwd()
+    # -m is not a click option: everything after `-m MODULE` is the module's, as with python -m.
+    program = list(program)
+    module = None
+    if program and program[0].startswith("-m"):
+        if program[0] != "-m":
+            module, program = program[0][2:], program[1:]
+        elif len(program) >= 2:
+            module, program = program[1], program[2:]
+        else:
+            raise UsageError("-m needs a module name", hint="gpusnap run [OPTIONS] -m MODULE [ARGS]...")
+    elif program and program[0].startswith("-") and program[0] != "-":
+        raise UsageError(f"no such option: {program[0]}", hint="gpusnap options go before SCRIPT; see gpusnap run --help")
+    if module is not None:
+        kind, target, args = "module", opt.check_module(module), list(program)
+        given = module
+        default_name = module
+    else:
+        if not program:
+            raise UsageError("no script to run", hint="gpusnap run [OPTIONS] SCRIPT [ARGS]... or -m MODULE")
+        given, args = program[0], list(program[1:])
+        target = opt.resolve_script(given, cwd)
+        kind = "script"
+        default_name = os.path.splitext(os.path.basename(target))[0]
+    launch = Launch(kind=kind, target=given, args=args, cwd=cwd, run_dir="")
+    _apply_schedule(launch, every, signal_name, on_term, grace, keep)
+    launch.at = opt.resolve_at(at, cwd)
+    launch.instrument = opt.resolve_instrument(instrument, cwd)
+    if resume not in ("auto", "never") and not resume.strip():
+        raise UsageError("--resume takes auto, never or a snapshot id")
+    path = os.path.abspath(run_dir if run_dir else os.path.join("gpusnap-runs", default_name))
+    opt.check_dir_writable(path)
+    if resume not in ("auto", "never") and not os.path.exists(os.path.join(path, "run.json")):
+        raise SnapshotNotFound(f"no snapshot {resume} in {path}: it holds no run yet")
+    launch.run_dir = path
+
+    identity = {
+        "command": {"kind": kind, "target": target, "args": args},
+        "cwd": cwd,
+        "python": sys.version.split()[0],
+        "instrument": launch.instrument,
+        "at": launch.at,
+    }
+    _supervise(launch, identity, resume)
+
+
+@cli.command(epilog=EXIT_CODES_HELP)
+@click.argument("run_dir", metavar="DIR")
+@click.option("--snapshot", "snapshot_id", metavar="ID", help="Continue from this snapshot (default: the newest that verifies).")
+@click.option("--force", is_flag=True, help="Restore even where the program changed in ways that can be overridden.")
+@_schedule_options
+def restart(run_dir, snapshot_id, force, every, signal_name, on_term, grace, keep):
+    """Continue the program of run directory DIR from a snapshot.
+
+    Runs the same command, in the same working directory, as the `gpusnap run` that made DIR,
+    and continues it from the snapshot: setup code runs again, the loops skip ahead to where
+    they were, and the saved state is written over the live one. Scheduling options are not
+    remembered; pass them again.
+
+    \b
+    Examples:
+      gpusnap restart ./gpusnap-runs/train
+      gpusnap restart /scratch/run1 --snapshot 000007 --every 10m
+    """
+    from gpusnap.launch.supervisor import Launch
+    from gpusnap.store.rundir import RunDir
+
+    path = os.path.abspath(run_dir)
+    rd = RunDir.open(path, trusted=True)  # restoring unpickles: refuse another user's directory
+    rd.check_writable()
+    ident = rd.identity
+    command = ident.get("command") or {}
+    kind, target, args = command.get("kind"), command.get("target"), list(command.get("args") or [])
+    cwd = ident.get("cwd") or os.getcwd()
+    if kind not in ("script", "module") or not target:
+        raise GpusnapError(f"{path}/run.json names no command to restart")
+    if not os.path.isdir(cwd):
+        raise UsageError(f"the run's working directory {cwd} does not exist", hint="restart on a machine that has it")
+    if kind == "script":
+        opt.resolve_script(target, cwd)
+        rel = os.path.relpath(target, cwd)
+        given = target if rel.startswith("..") else rel
+    else:
+        given = target
+    if not rd.snapshot_ids():
+        raise SnapshotNotFound(f"{path} has no snapshot to restart from",
+                               hint="run the program with `gpusnap run` and take a snapshot (SIGUSR1, --every, `gpusnap snap`)")
+    launch = Launch(kind=kind, target=given, args=args, cwd=cwd, run_dir=path, force=force)
+    _apply_schedule(launch, every, signal_name, on_term, grace, keep)
+    launch.at = ident.get("at")
+    launch.instrument = list(ident.get("instrument") or [])
+    _supervise(launch, None, snapshot_id or "auto", rd=rd, require_snapshot=True)
+
+
+def _apply_schedule(launch, every, signal_name, on_term, grace, keep) -> None:
+    launch.every_s = opt.parse_duration(every, "--every") if every is not None else None
+    launch.signal = opt.parse_signal(signal_name)
+    launch.on_term = on_term
+    launch.grace_s = opt.parse_duration(grace, "--grace") if grace is not None else knobs.DEFAULT_GRACE_S
+    launch.keep = opt.parse_keep(keep)
+
+
+def _supervise(launch, identity, resume: str, rd=None, require_snapshot: bool = False) -> None:
+    from gpusnap.launch.supervisor import Supervisor
+    from gpusnap.store.rundir import RunDir
+
+    if rd is None:
+        rd = RunDir.create(launch.run_dir, identity)
+    lock = rd.lock("run")
+    try:
+        launch.resume = _choose_snapshot(rd, resume, require_snapshot)
+        status = Supervisor(launch).run()
+    finally:
+        lock.release()
+    sys.exit(status)
+
+
+def _choose_snapshot(rd, resume: str, require: bool) -> str | None:
+    if resume == "never":
+        return None
+    if resume != "auto":
+        if resume not in rd.snapshot_ids():
+            raise SnapshotNotFound(f"no snapshot {resume} in {rd.path}")
+        rd.load_manifest(resume)  # a damaged manifest is refused here, not in the trainee
+        _say(f"resuming from snapshot {resume}")
+        return resume
+    if not rd.snapshot_ids():
+        if require:
+            raise SnapshotNotFound(f"{rd.path} has no snapshot to restart from")
+        return None
+    info, skipped = rd.newest_intact()
+    for sid, why in skipped:
+        _say(f"skipping snapshot {sid}: {why}")
+    if info is None:
+        if require:
+            raise SnapshotNotFound(f"{rd.path} has no intact snapshot to restart from",
+                                   hint="see `gpusnap verify DIR`; start over with `gpusnap run --resume never`")
+        _say("no intact snapshot to resume from: starting from the beginning")
+        return None
+    at = f" (iteration {info.iteration})" if getattr(info, "iteration", None) is not None else ""
+    newest = " (the newest)" if not skipped else ""
+    _say(f"resuming from snapshot {info.id}{at}{newest}")
+    return info.id
+
+
+def _say(line: str) -> None:
+    click.echo(f"gpusnap: {line}", err=True)
+
+
+@cli.command()
+@click.argument("run_dir", metavar="DIR")
+@click.option("--no-wait", is_flag=True, help="Return once the request is delivered, without waiting for the commit.")
+@click.option("--timeout", metavar="DURATION", default=None, help="Give up waiting after this long (exit 5). Default: wait.")
+def snap(run_dir, no_wait, timeout):
+    """Ask the program running in DIR for a snapshot now.
+
+    Waits until the snapshot is committed and prints it (exit 0); exits 5 when it failed or
+    was skipped, 3 when no run is active in DIR.
+
+    \b
+    Example:
+      gpusnap snap ./gpusnap-runs/train
+    """
+    from gpusnap.launch import control
+    from gpusnap.launch.supervisor import SUPERVISOR_FILE, describe
+
+    timeout_s = opt.parse_duration(timeout, "--timeout") if timeout is not None else None
+    path = os.path.abspath(run_dir)
+    info_path = os.path.join(path, SUPERVISOR_FILE)
+    try:
+        with open(info_path) as f:
+            info = json.load(f)
+        pid, sock_path = int(info["pid"]), str(info["socket"])
+    except FileNotFoundError:
+        if not os.path.isdir(path):
+            raise NoActiveRun(f"no run directory {path}") from None
+        raise NoActiveRun(f"no run is active in {path}") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise NoActiveRun(f"no run is active in {path} ({SUPERVISOR_FILE} is unreadable: {exc})") from exc
+    if not _alive(pid):
+        raise NoActiveRun(f"no run is active in {path} (its supervisor, pid {pid}, is gone)")
+    try:
+        sock = control.connect(sock_path)
+    except OSError as exc:
+        raise NoActiveRun(f"no run is active in {path} (cannot reach pid {pid}: {exc.strerror or exc})") from exc
+    with sock:
+        control.send(sock, {"op": "snapshot", "reason": "request", "wait": not no_wait})
+        sock.settimeout(timeout_s)
+        result = None
+        try:
+            for msg in control.messages(sock):
+                if msg.get("op") == "accepted":
+                    _say("snapshot requested" + (" (queued until the program connects)" if msg.get("queued") else ""))
+                    if no_wait:
+                        return
+                elif msg.get("op") == "event":
+                    result = msg
+                    break
+        except TimeoutError:
+            raise SnapshotError(f"no result within {timeout}", hint="the request stays pending; see DIR/log.jsonl") from None
+    if result is None:
+        raise SnapshotError("the run ended before the snapshot was committed")
+    ev = {k: v for k, v in result.items() if k != "op"}
+    if ev.get("event") == "committed":
+        _say(describe(ev))
+        return
+    raise SnapshotError(describe(ev))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

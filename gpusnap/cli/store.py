@@ -1,1 +1,214 @@
-"""`gpusnap ls`, `inspect`, `verify`, `gc`, `export` (being written)."""
+"""`gpusnap ls`, `inspect`, `verify`, `gc`, `export`: look into a run directory, check it, trim
+it, take the weights out of it. Nothing here imports torch; export imports numpy lazily."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from gpusnap.cli import cli
+from gpusnap.errors import StoreDamaged
+
+
+def _open(path: str):
+    from gpusnap.store import RunDir
+
+    return RunDir.open(path)
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    x = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if x < 1024 or unit == "TiB":
+            return f"{int(x)} {unit}" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1024
+    return f"{n} B"
+
+
+def _secs(x) -> str:
+    return "-" if x is None else f"{x:.3f} s"
+
+
+def _ratio(x) -> str:
+    return "-" if not x else f"{x:.2f}x"
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+@cli.command("ls")
+@click.argument("run_dir", metavar="DIR")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of snapshots.")
+def ls_cmd(run_dir, as_json):
+    """List the committed snapshots of DIR, oldest first."""
+    rd = _open(run_dir)
+    snaps = rd.snapshots()
+    if as_json:
+        click.echo(json.dumps([s.to_json() for s in snaps], indent=1))
+        return
+    if not snaps:
+        click.echo(f"no snapshots in {rd.path}")
+        return
+    rows = [["ID", "CREATED", "ITERATION", "STALL", "WRITTEN", "TOTAL", "RESUMED FROM"]]
+    for s in snaps:
+        rows.append([s.id, s.created, "-" if s.iteration is None else str(s.iteration), _secs(s.stall_s),
+                     human_bytes(s.bytes_written), human_bytes(s.bytes_total), s.resumed_from or "-"])
+    for line in _table(rows):
+        click.echo(line)
+
+
+@cli.command("inspect")
+@click.argument("run_dir", metavar="DIR")
+@click.argument("snapshot", required=False, metavar="[SNAP]")
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest and a summary as JSON.")
+def inspect_cmd(run_dir, snapshot, as_json):
+    """Show what a snapshot (default: the newest) holds: roots, objects by path, buffers,
+    live-only objects, dedup and compression ratios, stall and write times."""
+    rd = _open(run_dir)
+    m = rd.manifest(snapshot)
+    st = m.get("stats") or {}
+    if as_json:
+        click.echo(json.dumps(m, indent=1))
+        return
+    echo = click.echo
+    head = f"snapshot {m['id']}  created {m.get('created', '-')}"
+    head += f"  iteration {m.get('iteration') if m.get('iteration') is not None else '-'}"
+    head += f"  reason {m.get('reason') or '-'}  resumed from {m.get('resumed_from') or '-'}"
+    echo(head)
+    echo(f"stall {_secs(m.get('stall_s'))}  write {_secs(m.get('write_s'))}")
+    echo(
+        f"bytes: {human_bytes(st.get('bytes_total'))} total, {human_bytes(st.get('bytes_new'))} new "
+        f"(dedup {_ratio(st.get('dedup_ratio'))}), {human_bytes(st.get('bytes_written'))} written "
+        f"(compression {_ratio(st.get('compression_ratio'))}); chunks {st.get('chunks_new', 0)} new "
+        f"of {st.get('chunks_total', 0)}"
+    )
+    roots = m.get("roots") or {}
+    echo("roots:")
+    frames = roots.get("frames") or []
+    echo("  frames:  " + (", ".join(f"{f.get('file')}:{f.get('line')} {f.get('function')}" for f in frames) or "-"))
+    echo("  globals: " + (", ".join(roots.get("globals") or []) or "-"))
+    echo("  rng:     " + (", ".join(roots.get("rng") or []) or "-"))
+    objects = m.get("objects") or []
+    echo(f"objects ({len(objects)}):")
+    if objects:
+        rows = [["PATH", "TYPE", "DTYPE", "SHAPE", "BUFFER"]]
+        for o in objects:
+            shape = o.get("shape")
+            rows.append([o.get("path", "?"), o.get("type", "?"), o.get("dtype") or "",
+                         "" if shape is None else str(list(shape)), o.get("buffer") or ""])
+        for line in _table(rows):
+            echo("  " + line)
+    bufs = m.get("buffers") or {}
+    echo(f"buffers ({len(bufs)}):")
+    if bufs:
+        rows = [["NAME", "KIND", "DTYPE", "SHAPE", "BYTES", "CHUNKS", "PATH"]]
+        for name, b in bufs.items():
+            shape = b.get("shape")
+            rows.append([name, b.get("kind") or "-", b.get("dtype") or "-", "-" if shape is None else str(list(shape)),
+                         human_bytes(b.get("nbytes")), str(len(b.get("chunks") or [])), b.get("path") or "-"])
+        for line in _table(rows):
+            echo("  " + line)
+    live = m.get("live_only") or []
+    echo(f"live-only, not captured ({len(live)}):")
+    for o in live:
+        echo(f"  {o.get('path', '?')}  {o.get('type', '?')}")
+    modules = m.get("modules") or {}
+    if modules:
+        echo(f"modules ({len(modules)}), exportable with `gpusnap export`:")
+        for path, state in modules.items():
+            echo(f"  {path}  {len(state)} tensors")
+
+
+@cli.command("verify")
+@click.argument("run_dir", metavar="DIR")
+@click.argument("snapshot", required=False, metavar="[SNAP]")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as a JSON list.")
+def verify_cmd(run_dir, snapshot, as_json):
+    """Read every chunk of SNAP (default: every snapshot) and check it against its name.
+    Exits 4 when anything is damaged, and says what to run next."""
+    from gpusnap.store.check import leftovers
+
+    rd = _open(run_dir)
+    t0 = time.perf_counter()
+    findings = rd.verify(snapshot)
+    ids = [snapshot] if snapshot else rd.snapshot_ids()
+    extra = leftovers(rd)
+    if as_json:
+        click.echo(json.dumps({"snapshots": ids, "findings": [f.to_json() for f in findings],
+                               "leftovers": [{"kind": x.kind, "path": x.path} for x in extra]}, indent=1))
+    else:
+        click.echo(f"checked {len(ids)} snapshot{'s' if len(ids) != 1 else ''} in {time.perf_counter() - t0:.2f} s")
+        bad = {f.snapshot for f in findings}
+        for sid in ids:
+            click.echo(f"  {sid}  {'DAMAGED' if sid in bad else 'ok'}")
+        for f in findings:
+            click.echo(str(f))
+        if extra:
+            click.echo(f"leftovers, not damage (`gpusnap gc {rd.path}` removes them):")
+            for x in extra:
+                click.echo(f"  {x.kind}  {x.path}")
+    if not findings:
+        if not as_json:
+            click.echo("no damage")
+        return
+    damaged = sorted({f.snapshot for f in findings if f.snapshot})
+    intact = [s for s in ids if s not in damaged]
+    if any(f.snapshot is None for f in findings):
+        intact = []
+    if snapshot:
+        hint = f"run `gpusnap verify {rd.path}` to check the other snapshots"
+    elif intact:
+        hint = f"restart from the newest intact snapshot: `gpusnap restart {rd.path} --snapshot {intact[-1]}`"
+    else:
+        hint = f"no snapshot verifies; start the program afresh with `gpusnap run --resume never --dir {rd.path}`"
+    kinds = {f.kind for f in findings}
+    if kinds & {"chunk_unindexed", "index_damaged"} and any(x.kind == "unindexed_pack" for x in extra):
+        hint += f"; packs that no index names may hold the missing chunks: `gpusnap gc {rd.path}` re-indexes them"
+    what = f"snapshot{'s' if len(damaged) != 1 else ''} {', '.join(damaged)}" if damaged else "the index"
+    raise StoreDamaged(f"{len(findings)} problem{'s' if len(findings) != 1 else ''} found in {what}", hint=hint)
+
+
+@cli.command("gc")
+@click.argument("run_dir", metavar="DIR")
+@click.option("--keep", type=int, default=None, metavar="N", help="Keep the newest N snapshots (default: all).")
+@click.option("--json", "as_json", is_flag=True, help="Print what was removed as JSON.")
+def gc_cmd(run_dir, keep, as_json):
+    """Remove the snapshots beyond the newest N, then every chunk, pack and temp file nothing
+    references. Crash-safe at every step; refuses while a run holds the directory."""
+    rd = _open(run_dir)
+    with rd.lock("gc"):
+        report = rd.prune(keep)
+    if as_json:
+        click.echo(json.dumps(report, indent=1))
+        return
+    gone = report["removed_snapshots"]
+    click.echo(
+        f"removed {len(gone)} snapshot{'s' if len(gone) != 1 else ''}"
+        + (f" ({', '.join(gone)})" if gone else "")
+        + f", {report['removed_packs']} pack{'s' if report['removed_packs'] != 1 else ''}"
+        + f", {report['removed_temp']} temp file{'s' if report['removed_temp'] != 1 else ''}"
+        + f"; freed {human_bytes(report['removed_bytes'])}"
+    )
+    if report["reindexed_chunks"]:
+        click.echo(f"re-indexed {report['reindexed_chunks']} chunks found in packs no index named")
+
+
+@cli.command("export")
+@click.argument("run_dir", metavar="DIR")
+@click.argument("snapshot", required=False, metavar="[SNAP]")
+@click.option("--out", "out", required=True, metavar="FILE.safetensors", help="Where to write the tensors.")
+@click.option("--module", "module", metavar="PATH", help="Only the module at this object path (keys unprefixed).")
+def export_cmd(run_dir, snapshot, out, module):
+    """Write the tensors of the program's modules, by their state_dict names, to a safetensors
+    file (keys are prefixed with the module path when there are several modules)."""
+    from gpusnap.store.export import export_safetensors
+
+    rd = _open(run_dir)
+    r = export_safetensors(rd, snapshot, out, module=module)
+    click.echo(f"wrote {r['tensors']} tensors ({human_bytes(r['nbytes'])}) of snapshot {r['snapshot']} to {out}")

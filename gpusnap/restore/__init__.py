@@ -1,0 +1,19 @@
+"""Restore: read a snapshot back (``load``) and continue a program from it (``replay``)."""
+
+from __future__ import annotations
+
+
+def load(run_dir, snap_id: str | None = None) -> tuple[dict, dict]:
+    """(manifest, roots payload) of a snapshot; tensors come back as CPU tensors.
+
+    Unpickling runs code named in the snapshot: load only run directories you trust. Classes
+    the program defined in ``__main__`` must be importable under that name in this process."""
+    from gpusnap.capture.pickler import load_graph
+    from gpusnap.store import RunDir
+
+    rundir = run_dir if hasattr(run_dir, "read_buffer") else RunDir.open(run_dir)
+    manifest = rundir.manifest(snap_id)
+    buffers = manifest["buffers"]
+    graph = rundir.read_buffer(buffers["graph"])
+    payload = load_graph(bytes(graph), lambda name: rundir.read_buffer(buffers[name]))
+    return manifest, payload

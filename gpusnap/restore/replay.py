@@ -19,10 +19,9 @@ import sys
 import time
 
 from gpusnap.capture import rng, roots
-from gpusnap.capture.pickler import load_graph
 from gpusnap.errors import GpusnapError, ProgramChanged, ReplayDiverged
 from gpusnap.instrument import loops
-from gpusnap.restore import fastforward
+from gpusnap.restore import fastforward, load
 from gpusnap.restore.frames import write_locals
 from gpusnap.restore.merge import Merger
 
@@ -102,9 +101,7 @@ class Replay:
         started = time.perf_counter()
         _say(f"merging snapshot {self.snap_id} at {_short(loop.where())}")
         check_sources(self.manifest, self.force)
-        buffers = self.manifest["buffers"]
-        graph = self.rundir.read_buffer(buffers["graph"])
-        payload = load_graph(bytes(graph), lambda name: self.rundir.read_buffer(buffers[name]))
+        _, payload = load(self.rundir, self.snap_id)
         live_frames = roots.frames_on_path(loop.frame)
         saved_frames = payload["frames"]
         _check_frames(live_frames, saved_frames)

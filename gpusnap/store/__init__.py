@@ -1,0 +1,25 @@
+"""The snapshot store: a run directory of manifests, indexes and packs of content-addressed,
+compressed chunks. The on-disk format is docs/FORMAT.md.
+
+Modules, in the order a snapshot passes through them: ``rundir`` (identity, manifests, lock
+entry point), ``writer`` (chunk, name, compress, pack, commit), ``codec`` and ``pack`` (bytes
+on disk), ``index`` (where each chunk lives), ``atomic`` (the one write helper), ``reader``,
+``check`` (verify), ``gc`` (retention), ``export`` (safetensors).
+
+Importing this package never imports torch or numpy.
+"""
+
+from __future__ import annotations
+
+from gpusnap.store.check import Finding
+from gpusnap.store.rundir import FORMAT_VERSION, RunDir, SnapshotInfo
+from gpusnap.store.writer import SnapshotWriter
+
+__all__ = ["FORMAT_VERSION", "Finding", "RunDir", "SnapshotInfo", "SnapshotWriter", "preload"]
+
+
+def preload() -> None:
+    """Import the compression library now (it pulls in numpy, ~0.3 s). The trainee calls this
+    once before its first fork so that each forked writer does not pay the import again; the
+    supervisor and the CLI never call it."""
+    import blosc2  # noqa: F401

@@ -1,0 +1,164 @@
+"""The control socket: newline-delimited JSON over a unix stream socket.
+
+The supervisor listens on ``<private temp dir>/control.sock`` (directory 0700, socket 0600): a
+socket path may hold only 107 bytes, so it cannot live inside an arbitrary run directory; the
+run directory's ``supervisor.json`` says where it is. Every message is one JSON object on one
+line with an ``"op"`` key. The message list is in ``gpusnap.launch.supervisor``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+
+# sockaddr_un.sun_path is 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH = 107
+# A peer that sends a line longer than this is broken; drop it rather than buffer without end.
+MAX_LINE_BYTES = 1 << 20
+
+
+def encode(msg: dict) -> bytes:
+    return (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+
+
+class Connection:
+    """One accepted peer: the trainee, a writer, or a `gpusnap snap` client."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.sock.setblocking(False)
+        self._buf = b""
+        self._out = b""
+        self.closed = False
+        self.pid: int | None = None  # from its "hello"
+        self.close_after_flush = False  # a client answered for good
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def read(self) -> list[dict]:
+        """Messages that have arrived; sets ``closed`` at end of stream. Lines that are not a
+        JSON object are dropped."""
+        try:
+            data = self.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return []
+        except OSError:
+            data = b""
+        if not data:
+            self.closed = True
+        self._buf += data
+        lines = self._buf.split(b"\n")
+        self._buf = lines.pop()
+        if len(self._buf) > MAX_LINE_BYTES:
+            self.closed = True
+        out = []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(msg, dict):
+                out.append(msg)
+        return out
+
+    def send(self, msg: dict) -> bool:
+        """Queue ``msg`` and write what the socket takes now; False once the peer is gone."""
+        if self.closed:
+            return False
+        self._out += encode(msg)
+        return self.flush()
+
+    def flush(self) -> bool:
+        while self._out:
+            try:
+                n = self.sock.send(self._out)
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError:
+                self.closed = True
+                return False
+            self._out = self._out[n:]
+        return True
+
+    @property
+    def wants_write(self) -> bool:
+        return bool(self._out) and not self.closed
+
+    def close(self) -> None:
+        self.closed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class ControlServer:
+    """Listening socket in a private directory; ``close()`` removes both."""
+
+    def __init__(self):
+        base = tempfile.gettempdir()
+        if len(os.path.join(base, "gpusnap-XXXXXXXX", "control.sock")) > MAX_SOCKET_PATH:
+            base = "/tmp"  # a long $TMPDIR (some clusters) would not fit a socket path
+        self.dir = tempfile.mkdtemp(prefix="gpusnap-", dir=base)  # mode 0700
+        self.path = os.path.join(self.dir, "control.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)  # socket file created 0600
+        try:
+            self.sock.bind(self.path)
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+        self.sock.listen(16)
+        self.sock.setblocking(False)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def accept(self) -> Connection | None:
+        try:
+            sock, _ = self.sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return None
+        return Connection(sock)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def connect(path: str, timeout_s: float | None = 5.0) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout_s)
+    sock.connect(path)
+    return sock
+
+
+def send(sock: socket.socket, msg: dict) -> None:
+    sock.sendall(encode(msg))
+
+
+def messages(sock: socket.socket):
+    """Yield the JSON objects a blocking socket sends until it closes."""
+    buf = b""
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            return
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            if line.strip():
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(msg, dict):
+                    yield msg

@@ -1,0 +1,161 @@
+"""What ``gpusnap run`` accepts, parsed into values, or refused with a ``UsageError``.
+
+Everything here is checked before the run directory is touched, so a typo never leaves a
+directory behind. Durations are seconds (float); signals are ``signal.Signals``.
+"""
+
+from __future__ import annotations
+
+import keyword
+import os
+import re
+import signal
+
+from gpusnap.errors import UsageError
+
+DURATION_HINT = "write a duration as 90s, 10m, 1h, 1h30m, 500ms or plain seconds (45)"
+
+_DURATION = re.compile(
+    r"(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m(?!s))?(?:(?P<s>\d+(?:\.\d+)?)s)?"
+    r"(?:(?P<ms>\d+(?:\.\d+)?)ms)?"
+)
+
+
+def parse_duration(text: str, option: str) -> float:
+    """``90s``, ``10m``, ``1h``, ``1h30m``, ``500ms``, ``45`` (seconds) -> seconds, > 0."""
+    value = text.strip().lower()
+    seconds: float | None = None
+    if re.fullmatch(r"\d+(?:\.\d+)?", value):
+        seconds = float(value)
+    elif value:
+        m = _DURATION.fullmatch(value)
+        if m and any(m.group(k) for k in ("h", "m", "s", "ms")):
+            seconds = (
+                float(m.group("h") or 0) * 3600
+                + float(m.group("m") or 0) * 60
+                + float(m.group("s") or 0)
+                + float(m.group("ms") or 0) / 1000
+            )
+    if seconds is None:
+        raise UsageError(f"malformed duration {text!r} for {option}", hint=DURATION_HINT)
+    if seconds <= 0:
+        raise UsageError(f"{option} must be longer than 0 s, not {text!r}", hint=DURATION_HINT)
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    whole = int(seconds)
+    if whole != seconds or whole < 60:
+        return f"{seconds:g}s"
+    h, rest = divmod(whole, 3600)
+    m, s = divmod(rest, 60)
+    return "".join(f"{v}{u}" for v, u in ((h, "h"), (m, "m"), (s, "s")) if v)
+
+
+# Signals a user may pick for --signal. The others either cannot be caught (KILL, STOP), already
+# mean something to the supervisor (TERM, INT, HUP, CHLD), or are raised by faults and terminals.
+# Schedulers use these: Slurm `--signal=B:USR1@60`, LSF USR2, SGE USR1/USR2, some XCPU.
+SNAPSHOT_SIGNALS = tuple(
+    s for s in ("SIGUSR1", "SIGUSR2", "SIGALRM", "SIGXCPU", "SIGPWR") if hasattr(signal, s)
+)
+SIGNAL_HINT = "use one of " + ", ".join(s[3:] for s in SNAPSHOT_SIGNALS) + " (SIG prefix and case optional)"
+
+
+def parse_signal(text: str) -> signal.Signals:
+    """``USR1`` / ``SIGUSR1`` / ``usr1`` -> ``signal.SIGUSR1``. Names only: numbers differ
+    between platforms, and a name in a job script says what it means."""
+    name = text.strip().upper()
+    if not name.startswith("SIG"):
+        name = "SIG" + name
+    if name not in SNAPSHOT_SIGNALS:
+        if name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGKILL", "SIGSTOP", "SIGCHLD"):
+            raise UsageError(f"--signal cannot be {name[3:]}: it already means something", hint=SIGNAL_HINT)
+        raise UsageError(f"unknown signal name {text!r} for --signal", hint=SIGNAL_HINT)
+    return signal.Signals[name]
+
+
+def parse_keep(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise UsageError(f"--keep takes a number of snapshots >= 1, not {text!r}",
+                         hint="e.g. --keep 3 keeps the three newest snapshots")
+    return n
+
+
+def is_module_name(name: str) -> bool:
+    parts = name.split(".")
+    return all(p.isidentifier() and not keyword.iskeyword(p) for p in parts)
+
+
+def resolve_script(script: str, cwd: str) -> str:
+    """The script's absolute path; it must be a file."""
+    path = os.path.normpath(os.path.join(cwd, script))
+    if not os.path.exists(path):
+        raise UsageError(f"no such script: {script}", hint="check the path; run a module with -m MODULE")
+    if not os.path.isfile(path):
+        raise UsageError(f"not a file: {script}", hint="pass the script file to run")
+    return path
+
+
+def check_module(module: str) -> str:
+    # The module is not imported here: the supervisor must not import the user's code (or torch).
+    if not is_module_name(module):
+        raise UsageError(f"not a module name: {module!r}", hint="pass a dotted name, e.g. -m mypkg.train")
+    return module
+
+
+def resolve_at(text: str | None, cwd: str) -> str | None:
+    """``FILE:LINE`` -> ``/abs/FILE:LINE``; the file must exist and LINE must be a number >= 1."""
+    if text is None:
+        return None
+    file, sep, line = text.rpartition(":")
+    hint = "name the step loop as FILE:LINE, e.g. --at train.py:42"
+    if not sep or not file or not line.isdigit() or int(line) < 1:
+        raise UsageError(f"--at takes FILE:LINE, not {text!r}", hint=hint)
+    path = os.path.normpath(os.path.join(cwd, file))
+    if not os.path.isfile(path):
+        raise UsageError(f"--at names a file that does not exist: {file}", hint=hint)
+    return f"{path}:{int(line)}"
+
+
+def resolve_instrument(items, cwd: str) -> list[str]:
+    """Paths become absolute; anything else must be a dotted module name."""
+    out = []
+    for item in items:
+        path = os.path.normpath(os.path.join(cwd, item))
+        if os.path.exists(path):
+            out.append(path)
+        elif is_module_name(item):
+            out.append(item)
+        else:
+            raise UsageError(f"--instrument {item}: no such file or directory, and not a module name",
+                             hint="pass a source file, a directory of sources, or a dotted module name")
+    return out
+
+
+def check_dir_writable(path: str) -> None:
+    """Refuse a run directory that cannot be created or written, before anything is created.
+
+    Root passes every permission check here; the store then refuses when the write fails."""
+    from gpusnap.errors import RunDirPermission
+
+    probe = path
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise RunDirPermission(f"run directory {path} is not a directory")
+    if not os.path.isdir(probe):
+        raise RunDirPermission(f"cannot create run directory {path}: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        what = "write to" if probe == path else "create"
+        raise RunDirPermission(f"cannot {what} run directory {path}: {probe} is not writable")

@@ -1,0 +1,519 @@
+"""The supervisor: the ``gpusnap run`` process, parent of the trainee.
+
+Process model::
+
+    gpusnap run / restart        supervisor (this module; never imports torch, stays responsive)
+      └─ python -m gpusnap.boot SCRIPT ARGS...    the trainee, same cwd, stdio and process group
+           └─ writer                              fork of the trainee, one per snapshot
+
+The supervisor owns the schedule (signals, ``--every`` timer, ``gpusnap snap`` requests), the
+run log (``DIR/log.jsonl``) and the exit status. It starts the trainee with ``GPUSNAP_BOOT``
+set to a JSON object::
+
+    {"run_dir": "/abs/DIR", "control": "/tmp/gpusnap-XXXX/control.sock",
+     "signal": "SIGUSR1", "on_term": "snapshot" | "exit", "keep": 3 | null,
+     "at": "/abs/FILE:LINE" | null, "instrument": ["/abs/path", "pkg.mod", ...],
+     "resume": null | {"snapshot": "000003"}, "force": false}
+
+Control protocol: newline-delimited JSON objects over the unix socket named by ``"control"``
+(mode 0600; ``DIR/supervisor.json`` holds ``{"pid", "socket", "started"}``). Every message has
+an ``"op"``.
+
+trainee → supervisor
+    ``{"op": "hello", "pid": N}`` first, once connected. A hello from the trainee's pid (or a
+    descendant, until the trainee itself says hello) makes that connection *the trainee*.
+    ``{"op": "event", "event": E, ...}`` from the trainee or its writer, E one of
+      ``honored``    safe point reached: ``iteration``, ``where``, ``reason``
+      ``coalesced``  a writer is running; this request is served after it
+      ``skipped``    no snapshot this time: ``message`` (e.g. not enough host memory)
+      ``forked``     writer started: ``id``, ``stall_s``
+      ``committed``  ``id``, ``stall_s``, ``write_s``, ``bytes_written``, ``bytes_total``
+                     (``iteration`` optional)
+      ``failed``     ``id`` (optional), ``message``
+supervisor → trainee
+    ``{"op": "snapshot", "reason": "signal" | "timer" | "term" | "request", "stop": bool}``;
+    ``stop`` (SIGTERM with ``--on-term snapshot``): exit with status 75 once it is committed.
+    Requests made before the trainee connects are queued and sent, in order, after its hello.
+client (``gpusnap snap``) → supervisor
+    ``{"op": "snapshot", "reason": "request", "wait": bool}``; the supervisor answers
+    ``{"op": "accepted", "queued": bool}`` and, when ``wait``, then the terminal event
+    (``committed``, ``failed`` or ``skipped``) of the snapshot that serves the request, as the
+    trainee sent it, and closes. ``{"op": "status"}`` is answered with ``{"op": "status", ...}``.
+
+Every event is printed on stderr as one ``gpusnap: ...`` line and appended to ``DIR/log.jsonl``
+with a ``"t"`` (unix time) field.
+
+Exit status: the trainee's (killed by signal N: 128 + N). After SIGTERM with ``--on-term
+snapshot``: 75 (``EXIT_PREEMPTED``) when a snapshot was committed, 76
+(``EXIT_PREEMPTED_UNSAVED``) when none was within ``--grace`` and the trainee's process tree was
+killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from gpusnap import knobs
+from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
+from gpusnap.launch.control import Connection, ControlServer
+from gpusnap.launch.options import format_duration
+
+TERMINAL_EVENTS = ("committed", "failed", "skipped")
+SUPERVISOR_FILE = "supervisor.json"
+LOG_FILE = "log.jsonl"
+# After the trainee exits, events still in flight (its last commit) are read for this long.
+_DRAIN_S = 1.0
+
+
+def _trainee_command(kind: str, target: str, args: list[str]) -> list[str]:
+    """The trainee's argv. Module-level so tests can swap in a fake trainee."""
+    boot = [sys.executable, "-m", "gpusnap.boot"]
+    if kind == "module":
+        return [*boot, "-m", target, *args]
+    return [*boot, target, *args]
+
+
+@dataclass
+class Launch:
+    """Everything the supervisor needs, validated by the CLI."""
+
+    kind: str  # "script" | "module"
+    target: str  # script as the program will see it in sys.argv[0], or the module name
+    args: list[str]
+    cwd: str
+    run_dir: str  # absolute
+    signal: signal.Signals = signal.SIGUSR1
+    on_term: str = "snapshot"
+    grace_s: float = knobs.DEFAULT_GRACE_S
+    every_s: float | None = None
+    keep: int | None = None
+    at: str | None = None
+    instrument: list[str] = field(default_factory=list)
+    resume: str | None = None  # snapshot id
+    force: bool = False
+
+    def boot_config(self, control_path: str) -> dict:
+        return {
+            "run_dir": self.run_dir,
+            "control": control_path,
+            "signal": self.signal.name,
+            "on_term": self.on_term,
+            "keep": self.keep,
+            "at": self.at,
+            "instrument": list(self.instrument),
+            "resume": {"snapshot": self.resume} if self.resume else None,
+            "force": self.force,
+        }
+
+
+@dataclass
+class _Waiter:
+    conn: Connection
+    state: str = "pending"  # pending -> (deferred ->) bound
+    snapshot_id: str | None = None
+
+
+def format_bytes(n) -> str:
+    n = float(n or 0)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" or n >= 10 else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n} B"
+
+
+def describe(ev: dict, iteration=None) -> str:
+    """One line for a trainee event, without the ``gpusnap: `` prefix."""
+    name = ev.get("event")
+    sid = ev.get("id")
+    snap = f"snapshot {sid}" if sid is not None else "snapshot"
+    if name == "honored":
+        where = f" ({ev['where']})" if ev.get("where") else ""
+        reason = f" ({ev['reason']})" if ev.get("reason") else ""
+        return f"snapshot{reason} at iteration {ev.get('iteration', '?')}{where}: safe point reached"
+    if name == "coalesced":
+        return "snapshot request coalesced: a snapshot is being written; the request is served after it"
+    if name == "skipped":
+        return f"snapshot skipped: {ev.get('message', 'no reason given')}"
+    if name == "forked":
+        return f"{snap} forked: stall {float(ev.get('stall_s', 0)):.3f} s"
+    if name == "committed":
+        it = ev.get("iteration", iteration)
+        at = f" at iteration {it}" if it is not None else ""
+        return (
+            f"{snap} committed{at}: stall {float(ev.get('stall_s', 0)):.3f} s, wrote "
+            f"{format_bytes(ev.get('bytes_written'))} of {format_bytes(ev.get('bytes_total'))} "
+            f"in {float(ev.get('write_s', 0)):.1f} s"
+        )
+    if name == "failed":
+        return f"{snap} failed: {ev.get('message', 'no reason given')}"
+    rest = {k: v for k, v in ev.items() if k not in ("op", "event", "t")}
+    return f"{name}: {json.dumps(rest)}"
+
+
+def exit_status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _write_json(path: str, obj: dict) -> None:
+    from gpusnap.store.atomic import write_file
+
+    write_file(path, [json.dumps(obj, indent=1).encode() + b"\n"])
+
+
+def _tty_foreground() -> bool:
+    """True when our process group is a terminal's foreground group: a Ctrl-C (SIGINT) or a
+    hangup (SIGHUP) from it reached the trainee too, so forwarding would deliver it twice."""
+    for fd in (0, 1, 2):
+        try:
+            if os.isatty(fd):
+                return os.tcgetpgrp(fd) == os.getpgrp()
+        except OSError:
+            continue
+    return False
+
+
+class Supervisor:
+    def __init__(self, launch: Launch, err=None):
+        self.launch = launch
+        self.err = err or sys.stderr
+        self.server: ControlServer | None = None
+        self.child: subprocess.Popen | None = None
+        self.conns: list[Connection] = []
+        self.trainee: Connection | None = None
+        self.queue: list[dict] = []  # requests made before the trainee said hello
+        self.waiters: list[_Waiter] = []
+        self.signals: list[int] = []
+        self.term_deadline: float | None = None
+        self.committed_after_term = False
+        self.last_iteration = None
+        self.killed = False
+        self._log_fd = -1
+        self._wake_r = self._wake_w = -1
+        self._old_handlers: dict[int, object] = {}
+        self._old_wakeup = -1
+
+    # -- output ---------------------------------------------------------------------------
+
+    def say(self, line: str) -> None:
+        try:
+            self.err.write(f"gpusnap: {line}\n")
+            self.err.flush()
+        except (OSError, ValueError):
+            pass
+
+    def log(self, record: dict) -> None:
+        if self._log_fd < 0:
+            return
+        record = {"t": round(time.time(), 6), **record}
+        try:
+            os.write(self._log_fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
+        except OSError:
+            pass  # a full disk must not stop the run; the snapshot path reports it
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Start the trainee, serve it until it exits, return the exit status to use."""
+        L = self.launch
+        self._log_fd = os.open(os.path.join(L.run_dir, LOG_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        self.server = ControlServer()
+        info_path = os.path.join(L.run_dir, SUPERVISOR_FILE)
+        try:
+            _write_json(info_path, {"pid": os.getpid(), "socket": self.server.path, "started": time.time()})
+            self._install_signals()
+            env = dict(os.environ)
+            env["GPUSNAP_BOOT"] = json.dumps(L.boot_config(self.server.path))
+            cmd = _trainee_command(L.kind, L.target, L.args)
+            self.child = subprocess.Popen(cmd, cwd=L.cwd, env=env)
+            self.log({"source": "supervisor", "event": "start", "pid": os.getpid(), "trainee_pid": self.child.pid,
+                      "command": cmd, "resume": L.resume})
+            status = self._loop()
+            self.log({"source": "supervisor", "event": "exit", "status": status,
+                      "trainee_returncode": self.child.returncode})
+            return status
+        finally:
+            if self.child is not None and self.child.poll() is None:
+                self._kill_tree()  # only on a supervisor bug: never leave an unsupervised trainee
+            self._restore_signals()
+            for w in self.waiters:
+                w.conn.close()
+            for c in self.conns:
+                c.close()
+            self.server.close()
+            try:
+                with open(info_path) as f:
+                    ours = json.load(f).get("pid") == os.getpid()
+            except (OSError, ValueError):
+                ours = False
+            if ours:
+                try:
+                    os.unlink(info_path)
+                except OSError:
+                    pass
+            if self._log_fd >= 0:
+                os.close(self._log_fd)
+                self._log_fd = -1
+
+    def _install_signals(self) -> None:
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        wanted = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, self.launch.signal}
+        for sig in wanted:
+            # A Python handler (not SIG_IGN) is reset to the default by exec, so the trainee
+            # starts with default dispositions.
+            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def _restore_signals(self) -> None:
+        for sig, old in self._old_handlers.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
+        self._old_handlers.clear()
+        if self._wake_w >= 0:
+            signal.set_wakeup_fd(self._old_wakeup)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_r = self._wake_w = -1
+
+    def _on_signal(self, signum, frame) -> None:
+        if signum != signal.SIGCHLD:
+            self.signals.append(signum)
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def _loop(self) -> int:
+        L = self.launch
+        tick = knobs.SUPERVISOR_TICK_S
+        next_timer = time.monotonic() + L.every_s if L.every_s else None
+        drain_until = None
+        while True:
+            self._handle_signals()
+            now = time.monotonic()
+            if next_timer is not None and now >= next_timer and self.child.poll() is None:
+                self.request("timer")
+                while next_timer <= now:
+                    next_timer += L.every_s  # missed ticks (a stopped process) are not made up
+            if self.term_deadline is not None and now >= self.term_deadline and not self.killed:
+                saved = "a snapshot was committed" if self.committed_after_term else "no snapshot was committed"
+                self.say(f"--grace {format_duration(L.grace_s)} is over and {saved}: killing the program")
+                self.log({"source": "supervisor", "event": "grace_over", "committed": self.committed_after_term})
+                self._kill_tree()
+            if self.child.poll() is not None:
+                if drain_until is None:
+                    drain_until = now + _DRAIN_S
+                sources = [c for c in self.conns if c.pid is not None and not c.closed]
+                if not sources or now >= drain_until:
+                    break
+            timeout = tick
+            if next_timer is not None:
+                timeout = min(timeout, max(0.0, next_timer - now))
+            if self.term_deadline is not None and not self.killed:
+                timeout = min(timeout, max(0.0, self.term_deadline - now))
+            self._poll(timeout)
+        return self._final_status()
+
+    def _final_status(self) -> int:
+        rc = self.child.returncode
+        if self.term_deadline is not None and self.launch.on_term == "snapshot":
+            if self.killed:
+                status = EXIT_PREEMPTED if self.committed_after_term else EXIT_PREEMPTED_UNSAVED
+            elif rc == EXIT_PREEMPTED or (rc == -signal.SIGTERM and self.committed_after_term):
+                status = EXIT_PREEMPTED
+            else:
+                status = exit_status(rc)
+        else:
+            status = exit_status(rc)
+        self._fail_waiters(f"the program exited (status {exit_status(rc)}) before the snapshot was committed")
+        if status == EXIT_PREEMPTED:
+            self.say(f"stopped after a committed snapshot: exit status {status} (requeue to continue)")
+        elif status == EXIT_PREEMPTED_UNSAVED:
+            self.say(f"stopped without a new snapshot: exit status {status}")
+        return status
+
+    def _poll(self, timeout: float) -> None:
+        rlist = [self._wake_r, self.server.fileno(), *[c for c in self.conns if not c.closed]]
+        wlist = [c for c in self.conns if c.wants_write]
+        try:
+            readable, writable, _ = select.select(rlist, wlist, [], timeout)
+        except InterruptedError:
+            return
+        for c in writable:
+            c.flush()
+        for r in readable:
+            if r == self._wake_r:
+                try:
+                    while os.read(self._wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+            elif r == self.server.fileno():
+                conn = self.server.accept()
+                if conn is not None:
+                    self.conns.append(conn)
+            else:
+                for msg in r.read():
+                    self._on_message(r, msg)
+        for c in list(self.conns):
+            if c.closed or (c.close_after_flush and not c.wants_write):
+                self._drop(c)
+
+    def _drop(self, conn: Connection) -> None:
+        conn.close()
+        if conn in self.conns:
+            self.conns.remove(conn)
+        self.waiters = [w for w in self.waiters if w.conn is not conn]
+        if conn is self.trainee:
+            self.trainee = None
+
+    # -- signals and requests -------------------------------------------------------------
+
+    def _handle_signals(self) -> None:
+        while self.signals:
+            sig = self.signals.pop(0)
+            name = signal.Signals(sig).name
+            self.log({"source": "supervisor", "event": "signal", "signal": name})
+            if sig == self.launch.signal:
+                self.request("signal")
+            elif sig == signal.SIGTERM:
+                self._on_term()
+            elif sig in (signal.SIGINT, signal.SIGHUP):
+                if self.child.poll() is None and not _tty_foreground():
+                    self._send_signal(sig)
+
+    def _on_term(self) -> None:
+        L = self.launch
+        if self.child.poll() is not None:
+            return
+        if L.on_term == "exit":
+            self._send_signal(signal.SIGTERM)
+            return
+        if self.term_deadline is not None:
+            self.say("SIGTERM again: already stopping after the next snapshot")
+            return
+        self.term_deadline = time.monotonic() + L.grace_s
+        self.say(f"SIGTERM: snapshot at the next safe point, then stop (grace {format_duration(L.grace_s)})")
+        self.request("term", stop=True)
+
+    def _send_signal(self, sig: int) -> None:
+        try:
+            os.kill(self.child.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _kill_tree(self) -> None:
+        self.killed = True
+        try:
+            root = psutil.Process(self.child.pid)
+            procs = root.children(recursive=True) + [root]
+        except psutil.NoSuchProcess:
+            return
+        for p in procs:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(procs, timeout=5)
+
+    def request(self, reason: str, stop: bool = False) -> bool:
+        """Ask the trainee for a snapshot now, or as soon as it connects. True if sent now."""
+        msg = {"op": "snapshot", "reason": reason, "stop": stop}
+        self.log({"source": "supervisor", "event": "request", "reason": reason, "stop": stop,
+                  "queued": self.trainee is None})
+        if self.trainee is not None and self.trainee.send(msg):
+            return True
+        if msg not in self.queue:  # a trainee that never connects must not grow the queue
+            self.queue.append(msg)
+        return False
+
+    # -- messages -------------------------------------------------------------------------
+
+    def _on_message(self, conn: Connection, msg: dict) -> None:
+        op = msg.get("op")
+        if op == "hello":
+            self._on_hello(conn, msg)
+        elif op == "event":
+            if conn.pid is None:
+                conn.pid = msg.get("pid", -1)
+            self._on_event(msg)
+        elif op == "snapshot":
+            wait = bool(msg.get("wait", True))
+            sent = self.request(str(msg.get("reason", "request")), stop=False)
+            conn.send({"op": "accepted", "queued": not sent})
+            if wait:
+                self.waiters.append(_Waiter(conn))
+            else:
+                conn.close_after_flush = True
+        elif op == "status":
+            conn.send({"op": "status", "pid": os.getpid(), "trainee_pid": self.child.pid,
+                       "connected": self.trainee is not None, "run_dir": self.launch.run_dir,
+                       "stopping": self.term_deadline is not None})
+            conn.close_after_flush = True
+
+    def _on_hello(self, conn: Connection, msg: dict) -> None:
+        pid = msg.get("pid")
+        conn.pid = pid if isinstance(pid, int) else -1
+        if self.trainee is None and self._is_trainee(conn.pid):
+            self.trainee = conn
+            self.log({"source": "supervisor", "event": "connected", "pid": conn.pid})
+            queued, self.queue = self.queue, []
+            for m in queued:
+                if not conn.send(m):
+                    self.queue.append(m)
+
+    def _is_trainee(self, pid: int) -> bool:
+        if pid == self.child.pid:
+            return True
+        try:
+            return any(p.pid == pid for p in psutil.Process(self.child.pid).children(recursive=True))
+        except psutil.NoSuchProcess:
+            return False
+
+    def _on_event(self, msg: dict) -> None:
+        ev = {k: v for k, v in msg.items() if k != "op"}
+        name = ev.get("event")
+        if name == "honored" and ev.get("iteration") is not None:
+            self.last_iteration = ev["iteration"]
+        self.say(describe(ev, self.last_iteration))
+        self.log({"source": "trainee", **ev})
+        if name == "committed" and self.term_deadline is not None:
+            self.committed_after_term = True
+        self._update_waiters(ev)
+
+    def _update_waiters(self, ev: dict) -> None:
+        name, sid = ev.get("event"), ev.get("id")
+        keep = []
+        for w in self.waiters:
+            deliver = False
+            if name == "coalesced" and w.state == "pending":
+                w.state = "deferred"  # the next terminal event is the running writer's
+            elif name == "honored" and w.state in ("pending", "deferred"):
+                w.state = "bound"
+            elif name == "forked" and w.state == "bound" and w.snapshot_id is None:
+                w.snapshot_id = sid
+            elif name in ("committed", "failed"):
+                if w.state == "pending" or (w.state == "bound" and (w.snapshot_id is None or w.snapshot_id == sid)):
+                    deliver = True
+            elif name == "skipped" and w.snapshot_id is None:
+                deliver = True
+            if deliver:
+                if name == "committed" and "iteration" not in ev and self.last_iteration is not None:
+                    ev = {**ev, "iteration": self.last_iteration}
+                w.conn.send({"op": "event", **ev})
+                w.conn.close_after_flush = True
+            else:
+                keep.append(w)
+        self.waiters = keep
+
+    def _fail_waiters(self, message: str) -> None:
+        for w in self.waiters:
+            w.conn.send({"op": "event", "event": "failed", "message": message})
+            w.conn.flush()
+        self.waiters = []

@@ -1,0 +1,125 @@
+"""The one way a final file comes into being, and the one way it goes.
+
+``write_file`` writes under a temporary name in the final directory, checks the length, fsyncs,
+renames onto the final name and fsyncs the directory (restic ``local.Save``). No other code opens
+a final path for writing. A crash at any moment leaves either no final file or a complete one,
+plus at worst a temporary file that ``gc`` removes.
+
+The OS calls go through the module-level names below so that tests can inject ENOSPC or EIO by
+swapping one of them (``atomic._write = failing_write``) without patching the OS.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pathlib
+import secrets
+
+from gpusnap.errors import NoSpace, RunDirPermission, StoreError
+
+_open = os.open
+_write = os.write
+_fsync = os.fsync
+_rename = os.rename
+_unlink = os.unlink
+_close = os.close
+
+# A temporary file is "<final name>.tmp-<pid>-<8 hex>": gc can tell it from a final file and,
+# from the pid, whether the writer that left it is gone.
+TMP_MARK = ".tmp-"
+
+# os.write on Linux moves at most 0x7ffff000 bytes per call; larger buffers (> 2 GiB) loop.
+_MAX_WRITE = 1 << 30
+
+
+def is_temp(name: str) -> bool:
+    return TMP_MARK in name
+
+
+def temp_pid(name: str) -> int | None:
+    try:
+        return int(name.rsplit(TMP_MARK, 1)[1].split("-")[0])
+    except (IndexError, ValueError):
+        return None
+
+
+def _raise_for(exc: OSError, path: pathlib.Path, what: str) -> None:
+    if exc.errno == errno.ENOSPC or exc.errno == errno.EDQUOT:
+        raise NoSpace(f"no space left on device while writing {path}") from exc
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        raise RunDirPermission(
+            f"cannot write {path}: {exc.strerror}",
+            hint="make the run directory writable, or pass another --dir",
+        ) from exc
+    raise StoreError(f"{what} {path} failed: {exc.strerror or exc}") from exc
+
+
+def fsync_dir(path: pathlib.Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        _fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file(path: pathlib.Path, parts, mode: int = 0o600) -> int:
+    """Write ``parts`` (an iterable of bytes-like objects) to ``path`` atomically; return the
+    number of bytes written. Raises NoSpace, RunDirPermission or StoreError, leaving no
+    temporary file behind when it can."""
+    path = pathlib.Path(path)
+    tmp = path.with_name(f"{path.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
+    expected = 0
+    fd = -1
+    try:
+        fd = _open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+        for part in parts:
+            view = memoryview(part).cast("B")
+            expected += len(view)
+            pos = 0
+            while pos < len(view):
+                n = _write(fd, view[pos : pos + _MAX_WRITE])
+                if n <= 0:
+                    raise OSError(errno.EIO, "short write")
+                pos += n
+        size = os.fstat(fd).st_size
+        if size != expected:
+            raise OSError(errno.EIO, f"length check: wrote {size} bytes, expected {expected}")
+        _fsync(fd)
+        _close(fd)
+        fd = -1
+        _rename(tmp, path)
+    except OSError as exc:
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        _raise_for(exc, path, "write of")
+    try:
+        fsync_dir(path.parent)
+    except OSError as exc:
+        _raise_for(exc, path.parent, "fsync of directory")
+    return expected
+
+
+def remove_file(path: pathlib.Path, *, missing_ok: bool = True) -> None:
+    """Remove a final file; the caller fsyncs the directory once after a batch of removals."""
+    try:
+        _unlink(path)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+    except OSError as exc:
+        _raise_for(exc, pathlib.Path(path), "removal of")
+
+
+def make_dir(path: pathlib.Path, mode: int = 0o700) -> None:
+    try:
+        os.makedirs(path, mode=mode, exist_ok=True)
+    except OSError as exc:
+        _raise_for(exc, pathlib.Path(path), "creation of directory")

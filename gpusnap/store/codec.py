@@ -1,0 +1,119 @@
+"""Chunk names, per-dtype compression, and the 32-byte entry header that precedes every chunk
+in a pack.
+
+Compression was chosen by measuring 4 MiB chunks on 2 cores (blosc2 2.x, clevel 1):
+
+    data            ZSTD+shuffle      ZSTD+shuffle+bytedelta  LZ4+shuffle     LZ4+bitshuffle
+    fp32 weights    1.18x 0.47 GB/s   1.17x 0.55 GB/s         1.06x 1.06 GB/s 1.13x 1.45 GB/s
+    bf16 weights    1.45x 0.41 GB/s   1.40x 0.35 GB/s         1.13x 0.64 GB/s 1.32x 1.49 GB/s
+    Adam v (fp32)   1.19x 0.56 GB/s   1.17x 0.59 GB/s         1.07x 1.12 GB/s 1.14x 1.11 GB/s
+    1% non-zero     212x  1.88 GB/s   1706x 2.83 GB/s         407x  4.12 GB/s 123x  1.88 GB/s
+
+so floats get ZSTD-1 + shuffle (knobs.CODEC == "zstd", best ratio) or LZ4 + bitshuffle
+("lz4", 3x faster for most of the ratio); bytedelta never paid for itself on weights.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import xxhash
+
+from gpusnap import knobs
+
+ENTRY_MAGIC = b"GSCK"
+# magic, codec, blosc2 codec, filter, clevel, raw_nbytes, stored_nbytes, chunk id (16 bytes)
+ENTRY = struct.Struct("<4sBBBBII16s")
+ENTRY_NBYTES = ENTRY.size  # 32
+
+CODEC_RAW = 0
+CODEC_BLOSC2 = 1
+
+FILTER_NONE = 0
+FILTER_SHUFFLE = 1
+FILTER_BITSHUFFLE = 2
+
+_FLOATS = ("float", "bfloat", "half", "double", "complex")
+
+
+def chunk_id(data) -> str:
+    """A chunk's name: the xxh3-128 digest of its raw bytes, 32 lower-case hex digits."""
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def params_for(dtype: str, typesize: int, codec: str | None = None) -> tuple[int, int, int]:
+    """(blosc2 codec, filter, clevel) for a buffer of this dtype."""
+    import blosc2
+
+    codec = (codec or knobs.CODEC).lower()
+    zstd = codec != "lz4"
+    b2codec = (blosc2.Codec.ZSTD if zstd else blosc2.Codec.LZ4).value
+    if typesize <= 1 or dtype in ("bytes", "bool", "uint8", "int8"):
+        return b2codec, FILTER_NONE, 1
+    if dtype.startswith(_FLOATS) and not zstd:
+        return b2codec, FILTER_BITSHUFFLE, 1
+    return b2codec, FILTER_SHUFFLE, 1
+
+
+def encode(cid: str, data, dtype: str, typesize: int, nthreads: int) -> tuple[bytes, bytes]:
+    """Encode one chunk: return (32-byte entry header, stored bytes)."""
+    import blosc2
+
+    raw_nbytes = len(data)
+    b2codec, filt, clevel = params_for(dtype, typesize)
+    filters = {
+        FILTER_NONE: blosc2.Filter.NOFILTER,
+        FILTER_SHUFFLE: blosc2.Filter.SHUFFLE,
+        FILTER_BITSHUFFLE: blosc2.Filter.BITSHUFFLE,
+    }[filt]
+    # blosc2 rejects typesize > 255 and chunks whose length is not a multiple of typesize are
+    # fine (the tail is copied), so only clamp.
+    stored = blosc2.compress2(
+        data,
+        codec=blosc2.Codec(b2codec),
+        clevel=clevel,
+        filters=[filters],
+        filters_meta=[0],
+        typesize=max(1, min(int(typesize), 255)),
+        nthreads=nthreads,
+    )
+    if len(stored) > raw_nbytes * (1.0 - knobs.COMPRESS_MIN_GAIN):
+        header = ENTRY.pack(ENTRY_MAGIC, CODEC_RAW, 0, 0, 0, raw_nbytes, raw_nbytes, bytes.fromhex(cid))
+        return header, bytes(data)
+    header = ENTRY.pack(
+        ENTRY_MAGIC, CODEC_BLOSC2, b2codec, filt, clevel, raw_nbytes, len(stored), bytes.fromhex(cid)
+    )
+    return header, stored
+
+
+class EntryError(ValueError):
+    pass
+
+
+def parse_header(header: bytes) -> tuple[int, int, int, str]:
+    """Return (codec, raw_nbytes, stored_nbytes, chunk id) or raise EntryError."""
+    if len(header) != ENTRY_NBYTES:
+        raise EntryError(f"entry header is {len(header)} bytes, expected {ENTRY_NBYTES}")
+    magic, codec, _b2, _filt, _lvl, raw_nbytes, stored_nbytes, digest = ENTRY.unpack(header)
+    if magic != ENTRY_MAGIC:
+        raise EntryError("bad entry magic")
+    if codec not in (CODEC_RAW, CODEC_BLOSC2):
+        raise EntryError(f"unknown codec {codec}")
+    return codec, raw_nbytes, stored_nbytes, digest.hex()
+
+
+def decode_into(codec: int, stored, out: memoryview) -> None:
+    """Decode stored bytes into ``out`` (exactly raw_nbytes long)."""
+    if codec == CODEC_RAW:
+        if len(stored) != len(out):
+            raise EntryError(f"raw chunk is {len(stored)} bytes, expected {len(out)}")
+        out[:] = stored
+        return
+    import blosc2
+
+    try:
+        n = blosc2.decompress2(stored, dst=out)
+    except Exception as exc:  # blosc2 raises RuntimeError/ValueError on damaged frames
+        raise EntryError(f"blosc2 cannot decode the chunk: {exc}") from exc
+    if n is not None and n != len(out):
+        raise EntryError(f"chunk decoded to {n} bytes, expected {len(out)}")

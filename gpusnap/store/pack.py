@@ -1,0 +1,131 @@
+"""Pack files: many chunks in one file, each behind a 32-byte entry header.
+
+A pack is built in memory up to knobs.PACK_BYTES (bounded by knobs.WRITER_WINDOW_BYTES) and then
+written in one piece through ``atomic.write_file``; its name is the xxh3-128 of its bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import struct
+from dataclasses import dataclass
+
+import xxhash
+
+from gpusnap.store import atomic, codec
+
+PACK_MAGIC = b"GSNPACK\x00"
+PACK_VERSION = 1
+# magic (8), version u32 LE, reserved u32
+PACK_HEADER = struct.Struct("<8sII")
+PACK_HEADER_NBYTES = PACK_HEADER.size  # 16
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where one chunk lives: pack id, offset of its entry header, stored and raw sizes."""
+
+    pack: str
+    offset: int
+    stored_nbytes: int
+    raw_nbytes: int
+    codec: int
+
+
+def pack_path(root: pathlib.Path, pack_id: str) -> pathlib.Path:
+    return root / "packs" / pack_id[:2] / f"{pack_id}.pack"
+
+
+class PackBuilder:
+    """Collects encoded chunks for one pack. Call add() until nbytes is large enough, then
+    flush(); flush returns the locations of the chunks it wrote."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = [PACK_HEADER.pack(PACK_MAGIC, PACK_VERSION, 0)]
+        self._pending: list[tuple[str, int, int, int, int]] = []
+        self.nbytes = PACK_HEADER_NBYTES
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def add(self, cid: str, header: bytes, stored: bytes, raw_nbytes: int) -> None:
+        codec_id = header[4]
+        self._pending.append((cid, self.nbytes, len(stored), raw_nbytes, codec_id))
+        self._parts.append(header)
+        self._parts.append(stored)
+        self.nbytes += len(header) + len(stored)
+
+    def flush(self, root: pathlib.Path) -> tuple[str, int, list[tuple[str, Location]]]:
+        """Write the pack; return (pack id, pack bytes, [(chunk id, location), ...])."""
+        h = xxhash.xxh3_128()
+        for part in self._parts:
+            h.update(part)
+        pack_id = h.hexdigest()
+        path = pack_path(root, pack_id)
+        atomic.make_dir(path.parent)
+        nbytes = atomic.write_file(path, self._parts)
+        located = [(cid, Location(pack_id, off, st, raw, cd)) for cid, off, st, raw, cd in self._pending]
+        self._parts = [PACK_HEADER.pack(PACK_MAGIC, PACK_VERSION, 0)]
+        self._pending = []
+        self.nbytes = PACK_HEADER_NBYTES
+        return pack_id, nbytes, located
+
+
+class PackReader:
+    """Reads entries from packs, keeping one file open at a time."""
+
+    def __init__(self, root: pathlib.Path) -> None:
+        self._root = root
+        self._pack: str | None = None
+        self._fd = -1
+        self.size = 0
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd = -1
+        self._pack = None
+
+    def _select(self, pack_id: str) -> None:
+        if self._pack == pack_id:
+            return
+        self.close()
+        self._fd = os.open(pack_path(self._root, pack_id), os.O_RDONLY | os.O_CLOEXEC)
+        self.size = os.fstat(self._fd).st_size
+        self._pack = pack_id
+
+    def read_entry(self, loc: Location) -> tuple[bytes, bytes]:
+        """Return (entry header, stored bytes). Raises FileNotFoundError when the pack is gone
+        and EOFError when it ends before the entry does."""
+        self._select(loc.pack)
+        want = codec.ENTRY_NBYTES + loc.stored_nbytes
+        buf = os.pread(self._fd, want, loc.offset)
+        if len(buf) < want:
+            raise EOFError(f"pack is {self.size} bytes; the entry needs bytes up to {loc.offset + want}")
+        return buf[: codec.ENTRY_NBYTES], buf[codec.ENTRY_NBYTES :]
+
+
+def scan(path: pathlib.Path):
+    """Yield (chunk id, offset, stored_nbytes, raw_nbytes, codec) for every well-formed entry of
+    a pack, reading headers only; stops at the first damaged header. Used by gc to re-index
+    packs whose index file was lost."""
+    with open(path, "rb") as f:
+        head = f.read(PACK_HEADER_NBYTES)
+        if len(head) != PACK_HEADER_NBYTES:
+            return
+        magic, version, _ = PACK_HEADER.unpack(head)
+        if magic != PACK_MAGIC or version != PACK_VERSION:
+            return
+        size = os.fstat(f.fileno()).st_size
+        offset = PACK_HEADER_NBYTES
+        while offset + codec.ENTRY_NBYTES <= size:
+            f.seek(offset)
+            try:
+                cd, raw, stored, cid = codec.parse_header(f.read(codec.ENTRY_NBYTES))
+            except codec.EntryError:
+                return
+            if offset + codec.ENTRY_NBYTES + stored > size:
+                return
+            yield cid, offset, stored, raw, cd
+            offset += codec.ENTRY_NBYTES + stored

@@ -1,0 +1,263 @@
+"""The run directory: identity, manifests, and the entry points of every store operation.
+
+Order of calls for a snapshot (see docs/FORMAT.md, "Write order")::
+
+    rd = RunDir.create(path, identity)      # or RunDir.open(path)
+    with rd.lock("run"):                    # the supervisor holds it for the whole run
+        w = rd.begin_snapshot(rd.next_snapshot_id())   # in the forked writer
+        rec = w.put_buffer(...)             # any number of times
+        info = w.commit(manifest)           # or w.abort()
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pathlib
+import stat
+from dataclasses import asdict, dataclass
+
+from gpusnap.errors import (
+    FormatVersionError,
+    RunDirError,
+    RunDirMismatch,
+    RunDirPermission,
+    SnapshotNotFound,
+    StoreError,
+)
+from gpusnap.store import atomic
+from gpusnap.store.lock import RunLock
+
+FORMAT_VERSION = 1
+RUN_JSON = "run.json"
+SNAP_DIGITS = 6
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+@dataclass
+class SnapshotInfo:
+    id: str
+    created: str
+    iteration: int | None
+    stall_s: float | None
+    bytes_written: int
+    bytes_total: int
+    resumed_from: str | None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_manifest(cls, m: dict) -> "SnapshotInfo":
+        stats = m.get("stats") or {}
+        return cls(
+            id=m["id"],
+            created=m.get("created", ""),
+            iteration=m.get("iteration"),
+            stall_s=m.get("stall_s"),
+            bytes_written=int(stats.get("bytes_written", 0)),
+            bytes_total=int(stats.get("bytes_total", 0)),
+            resumed_from=m.get("resumed_from"),
+        )
+
+
+def _describe_command_difference(old: dict, new: dict) -> str:
+    old = old or {}
+    new = new or {}
+    parts = []
+    if old.get("kind") != new.get("kind") or old.get("target") != new.get("target"):
+        what = "module" if new.get("kind") == "module" else "script"
+        parts.append(f"the {what} differs ({old.get('target')!r} there, {new.get('target')!r} here)")
+    if old.get("args") != new.get("args"):
+        parts.append(f"the argument list differs ({old.get('args')!r} there, {new.get('args')!r} here)")
+    for key in sorted(set(old) | set(new)):
+        if key not in ("kind", "target", "args") and old.get(key) != new.get(key):
+            parts.append(f"{key} differs ({old.get(key)!r} there, {new.get(key)!r} here)")
+    return "; ".join(parts) or "the command differs"
+
+
+class RunDir:
+    """An opened run directory. Readers never see a half-written snapshot: a snapshot exists
+    only once its manifest has been renamed into ``snapshots/``."""
+
+    def __init__(self, path: pathlib.Path, doc: dict) -> None:
+        self.path = pathlib.Path(path)
+        self.identity: dict = doc.get("identity") or {}
+        self.created: str = doc.get("created", "")
+
+    # ---- opening
+
+    @classmethod
+    def create(cls, path, identity: dict) -> "RunDir":
+        """Create a run directory (0700, parents too) or open the existing one for the same
+        command."""
+        path = pathlib.Path(path)
+        if path.exists() and not path.is_dir():
+            raise RunDirError(f"{path} exists and is not a directory")
+        if (path / RUN_JSON).exists():
+            rd = cls.open(path)
+            rd.check_writable()
+            if rd.identity.get("command") != identity.get("command"):
+                raise RunDirMismatch(
+                    f"{path} belongs to another command: "
+                    + _describe_command_difference(rd.identity.get("command"), identity.get("command")),
+                    hint="pass another --dir, or run the original command",
+                )
+            return rd
+        if path.is_dir() and any(path.iterdir()):
+            raise RunDirError(f"{path} is a non-empty directory that is not a gpusnap run directory")
+        missing = [p for p in [path, *path.parents] if not p.exists()]
+        for p in reversed(missing):
+            atomic.make_dir(p)
+            os.chmod(p, 0o700)  # mkdir's mode goes through the umask
+        os.chmod(path, 0o700)
+        rd = cls(path, {"identity": identity})
+        rd.check_writable()
+        for sub in ("snapshots", "index", "packs"):
+            atomic.make_dir(path / sub)
+        doc = {"format": FORMAT_VERSION, "created": utc_now(), "identity": identity}
+        atomic.write_file(path / RUN_JSON, [json.dumps(doc, indent=1, sort_keys=True).encode()])
+        rd.created = doc["created"]
+        return rd
+
+    @classmethod
+    def open(cls, path, *, trusted: bool = False) -> "RunDir":
+        """Open an existing run directory. ``trusted=True`` (restore, which unpickles) also
+        refuses a directory owned by another user."""
+        path = pathlib.Path(path)
+        try:
+            raw = (path / RUN_JSON).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            raise RunDirError(f"{path} is not a gpusnap run directory", hint="pass the directory given to `gpusnap run --dir`") from None
+        except PermissionError as exc:
+            raise RunDirPermission(f"cannot read {path / RUN_JSON}: {exc.strerror}") from exc
+        try:
+            doc = json.loads(raw)
+        except ValueError as exc:
+            raise RunDirError(f"{path / RUN_JSON} is damaged: {exc}") from exc
+        fmt = doc.get("format")
+        if fmt != FORMAT_VERSION:
+            raise FormatVersionError(f"{path} has format {fmt!r}; this gpusnap knows format {FORMAT_VERSION}")
+        rd = cls(path, doc)
+        if trusted:
+            rd.check_owner()
+        return rd
+
+    def check_owner(self) -> None:
+        st = os.stat(self.path)
+        if st.st_uid != os.geteuid():
+            raise RunDirPermission(
+                f"{self.path} is owned by uid {st.st_uid}, not by you (uid {os.geteuid()}); "
+                "a run directory is trusted data (restoring it unpickles code)",
+                hint="use a run directory you own",
+            )
+
+    def check_writable(self) -> None:
+        """Refuse a directory that is read-only to its owner even when we are root (root would
+        bypass the mode bits and silently write into a directory someone froze)."""
+        self.check_owner()
+        mode = os.stat(self.path).st_mode
+        if not (mode & stat.S_IWUSR) or not os.access(self.path, os.W_OK):
+            raise RunDirPermission(
+                f"{self.path} is read-only (mode {stat.S_IMODE(mode):04o})",
+                hint="make it writable (chmod u+w) or pass another --dir",
+            )
+
+    def lock(self, purpose: str) -> RunLock:
+        return RunLock(self.path, purpose).acquire()
+
+    # ---- snapshots
+
+    def _manifest_names(self) -> list[str]:
+        try:
+            names = os.listdir(self.path / "snapshots")
+        except FileNotFoundError:
+            return []
+        return sorted(n for n in names if n.endswith(".json") and not atomic.is_temp(n))
+
+    def snapshot_ids(self) -> list[str]:
+        """Ids of every committed manifest file, readable or not, oldest first."""
+        return [n[: -len(".json")] for n in self._manifest_names()]
+
+    def load_manifest(self, snap_id: str) -> dict:
+        """Read one manifest; SnapshotNotFound if absent, StoreError if unreadable."""
+        p = self.path / "snapshots" / f"{snap_id}.json"
+        try:
+            raw = p.read_bytes()
+        except FileNotFoundError:
+            raise SnapshotNotFound(f"no snapshot {snap_id} in {self.path}") from None
+        try:
+            m = json.loads(raw)
+            if not isinstance(m, dict) or not isinstance(m.get("buffers"), dict):
+                raise ValueError("no buffers table")
+        except ValueError as exc:
+            raise StoreError(f"manifest of snapshot {snap_id} is damaged: {exc}") from exc
+        if m.get("format") != FORMAT_VERSION:
+            raise FormatVersionError(
+                f"snapshot {snap_id} has format {m.get('format')!r}; this gpusnap knows format {FORMAT_VERSION}"
+            )
+        m["id"] = snap_id
+        return m
+
+    def snapshots(self) -> list[SnapshotInfo]:
+        """Committed snapshots whose manifest reads, oldest first (verify reports the others)."""
+        out = []
+        for sid in self.snapshot_ids():
+            try:
+                out.append(SnapshotInfo.from_manifest(self.load_manifest(sid)))
+            except FormatVersionError:
+                raise
+            except StoreError:
+                continue
+        return out
+
+    def next_snapshot_id(self) -> str:
+        ids = [int(s) for s in self.snapshot_ids() if s.isdigit()]
+        return f"{(max(ids) + 1) if ids else 1:0{SNAP_DIGITS}d}"
+
+    def resolve(self, snap_id: str | None) -> str:
+        if snap_id is not None:
+            return snap_id
+        ids = self.snapshot_ids()
+        if not ids:
+            raise SnapshotNotFound(f"{self.path} has no snapshot yet", hint="take one with SIGUSR1 or `gpusnap run --every`")
+        return ids[-1]
+
+    def manifest(self, snap_id: str | None = None) -> dict:
+        return self.load_manifest(self.resolve(snap_id))
+
+    def begin_snapshot(self, snap_id: str, *, chunk_bytes: int | None = None, pack_bytes: int | None = None):
+        """Start writing snapshot ``snap_id``; the sizes override knobs.CHUNK_BYTES and
+        knobs.PACK_BYTES for this writer only (tests, bench)."""
+        from gpusnap.store.writer import SnapshotWriter
+
+        self.check_writable()
+        if (self.path / "snapshots" / f"{snap_id}.json").exists():
+            raise StoreError(f"snapshot {snap_id} already exists in {self.path}; committed snapshots are never rewritten")
+        return SnapshotWriter(self, snap_id, chunk_bytes=chunk_bytes, pack_bytes=pack_bytes)
+
+    # ---- reading, checking, pruning (implemented in their own modules)
+
+    def read_buffer(self, record: dict, *, snapshot: str | None = None) -> bytearray:
+        from gpusnap.store.reader import read_buffer
+
+        return read_buffer(self, record, snapshot=snapshot)
+
+    def verify(self, snap_id: str | None = None) -> list:
+        from gpusnap.store.check import verify
+
+        return verify(self, snap_id)
+
+    def newest_intact(self):
+        from gpusnap.store.check import newest_intact
+
+        return newest_intact(self)
+
+    def prune(self, keep: int | None) -> dict:
+        from gpusnap.store.gc import prune
+
+        return prune(self, keep)

@@ -1,0 +1,136 @@
+"""Drives real programs under the real CLI: start, signal by training step, kill, restart, compare.
+
+Programs live in tests/programs; each takes its output directory as first argument, writes
+``progress`` (the step it reached) after every step and ``final.pt`` at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+PROGRAMS = Path(__file__).parent / "programs"
+GPUSNAP = [sys.executable, "-m", "gpusnap"]
+
+
+def copy_programs(dest: Path) -> Path:
+    """A private copy of the programs, so instrumented-source hashes and cwd are per test."""
+    target = dest / "programs"
+    shutil.copytree(PROGRAMS, target, ignore=shutil.ignore_patterns("__pycache__"))
+    return target
+
+
+def gpusnap(*args, cwd: Path, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*GPUSNAP, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env(env)
+    )
+
+
+def plain(program: Path, *args, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [sys.executable, str(program), *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env()
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def _env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.setdefault("TEST_STEP_SLEEP_S", "0.01")
+    env.update(extra or {})
+    return env
+
+
+class Run:
+    """One `gpusnap run` (or restart) in its own session, so the test can kill its whole group."""
+
+    def __init__(self, *args, cwd: Path, env: dict | None = None):
+        self.cwd = cwd
+        self.proc = subprocess.Popen(
+            [*GPUSNAP, *map(str, args)],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            env=_env(env),
+        )
+
+    def signal(self, signum: int) -> None:
+        os.kill(self.proc.pid, signum)
+
+    def kill_group(self) -> None:
+        """What a dead node does to the job: everything gone at once."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
+
+    def wait(self, timeout: float = 240) -> tuple[int, str, str]:
+        out, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, out, err
+
+
+def progress(out: Path) -> int:
+    try:
+        return int((out / "progress").read_text() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def wait_for(predicate, what: str, timeout: float = 120, proc: Run | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.proc.poll() is not None:
+            _, err = proc.proc.communicate()
+            raise AssertionError(f"program exited ({proc.proc.returncode}) while waiting for {what}:\n{err}")
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def snapshots(run_dir: Path, cwd: Path) -> list[dict]:
+    result = gpusnap("ls", run_dir, "--json", cwd=cwd)
+    if result.returncode != 0:
+        return []
+    return json.loads(result.stdout)
+
+
+def snapshot_now(run: Run, run_dir: Path, cwd: Path) -> dict:
+    """SIGUSR1 to the supervisor; returns the snapshot once committed."""
+    before = len(snapshots(run_dir, cwd))
+    run.signal(signal.SIGUSR1)
+    found = wait_for(lambda: (s := snapshots(run_dir, cwd)) and len(s) > before and s, "a committed snapshot", proc=run)
+    return found[-1]
+
+
+def load_final(out: Path) -> dict:
+    return torch.load(out / "final.pt", weights_only=False)
+
+
+def assert_same(a, b, where: str = "final") -> None:
+    """Equal bytes, recursively: tensors by torch.equal on the same dtype, the rest by ==."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
+        assert torch.equal(a, b), f"{where}: tensor bytes differ"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: keys differ"
+        for key in a:
+            assert_same(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"{where}: lengths {len(a)} != {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"

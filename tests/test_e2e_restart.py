@@ -1,0 +1,81 @@
+"""A killed run continues with the same bytes: each script style is run uninterrupted, and again
+under `gpusnap run` with SIGUSR1 at a random step, kill -9 of the whole process group a few steps
+later, then `gpusnap restart`. Seeds are printed (pytest shows them on failure); set
+GPUSNAP_TEST_SEEDS=1,2,3 to run more."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+from harness import Run, assert_same, copy_programs, gpusnap, load_final, plain, progress, snapshot_now, wait_for
+
+SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1,2").split(",")]
+
+# name: (program, arguments after OUT, steps the run reports in total)
+STYLES = {
+    "a-epochs-dataloader-workers0": ("style_a.py", [0, 3], 60),
+    "a-epochs-dataloader-workers2": ("style_a.py", [2, 2], 40),
+    "b-main-train_epoch-locals": ("style_b.py", [3], 60),
+    "c-while-grad-accumulation": ("style_c.py", [20], 60),
+    "d-trainer-fit": ("style_d.py", [4], 48),
+    "e-bf16-autocast-numpy-generator": ("style_e.py", [60], 60),
+    "f-manual-sgd-global-lr": ("style_f.py", [60], 60),
+}
+SLOW = {"TEST_STEP_SLEEP_S": "0.03"}
+
+
+def _interrupt(run: Run, out, run_dir, cwd, rnd: random.Random, total: int, floor: int = 0) -> dict:
+    """Snapshot at a random step, then kill -9 the whole group a few steps later."""
+    snap_at = rnd.randint(floor + 3, floor + (total - floor) // 2)
+    wait_for(lambda: progress(out) >= snap_at, f"step {snap_at}", proc=run)
+    snap = snapshot_now(run, run_dir, cwd)
+    kill_at = min(progress(out) + rnd.randint(1, 6), total - 4)
+    wait_for(lambda: progress(out) >= kill_at, f"step {kill_at}", proc=run)
+    run.kill_group()
+    assert not (out / "final.pt").exists(), "the program finished before it was killed"
+    return snap
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("style", STYLES)
+def test_killed_run_restarts_to_the_same_bytes(tmp_path, style, seed):
+    program, args, total = STYLES[style]
+    rnd = random.Random(f"{style}/{seed}")
+    print(f"style {style} seed {seed}")
+    programs = copy_programs(tmp_path)
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    ref.mkdir()
+    out.mkdir()
+    plain(programs / program, ref, *args, cwd=tmp_path)
+
+    run = Run("run", "--dir", "snaps", programs / program, out, *args, cwd=tmp_path, env=SLOW)
+    snap = _interrupt(run, out, tmp_path / "snaps", tmp_path, rnd, total)
+    print(f"snapshot {snap['id']} at iteration {snap['iteration']}, killed at step {progress(out)}")
+
+    restarted = gpusnap("restart", "snaps", cwd=tmp_path)
+    assert restarted.returncode == 0, restarted.stderr
+    assert f"restored snapshot {snap['id']}" in restarted.stderr
+    assert_same(load_final(ref), load_final(out))
+
+
+def test_restart_twice_in_a_row(tmp_path):
+    rnd = random.Random("twice")
+    programs = copy_programs(tmp_path)
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    ref.mkdir()
+    out.mkdir()
+    args = [programs / "style_a.py", out, 0, 4]
+    plain(programs / "style_a.py", ref, 0, 4, cwd=tmp_path)
+
+    first = _interrupt(Run("run", "--dir", "snaps", *args, cwd=tmp_path, env=SLOW), out, tmp_path / "snaps", tmp_path, rnd, 80)
+    second_run = Run("restart", "snaps", cwd=tmp_path, env=SLOW)
+    second = _interrupt(second_run, out, tmp_path / "snaps", tmp_path, rnd, 80, floor=first["iteration"] + 2)
+    assert second["iteration"] > first["iteration"]
+
+    restarted = gpusnap("restart", "snaps", cwd=tmp_path)
+    assert restarted.returncode == 0, restarted.stderr
+    assert_same(load_final(ref), load_final(out))
+    listed = gpusnap("ls", "snaps", "--json", cwd=tmp_path).stdout
+    assert f'"resumed_from": "{first["id"]}"' in listed.replace('":"', '": "')

@@ -1,0 +1,137 @@
+"""`gpusnap run` snapshots real programs: the bytes of the right iteration, on signal, timer and
+SIGTERM, through writer failures, with live-only objects listed."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import psutil
+import pytest
+import torch
+from harness import Run, assert_same, copy_programs, gpusnap, load_final, plain, progress, snapshot_now, snapshots, wait_for
+
+from gpusnap.errors import EXIT_PREEMPTED
+from gpusnap.restore import load
+from gpusnap.store import RunDir
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_snapshot_holds_the_bytes_of_its_iteration(tmp_path, workers):
+    programs = copy_programs(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    run = Run("run", "--dir", "snaps", programs / "style_a.py", out, workers, 2, "--states", cwd=tmp_path)
+    wait_for(lambda: progress(out) >= 6, "step 6", proc=run)
+    snap = snapshot_now(run, tmp_path / "snaps", tmp_path)
+    assert run.wait()[0] == 0
+
+    manifest, roots = load(tmp_path / "snaps", snap["id"])
+    main = roots["globals"]["__main__"]
+    expected = torch.load(out / "states" / f"{manifest['iteration']}.pt")
+    assert main["step"] == manifest["iteration"] == snap["iteration"]
+    assert_same(expected["model"], main["model"].state_dict(), "model")
+    assert_same(expected["optimizer"], main["optimizer"].state_dict(), "optimizer")
+
+
+def test_timer_snapshots_do_not_change_what_the_program_computes(tmp_path):
+    programs = copy_programs(tmp_path)
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "out").mkdir()
+    plain(programs / "style_a.py", tmp_path / "ref", 0, 3, cwd=tmp_path)
+    result = gpusnap("run", "--every", "1s", "--dir", "snaps", programs / "style_a.py", tmp_path / "out", 0, 3,
+                     cwd=tmp_path, env={"TEST_STEP_SLEEP_S": "0.05"})
+    assert result.returncode == 0, result.stderr
+    assert len(snapshots(tmp_path / "snaps", tmp_path)) >= 2, result.stderr
+    assert_same(load_final(tmp_path / "ref"), load_final(tmp_path / "out"))
+
+
+def test_sigterm_snapshots_then_exits_with_the_preempted_code(tmp_path):
+    programs = copy_programs(tmp_path)
+    (tmp_path / "ref").mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    plain(programs / "style_a.py", tmp_path / "ref", 0, 2, cwd=tmp_path)
+    run = Run("run", "--dir", "snaps", programs / "style_a.py", out, 0, 2, cwd=tmp_path)
+    wait_for(lambda: progress(out) >= 8, "step 8", proc=run)
+    run.signal(signal.SIGTERM)
+    code, _, err = run.wait()
+    assert code == EXIT_PREEMPTED, err
+    taken = snapshots(tmp_path / "snaps", tmp_path)
+    assert len(taken) == 1 and taken[0]["iteration"] >= 8
+    assert not (out / "final.pt").exists()
+    # The same command again continues the run (requeue): same bytes as never interrupted.
+    again = gpusnap("run", "--dir", "snaps", programs / "style_a.py", out, 0, 2, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert_same(load_final(tmp_path / "ref"), load_final(out))
+
+
+def test_a_writer_killed_mid_write_leaves_training_and_earlier_snapshots_alone(tmp_path):
+    programs = copy_programs(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    run = Run("run", "--dir", "snaps", programs / "big_state.py", out, 400, 256, cwd=tmp_path,
+              env={"TEST_STEP_SLEEP_S": "0.02"})
+    wait_for(lambda: progress(out) >= 3, "step 3", proc=run)
+    first = snapshot_now(run, tmp_path / "snaps", tmp_path)
+
+    trainee = psutil.Process(run.proc.pid).children()[0]
+    run.signal(signal.SIGUSR1)
+    writer = wait_for(lambda: trainee.children(), "the writer process", proc=run)[0]
+    writer.kill()
+    code, _, err = run.wait()
+    assert code == 0, err
+    assert "failed" in err and "killed by signal 9" in err
+    assert (out / "final.pt").exists()
+    ids = [s["id"] for s in snapshots(tmp_path / "snaps", tmp_path)]
+    assert first["id"] in ids
+    verified = gpusnap("verify", "snaps", cwd=tmp_path)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_live_only_objects_are_listed_with_their_paths(tmp_path):
+    programs = copy_programs(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    run = Run("run", "--dir", "snaps", programs / "holds_live.py", out, 300, cwd=tmp_path)
+    wait_for(lambda: progress(out) >= 5, "step 5", proc=run)
+    snap = snapshot_now(run, tmp_path / "snaps", tmp_path)
+    run.signal(signal.SIGTERM)
+    run.wait()
+    live = {e["path"]: e["type"] for e in RunDir.open(tmp_path / "snaps").manifest(snap["id"])["live_only"]}
+    assert live["globals[__main__].server"] == "socket.socket"
+    assert live["globals[__main__].guard"] == "_thread.lock"
+    shown = gpusnap("inspect", "snaps", snap["id"], cwd=tmp_path)
+    assert "globals[__main__].server" in shown.stdout and "socket.socket" in shown.stdout
+
+
+def test_program_can_ask_for_a_snapshot(tmp_path):
+    programs = copy_programs(tmp_path)
+    (tmp_path / "out").mkdir()
+    result = gpusnap("run", "--dir", "snaps", programs / "asks_itself.py", tmp_path / "out", 20, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert load_final(tmp_path / "out")["asked"] is True
+    manifest = RunDir.open(tmp_path / "snaps").manifest()
+    assert manifest["reason"] == "program"
+
+
+def test_snapshot_outside_gpusnap_warns_and_does_nothing(tmp_path):
+    programs = copy_programs(tmp_path)
+    (tmp_path / "out").mkdir()
+    result = plain(programs / "asks_itself.py", tmp_path / "out", 8, cwd=tmp_path)
+    assert load_final(tmp_path / "out")["asked"] is False
+    assert "not running under `gpusnap run`" in result.stderr
+
+
+def test_a_snapshot_that_would_not_fit_in_memory_is_skipped(tmp_path):
+    programs = copy_programs(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    run = Run("run", "--dir", "snaps", programs / "style_f.py", out, 200, cwd=tmp_path,
+              env={"GPUSNAP_HEADROOM_FRACTION": "0.0001"})
+    wait_for(lambda: progress(out) >= 3, "step 3", proc=run)
+    run.signal(signal.SIGUSR1)
+    code, _, err = run.wait()
+    assert code == 0
+    assert "snapshot skipped" in err and "copy-on-write worst case" in err
+    assert snapshots(tmp_path / "snaps", tmp_path) == []
