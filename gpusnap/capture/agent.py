@@ -53,9 +53,13 @@ def install(config: dict) -> None:
     os.register_at_fork(after_in_child=loops.reset_after_fork_in_child)
     if not _config.get("run_dir"):
         return
-    from gpusnap.store import RunDir
+    import psutil  # noqa: F401  (the headroom check runs inside the stall)
 
-    _rundir = RunDir.open(_config["run_dir"])
+    from gpusnap.capture import writer  # noqa: F401  (every forked writer would import it again)
+    from gpusnap.store import RunDir, preload
+
+    preload()
+    _rundir = RunDir.open(_config["run_dir"], trusted=True)
     resume = _config.get("resume") or {}
     _resumed_from = resume.get("snapshot")
     loops.on_boundary = _on_boundary
@@ -251,7 +255,7 @@ def _snapshot(loop) -> None:
         if stop:
             _exit(EXIT_PREEMPTED_UNSAVED)
         return
-    from gpusnap.capture.writer import WriteJob
+    from gpusnap.capture.writer import WriteJob  # imported at install: free here
 
     job = WriteJob(
         run_dir=_config["run_dir"],

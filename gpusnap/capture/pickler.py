@@ -31,6 +31,8 @@ import threading
 import types
 import weakref
 
+from gpusnap.errors import CaptureError
+
 PROTOCOL = 5
 
 _ALWAYS_LIVE = (
@@ -166,7 +168,12 @@ class GraphPickler(pickle.Pickler):
             elif device == "meta":
                 view = None
             else:
-                return self._live(storage)
+                # Keeping the replayed device tensor on restore would be a silent partial
+                # restore: refuse the snapshot instead (training goes on).
+                raise CaptureError(
+                    f"the program holds {device} memory ({nbytes} bytes in one storage), and "
+                    "device memory capture is not implemented yet (CPU mode)"
+                )
             dtype, typesize = self._storage_dtype.get(key, ("uint8", 1))
             name = f"t{len(self.storage_names)}"
             self.storage_names[key] = name

@@ -32,9 +32,11 @@ Snapshots are taken:
   every --every, on `gpusnap snap DIR`, and when the program calls gpusnap.snapshot().
 A snapshot is taken at the next iteration boundary of the training loop and holds the whole
 program: the main thread's frames and their locals, the globals of the script and of the
-modules under its directory (and --instrument), every tensor (CPU and GPU), numpy array and
-RNG state they reach, and where each loop stands. Open files, sockets, threads and DataLoader
-workers are not saved; a restart re-creates them by running the setup code again."""
+modules under its directory (and --instrument), every CPU tensor, numpy array and RNG state
+they reach, and where each loop stands. Open files, sockets, threads and DataLoader workers are
+not saved; a restart re-creates them by running the setup code again. CUDA memory is not
+captured yet: a snapshot of a program that holds CUDA tensors fails with a message that says
+so, and training goes on."""
 
 
 def _schedule_options(f):

@@ -8,8 +8,9 @@ This is the only step besides fork that stalls training. Its interface, in call 
    device pointer. The views must stay valid in the forked writer (MAP_SHARED, registered once).
 
 CPU mode (what this module implements today) has nothing to stage: the fork itself gives the
-writer a consistent copy of host memory. Device storages met by the pickler without a staged
-copy are recorded as live-only, and ``device_warning()`` says so once.
+writer a consistent copy of host memory. A device storage met by the pickler without a staged
+copy fails the snapshot with a ``CaptureError`` (restoring replayed device tensors would be a
+silent partial restore).
 """
 
 from __future__ import annotations
@@ -26,10 +27,3 @@ def quiesce() -> None:
 
 def stage() -> dict:
     return {}
-
-
-def device_warning() -> str | None:
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return "CUDA memory is not captured yet (CPU mode): device tensors are recorded as live-only"
-    return None

@@ -1,0 +1,463 @@
+"""What a gpusnap snapshot costs a CPU training run, against torch.save and
+torch.distributed.checkpoint (DCP) save / async_save of the same state, in one run.
+
+    python tools/bench_snapshot.py [--sizes 0.5,1.5,4] [--quick] [--snapshots 3] [--repeats 3]
+                                   [--dir /work/bench-tmp] [--out FILE]
+
+For each size S (GB = 1e9 bytes of model + Adam state): an MLP of square fp32 Linear layers
+whose parameters are S/3 bytes, trained with torch.optim.Adam on small batches (every step
+touches every parameter, exp_avg and exp_avg_sq; grads are set to None after the step, so the
+state at a loop boundary is exactly params + Adam state, as in the anchors' state_dicts).
+
+1. Anchors, in a plain `python` process that builds the same state after a few steps (median of
+   --repeats, output deleted between runs): torch.save(...) + fsync; dcp.save(state_dict,
+   checkpoint_id=dir) (single process, no process group); dcp.async_save: blocking time and
+   time until its future completes. The same process also measures the copy-on-write cost
+   alone: training steps while an idle forked child holds the whole image (no writer CPU).
+2. gpusnap: the same program under `gpusnap run`, stamping every step's start time into a file.
+   After warm-up, SIGUSR1 to the supervisor, wait for `committed` in log.jsonl, let it train on,
+   repeat (--snapshots); the first snapshot writes everything, later ones show the incremental
+   cost. A stop file ends the program. From the step stamps:
+     baseline step   median of steps that overlap no write (warm-up and the first steps after
+                     each commit excluded)
+     stall           `forked` stall_s from the log (safe point to fork returned, in the trainee)
+     extra wall      sum over steps overlapping [signal, commit] plus the next TAIL_STEPS steps
+                     (re-fault of pages shared with the exited writer) of (step - baseline);
+                     a step stamp is taken at the top of the loop body, so the stall, which
+                     happens at the loop boundary, falls inside one of these steps
+Targets (from the issue): stall <= 5% of torch.save; extra wall <= 50% of torch.save.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+
+GB = 1e9
+TAIL_STEPS = 2  # steps after a commit counted into extra wall (and kept out of the baseline)
+WARMUP_STEPS = 3  # steps never used for the baseline (allocator, first Adam state)
+PRE_STEPS = 4  # quiet steps before the first snapshot
+POST_STEPS = 4  # steps after a commit before the next request (>= TAIL_STEPS + 2)
+
+# The program under test; also the anchor runner (mode "anchors"). Written into the temp dir.
+PROGRAM = textwrap.dedent(
+    '''
+    import json, os, shutil, signal, statistics, sys, time
+    import torch
+
+    def build(state_bytes):
+        n_params = int(state_bytes / 3 / 4)
+        width = 4096 if n_params >= 64 * 4096 * 4096 // 16 else 2048 if n_params >= 4 * 2048 * 2048 else 1024
+        depth = max(1, round(n_params / (width * width + width)))
+        torch.manual_seed(0)
+        layers = []
+        for _ in range(depth):
+            layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+        model = torch.nn.Sequential(*layers[:-1])
+        opt = torch.optim.Adam(model.parameters(), lr=1e-5)
+        x = torch.randn(8, width)
+        return model, opt, x, width, depth
+
+    def step(model, opt, x):
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def dir_bytes(path):
+        if os.path.isfile(path):
+            return os.path.getsize(path)
+        return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+    def fsync_path(path):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    mode = sys.argv[1]
+    state_bytes = float(sys.argv[2])
+    model, opt, x, width, depth = build(state_bytes)
+
+    if mode == "train":
+        stamps_path, stop_path, deadline = sys.argv[3], sys.argv[4], float(sys.argv[5])
+        stamps = open(stamps_path, "w")
+        for it in range(1_000_000):
+            stamps.write(f"{time.time():.6f}\\n")
+            stamps.flush()
+            if os.path.exists(stop_path) or time.time() > deadline:
+                break
+            step(model, opt, x)
+        stamps.close()
+        sys.exit(0)
+
+    # mode == "anchors"
+    out_dir, repeats, warm = sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+    import torch.distributed.checkpoint as dcp
+    import warnings
+    warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+    for _ in range(warm):
+        step(model, opt, x)
+    result = {"width": width, "depth": depth,
+              "state_bytes": sum(p.numel() * 4 * 3 for p in model.parameters()),
+              "torch_version": torch.__version__, "threads": torch.get_num_threads()}
+    times = []
+    for _ in range(3):
+        t = time.perf_counter(); step(model, opt, x); times.append(time.perf_counter() - t)
+    result["step_s"] = statistics.median(times)
+
+    def sd():
+        return {"model": model.state_dict(), "optim": opt.state_dict()}
+
+    path = os.path.join(out_dir, "torch_save.pt")
+    runs = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        with open(path, "wb") as f:
+            torch.save(sd(), f)
+            f.flush()
+            os.fsync(f.fileno())
+        runs.append(time.perf_counter() - t)
+        result["torch_save_bytes"] = dir_bytes(path)
+        os.remove(path)
+    result["torch_save_s"] = runs
+
+    path = os.path.join(out_dir, "dcp_save")
+    runs = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dcp.save(sd(), checkpoint_id=path)  # FileSystemWriter fsyncs its files (sync_files=True)
+        runs.append(time.perf_counter() - t)
+        result["dcp_save_bytes"] = dir_bytes(path)
+        shutil.rmtree(path)
+    result["dcp_save_s"] = runs
+
+    path = os.path.join(out_dir, "dcp_async")
+    block, total = [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fut = dcp.async_save(sd(), checkpoint_id=path)
+        t1 = time.perf_counter()
+        fut.result()
+        t2 = time.perf_counter()
+        block.append(t1 - t); total.append(t2 - t)
+        result["dcp_async_bytes"] = dir_bytes(path)
+        shutil.rmtree(path)
+        del fut
+    result["dcp_async_block_s"], result["dcp_async_total_s"] = block, total
+
+    # Copy-on-write alone: steps while an idle child holds the forked image, then without it.
+    def steps(n):
+        out = []
+        for _ in range(n):
+            t = time.perf_counter(); step(model, opt, x); out.append(time.perf_counter() - t)
+        return out
+    before = steps(2)
+    t = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(3600)
+        os._exit(0)
+    result["fork_s"] = time.perf_counter() - t
+    during = steps(3)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    after = steps(3)
+    result["cow"] = {"before": before, "during_fork": during, "after_child_exit": after}
+    print("ANCHORS " + json.dumps(result), flush=True)
+    '''
+)
+
+
+def sh(cmd: str) -> str:
+    try:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=10).stdout.strip()
+    except Exception:
+        return "?"
+
+
+class Tee:
+    def __init__(self, path: str):
+        self.file = open(path, "w")
+
+    def __call__(self, line: str = "") -> None:
+        print(line, flush=True)
+        self.file.write(line + "\n")
+        self.file.flush()
+
+
+def environment(args, say) -> None:
+    import torch
+
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    cpu = sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").strip()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    commit = sh(f"git -C {root} rev-parse --short HEAD")
+    dirty = sh(f"git -C {root} status --porcelain --untracked-files=no")
+    knobs = {k: v for k, v in os.environ.items() if k.startswith("GPUSNAP_")}
+    say(f"# bench_snapshot  {datetime.datetime.now().isoformat(timespec='seconds')}")
+    say(f"# cpu: {cpu}, {os.cpu_count()} cores; ram {mem / 2**30:.1f} GiB; load avg {os.getloadavg()[0]:.2f}")
+    say(f"# python {platform.python_version()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+        f"blosc2 {_version('blosc2')}, gpusnap {commit}{' (dirty)' if dirty else ''}")
+    say(f"# disk: {os.path.abspath(args.dir)} ({sh(f'df -h --output=source,fstype,avail {args.dir} | tail -1')}); "
+        f"THP {sh('cat /sys/kernel/mm/transparent_hugepage/enabled')}")
+    say(f"# sizes {args.sizes} GB; anchors x{args.repeats}; gpusnap snapshots per size {args.snapshots}; "
+        f"knobs {knobs or 'defaults'}")
+
+
+def _version(mod: str) -> str:
+    try:
+        return __import__(mod).__version__
+    except Exception:
+        return "?"
+
+
+def read_log(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def read_stamps(path: str) -> list[float]:
+    with open(path) as f:
+        return [float(x) for x in f.read().split()]
+
+
+def wait_for(pred, timeout: float, what: str, proc=None):
+    end = time.time() + timeout
+    while time.time() < end:
+        value = pred()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"trainee exited ({proc.returncode}) while waiting for {what}")
+        time.sleep(0.05)
+    raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def run_anchors(prog: str, size_gb: float, work: str, args) -> dict:
+    out = os.path.join(work, "anchors")
+    os.makedirs(out, exist_ok=True)
+    p = subprocess.run(
+        [sys.executable, prog, "anchors", str(size_gb * GB), out, str(args.repeats), str(WARMUP_STEPS)],
+        capture_output=True, text=True, timeout=1800,
+    )
+    shutil.rmtree(out, ignore_errors=True)
+    for line in p.stdout.splitlines():
+        if line.startswith("ANCHORS "):
+            return json.loads(line[8:])
+    raise RuntimeError(f"anchor process failed ({p.returncode}):\n{p.stderr[-3000:]}")
+
+
+def run_gpusnap(prog: str, size_gb: float, work: str, args, say) -> dict:
+    rd = os.path.join(work, "run")
+    stamps_path, stop_path = os.path.join(work, "stamps.txt"), os.path.join(work, "stop")
+    log_path = os.path.join(rd, "log.jsonl")
+    out = open(os.path.join(work, "gpusnap.out"), "w")
+    deadline = time.time() + 1500
+    proc = subprocess.Popen(
+        ["gpusnap", "run", "--dir", rd, "--resume", "never", prog, "train", str(size_gb * GB), stamps_path,
+         stop_path, str(deadline)],
+        stdout=out, stderr=subprocess.STDOUT, cwd=work,
+    )
+    requests = []
+    try:
+        sup = wait_for(lambda: _json(os.path.join(rd, "supervisor.json")), 120, "supervisor.json", proc)
+        nstamps = lambda: len(read_stamps(stamps_path)) if os.path.exists(stamps_path) else 0  # noqa: E731
+        wait_for(lambda: nstamps() >= WARMUP_STEPS + PRE_STEPS + 1, 900, "warm-up steps", proc)
+        for k in range(args.snapshots):
+            done_before = {e.get("id") for e in read_log(log_path) if e.get("event") in ("committed", "failed", "skipped")}
+            t_req = time.time()
+            os.kill(sup["pid"], signal.SIGUSR1)
+            ev = wait_for(
+                lambda: next((e for e in read_log(log_path) if e.get("event") in ("committed", "failed", "skipped")
+                              and e.get("id") not in done_before), None),
+                900, f"commit of snapshot {k + 1}", proc,
+            )
+            if ev["event"] != "committed":
+                raise RuntimeError(f"snapshot {k + 1}: {ev}")
+            requests.append(t_req)
+            n = nstamps()
+            wait_for(lambda: nstamps() >= n + POST_STEPS, 900, "steps after commit", proc)
+        open(stop_path, "w").close()
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        out.close()
+    log = read_log(log_path)
+    stamps = read_stamps(stamps_path)
+    snaps = []
+    for e in log:
+        if e.get("event") == "committed":
+            forked = next((f for f in log if f.get("event") == "forked" and f.get("id") == e["id"]), {})
+            snaps.append({"id": e["id"], "commit_t": e["t"], "stall_s": forked.get("stall_s", e["stall_s"]),
+                          "child_stall_s": e["stall_s"], "write_s": e["write_s"],
+                          "bytes_written": e["bytes_written"], "bytes_total": e["bytes_total"]})
+    for s, t_req in zip(snaps, requests):
+        s["request_t"] = t_req
+    runs = sorted(os.listdir(os.path.join(rd, "packs"))) if os.path.isdir(os.path.join(rd, "packs")) else []
+    disk = sh(f"du -sb {rd} | cut -f1")
+    shutil.rmtree(rd, ignore_errors=True)
+    return {"stamps": stamps, "snaps": snaps, "rc": proc.returncode, "disk_bytes": int(disk or 0), "packs": len(runs)}
+
+
+def _json(path: str):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def analyse(g: dict) -> dict:
+    t = g["stamps"]
+    steps = [(t[i], t[i + 1]) for i in range(len(t) - 1)]
+    busy = set()  # indices of steps that overlap a write or its tail
+    windows = []
+    for s in g["snaps"]:
+        idx = [i for i, (a, b) in enumerate(steps) if b > s["request_t"] and a < s["commit_t"]]
+        last = idx[-1] if idx else 0
+        tail = list(range(last + 1, min(len(steps), last + 1 + TAIL_STEPS)))
+        windows.append((idx, tail))
+        busy.update(idx + tail)
+    quiet = [b - a for i, (a, b) in enumerate(steps) if i >= WARMUP_STEPS and i not in busy]
+    base = statistics.median(quiet)
+    for s, (idx, tail) in zip(g["snaps"], windows):
+        s["steps_in_write"] = len(idx)
+        s["extra_write_s"] = sum(steps[i][1] - steps[i][0] - base for i in idx)
+        s["extra_tail_s"] = sum(steps[i][1] - steps[i][0] - base for i in tail)
+        s["extra_s"] = s["extra_write_s"] + s["extra_tail_s"]
+    return {"base_s": base, "quiet_n": len(quiet), "quiet_spread": (min(quiet), max(quiet))}
+
+
+def fmt_b(n) -> str:
+    return f"{n / GB:.3f} GB" if n else "-"
+
+
+def report(size_gb: float, a: dict, g: dict, st: dict, say) -> dict:
+    med = statistics.median
+    ts = med(a["torch_save_s"])
+    snaps = g["snaps"]
+    say()
+    say(f"== state {size_gb:g} GB: {a['depth']} x Linear({a['width']},{a['width']}) fp32 + Adam; "
+        f"params+exp_avg+exp_avg_sq = {a['state_bytes'] / GB:.3f} GB ==")
+    say(f"baseline step under gpusnap {st['base_s']:.3f} s (median of {st['quiet_n']} quiet steps, "
+        f"range {st['quiet_spread'][0]:.3f}-{st['quiet_spread'][1]:.3f}); plain python {a['step_s']:.3f} s")
+    say(f"{'':34}{'time s':>9}{'runs':>6}  {'on disk':>10}  {'/ torch.save':>12}")
+
+    def row(name, vals, nbytes, ratio=True):
+        v = med(vals) if isinstance(vals, list) else vals
+        n = len(vals) if isinstance(vals, list) else 1
+        r = f"{v / ts:11.1%}" if ratio else ""
+        say(f"{name:34}{v:9.3f}{n:6}  {fmt_b(nbytes):>10}  {r:>12}")
+
+    row("torch.save + fsync", a["torch_save_s"], a["torch_save_bytes"])
+    row("dcp.save", a["dcp_save_s"], a["dcp_save_bytes"])
+    row("dcp.async_save blocking", a["dcp_async_block_s"], a["dcp_async_bytes"])
+    row("dcp.async_save until done", a["dcp_async_total_s"], None)
+    for i, s in enumerate(snaps):
+        kind = "full" if i == 0 else "incr"
+        row(f"gpusnap #{i + 1} ({kind}) stall", s["stall_s"], None)
+        row(f"gpusnap #{i + 1} ({kind}) writer", s["write_s"], s["bytes_written"])
+        row(f"gpusnap #{i + 1} ({kind}) extra wall", s["extra_s"], None)
+    later = snaps[1:] or snaps
+    row("gpusnap later snaps stall (med)", [s["stall_s"] for s in later], None)
+    row("gpusnap later snaps extra (med)", [s["extra_s"] for s in later], None)
+    say(f"gpusnap extra wall split (write window | {TAIL_STEPS} steps after commit): "
+        + "; ".join(f"#{i + 1} {s['extra_write_s']:.2f} | {s['extra_tail_s']:.2f} over {s['steps_in_write']} steps"
+                    for i, s in enumerate(snaps)))
+    say(f"gpusnap bytes: total per snapshot {fmt_b(snaps[0]['bytes_total'])}, written "
+        + ", ".join(fmt_b(s["bytes_written"]) for s in snaps)
+        + f"; run dir at end {fmt_b(g['disk_bytes'])}")
+    cow = a["cow"]
+    say(f"copy-on-write alone (plain python, idle forked child): fork {a['fork_s'] * 1e3:.1f} ms; step "
+        f"{med(cow['before']):.3f} s before, {' '.join(f'{x:.3f}' for x in cow['during_fork'])} while child lives, "
+        f"{' '.join(f'{x:.3f}' for x in cow['after_child_exit'])} after it exits")
+    stall1, stall_l = snaps[0]["stall_s"], med([s["stall_s"] for s in later])
+    extra1, extra_l = snaps[0]["extra_s"], med([s["extra_s"] for s in later])
+    ab = med(a["dcp_async_block_s"])
+    ok = lambda c: "MET" if c else "NOT MET"  # noqa: E731
+    say(f"target stall <= 5% of torch.save: #1 {stall1 / ts:.2%}, later {stall_l / ts:.2%} -> "
+        f"{ok(max(stall1, stall_l) <= 0.05 * ts)}")
+    say(f"target extra wall <= 50% of torch.save: #1 {extra1 / ts:.1%}, later {extra_l / ts:.1%} -> "
+        f"{ok(max(extra1, extra_l) <= 0.5 * ts)}")
+    say(f"dcp.async_save blocking / gpusnap stall: {ab / stall1:.1f}x (#1), {ab / stall_l:.1f}x (later)")
+    return {"size": size_gb, "ts": ts, "stall": max(stall1, stall_l), "extra": max(extra1, extra_l)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="0.5,1.5,4", help="GB of model + Adam state, comma-separated")
+    parser.add_argument("--quick", action="store_true", help="0.1 GB only, 2 snapshots, 2 anchor runs")
+    parser.add_argument("--snapshots", type=int, default=3, help="gpusnap snapshots per size (first is full)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each anchor (median)")
+    parser.add_argument("--dir", default="/work/bench-tmp", help="scratch directory (deleted at the end)")
+    parser.add_argument("--out", default=None, help="raw output (default tools/results/bench_snapshot-cpu-DATE.txt)")
+    parser.add_argument("--keep", action="store_true", help="keep --dir")
+    args = parser.parse_args()
+    if args.quick:
+        args.sizes, args.snapshots, args.repeats = "0.1", 2, 2
+    sizes = [float(s) for s in args.sizes.split(",")]
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = args.out or os.path.join(
+        here, "results", f"bench_snapshot-cpu-{datetime.date.today().isoformat()}{'-quick' if args.quick else ''}.txt")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    say = Tee(out)
+    os.makedirs(args.dir, exist_ok=True)
+    environment(args, say)
+    prog = os.path.join(args.dir, "train_bench.py")
+    with open(prog, "w") as f:
+        f.write(PROGRAM)
+    summary = []
+    started = time.time()
+    try:
+        for size in sizes:
+            work = os.path.join(args.dir, f"s{size:g}")
+            shutil.rmtree(work, ignore_errors=True)
+            os.makedirs(work)
+            t0 = time.time()
+            a = run_anchors(prog, size, work, args)
+            t1 = time.time()
+            g = run_gpusnap(prog, size, work, args, say)
+            st = analyse(g)
+            summary.append(report(size, a, g, st, say))
+            say(f"(anchors {t1 - t0:.0f} s, gpusnap run {time.time() - t1:.0f} s, rc {g['rc']})")
+            with open(os.path.join(args.dir, f"raw-{size:g}.json"), "w") as f:
+                json.dump({"anchors": a, "gpusnap": g, "stats": st}, f)
+            say("# raw " + json.dumps({"anchors": a, "snaps": g["snaps"], "base_s": st["base_s"]}))
+            shutil.rmtree(work, ignore_errors=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(args.dir, ignore_errors=True)
+    say()
+    say("== summary ==")
+    say(f"{'size GB':>8}{'torch.save s':>14}{'stall s':>10}{'stall %':>9}{'extra s':>10}{'extra %':>9}")
+    for s in summary:
+        say(f"{s['size']:8g}{s['ts']:14.3f}{s['stall']:10.3f}{s['stall'] / s['ts']:9.1%}"
+            f"{s['extra']:10.3f}{s['extra'] / s['ts']:9.1%}")
+    say(f"(worst of first and later snapshots; total {time.time() - started:.0f} s; raw output {out})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
