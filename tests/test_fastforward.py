@@ -217,7 +217,6 @@ def test_generator_and_other_iterables_are_consumed():
 # fix lands these fail as XPASS and the marks come off.
 
 
-@pytest.mark.xfail(strict=True, reason="zip of two DataLoaders: each restores the note's RNG, draw order differs")
 @pytest.mark.parametrize("workers", [0, 2])
 def test_zip_of_two_shuffled_loaders(tmp_path, workers):
     log = str(tmp_path / "loads")
@@ -240,7 +239,6 @@ class CountingIterable(IterableDataset):
         return iter(torch.arange(20))
 
 
-@pytest.mark.xfail(strict=True, reason="IterableDataset ignores sampler indices: skipping them skips no data")
 def test_iterable_dataset_loader_resumes_at_batch_k():
     note, batches, _, _ = _original(DataLoader(CountingIterable(), batch_size=4))
     it, _how = fastforward.iterator_at(DataLoader(CountingIterable(), batch_size=4), 2, note)
@@ -248,7 +246,6 @@ def test_iterable_dataset_loader_resumes_at_batch_k():
     assert len(rest) == len(batches) - 2 and all(_same(a, b) for a, b in zip(rest, batches[2:]))
 
 
-@pytest.mark.xfail(strict=True, reason="persistent_workers: later epochs draw no base seed; the skipping sampler stays")
 def test_persistent_workers_epoch_after_the_first(tmp_path):
     log = str(tmp_path / "loads")
 

@@ -32,7 +32,6 @@ from gpusnap.capture import rng
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from gpusnap.instrument import loops
 
-_lock = threading.Lock()
 _config: dict = {}
 _rundir = None
 _control = None  # socket to the supervisor
@@ -196,9 +195,10 @@ def _is_safe_point(loop) -> bool:
 
 # -- requests and safe points --------------------------------------------------------------
 def request(reason: str, stop: bool = False) -> None:
-    with _lock:
-        _requests.append((reason, stop))
-        loops.pending = True
+    # No lock: this runs inside signal handlers, which interrupt the main thread wherever it is
+    # (a lock held there would deadlock). list.append is atomic under the GIL.
+    _requests.append((reason, stop))
+    loops.pending = True
 
 
 def request_from_program(reason: str) -> bool:
@@ -220,8 +220,7 @@ def _on_boundary(loop) -> None:
     replay = sys.modules.get("gpusnap.restore.replay")
     if replay is not None and replay.active is not None:
         return  # nothing to snapshot until the replay has merged its snapshot
-    with _lock:
-        stop = any(s for _, s in _requests)
+    stop = any(s for _, s in list(_requests))
     if _writer is not None and not stop:
         if not _coalesced_said:
             _coalesced_said = True
@@ -235,15 +234,18 @@ def _on_boundary(loop) -> None:
 def _snapshot(loop) -> None:
     global _coalesced_said
     requested_s = time.perf_counter()
-    with _lock:
-        reasons, _requests[:] = list(_requests), []
-        loops.pending = False
+    loops.pending = False
+    reasons = list(_requests)
+    del _requests[: len(reasons)]  # a request that lands meanwhile stays for the next boundary
+    if _requests:
+        loops.pending = True
     stop = any(s for _, s in reasons)
     reason = "term" if stop else reasons[0][0] if reasons else "request"
     iteration = _steps if _steps else loop.index
     _emit("honored", reason=reason, iteration=iteration, where=loop.where())
-    if _writer is not None:  # only a stop request gets here with a writer running
-        _writer.thread.join()
+    running = _writer
+    if running is not None:  # only a stop request gets here with a writer running
+        running.thread.join()
     _coalesced_said = False
 
     stage.quiesce()
@@ -272,9 +274,9 @@ def _snapshot(loop) -> None:
         sources=_sources(),
         staged=staged,
     )
-    _start_writer(job)
+    writer = _start_writer(job)
     if stop:
-        _writer.thread.join()
+        writer.thread.join()
         _exit(EXIT_PREEMPTED if _writer_last_result.get("event") == "committed" else EXIT_PREEMPTED_UNSAVED)
 
 
@@ -333,7 +335,7 @@ class _Writer:
         _emit(**result)
 
 
-def _start_writer(job) -> None:
+def _start_writer(job) -> "_Writer":
     global _writer
     read_fd, write_fd = os.pipe()
     with warnings.catch_warnings():
@@ -346,9 +348,10 @@ def _start_writer(job) -> None:
         _child_main(job, write_fd)
     os.close(write_fd)
     stall_s = time.perf_counter() - job.requested_s
-    _writer = _Writer(pid, job.snap_id, read_fd, stall_s)
+    writer = _writer = _Writer(pid, job.snap_id, read_fd, stall_s)
     _emit("forked", id=job.snap_id, stall_s=stall_s, iteration=job.iteration)
-    _writer.thread.start()
+    writer.thread.start()
+    return writer
 
 
 def _child_main(job, write_fd: int) -> None:
