@@ -76,6 +76,8 @@ def test_a_writer_killed_mid_write_leaves_training_and_earlier_snapshots_alone(t
     first = snapshot_now(run, tmp_path / "snaps", tmp_path)
 
     trainee = psutil.Process(run.proc.pid).children()[0]
+    # The first writer lives on for a moment after its manifest commits: let it go first.
+    wait_for(lambda: not trainee.children(), "the first writer to exit", proc=run)
     run.signal(signal.SIGUSR1)
     writer = wait_for(lambda: trainee.children(), "the writer process", proc=run)[0]
     writer.kill()

@@ -221,10 +221,11 @@ def _on_boundary(loop) -> None:
     if replay is not None and replay.active is not None:
         return  # nothing to snapshot until the replay has merged its snapshot
     stop = any(s for _, s in list(_requests))
-    if _writer is not None and not stop:
+    running = _writer
+    if running is not None and not stop:
         if not _coalesced_said:
             _coalesced_said = True
-            _emit("coalesced", id=_writer.snap_id, reason=_requests[0][0] if _requests else "?")
+            _emit("coalesced", id=running.snap_id, reason=_requests[0][0] if _requests else "?")
         return
     if not _is_safe_point(loop):
         return
@@ -252,7 +253,8 @@ def _snapshot(loop) -> None:
     staged = stage.stage()
     refusal = _headroom_refusal()
     if refusal is not None:
-        warnings.warn(f"gpusnap: snapshot skipped: {refusal}", RuntimeWarning, stacklevel=2)
+        if _control is None:  # otherwise the supervisor prints the event
+            print(f"gpusnap: snapshot skipped: {refusal}", file=sys.stderr, flush=True)
         _emit("skipped", reason=reason, message=refusal)
         if stop:
             _exit(EXIT_PREEMPTED_UNSAVED)
