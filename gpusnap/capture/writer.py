@@ -1,8 +1,9 @@
 """The writer: runs in the forked child, turns the trainee's image into a committed snapshot.
 
-Order: collect roots -> pickle the graph (buffers stream into the store as they are met) -> put
-the pickle stream itself as the buffer "graph" -> name objects by path -> commit the manifest
--> apply retention. The trainee has resumed training before any of this starts.
+Order: collect roots -> pickle the graph, copying every buffer out of the shared image -> release
+the copied pages (``capture.detach``) -> drop to idle priority -> store the copies -> put the
+pickle stream itself as the buffer "graph" -> name objects by path -> commit the manifest ->
+apply retention. The trainee has resumed training before any of this starts.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from gpusnap import knobs
 from gpusnap.capture import paths, roots
+from gpusnap.capture.detach import DetachedBuffers, lower_priority
 from gpusnap.capture.pickler import GraphPickler, _storage_key, type_name
 
 
@@ -41,16 +44,24 @@ def write_snapshot(job: WriteJob) -> dict:
     stall_s = time.perf_counter() - job.requested_s
     started = time.perf_counter()
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
+    # Phase 1, at full speed while the trainee runs its forward pass: copy, then let go.
+    detached = DetachedBuffers()
+    payload = roots.collect(job.frame, job.active_loops, job.rng_states)
+    stream = io.BytesIO()
+    pickler = GraphPickler(stream, detached, staged=job.staged)
+    pickler.dump(payload)
+    detached.release()
+    detach_s = time.perf_counter() - started
+    # Phase 2, on cores the trainee leaves idle: hash, compress, write, commit.
+    lower_priority(knobs.WRITER_PRIORITY)
     rundir = RunDir.open(job.run_dir)
     sink = rundir.begin_snapshot(job.snap_id)
     try:
-        payload = roots.collect(job.frame, job.active_loops, job.rng_states)
-        stream = io.BytesIO()
-        pickler = GraphPickler(stream, sink, staged=job.staged)
-        pickler.dump(payload)
+        detached.drain(sink)
         graph = sink.put_buffer(stream.getbuffer(), dtype="bytes", typesize=1)
         graph["kind"] = "graph"
         manifest = _manifest(job, payload, pickler, graph, stall_s)
+        manifest["detach_s"] = detach_s
         manifest["write_s"] = time.perf_counter() - started
         info = sink.commit(manifest)
     except BaseException:
@@ -63,6 +74,7 @@ def write_snapshot(job: WriteJob) -> dict:
         "id": info.id,
         "iteration": job.iteration,
         "stall_s": stall_s,
+        "detach_s": detach_s,
         "write_s": time.perf_counter() - started,
         "bytes_written": info.bytes_written,
         "bytes_total": info.bytes_total,
