@@ -35,8 +35,8 @@ COMPRESS_MIN_GAIN = _float("COMPRESS_MIN_GAIN", 0.05)
 CODEC = _str("CODEC", "zstd")
 # Threads the forked writer gives blosc2 (0 = one per core).
 WRITER_THREADS = _int("WRITER_THREADS", 0)
-# How the writer runs once it has copied the state out: "idle" (SCHED_IDLE: only on cores the
-# trainee leaves idle, so training barely slows) or a nice value such as "10".
+# How the writer runs: "idle" (SCHED_IDLE: only on cores the trainee leaves idle, so training
+# barely slows; the snapshot takes longer) or a nice value such as "10".
 WRITER_PRIORITY = _str("WRITER_PRIORITY", "idle")
 # Upper bound on chunk bytes the writer holds in memory at once, whatever the state's size.
 WRITER_WINDOW_BYTES = _int("WRITER_WINDOW_BYTES", 256 << 20)

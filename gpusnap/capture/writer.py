@@ -1,21 +1,21 @@
 """The writer: runs in the forked child, turns the trainee's image into a committed snapshot.
 
-Order: collect roots -> pickle the graph, copying every buffer out of the shared image -> release
-the copied pages (``capture.detach``) -> drop to idle priority -> store the copies -> put the
-pickle stream itself as the buffer "graph" -> name objects by path -> commit the manifest ->
-apply retention. The trainee has resumed training before any of this starts.
+Order: drop to idle priority -> collect roots -> pickle the graph (buffers stream into the store
+as they are met) -> put the pickle stream itself as the buffer "graph" -> name objects by path
+-> commit the manifest -> apply retention. The trainee has resumed training before any of this
+starts.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import sys
 import time
 from dataclasses import dataclass, field
 
 from gpusnap import knobs
 from gpusnap.capture import paths, roots
-from gpusnap.capture.detach import DetachedBuffers, lower_priority
 from gpusnap.capture.pickler import GraphPickler, _storage_key, type_name
 
 
@@ -43,25 +43,20 @@ def write_snapshot(job: WriteJob) -> dict:
 
     stall_s = time.perf_counter() - job.requested_s
     started = time.perf_counter()
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
-    # Phase 1, at full speed while the trainee runs its forward pass: copy, then let go.
-    detached = DetachedBuffers()
-    payload = roots.collect(job.frame, job.active_loops, job.rng_states)
-    stream = io.BytesIO()
-    pickler = GraphPickler(stream, detached, staged=job.staged)
-    pickler.dump(payload)
-    detached.release()
-    detach_s = time.perf_counter() - started
-    # Phase 2, on cores the trainee leaves idle: hash, compress, write, commit.
+    # The trainee's first write to each page after fork pays a copy however long this process
+    # lives, so the writer can take its time: only cores the trainee leaves idle.
     lower_priority(knobs.WRITER_PRIORITY)
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
     rundir = RunDir.open(job.run_dir)
     sink = rundir.begin_snapshot(job.snap_id)
     try:
-        detached.drain(sink)
+        payload = roots.collect(job.frame, job.active_loops, job.rng_states)
+        stream = io.BytesIO()
+        pickler = GraphPickler(stream, sink, staged=job.staged)
+        pickler.dump(payload)
         graph = sink.put_buffer(stream.getbuffer(), dtype="bytes", typesize=1)
         graph["kind"] = "graph"
         manifest = _manifest(job, payload, pickler, graph, stall_s)
-        manifest["detach_s"] = detach_s
         manifest["write_s"] = time.perf_counter() - started
         info = sink.commit(manifest)
     except BaseException:
@@ -74,12 +69,25 @@ def write_snapshot(job: WriteJob) -> dict:
         "id": info.id,
         "iteration": job.iteration,
         "stall_s": stall_s,
-        "detach_s": detach_s,
         "write_s": time.perf_counter() - started,
         "bytes_written": info.bytes_written,
         "bytes_total": info.bytes_total,
         "live_only": len(pickler.live_only),
     }
+
+
+def lower_priority(policy: str) -> None:
+    """``idle``: run only on cores the trainee leaves idle (SCHED_IDLE); a number: that nice."""
+    if policy == "idle":
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            return
+        except (AttributeError, OSError):
+            policy = "19"
+    try:
+        os.nice(int(policy))
+    except (ValueError, OSError):
+        pass
 
 
 def _manifest(job: WriteJob, payload: dict, pickler: GraphPickler, graph: dict, stall_s: float) -> dict:
