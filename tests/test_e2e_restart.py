@@ -57,6 +57,7 @@ def test_killed_run_restarts_to_the_same_bytes(tmp_path, style, seed):
     restarted = gpusnap("restart", "snaps", cwd=tmp_path)
     assert restarted.returncode == 0, restarted.stderr
     assert f"restored snapshot {snap['id']}" in restarted.stderr
+    print(*[line for line in restarted.stderr.splitlines() if "fast-forward" in line or "restored snapshot" in line], sep="\n")
     assert_same(load_final(ref), load_final(out))
 
 

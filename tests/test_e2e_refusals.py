@@ -1,0 +1,66 @@
+"""Restart refuses, naming the place, rather than restore wrong state: a changed script, a
+shape that differs, a replay that never reaches the saved loop, other arguments."""
+
+from __future__ import annotations
+
+from harness import Run, copy_programs, gpusnap, progress, snapshot_now, wait_for
+
+
+def _snapshot_then_kill(tmp_path):
+    programs = copy_programs(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    run = Run("run", "--dir", "snaps", programs / "style_a.py", out, 0, 3, cwd=tmp_path, env={"TEST_STEP_SLEEP_S": "0.03"})
+    wait_for(lambda: progress(out) >= 5, "step 5", proc=run)
+    snap = snapshot_now(run, tmp_path / "snaps", tmp_path)
+    run.kill_group()
+    return programs / "style_a.py", out, snap
+
+
+def _edit(script, old: str, new: str) -> None:
+    text = script.read_text()
+    assert old in text
+    script.write_text(text.replace(old, new))
+
+
+def test_a_changed_script_is_refused_and_force_overrides(tmp_path):
+    script, out, snap = _snapshot_then_kill(tmp_path)
+    _edit(script, "lr=1e-2", "lr=2e-2")  # same lines, other bytes
+
+    refused = gpusnap("restart", "snaps", cwd=tmp_path)
+    assert refused.returncode == 6, refused.stderr
+    assert f"{script} changed since snapshot {snap['id']} was taken" in refused.stderr
+    assert "hint: restore the original script, or pass --force" in refused.stderr
+    assert not (out / "final.pt").exists()
+
+    forced = gpusnap("restart", "snaps", "--force", cwd=tmp_path)
+    assert forced.returncode == 0, forced.stderr
+    assert f"restored snapshot {snap['id']}" in forced.stderr
+
+
+def test_a_shape_mismatch_names_the_object_path(tmp_path):
+    script, out, _ = _snapshot_then_kill(tmp_path)
+    _edit(script, "torch.nn.Linear(32, 1)", "torch.nn.Linear(32, 2)")
+    refused = gpusnap("restart", "snaps", "--force", cwd=tmp_path)
+    assert refused.returncode == 6, refused.stderr
+    assert "gpusnap: restore refused: globals[__main__].model._modules['2']._parameters['weight']" in refused.stderr
+    assert "(1, 32) torch.float32" in refused.stderr and "(2, 32) torch.float32" in refused.stderr
+    assert not (out / "final.pt").exists()
+
+
+def test_a_replay_that_never_reaches_the_saved_loop_is_refused(tmp_path):
+    script, out, _ = _snapshot_then_kill(tmp_path)
+    _edit(script, "workers, epochs = int(sys.argv[2]), int(sys.argv[3])", "workers, epochs = int(sys.argv[2]), 0")
+    refused = gpusnap("restart", "snaps", "--force", cwd=tmp_path)
+    assert refused.returncode == 6, refused.stderr
+    assert "the program ended before reaching the saved position at" in refused.stderr
+    assert "style_a.py:" in refused.stderr
+
+
+def test_other_arguments_are_refused_before_anything_runs(tmp_path):
+    script, out, _ = _snapshot_then_kill(tmp_path)
+    refused = gpusnap("run", "--dir", "snaps", script, out, 0, 5, cwd=tmp_path)
+    assert refused.returncode == 3, refused.stderr
+    assert refused.stderr.startswith("gpusnap: ")
+    assert "argument" in refused.stderr.splitlines()[0]
+    assert not (out / "final.pt").exists()
