@@ -49,8 +49,6 @@ HEADROOM_FRACTION = _float("HEADROOM_FRACTION", 0.9)
 SUPERVISOR_TICK_S = _float("SUPERVISOR_TICK_S", 0.2)
 # Default --grace: how long a SIGTERM snapshot may take before the trainee is killed.
 DEFAULT_GRACE_S = _float("DEFAULT_GRACE_S", 120.0)
-# How long a stale lock holder must have been gone before its lock is taken over.
-LOCK_STALE_S = _float("LOCK_STALE_S", 0.0)
 
 # Where instrumented code objects are cached, keyed by source hash, transform version and
 # Python version. Empty: $XDG_CACHE_HOME/gpusnap (or ~/.cache/gpusnap); "off": no cache.

@@ -71,7 +71,7 @@ class Merger:
         if torch is not None and isinstance(snap, torch.Tensor):
             return self._merge_tensor(live, snap, path)
         if live is None or type(live) is not type(snap):
-            return self._adopt(snap, path)
+            return snap  # no live counterpart: the snapshot's object goes in
         if isinstance(snap, list):
             return self._merge_list(live, snap, path)
         if isinstance(snap, dict):
@@ -97,10 +97,6 @@ class Merger:
         if hasattr(snap, "__dict__") and isinstance(getattr(live, "__dict__", None), dict):
             self._merge_attrs(live, snap, path)
             return live
-        return snap
-
-    def _adopt(self, snap, path: str):
-        """No live counterpart: the snapshot's object goes in, its insides aligned with nothing."""
         return snap
 
     # -- tensors -------------------------------------------------------------------------

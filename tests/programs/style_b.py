@@ -1,5 +1,5 @@
 """(b) the loop inside main() -> train_epoch(), with locals carried across iterations: an RNN
-hidden state, a running total, a list of losses. usage: style_b.py OUT EPOCHS"""
+hidden state, a running total, a list of losses, and a closure cell. usage: style_b.py OUT EPOCHS"""
 import sys
 
 import torch
@@ -17,7 +17,7 @@ class Net(torch.nn.Module):
         return self.head(out[:, -1]), hidden
 
 
-def train_epoch(model, optimizer, data, hidden, history, step):
+def train_epoch(model, optimizer, data, hidden, history, step, on_step):
     running_total = 0.0
     for i in range(len(data)):
         x, y = data[i]
@@ -29,6 +29,7 @@ def train_epoch(model, optimizer, data, hidden, history, step):
         optimizer.step()
         running_total += loss.item()
         history.append(running_total)
+        on_step(loss.item())
         step += 1
         progress(step)
     return hidden, running_total, step
@@ -43,10 +44,16 @@ def main():
     hidden = torch.zeros(1, 4, 16)
     history, totals = [], []
     step = 0
+    worst = 0.0  # a cell: on_step rebinds it
+
+    def on_step(loss):
+        nonlocal worst
+        worst = max(worst, loss)
+
     for epoch in range(epochs):
-        hidden, total, step = train_epoch(model, optimizer, data, hidden, history, step)
+        hidden, total, step = train_epoch(model, optimizer, data, hidden, history, step, on_step)
         totals.append(total)
-    finish(model=model.state_dict(), optimizer=optimizer.state_dict(), hidden=hidden, history=history, totals=totals)
+    finish(model=model.state_dict(), optimizer=optimizer.state_dict(), hidden=hidden, history=history, totals=totals, worst=worst)
 
 
 if __name__ == "__main__":
