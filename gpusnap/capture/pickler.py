@@ -87,7 +87,7 @@ class GraphPickler(pickle.Pickler):
     """Pickles roots; writes buffers to ``sink.put_buffer(view, dtype=, typesize=)``.
 
     After ``dump``: ``buffers`` {name: record}, ``live_only`` [(obj, type name)], ``tensors``
-    [(tensor, buffer name)] for the path pass, ``storage_names`` {storage key: buffer name}.
+    [(tensor, storage key)] for the path pass, ``storage_names`` {storage key: buffer name}.
     ``staged`` maps (device type, address, nbytes) of device storages to host views (the
     staging step fills it; empty in CPU mode).
     """
@@ -188,12 +188,12 @@ class GraphPickler(pickle.Pickler):
     # -- numpy ----------------------------------------------------------------------------
     def _reduce_ndarray(self, arr):
         np = self._np
-        flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
         key = ("numpy", arr.__array_interface__["data"][0], arr.nbytes, arr.dtype.str, arr.shape, arr.strides)
         name = self.storage_names.get(key)
         if name is None:
             name = f"n{len(self.storage_names)}"
             self.storage_names[key] = name
+            flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)  # a copy only if strided
             record = self.sink.put_buffer(memoryview(flat), dtype=arr.dtype.name, typesize=arr.dtype.itemsize)
             record.update(kind="numpy", shape=list(arr.shape))
             self.buffers[name] = record

@@ -97,24 +97,24 @@ def _manifest(job: WriteJob, payload: dict, pickler: GraphPickler, graph: dict, 
     where = paths.find_paths(named, wanted, torch)
 
     buffers = dict(pickler.buffers)
-    for tensor, key in pickler.tensors:
-        name = pickler.storage_names.get(key)
-        if name is not None and "path" not in buffers[name] and id(tensor) in where:
-            buffers[name]["path"] = where[id(tensor)]
     buffers["graph"] = graph
-
     objects = [{"path": path, "type": type_name(value)} for path, value in named]
     for tensor, key in pickler.tensors:
-        if id(tensor) in where:
-            objects.append(
-                {
-                    "path": where[id(tensor)],
-                    "type": type_name(tensor),
-                    "dtype": str(tensor.dtype).removeprefix("torch."),
-                    "shape": list(tensor.shape),
-                    "buffer": pickler.storage_names.get(key),
-                }
-            )
+        path = where.get(id(tensor))
+        if path is None:
+            continue
+        name = pickler.storage_names.get(key)
+        if name is not None:
+            buffers[name].setdefault("path", path)
+        objects.append(
+            {
+                "path": path,
+                "type": type_name(tensor),
+                "dtype": str(tensor.dtype).removeprefix("torch."),
+                "shape": list(tensor.shape),
+                "buffer": name,
+            }
+        )
     modules = {
         path: paths.module_tensors(module, pickler.storage_names, _storage_key)
         for path, module in paths.top_modules(named, torch)

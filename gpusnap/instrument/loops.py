@@ -42,14 +42,13 @@ ACTIVE: list["ActiveLoop"] = []
 class ActiveLoop:
     """One execution of one loop statement."""
 
-    __slots__ = ("loop_id", "frame", "index", "kind", "source", "resume", "__weakref__")
+    __slots__ = ("loop_id", "frame", "index", "kind", "resume", "__weakref__")
 
-    def __init__(self, loop_id: str, frame, kind: str, source=None):
+    def __init__(self, loop_id: str, frame, kind: str):
         self.loop_id = loop_id  # "LINE:COL" of the statement inside frame.f_code
         self.frame = frame
         self.index = 0  # completed iterations == items handed to the body so far
         self.kind = kind  # "for" | "while"
-        self.source = source  # for loops: what was iterated (DataLoader, range, ...)
         self.resume = None  # describe_source()'s note, kept in snapshots for fast-forward
 
     @property
@@ -86,12 +85,12 @@ def _iterate(loop: ActiveLoop, it):
         _unregister(loop)
 
 
-def _start_for(loop_id: str, iterable, source, frame):
+def _start_for(loop_id: str, iterable, frame):
     if threading.get_ident() != _MAIN_THREAD:
         return iter(iterable)
-    loop = ActiveLoop(loop_id, frame, "for", source)
+    loop = ActiveLoop(loop_id, frame, "for")
     if describe_source is not None:
-        loop.resume = describe_source(source)
+        loop.resume = describe_source(iterable)
     it = None
     if on_loop_start is not None:
         it = on_loop_start(loop, iterable)
@@ -102,7 +101,7 @@ def _start_for(loop_id: str, iterable, source, frame):
 
 
 def for_loop(loop_id: str, iterable):
-    return _start_for(loop_id, iterable, iterable, sys._getframe(1))
+    return _start_for(loop_id, iterable, sys._getframe(1))
 
 
 def for_loop_call(loop_id: str, func, *args, **kwargs):
@@ -110,10 +109,8 @@ def for_loop_call(loop_id: str, func, *args, **kwargs):
     fast-forward the sources before any of them is turned into an iterator."""
     frame = sys._getframe(1)
     if func is builtins.enumerate or func is builtins.zip:
-        call = _DeferredCall(func, args, kwargs)
-        return _start_for(loop_id, call, call, frame)
-    iterable = func(*args, **kwargs)
-    return _start_for(loop_id, iterable, iterable, frame)
+        return _start_for(loop_id, _DeferredCall(func, args, kwargs), frame)
+    return _start_for(loop_id, func(*args, **kwargs), frame)
 
 
 class _DeferredCall:
