@@ -31,7 +31,8 @@ CHUNK_BYTES = _int("CHUNK_BYTES", 4 << 20)
 PACK_BYTES = _int("PACK_BYTES", 64 << 20)
 # Compression that gains less than this fraction is not worth its decode time: store raw.
 COMPRESS_MIN_GAIN = _float("COMPRESS_MIN_GAIN", 0.05)
-# blosc2 codec: "zstd" (level 1, better ratio) or "lz4" (faster).
+# blosc2 codec: "zstd" (level 1, better ratio), "lz4" (3x faster, most of the ratio) or "none"
+# (store raw: no compression CPU at all, for hosts with no core to spare).
 CODEC = _str("CODEC", "zstd")
 # Threads the forked writer gives blosc2 (0 = one per core).
 WRITER_THREADS = _int("WRITER_THREADS", 0)

@@ -137,3 +137,25 @@ def test_a_snapshot_that_would_not_fit_in_memory_is_skipped(tmp_path):
     assert code == 0
     assert "snapshot skipped" in err and "copy-on-write worst case" in err
     assert snapshots(tmp_path / "snaps", tmp_path) == []
+
+
+def test_buffers_written_right_after_the_boundary_hold_the_bytes_of_their_iteration(tmp_path):
+    """The trainee writes its large buffers first thing after fork, and numpy arrays alias a
+    tensor or are strided: the writer's copy-on-write image still holds the boundary's bytes."""
+    programs = copy_programs(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    run = Run("run", "--dir", "snaps", programs / "shared_views.py", out, 400, cwd=tmp_path,
+              env={"TEST_STEP_SLEEP_S": "0.02"})
+    wait_for(lambda: progress(out) >= 5, "step 5", proc=run)
+    snap = snapshot_now(run, tmp_path / "snaps", tmp_path)
+    run.kill_group()
+
+    manifest, roots = load(tmp_path / "snaps", snap["id"])
+    main = roots["globals"]["__main__"]
+    expected = torch.load(out / "states" / f"{main['step']}.pt", weights_only=False)
+    assert_same(expected["big"], main["big"], "big")
+    for name in ("alias", "wide", "strided"):
+        assert main[name].tobytes() == expected[name].tobytes(), name
+    assert_same(expected["model"], main["model"].state_dict(), "model")
+    assert_same(expected["optimizer"], main["optimizer"].state_dict(), "optimizer")

@@ -2,7 +2,7 @@
 torch.distributed.checkpoint (DCP) save / async_save of the same state, in one run.
 
     python tools/bench_snapshot.py [--sizes 0.5,1.5,4] [--quick] [--snapshots 3] [--repeats 3]
-                                   [--dir /work/bench-tmp] [--out FILE]
+                                   [--trainee-threads spare|all|N] [--dir /work/bench-tmp] [--out FILE]
 
 For each size S (GB = 1e9 bytes of model + Adam state): an MLP of square fp32 Linear layers
 whose parameters are S/3 bytes, trained with torch.optim.Adam on small batches (every step
@@ -26,6 +26,12 @@ state at a loop boundary is exactly params + Adam state, as in the anchors' stat
                      a step stamp is taken at the top of the loop body, so the stall, which
                      happens at the loop boundary, falls inside one of these steps
 Targets (from the issue): stall <= 5% of torch.save; extra wall <= 50% of torch.save.
+
+Trainee threads (torch.set_num_threads, anchors and gpusnap alike): ``spare`` (default) leaves
+one core to the writer, as a GPU training process does (its host thread drives the device; a
+GPU node has cores to spare); ``all`` gives every core to training, so that every CPU-second
+the writer spends (hashing, compression) comes out of training whatever its priority: on the
+2-core CI machine even an idle-priority busy loop slows a 2-thread trainee by ~19%.
 """
 
 from __future__ import annotations
@@ -88,6 +94,7 @@ PROGRAM = textwrap.dedent(
 
     mode = sys.argv[1]
     state_bytes = float(sys.argv[2])
+    torch.set_num_threads(int(os.environ["BENCH_TRAINEE_THREADS"]))
     model, opt, x, width, depth = build(state_bytes)
 
     if mode == "train":
@@ -225,13 +232,13 @@ def environment(args, say) -> None:
     knobs = {k: v for k, v in os.environ.items() if k.startswith("GPUSNAP_")}
     say(f"# bench_snapshot  {datetime.datetime.now().isoformat(timespec='seconds')}")
     say(f"# cpu: {cpu}, {os.cpu_count()} cores; ram {mem / 2**30:.1f} GiB; load avg {os.getloadavg()[0]:.2f}")
-    say(f"# python {platform.python_version()}, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+    say(f"# python {platform.python_version()}, torch {torch.__version__} "
+        f"(trainee threads {os.environ['BENCH_TRAINEE_THREADS']} of {os.cpu_count()}: {args.trainee_threads}), "
         f"blosc2 {_version('blosc2')}, gpusnap {commit}{' (dirty)' if dirty else ''}")
     say(f"# disk: {os.path.abspath(args.dir)} ({sh(f'df -h --output=source,fstype,avail {args.dir} | tail -1')}); "
         f"THP {sh('cat /sys/kernel/mm/transparent_hugepage/enabled')}")
     say(f"# sizes {args.sizes} GB; anchors x{args.repeats}; gpusnap snapshots per size {args.snapshots}; "
-        f"knobs {knobs or 'defaults'}"
-        f"{'; writer moved to SCHED_IDLE by the bench' if args.writer_idle else ''}")
+        f"knobs {knobs or 'defaults'}")
 
 
 def _version(mod: str) -> str:
@@ -305,8 +312,6 @@ def run_gpusnap(prog: str, size_gb: float, work: str, args, say) -> dict:
             done_before = {e.get("id") for e in read_log(log_path) if e.get("event") in ("committed", "failed", "skipped")}
             t_req = time.time()
             os.kill(sup["pid"], signal.SIGUSR1)
-            if args.writer_idle:
-                idle_writer(proc.pid)
             ev = wait_for(
                 lambda: next((e for e in read_log(log_path) if e.get("event") in ("committed", "failed", "skipped")
                               and e.get("id") not in done_before), None),
@@ -331,7 +336,7 @@ def run_gpusnap(prog: str, size_gb: float, work: str, args, say) -> dict:
         if e.get("event") == "committed":
             forked = next((f for f in log if f.get("event") == "forked" and f.get("id") == e["id"]), {})
             snaps.append({"id": e["id"], "commit_t": e["t"], "stall_s": forked.get("stall_s", e["stall_s"]),
-                          "child_stall_s": e["stall_s"], "write_s": e["write_s"],
+                          "child_stall_s": e["stall_s"], "write_s": e["write_s"], "drain_s": e.get("drain_s"),
                           "bytes_written": e["bytes_written"], "bytes_total": e["bytes_total"]})
     for s, t_req in zip(snaps, requests):
         s["request_t"] = t_req
@@ -339,22 +344,6 @@ def run_gpusnap(prog: str, size_gb: float, work: str, args, say) -> dict:
     disk = sh(f"du -sb {rd} | cut -f1")
     shutil.rmtree(rd, ignore_errors=True)
     return {"stamps": stamps, "snaps": snaps, "rc": proc.returncode, "disk_bytes": int(disk or 0), "packs": len(runs)}
-
-
-def idle_writer(supervisor_pid: int, timeout: float = 30.0) -> None:
-    """Experiment (--writer-idle): move the forked writer to SCHED_IDLE as soon as it appears."""
-    import psutil
-
-    end = time.time() + timeout
-    while time.time() < end:
-        for trainee in psutil.Process(supervisor_pid).children():
-            for child in trainee.children():
-                try:
-                    os.sched_setscheduler(child.pid, os.SCHED_IDLE, os.sched_param(0))
-                    return
-                except OSError:
-                    pass
-        time.sleep(0.002)
 
 
 def _json(path: str):
@@ -417,6 +406,7 @@ def report(size_gb: float, a: dict, g: dict, st: dict, say) -> dict:
     for i, s in enumerate(snaps):
         kind = "full" if i == 0 else "incr"
         row(f"gpusnap #{i + 1} ({kind}) stall", s["stall_s"], None)
+        row(f"gpusnap #{i + 1} ({kind}) drain", s["drain_s"] or 0.0, None)
         row(f"gpusnap #{i + 1} ({kind}) writer", s["write_s"], s["bytes_written"])
         row(f"gpusnap #{i + 1} ({kind}) extra wall", s["extra_s"], None)
     later = snaps[1:] or snaps
@@ -461,9 +451,12 @@ def main() -> int:
     parser.add_argument("--dir", default="/work/bench-tmp", help="scratch directory (deleted at the end)")
     parser.add_argument("--out", default=None, help="raw output (default tools/results/bench_snapshot-cpu-DATE.txt)")
     parser.add_argument("--keep", action="store_true", help="keep --dir")
-    parser.add_argument("--writer-idle", action="store_true",
-                        help="experiment: put gpusnap's writer child under SCHED_IDLE (set from outside)")
+    parser.add_argument("--trainee-threads", default="spare",
+                        help="torch threads of the training program: spare (cores - 1), all, or a number")
     args = parser.parse_args()
+    cores = os.cpu_count() or 1
+    threads = {"spare": max(1, cores - 1), "all": cores}.get(args.trainee_threads) or int(args.trainee_threads)
+    os.environ["BENCH_TRAINEE_THREADS"] = str(threads)
     if args.quick:
         args.sizes, args.snapshots, args.repeats = "0.1", 2, 2
     sizes = [float(s) for s in args.sizes.split(",")]

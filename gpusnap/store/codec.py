@@ -10,7 +10,8 @@ Compression was chosen by measuring 4 MiB chunks on 2 cores (blosc2 2.x, clevel 
     1% non-zero     212x  1.88 GB/s   1706x 2.83 GB/s         407x  4.12 GB/s 123x  1.88 GB/s
 
 so floats get ZSTD-1 + shuffle (knobs.CODEC == "zstd", best ratio) or LZ4 + bitshuffle
-("lz4", 3x faster for most of the ratio); bytedelta never paid for itself on weights.
+("lz4", 3x faster for most of the ratio); bytedelta never paid for itself on weights. "none"
+stores every chunk raw: for hosts where the writer's CPU time is training's (every core busy).
 """
 
 from __future__ import annotations
@@ -56,10 +57,13 @@ def params_for(dtype: str, typesize: int, codec: str | None = None) -> tuple[int
 
 
 def encode(cid: str, data, dtype: str, typesize: int, nthreads: int) -> tuple[bytes, bytes]:
-    """Encode one chunk: return (32-byte entry header, stored bytes)."""
+    """Encode one chunk: return (32-byte entry header, stored bytes). A chunk stored raw comes
+    back as ``data`` itself, not a copy."""
     import blosc2
 
     raw_nbytes = len(data)
+    if knobs.CODEC.lower() == "none":
+        return _raw(cid, data)
     b2codec, filt, clevel = params_for(dtype, typesize)
     filters = {
         FILTER_NONE: blosc2.Filter.NOFILTER,
@@ -78,12 +82,16 @@ def encode(cid: str, data, dtype: str, typesize: int, nthreads: int) -> tuple[by
         nthreads=nthreads,
     )
     if len(stored) > raw_nbytes * (1.0 - knobs.COMPRESS_MIN_GAIN):
-        header = ENTRY.pack(ENTRY_MAGIC, CODEC_RAW, 0, 0, 0, raw_nbytes, raw_nbytes, bytes.fromhex(cid))
-        return header, bytes(data)
+        return _raw(cid, data)
     header = ENTRY.pack(
         ENTRY_MAGIC, CODEC_BLOSC2, b2codec, filt, clevel, raw_nbytes, len(stored), bytes.fromhex(cid)
     )
     return header, stored
+
+
+def _raw(cid: str, data) -> tuple[bytes, bytes]:
+    header = ENTRY.pack(ENTRY_MAGIC, CODEC_RAW, 0, 0, 0, len(data), len(data), bytes.fromhex(cid))
+    return header, data  # no copy: the pack builder copies it into its window
 
 
 class EntryError(ValueError):

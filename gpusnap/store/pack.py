@@ -1,11 +1,15 @@
 """Pack files: many chunks in one file, each behind a 32-byte entry header.
 
-A pack is built in memory up to knobs.PACK_BYTES (bounded by knobs.WRITER_WINDOW_BYTES) and then
-written in one piece through ``atomic.write_file``; its name is the xxh3-128 of its bytes.
+A pack is built in one page-aligned window up to knobs.PACK_BYTES (bounded by
+knobs.WRITER_WINDOW_BYTES) and then written in one piece through ``atomic.write_file`` with
+``direct=True``: the bytes go from the window to the disk without a copy into the page cache,
+which on the CI machine costs the writer 0.6-1.2 s of CPU per GB against ~0.05 s. Its name is
+the xxh3-128 of its bytes. The window is reused for every pack of a writer.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import pathlib
 import struct
@@ -39,37 +43,54 @@ def pack_path(root: pathlib.Path, pack_id: str) -> pathlib.Path:
 
 class PackBuilder:
     """Collects encoded chunks for one pack. Call add() until nbytes is large enough, then
-    flush(); flush returns the locations of the chunks it wrote."""
+    flush(); flush returns the locations of the chunks it wrote. ``add`` copies the chunk into
+    the window at once, so the caller may reuse or release its memory afterwards."""
 
-    def __init__(self) -> None:
-        self._parts: list[bytes] = [PACK_HEADER.pack(PACK_MAGIC, PACK_VERSION, 0)]
+    def __init__(self, capacity: int) -> None:
+        self._capacity = -(-(capacity + PACK_HEADER_NBYTES) // mmap.PAGESIZE) * mmap.PAGESIZE
+        self._window: mmap.mmap | None = None  # allocated on the first add: a reader needs none
         self._pending: list[tuple[str, int, int, int, int]] = []
         self.nbytes = PACK_HEADER_NBYTES
 
     def __len__(self) -> int:
         return len(self._pending)
 
-    def add(self, cid: str, header: bytes, stored: bytes, raw_nbytes: int) -> None:
+    def fits(self, stored_nbytes: int) -> bool:
+        return self.nbytes + codec.ENTRY_NBYTES + stored_nbytes <= self._capacity
+
+    def add(self, cid: str, header: bytes, stored, raw_nbytes: int) -> None:
+        if not self.fits(len(stored)):
+            raise ValueError(f"a {len(stored)}-byte entry does not fit the pack window; flush first")
+        if self._window is None:
+            self._window = mmap.mmap(-1, self._capacity)
+            self._window[:PACK_HEADER_NBYTES] = PACK_HEADER.pack(PACK_MAGIC, PACK_VERSION, 0)
         codec_id = header[4]
-        self._pending.append((cid, self.nbytes, len(stored), raw_nbytes, codec_id))
-        self._parts.append(header)
-        self._parts.append(stored)
-        self.nbytes += len(header) + len(stored)
+        start = self.nbytes
+        body = start + codec.ENTRY_NBYTES
+        self._window[start:body] = header
+        self._window[body : body + len(stored)] = stored
+        self._pending.append((cid, start, len(stored), raw_nbytes, codec_id))
+        self.nbytes = body + len(stored)
 
     def flush(self, root: pathlib.Path) -> tuple[str, int, list[tuple[str, Location]]]:
         """Write the pack; return (pack id, pack bytes, [(chunk id, location), ...])."""
-        h = xxhash.xxh3_128()
-        for part in self._parts:
-            h.update(part)
-        pack_id = h.hexdigest()
-        path = pack_path(root, pack_id)
-        atomic.make_dir(path.parent)
-        nbytes = atomic.write_file(path, self._parts)
+        with memoryview(self._window) as window, window[: self.nbytes] as data:
+            pack_id = xxhash.xxh3_128_hexdigest(data)
+            path = pack_path(root, pack_id)
+            atomic.make_dir(path.parent)
+            nbytes = atomic.write_file(path, [data], direct=True)
         located = [(cid, Location(pack_id, off, st, raw, cd)) for cid, off, st, raw, cd in self._pending]
-        self._parts = [PACK_HEADER.pack(PACK_MAGIC, PACK_VERSION, 0)]
         self._pending = []
         self.nbytes = PACK_HEADER_NBYTES
         return pack_id, nbytes, located
+
+    def close(self) -> None:
+        if self._window is not None:
+            try:
+                self._window.close()
+            except BufferError:
+                pass  # a traceback still holds a view of it; it is unmapped when that goes
+            self._window = None
 
 
 class PackReader:

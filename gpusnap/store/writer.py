@@ -54,11 +54,12 @@ class SnapshotWriter:
         self._known = self._index.chunks  # chunk id -> Location, committed ones
         self._new: dict[str, Location] = {}
         self._packs: dict[str, tuple[int, list[tuple[str, Location]]]] = {}
-        self._pack = PackBuilder()
         self._flush_at = max(1, min(pack_bytes or knobs.PACK_BYTES, knobs.WRITER_WINDOW_BYTES))
         self._chunk_bytes = int(chunk_bytes or knobs.CHUNK_BYTES)
         if not 0 < self._chunk_bytes <= _MAX_CHUNK_BYTES:
             raise StoreError(f"GPUSNAP_CHUNK_BYTES must be between 1 and {_MAX_CHUNK_BYTES}")
+        # A stored chunk is never longer than its raw bytes (codec.encode stores raw then).
+        self._pack = PackBuilder(self._flush_at + codec.ENTRY_NBYTES + self._chunk_bytes)
         # A forked child inherits blosc2's thread pool state but not its threads.
         blosc2.free_resources()
         self._nthreads = knobs.WRITER_THREADS or (os.cpu_count() or 1)
@@ -84,6 +85,8 @@ class SnapshotWriter:
                 t0 = time.perf_counter()
                 header, stored = codec.encode(cid, piece, dtype, typesize, self._nthreads)
                 st.compress_s += time.perf_counter() - t0
+                if not self._pack.fits(len(stored)):
+                    self._flush_pack()
                 self._pack.add(cid, header, stored, len(piece))
                 self._new[cid] = None  # located once its pack is written
                 st.chunks_new += 1
@@ -98,7 +101,11 @@ class SnapshotWriter:
         if not len(self._pack):
             return
         t0 = time.perf_counter()
-        pack_id, nbytes, located = self._pack.flush(self._rd.path)
+        try:
+            pack_id, nbytes, located = self._pack.flush(self._rd.path)
+        except BaseException:
+            self.abort()  # a snapshot that lost a pack cannot commit: take back what it wrote
+            raise
         self.stats.io_s += time.perf_counter() - t0
         self.stats.bytes_written += nbytes
         self._packs[pack_id] = (nbytes, located)
@@ -123,6 +130,7 @@ class SnapshotWriter:
                 raise StoreError(f"buffer {name!r}: chunks hold {total} bytes, record says {rec['nbytes']}")
         try:
             self._flush_pack()
+            self._pack.close()
             created = utc_now()
             if self._packs:
                 self._index_name = index.write(self._rd.path, self.snap_id, self._packs, created)
@@ -164,7 +172,7 @@ class SnapshotWriter:
                 atomic.remove_file(pack_path(self._rd.path, pack_id))
         except Exception:
             pass  # gc removes what is left; the error that made us abort is the one to report
-        self._pack = PackBuilder()
+        self._pack.close()
 
 
 def _json_default(obj):

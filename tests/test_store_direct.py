@@ -1,0 +1,82 @@
+"""Packs go to the disk with O_DIRECT from a page-aligned window, tails and refusing file
+systems through ordinary writes; the bytes on disk are the same either way."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+
+import pytest
+
+from gpusnap.store import atomic
+
+
+def _window(nbytes: int, seed: int) -> mmap.mmap:
+    window = mmap.mmap(-1, max(nbytes, 1))
+    window[:nbytes] = (bytes(range(256)) * (nbytes // 256 + 1))[seed % 256 : seed % 256 + nbytes]
+    return window
+
+
+def _recording_open(monkeypatch, refuse_direct: bool = False) -> list[int]:
+    flags_seen = []
+    real = atomic._open
+
+    def recording(path, flags, mode=0o777):
+        flags_seen.append(flags)
+        if refuse_direct and flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        return real(path, flags, mode)
+
+    monkeypatch.setattr(atomic, "_open", recording)
+    return flags_seen
+
+
+@pytest.mark.parametrize("nbytes", [4096, 4097, 3 * 4096 + 5, (1 << 20) + 123])
+def test_direct_write_lands_every_byte(tmp_path, monkeypatch, nbytes):
+    flags_seen = _recording_open(monkeypatch)
+    window = _window(nbytes, nbytes)
+    with memoryview(window) as view, view[:nbytes] as data:
+        assert atomic.write_file(tmp_path / "p.pack", [data], direct=True) == nbytes
+        expected = bytes(data)
+    assert (tmp_path / "p.pack").read_bytes() == expected
+    assert flags_seen[0] & os.O_DIRECT
+    assert [p.name for p in tmp_path.iterdir()] == ["p.pack"]  # no temporary left
+
+
+def test_what_cannot_go_direct_is_written_plainly(tmp_path, monkeypatch):
+    flags_seen = _recording_open(monkeypatch)
+    small = _window(100, 1)
+    with memoryview(small) as view, view[:100] as data:
+        atomic.write_file(tmp_path / "small", [data], direct=True)  # under one block
+    atomic.write_file(tmp_path / "ro", [b"x" * 10_000], direct=True)  # read-only bytes
+    window = _window(8192, 2)
+    with memoryview(window) as view, view[1:8192] as data:
+        atomic.write_file(tmp_path / "unaligned", [data], direct=True)
+        unaligned = bytes(data)
+    assert not any(f & os.O_DIRECT for f in flags_seen)
+    assert (tmp_path / "small").read_bytes() == small[:100]
+    assert (tmp_path / "ro").read_bytes() == b"x" * 10_000
+    assert (tmp_path / "unaligned").read_bytes() == unaligned
+
+
+def test_a_file_system_that_refuses_o_direct_gets_ordinary_writes(tmp_path, monkeypatch):
+    flags_seen = _recording_open(monkeypatch, refuse_direct=True)
+    window = _window(5 * 4096 + 7, 3)
+    with memoryview(window) as view, view[: 5 * 4096 + 7] as data:
+        atomic.write_file(tmp_path / "p.pack", [data], direct=True)
+        expected = bytes(data)
+    assert (tmp_path / "p.pack").read_bytes() == expected
+    assert flags_seen[0] & os.O_DIRECT and not flags_seen[1] & os.O_DIRECT
+
+
+def test_no_space_during_a_direct_write_leaves_nothing(tmp_path, monkeypatch):
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(atomic, "_write", full)
+    window = _window(3 * 4096, 4)
+    with memoryview(window) as view, view[: 3 * 4096] as data:
+        with pytest.raises(atomic.NoSpace):
+            atomic.write_file(tmp_path / "p.pack", [data], direct=True)
+    assert list(tmp_path.iterdir()) == []
