@@ -151,7 +151,7 @@ def test_buffers_written_right_after_the_boundary_hold_the_bytes_of_their_iterat
     snap = snapshot_now(run, tmp_path / "snaps", tmp_path)
     run.kill_group()
 
-    manifest, roots = load(tmp_path / "snaps", snap["id"])
+    _, roots = load(tmp_path / "snaps", snap["id"])
     main = roots["globals"]["__main__"]
     expected = torch.load(out / "states" / f"{main['step']}.pt", weights_only=False)
     assert_same(expected["big"], main["big"], "big")

@@ -449,7 +449,7 @@ def main() -> int:
     parser.add_argument("--snapshots", type=int, default=3, help="gpusnap snapshots per size (first is full)")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each anchor (median)")
     parser.add_argument("--dir", default="/work/bench-tmp", help="scratch directory (deleted at the end)")
-    parser.add_argument("--out", default=None, help="raw output (default tools/results/bench_snapshot-cpu-DATE.txt)")
+    parser.add_argument("--out", default=None, help="raw output (default tools/results/bench_snapshot-cpu-DATE-TIME-threads-T.txt)")
     parser.add_argument("--keep", action="store_true", help="keep --dir")
     parser.add_argument("--trainee-threads", default="spare",
                         help="torch threads of the training program: spare (cores - 1), all, or a number")
@@ -461,8 +461,9 @@ def main() -> int:
         args.sizes, args.snapshots, args.repeats = "0.1", 2, 2
     sizes = [float(s) for s in args.sizes.split(",")]
     here = os.path.dirname(os.path.abspath(__file__))
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")  # never overwrite an earlier run
     out = args.out or os.path.join(
-        here, "results", f"bench_snapshot-cpu-{datetime.date.today().isoformat()}{'-quick' if args.quick else ''}.txt")
+        here, "results", f"bench_snapshot-cpu-{stamp}-threads-{args.trainee_threads}{'-quick' if args.quick else ''}.txt")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     say = Tee(out)
     os.makedirs(args.dir, exist_ok=True)
