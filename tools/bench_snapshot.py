@@ -336,7 +336,7 @@ def run_gpusnap(prog: str, size_gb: float, work: str, args, say) -> dict:
         if e.get("event") == "committed":
             forked = next((f for f in log if f.get("event") == "forked" and f.get("id") == e["id"]), {})
             snaps.append({"id": e["id"], "commit_t": e["t"], "stall_s": forked.get("stall_s", e["stall_s"]),
-                          "child_stall_s": e["stall_s"], "write_s": e["write_s"], "drain_s": e.get("drain_s"),
+                          "child_stall_s": e["stall_s"], "write_s": e["write_s"],
                           "bytes_written": e["bytes_written"], "bytes_total": e["bytes_total"]})
     for s, t_req in zip(snaps, requests):
         s["request_t"] = t_req
@@ -406,7 +406,6 @@ def report(size_gb: float, a: dict, g: dict, st: dict, say) -> dict:
     for i, s in enumerate(snaps):
         kind = "full" if i == 0 else "incr"
         row(f"gpusnap #{i + 1} ({kind}) stall", s["stall_s"], None)
-        row(f"gpusnap #{i + 1} ({kind}) drain", s["drain_s"] or 0.0, None)
         row(f"gpusnap #{i + 1} ({kind}) writer", s["write_s"], s["bytes_written"])
         row(f"gpusnap #{i + 1} ({kind}) extra wall", s["extra_s"], None)
     later = snaps[1:] or snaps
