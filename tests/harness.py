@@ -28,6 +28,13 @@ def copy_programs(dest: Path) -> Path:
     return target
 
 
+def programs_and_out(tmp_path: Path) -> tuple[Path, Path]:
+    """The programs' private copy and an empty ``out`` directory for what a program writes."""
+    out = tmp_path / "out"
+    out.mkdir()
+    return copy_programs(tmp_path), out
+
+
 def gpusnap(*args, cwd: Path, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [*GPUSNAP, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env(env)

@@ -3,13 +3,11 @@ shape that differs, a replay that never reaches the saved loop, other arguments.
 
 from __future__ import annotations
 
-from harness import Run, copy_programs, gpusnap, progress, snapshot_now, wait_for
+from harness import Run, gpusnap, programs_and_out, progress, snapshot_now, wait_for
 
 
 def _snapshot_then_kill(tmp_path):
-    programs = copy_programs(tmp_path)
-    out = tmp_path / "out"
-    out.mkdir()
+    programs, out = programs_and_out(tmp_path)
     run = Run("run", "--dir", "snaps", programs / "style_a.py", out, 0, 3, cwd=tmp_path, env={"TEST_STEP_SLEEP_S": "0.03"})
     wait_for(lambda: progress(out) >= 5, "step 5", proc=run)
     snap = snapshot_now(run, tmp_path / "snaps", tmp_path)

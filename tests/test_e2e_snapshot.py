@@ -4,12 +4,13 @@ SIGTERM, through writer failures, with live-only objects listed."""
 from __future__ import annotations
 
 import signal
-import time
 
 import psutil
 import pytest
 import torch
-from harness import Run, assert_same, copy_programs, gpusnap, load_final, plain, progress, snapshot_now, snapshots, wait_for
+from harness import (
+    Run, assert_same, copy_programs, gpusnap, load_final, plain, programs_and_out, progress, snapshot_now, snapshots, wait_for,
+)
 
 from gpusnap.errors import EXIT_PREEMPTED
 from gpusnap.restore import load
@@ -18,9 +19,7 @@ from gpusnap.store import RunDir
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_snapshot_holds_the_bytes_of_its_iteration(tmp_path, workers):
-    programs = copy_programs(tmp_path)
-    out = tmp_path / "out"
-    out.mkdir()
+    programs, out = programs_and_out(tmp_path)
     run = Run("run", "--dir", "snaps", programs / "style_a.py", out, workers, 2, "--states", cwd=tmp_path)
     wait_for(lambda: progress(out) >= 6, "step 6", proc=run)
     snap = snapshot_now(run, tmp_path / "snaps", tmp_path)
@@ -67,9 +66,7 @@ def test_sigterm_snapshots_then_exits_with_the_preempted_code(tmp_path):
 
 
 def test_a_writer_killed_mid_write_leaves_training_and_earlier_snapshots_alone(tmp_path):
-    programs = copy_programs(tmp_path)
-    out = tmp_path / "out"
-    out.mkdir()
+    programs, out = programs_and_out(tmp_path)
     run = Run("run", "--dir", "snaps", programs / "big_state.py", out, 400, 256, cwd=tmp_path,
               env={"TEST_STEP_SLEEP_S": "0.02"})
     wait_for(lambda: progress(out) >= 3, "step 3", proc=run)
@@ -92,9 +89,7 @@ def test_a_writer_killed_mid_write_leaves_training_and_earlier_snapshots_alone(t
 
 
 def test_live_only_objects_are_listed_with_their_paths(tmp_path):
-    programs = copy_programs(tmp_path)
-    out = tmp_path / "out"
-    out.mkdir()
+    programs, out = programs_and_out(tmp_path)
     run = Run("run", "--dir", "snaps", programs / "holds_live.py", out, 300, cwd=tmp_path)
     wait_for(lambda: progress(out) >= 5, "step 5", proc=run)
     snap = snapshot_now(run, tmp_path / "snaps", tmp_path)
@@ -126,9 +121,7 @@ def test_snapshot_outside_gpusnap_warns_and_does_nothing(tmp_path):
 
 
 def test_a_snapshot_that_would_not_fit_in_memory_is_skipped(tmp_path):
-    programs = copy_programs(tmp_path)
-    out = tmp_path / "out"
-    out.mkdir()
+    programs, out = programs_and_out(tmp_path)
     run = Run("run", "--dir", "snaps", programs / "style_f.py", out, 200, cwd=tmp_path,
               env={"GPUSNAP_HEADROOM_FRACTION": "0.0001"})
     wait_for(lambda: progress(out) >= 3, "step 3", proc=run)
@@ -142,9 +135,7 @@ def test_a_snapshot_that_would_not_fit_in_memory_is_skipped(tmp_path):
 def test_buffers_written_right_after_the_boundary_hold_the_bytes_of_their_iteration(tmp_path):
     """The trainee writes its large buffers first thing after fork, and numpy arrays alias a
     tensor or are strided: the writer's copy-on-write image still holds the boundary's bytes."""
-    programs = copy_programs(tmp_path)
-    out = tmp_path / "out"
-    out.mkdir()
+    programs, out = programs_and_out(tmp_path)
     run = Run("run", "--dir", "snaps", programs / "shared_views.py", out, 400, cwd=tmp_path,
               env={"TEST_STEP_SLEEP_S": "0.02"})
     wait_for(lambda: progress(out) >= 5, "step 5", proc=run)

@@ -324,14 +324,19 @@ def clean_loops(monkeypatch, tmp_path):
     loops.ACTIVE.clear()
 
 
-def _run(source: str, instrumented: bool):
+def _compile(source: str, filename: str, namespace: dict, instrumented: bool):
+    """The code of a dedented snippet, instrumented (with the runtime bound into ``namespace``)
+    or as plain python compiles it."""
     source = textwrap.dedent(source)
+    if not instrumented:
+        return compile(source, filename, "exec", dont_inherit=True)
+    importer.bind_runtime(namespace)
+    return transform.compile_instrumented(source, filename)
+
+
+def _run(source: str, instrumented: bool):
     namespace = {"__name__": "snippet", "out": []}
-    if instrumented:
-        code = transform.compile_instrumented(source, "<snippet>")
-        importer.bind_runtime(namespace)
-    else:
-        code = compile(source, "<snippet>", "exec", dont_inherit=True)
+    code = _compile(source, "<snippet>", namespace, instrumented)
     try:
         exec(code, namespace)
         error = None
@@ -410,13 +415,8 @@ def test_generated_nodes_carry_the_statement_location():
 
 
 def _tb_lines(source: str, instrumented: bool):
-    source = textwrap.dedent(source)
     namespace = {"__name__": "tb"}
-    if instrumented:
-        code = transform.compile_instrumented(source, "<tb>")
-        importer.bind_runtime(namespace)
-    else:
-        code = compile(source, "<tb>", "exec", dont_inherit=True)
+    code = _compile(source, "<tb>", namespace, instrumented)
     try:
         exec(code, namespace)
     except Exception as exc:

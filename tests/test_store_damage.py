@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import pathlib
 
 import pytest
 
@@ -115,7 +114,6 @@ def test_all_indexes_missing_means_nothing_intact(tmp_path):
 
 def test_stale_index(tmp_path):
     rd, snaps = make_run(tmp_path)
-    recs = snaps[-1][1]
     (idx_file,) = (rd.path / "index").glob("000003-*.json")
     doc = json.loads(idx_file.read_text())
     (pack,) = doc["packs"].values()

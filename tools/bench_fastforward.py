@@ -41,6 +41,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from common import read_json, wait_for
+
 from gpusnap.restore import fastforward
 
 BATCH = 32
@@ -203,25 +205,6 @@ def _gpusnap(*args, cwd, timeout=600):
     return subprocess.run([sys.executable, "-m", "gpusnap", *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
-def _read_json(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-def _wait(predicate, what, timeout=300, proc=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"program exited ({proc.returncode}) while waiting for {what}: {proc.stderr.read()}")
-        time.sleep(0.05)
-    raise RuntimeError(f"timed out waiting for {what}")
-
-
 def _snapshots(run_dir: Path, cwd: Path) -> list:
     result = _gpusnap("ls", run_dir, "--json", cwd=cwd)
     return json.loads(result.stdout) if result.returncode == 0 else []
@@ -239,18 +222,18 @@ def bench_end_to_end(out, items: int, at: int) -> dict:
         started = time.perf_counter()
         subprocess.run([sys.executable, "train.py", str(ref), str(items)], cwd=tmp, check=True, timeout=900)
         plain_s = time.perf_counter() - started
-        reference = _read_json(ref / "final.json")
+        reference = read_json(ref / "final.json")
 
         started = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "gpusnap", "run", "--dir", run_dir, "train.py", res, str(items)],
                                 cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
-            reached = _wait(lambda: (p := _read_json(res / "progress")) and p["epoch"] == 0 and p["batch"] >= at and p,
-                            f"batch {at}", proc=proc)
+            reached = wait_for(lambda: (p := read_json(res / "progress")) and p["epoch"] == 0 and p["batch"] >= at and p,
+                               f"batch {at}", proc=proc)
             reach_s = time.perf_counter() - started
-            supervisor = _read_json(run_dir / "supervisor.json")
+            supervisor = read_json(run_dir / "supervisor.json")
             os.kill(supervisor["pid"], signal.SIGUSR1)
-            snap = _wait(lambda: _snapshots(run_dir, tmp), "a committed snapshot", proc=proc)[-1]
+            snap = wait_for(lambda: _snapshots(run_dir, tmp), "a committed snapshot", proc=proc)[-1]
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
         finally:
@@ -264,7 +247,7 @@ def bench_end_to_end(out, items: int, at: int) -> dict:
         restart_s = time.perf_counter() - started
         if restarted.returncode != 0:
             raise RuntimeError(f"restart failed ({restarted.returncode}): {restarted.stderr}")
-        final = _read_json(res / "final.json")
+        final = read_json(res / "final.json")
         log = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines() if line.strip()]
         restored = [e for e in log if e.get("event") == "restored"]
         gpusnap_lines = [line for line in restarted.stderr.splitlines() if line.startswith("gpusnap:")]

@@ -49,6 +49,8 @@ import sys
 import textwrap
 import time
 
+from common import read_json, wait_for
+
 GB = 1e9
 TAIL_STEPS = 2  # steps after a commit counted into extra wall (and kept out of the baseline)
 WARMUP_STEPS = 3  # steps never used for the baseline (allocator, first Adam state)
@@ -266,18 +268,6 @@ def read_stamps(path: str) -> list[float]:
         return [float(x) for x in f.read().split()]
 
 
-def wait_for(pred, timeout: float, what: str, proc=None):
-    end = time.time() + timeout
-    while time.time() < end:
-        value = pred()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"trainee exited ({proc.returncode}) while waiting for {what}")
-        time.sleep(0.05)
-    raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
 def run_anchors(prog: str, size_gb: float, work: str, args) -> dict:
     out = os.path.join(work, "anchors")
     os.makedirs(out, exist_ok=True)
@@ -305,9 +295,9 @@ def run_gpusnap(prog: str, size_gb: float, work: str, args, say) -> dict:
     )
     requests = []
     try:
-        sup = wait_for(lambda: _json(os.path.join(rd, "supervisor.json")), 120, "supervisor.json", proc)
+        sup = wait_for(lambda: read_json(os.path.join(rd, "supervisor.json")), "supervisor.json", proc, 120)
         nstamps = lambda: len(read_stamps(stamps_path)) if os.path.exists(stamps_path) else 0  # noqa: E731
-        wait_for(lambda: nstamps() >= WARMUP_STEPS + PRE_STEPS + 1, 900, "warm-up steps", proc)
+        wait_for(lambda: nstamps() >= WARMUP_STEPS + PRE_STEPS + 1, "warm-up steps", proc, 900)
         for k in range(args.snapshots):
             done_before = {e.get("id") for e in read_log(log_path) if e.get("event") in ("committed", "failed", "skipped")}
             t_req = time.time()
@@ -315,13 +305,13 @@ def run_gpusnap(prog: str, size_gb: float, work: str, args, say) -> dict:
             ev = wait_for(
                 lambda: next((e for e in read_log(log_path) if e.get("event") in ("committed", "failed", "skipped")
                               and e.get("id") not in done_before), None),
-                900, f"commit of snapshot {k + 1}", proc,
+                f"commit of snapshot {k + 1}", proc, 900,
             )
             if ev["event"] != "committed":
                 raise RuntimeError(f"snapshot {k + 1}: {ev}")
             requests.append(t_req)
             n = nstamps()
-            wait_for(lambda: nstamps() >= n + POST_STEPS, 900, "steps after commit", proc)
+            wait_for(lambda: nstamps() >= n + POST_STEPS, "steps after commit", proc, 900)
         open(stop_path, "w").close()
         proc.wait(timeout=600)
     finally:
@@ -344,14 +334,6 @@ def run_gpusnap(prog: str, size_gb: float, work: str, args, say) -> dict:
     disk = sh(f"du -sb {rd} | cut -f1")
     shutil.rmtree(rd, ignore_errors=True)
     return {"stamps": stamps, "snaps": snaps, "rc": proc.returncode, "disk_bytes": int(disk or 0), "packs": len(runs)}
-
-
-def _json(path: str):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
 
 
 def analyse(g: dict) -> dict:

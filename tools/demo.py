@@ -20,8 +20,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from common import wait_for
 
 PROGRAM = Path(__file__).resolve().parent / "demo" / "train.py"
 
@@ -33,14 +34,11 @@ def step_of(out: Path) -> int:
         return 0
 
 
-def wait_until(condition, what: str, proc: subprocess.Popen, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if proc.poll() is not None:
-            sys.exit(f"demo: the run ended (status {proc.returncode}) while waiting for {what}")
-        if time.monotonic() > deadline:
-            sys.exit(f"demo: timed out waiting for {what}")
-        time.sleep(0.05)
+def wait_until(condition, what: str, proc: subprocess.Popen):
+    try:
+        return wait_for(condition, what, proc)
+    except RuntimeError as exc:
+        sys.exit(f"demo: {exc}")
 
 
 def committed_snapshots(run_dir: Path) -> list[dict]:
@@ -69,8 +67,7 @@ def main() -> int:
     run = subprocess.Popen(command, start_new_session=True)
     wait_until(lambda: step_of(out) >= 75, "step 75", run)
     os.kill(run.pid, signal.SIGUSR1)
-    wait_until(lambda: committed_snapshots(run_dir), "the snapshot to commit", run)
-    snap = committed_snapshots(run_dir)[-1]
+    snap = wait_until(lambda: committed_snapshots(run_dir), "the snapshot to commit", run)[-1]
     kill_at = step_of(out) + 20
     wait_until(lambda: step_of(out) >= kill_at, f"step {kill_at}", run)
     os.killpg(run.pid, signal.SIGKILL)
