@@ -12,16 +12,41 @@ from __future__ import annotations
 import os
 
 
+# One line per environment value that could not be used (its default is used instead);
+# `gpusnap run` and `gpusnap restart` refuse to start while any is listed.
+PROBLEMS: list[str] = []
+
+
+def _parsed(name: str, default, parse, expected: str):
+    raw = os.environ.get(f"GPUSNAP_{name}")
+    if raw is None:
+        return default
+    try:
+        return parse(raw)
+    except ValueError:
+        PROBLEMS.append(f"GPUSNAP_{name}={raw!r} is not {expected}")
+        return default
+
+
 def _int(name: str, default: int) -> int:
-    return int(os.environ.get(f"GPUSNAP_{name}", default))
+    return _parsed(name, default, int, "an integer")
 
 
 def _float(name: str, default: float) -> float:
-    return float(os.environ.get(f"GPUSNAP_{name}", default))
+    return _parsed(name, default, float, "a number")
 
 
 def _str(name: str, default: str) -> str:
     return os.environ.get(f"GPUSNAP_{name}", default)
+
+
+def _choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    def parse(raw: str) -> str:
+        if raw.lower() not in choices:
+            raise ValueError(raw)
+        return raw.lower()
+
+    return _parsed(name, default, parse, "one of " + ", ".join(choices))
 
 
 # Content-defined dedup works on fixed chunks of a buffer; 4 MiB keeps the index small (one
@@ -33,12 +58,22 @@ PACK_BYTES = _int("PACK_BYTES", 64 << 20)
 COMPRESS_MIN_GAIN = _float("COMPRESS_MIN_GAIN", 0.05)
 # blosc2 codec: "zstd" (level 1, better ratio), "lz4" (3x faster, most of the ratio) or "none"
 # (store raw: no compression CPU at all, for hosts with no core to spare).
-CODEC = _str("CODEC", "zstd")
+CODEC = _choice("CODEC", "zstd", ("zstd", "lz4", "none"))
 # Threads the forked writer gives blosc2 (0 = one per core).
 WRITER_THREADS = _int("WRITER_THREADS", 0)
 # How the writer runs: "idle" (SCHED_IDLE: only on cores the trainee leaves idle, so training
 # barely slows; the snapshot takes longer) or a nice value such as "10".
-WRITER_PRIORITY = _str("WRITER_PRIORITY", "idle")
+WRITER_PRIORITY = _parsed(
+    "WRITER_PRIORITY", "idle", lambda raw: raw if raw == "idle" else str(int(raw)), "idle or a nice value"
+)
+# Drain (gpusnap/stage/drain.py): the writer first copies every CPU tensor storage of at least
+# DRAIN_MIN_BYTES into a staging pool shared with the trainee and drops its own copy-on-write
+# mapping, so the trainee's next writes to those pages are not copies. "keep": the pool is
+# allocated ahead (after each optimizer's first step) and stays for the run, so drains copy at
+# memcpy speed (costs host memory the size of the drained tensors); "release": allocated by each
+# drain, emptied after each snapshot; "off": no drain.
+DRAIN = _choice("DRAIN", "keep", ("keep", "release", "off"))
+DRAIN_MIN_BYTES = _int("DRAIN_MIN_BYTES", 256 << 10)
 # Upper bound on chunk bytes the writer holds in memory at once, whatever the state's size.
 WRITER_WINDOW_BYTES = _int("WRITER_WINDOW_BYTES", 256 << 20)
 

@@ -15,8 +15,8 @@ import pytest
 ENV = {**os.environ, "GPUSNAP_SUPERVISOR_TICK_S": "0.05"}
 
 
-def gpusnap(*args, cwd, timeout=60):
-    return subprocess.run([sys.executable, "-m", "gpusnap", *args], cwd=cwd, env=ENV,
+def gpusnap(*args, cwd, timeout=60, env=None):
+    return subprocess.run([sys.executable, "-m", "gpusnap", *args], cwd=cwd, env={**ENV, **(env or {})},
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -110,6 +110,24 @@ def test_bad_input_is_refused_and_touches_nothing(work, args, code, line):
     if line is not None:
         assert first_line(r) == line
         assert r.stderr.splitlines()[1].startswith("hint: ")
+    assert sorted(os.listdir(work)) == before
+
+
+BAD_KNOBS = [
+    ({"GPUSNAP_DRAIN": "sometimes"}, "gpusnap: GPUSNAP_DRAIN='sometimes' is not one of keep, release, off"),
+    ({"GPUSNAP_CODEC": "gzip"}, "gpusnap: GPUSNAP_CODEC='gzip' is not one of zstd, lz4, none"),
+    ({"GPUSNAP_CHUNK_BYTES": "4M"}, "gpusnap: GPUSNAP_CHUNK_BYTES='4M' is not an integer"),
+    ({"GPUSNAP_WRITER_PRIORITY": "low"}, "gpusnap: GPUSNAP_WRITER_PRIORITY='low' is not idle or a nice value"),
+]
+
+
+@pytest.mark.parametrize("env,line", BAD_KNOBS, ids=[next(iter(e)) for e, _ in BAD_KNOBS])
+def test_a_bad_setting_in_the_environment_is_refused_and_touches_nothing(work, env, line):
+    before = sorted(os.listdir(work))
+    r = gpusnap("run", "--dir", "d", "ok.py", cwd=work, env=env)
+    assert r.returncode == 2, r.stderr
+    assert first_line(r) == line
+    assert r.stderr.splitlines()[1].startswith("hint: ")
     assert sorted(os.listdir(work)) == before
 
 

@@ -3,6 +3,7 @@ SIGTERM, through writer failures, with live-only objects listed."""
 
 from __future__ import annotations
 
+import os
 import signal
 
 import psutil
@@ -132,21 +133,54 @@ def test_a_snapshot_that_would_not_fit_in_memory_is_skipped(tmp_path):
     assert snapshots(tmp_path / "snaps", tmp_path) == []
 
 
-def test_buffers_written_right_after_the_boundary_hold_the_bytes_of_their_iteration(tmp_path):
-    """The trainee writes its large buffers first thing after fork, and numpy arrays alias a
-    tensor or are strided: the writer's copy-on-write image still holds the boundary's bytes."""
+def staging_pool_bytes(run: Run) -> int:
+    """Bytes allocated in the trainee's staging pool (its memfd), 0 when it has none."""
+    trainee = psutil.Process(run.proc.pid).children()[0]
+    fds = f"/proc/{trainee.pid}/fd"
+    for fd in os.listdir(fds):
+        try:
+            if os.readlink(f"{fds}/{fd}").startswith("/memfd:gpusnap-stage"):
+                return os.stat(f"{fds}/{fd}").st_blocks * 512
+        except FileNotFoundError:
+            continue
+    return 0
+
+
+DRAIN_MODES = {
+    "large tensors drained": {},  # big, wide_t (and wide, alias, alias_strided through them)
+    "every tensor drained": {"GPUSNAP_DRAIN_MIN_BYTES": "1"},
+    "drain released after": {"GPUSNAP_DRAIN": "release"},
+    "no drain": {"GPUSNAP_DRAIN": "off"},
+}
+
+
+@pytest.mark.parametrize("mode", DRAIN_MODES)
+def test_buffers_written_right_after_the_boundary_hold_the_bytes_of_their_iteration(tmp_path, mode):
+    """The trainee writes its large buffers first thing after fork while the writer drains them
+    to the staging pool, and numpy arrays alias a tensor (one strided, one under a tensor):
+    the snapshot holds the boundary's bytes, whoever reached each page first. Two snapshots, so
+    the second drain reuses the pool the first one filled."""
     programs, out = programs_and_out(tmp_path)
     run = Run("run", "--dir", "snaps", programs / "shared_views.py", out, 400, cwd=tmp_path,
-              env={"TEST_STEP_SLEEP_S": "0.02"})
+              env={"TEST_STEP_SLEEP_S": "0.02", **DRAIN_MODES[mode]})
     wait_for(lambda: progress(out) >= 5, "step 5", proc=run)
+    warmed = staging_pool_bytes(run)
+    snapshot_now(run, tmp_path / "snaps", tmp_path)
     snap = snapshot_now(run, tmp_path / "snaps", tmp_path)
     run.kill_group()
 
-    _, roots = load(tmp_path / "snaps", snap["id"])
+    # Before any snapshot, the pool already holds room for what Adam steps (weight 0.5 MiB,
+    # exp_avg, exp_avg_sq; the rest is under 256 KiB), unless the pool is not kept.
+    assert warmed >= 3 * (512 << 10) if mode in ("large tensors drained", "every tensor drained") else warmed == 0, warmed
+
+    manifest, roots = load(tmp_path / "snaps", snap["id"])
+    drained = manifest["drain"]["bytes"]
+    assert drained == 0 if mode == "no drain" else drained >= (12 << 20) + (4 << 20), drained
     main = roots["globals"]["__main__"]
     expected = torch.load(out / "states" / f"{main['step']}.pt", weights_only=False)
     assert_same(expected["big"], main["big"], "big")
-    for name in ("alias", "wide", "strided"):
+    assert_same(expected["wide_t"], main["wide_t"], "wide_t")
+    for name in ("alias", "alias_strided", "wide", "strided"):
         assert main[name].tobytes() == expected[name].tobytes(), name
     assert_same(expected["model"], main["model"].state_dict(), "model")
     assert_same(expected["optimizer"], main["optimizer"].state_dict(), "optimizer")

@@ -21,6 +21,8 @@ state at a loop boundary is exactly params + Adam state, as in the anchors' stat
      baseline step   median of steps that overlap no write (warm-up and the first steps after
                      each commit excluded)
      stall           `forked` stall_s from the log (safe point to fork returned, in the trainee)
+     drain           the writer's first act: large CPU tensors copied to the staging pool and
+                     its copy-on-write mapping of them dropped (bytes: how much)
      extra wall      sum over steps overlapping [signal, commit] plus the next TAIL_STEPS steps
                      (re-fault of pages shared with the exited writer) of (step - baseline);
                      a step stamp is taken at the top of the loop body, so the stall, which
@@ -46,6 +48,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -327,6 +330,7 @@ def run_gpusnap(prog: str, size_gb: float, work: str, args, say) -> dict:
             forked = next((f for f in log if f.get("event") == "forked" and f.get("id") == e["id"]), {})
             snaps.append({"id": e["id"], "commit_t": e["t"], "stall_s": forked.get("stall_s", e["stall_s"]),
                           "child_stall_s": e["stall_s"], "write_s": e["write_s"],
+                          "drain_s": e.get("drain_s", 0.0), "drained_bytes": e.get("drained_bytes", 0),
                           "bytes_written": e["bytes_written"], "bytes_total": e["bytes_total"]})
     for s, t_req in zip(snaps, requests):
         s["request_t"] = t_req
@@ -373,7 +377,7 @@ def report(size_gb: float, a: dict, g: dict, st: dict, say) -> dict:
         f"params+exp_avg+exp_avg_sq = {a['state_bytes'] / GB:.3f} GB ==")
     say(f"baseline step under gpusnap {st['base_s']:.3f} s (median of {st['quiet_n']} quiet steps, "
         f"range {st['quiet_spread'][0]:.3f}-{st['quiet_spread'][1]:.3f}); plain python {a['step_s']:.3f} s")
-    say(f"{'':34}{'time s':>9}{'runs':>6}  {'on disk':>10}  {'/ torch.save':>12}")
+    say(f"{'':34}{'time s':>9}{'runs':>6}  {'bytes':>10}  {'/ torch.save':>12}")
 
     def row(name, vals, nbytes, ratio=True):
         v = med(vals) if isinstance(vals, list) else vals
@@ -388,6 +392,7 @@ def report(size_gb: float, a: dict, g: dict, st: dict, say) -> dict:
     for i, s in enumerate(snaps):
         kind = "full" if i == 0 else "incr"
         row(f"gpusnap #{i + 1} ({kind}) stall", s["stall_s"], None)
+        row(f"gpusnap #{i + 1} ({kind}) drain (in writer)", s["drain_s"], s["drained_bytes"])
         row(f"gpusnap #{i + 1} ({kind}) writer", s["write_s"], s["bytes_written"])
         row(f"gpusnap #{i + 1} ({kind}) extra wall", s["extra_s"], None)
     later = snaps[1:] or snaps
@@ -431,7 +436,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each anchor (median)")
     parser.add_argument("--dir", default="/work/bench-tmp", help="scratch directory (deleted at the end)")
     parser.add_argument("--out", default=None, help="raw output (default tools/results/bench_snapshot-cpu-DATE-TIME-threads-T.txt)")
-    parser.add_argument("--keep", action="store_true", help="keep --dir")
+    parser.add_argument("--keep", action="store_true", help="keep the run's scratch folder under --dir")
     parser.add_argument("--trainee-threads", default="spare",
                         help="torch threads of the training program: spare (cores - 1), all, or a number")
     args = parser.parse_args()
@@ -448,15 +453,16 @@ def main() -> int:
     os.makedirs(os.path.dirname(out), exist_ok=True)
     say = Tee(out)
     os.makedirs(args.dir, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix="bench_snapshot-", dir=args.dir)  # all this run writes; removed after
     environment(args, say)
-    prog = os.path.join(args.dir, "train_bench.py")
+    prog = os.path.join(scratch, "train_bench.py")
     with open(prog, "w") as f:
         f.write(PROGRAM)
     summary = []
     started = time.time()
     try:
         for size in sizes:
-            work = os.path.join(args.dir, f"s{size:g}")
+            work = os.path.join(scratch, f"s{size:g}")
             shutil.rmtree(work, ignore_errors=True)
             os.makedirs(work)
             t0 = time.time()
@@ -466,13 +472,13 @@ def main() -> int:
             st = analyse(g)
             summary.append(report(size, a, g, st, say))
             say(f"(anchors {t1 - t0:.0f} s, gpusnap run {time.time() - t1:.0f} s, rc {g['rc']})")
-            with open(os.path.join(args.dir, f"raw-{size:g}.json"), "w") as f:
+            with open(os.path.join(scratch, f"raw-{size:g}.json"), "w") as f:
                 json.dump({"anchors": a, "gpusnap": g, "stats": st}, f)
             say("# raw " + json.dumps({"anchors": a, "snaps": g["snaps"], "base_s": st["base_s"]}))
             shutil.rmtree(work, ignore_errors=True)
     finally:
         if not args.keep:
-            shutil.rmtree(args.dir, ignore_errors=True)
+            shutil.rmtree(scratch, ignore_errors=True)
     say()
     say("== summary ==")
     say(f"{'size GB':>8}{'torch.save s':>14}{'stall s':>10}{'stall %':>9}{'extra s':>10}{'extra %':>9}")

@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 
 from gpusnap import knobs, stage
 from gpusnap.capture import rng
@@ -42,6 +43,7 @@ _coalesced_said = False
 _step_loops: set = set()
 _steps = 0  # optimizer steps seen: the iteration number snapshots report
 _resumed_from = None
+_optimizers = weakref.WeakSet()  # every optimizer that stepped: what the drain copies first
 
 
 # -- install -------------------------------------------------------------------------------
@@ -136,12 +138,16 @@ def _hook_optimizers(module) -> None:
     module.register_optimizer_step_post_hook(_after_optimizer_step)
 
 
-def _after_optimizer_step(*_):
+def _after_optimizer_step(optimizer, *_):
     global _steps
     replay = sys.modules.get("gpusnap.restore.replay")
     if replay is not None and replay.active is not None:
         replay.diverged_by_step()
     _steps += 1
+    if optimizer not in _optimizers:
+        _optimizers.add(optimizer)
+        if _config.get("run_dir") and knobs.DRAIN == "keep":
+            stage.warm_pool(optimizer)  # its state exists from its first step on
     for loop in reversed(loops.ACTIVE):
         if loop.frame.f_back is not None:  # a suspended generator's frame has no caller
             _step_loops.add((loop.frame.f_code, loop.loop_id))
@@ -275,7 +281,11 @@ def _snapshot(loop) -> None:
         steps=_steps,
         sources=_sources(),
         staged=staged,
+        pool=stage.host_pool() if knobs.DRAIN != "off" else None,
+        optimizers=list(_optimizers),
     )
+    if job.pool is not None:
+        job.pool.writer_starting()
     writer = _start_writer(job)
     if stop:
         writer.thread.join()
@@ -308,8 +318,9 @@ _writer_last_result: dict = {}
 
 
 class _Writer:
-    def __init__(self, pid: int, snap_id: str, read_fd: int, stall_s: float):
+    def __init__(self, pid: int, snap_id: str, read_fd: int, stall_s: float, pool=None):
         self.pid, self.snap_id, self.read_fd, self.stall_s = pid, snap_id, read_fd, stall_s
+        self.pool = pool
         self.thread = threading.Thread(target=self._wait, name="gpusnap-writer-wait", daemon=True)
 
     def _wait(self) -> None:
@@ -334,6 +345,8 @@ class _Writer:
             print(f"gpusnap: snapshot {self.snap_id} failed: {result.get('message')}", file=sys.stderr, flush=True)
         _writer_last_result = result
         _writer = None
+        if self.pool is not None:
+            self.pool.writer_done()
         _emit(**result)
 
 
@@ -350,7 +363,7 @@ def _start_writer(job) -> "_Writer":
         _child_main(job, write_fd)
     os.close(write_fd)
     stall_s = time.perf_counter() - job.requested_s
-    writer = _writer = _Writer(pid, job.snap_id, read_fd, stall_s)
+    writer = _writer = _Writer(pid, job.snap_id, read_fd, stall_s, job.pool)
     _emit("forked", id=job.snap_id, stall_s=stall_s, iteration=job.iteration)
     writer.thread.start()
     return writer

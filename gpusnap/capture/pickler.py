@@ -23,7 +23,6 @@ functions, which fetch buffers through ``read_buffer(name)``, once per buffer.
 
 from __future__ import annotations
 
-import ctypes
 import io
 import pickle
 import sys
@@ -32,6 +31,8 @@ import types
 import weakref
 
 from gpusnap.errors import CaptureError
+from gpusnap.stage.drain import Drained
+from gpusnap.stage.pool import address_view
 
 PROTOCOL = 5
 
@@ -76,26 +77,21 @@ def _findable(obj) -> bool:
     return found is obj
 
 
-def address_view(address: int, nbytes: int) -> memoryview:
-    """Zero-copy view of ``nbytes`` at a raw address (a CPU storage, a staging buffer)."""
-    if nbytes == 0:
-        return memoryview(b"")
-    return memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
-
-
 class GraphPickler(pickle.Pickler):
     """Pickles roots; writes buffers to ``sink.put_buffer(view, dtype=, typesize=)``.
 
     After ``dump``: ``buffers`` {name: record}, ``live_only`` [(obj, type name)], ``tensors``
     [(tensor, storage key)] for the path pass, ``storage_names`` {storage key: buffer name}.
     ``staged`` maps (device type, address, nbytes) of device storages to host views (the
-    staging step fills it; empty in CPU mode).
+    staging step fills it; empty in CPU mode). ``drained`` says which CPU memory the writer
+    moved to the staging pool (stage.drain): those bytes are read there, never at their address.
     """
 
-    def __init__(self, file, sink, staged: dict | None = None):
+    def __init__(self, file, sink, staged: dict | None = None, drained: Drained | None = None):
         super().__init__(file, protocol=PROTOCOL)
         self.sink = sink
         self.staged = staged or {}
+        self.drained = drained or Drained()
         self.buffers: dict[str, dict] = {}
         self.live_only: list[tuple[object, str]] = []
         self.tensors: list[tuple[object, str]] = []
@@ -162,7 +158,7 @@ class GraphPickler(pickle.Pickler):
         if name is None:
             device, address, nbytes = key
             if device == "cpu":
-                view = address_view(address, nbytes)
+                view = self.drained.view(address, nbytes) or address_view(address, nbytes)
             elif key in self.staged:
                 view = self.staged[key]
             elif device == "meta":
@@ -193,11 +189,26 @@ class GraphPickler(pickle.Pickler):
         if name is None:
             name = f"n{len(self.storage_names)}"
             self.storage_names[key] = name
-            flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)  # a copy only if strided
+            flat = np.ascontiguousarray(self._readable(arr)).reshape(-1).view(np.uint8)  # copies only if strided
             record = self.sink.put_buffer(memoryview(flat), dtype=arr.dtype.name, typesize=arr.dtype.itemsize)
             record.update(kind="numpy", shape=list(arr.shape))
             self.buffers[name] = record
         return _rebuild_ndarray, (name, arr.dtype.str, arr.shape)
+
+    def _readable(self, arr):
+        """``arr``, or the same array over the pool when its memory was drained (a tensor's)."""
+        address = arr.__array_interface__["data"][0]
+        lo = hi = address
+        for n, stride in zip(arr.shape, arr.strides):
+            if n == 0:
+                return arr
+            lo, hi = (lo + (n - 1) * stride, hi) if stride < 0 else (lo, hi + (n - 1) * stride)
+        found = self.drained.locate(lo, hi + arr.itemsize)
+        if found is None:
+            return arr
+        start, offset = found
+        pool = self.drained.pool.view(offset, hi + arr.itemsize - start)
+        return self._np.ndarray(arr.shape, arr.dtype, buffer=pool, offset=address - start, strides=arr.strides)
 
 
 def _storage_key(storage) -> tuple:

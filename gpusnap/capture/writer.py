@@ -1,9 +1,9 @@
 """The writer: runs in the forked child, turns the trainee's image into a committed snapshot.
 
-Order: drop to idle priority -> collect roots -> pickle the graph (buffers stream into the store
-as they are met) -> put the pickle stream itself as the buffer "graph" -> name objects by path
--> commit the manifest -> apply retention. The trainee has resumed training before any of this
-starts.
+Order: drain large CPU tensors into the staging pool -> drop to idle priority -> collect roots
+-> pickle the graph (buffers stream into the store as they are met) -> put the pickle stream
+itself as the buffer "graph" -> name objects by path -> commit the manifest -> apply retention.
+The trainee has resumed training before any of this starts.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from gpusnap import knobs
 from gpusnap.capture import paths, roots
 from gpusnap.capture.pickler import GraphPickler, _storage_key, type_name
+from gpusnap.stage.drain import Drained, drain
 
 
 @dataclass
@@ -36,6 +37,8 @@ class WriteJob:
     steps: int = 0  # optimizer steps so far: restored so that iteration numbers continue
     sources: dict = field(default_factory=dict)  # instrumented file -> xxh3-128 of its source
     staged: dict = field(default_factory=dict)
+    pool: object = None  # the trainee's stage.pool.HostPool: where the writer drains CPU tensors
+    optimizers: list = field(default_factory=list)  # what the drain copies first
 
 
 def write_snapshot(job: WriteJob) -> dict:
@@ -43,8 +46,11 @@ def write_snapshot(job: WriteJob) -> dict:
 
     stall_s = time.perf_counter() - job.requested_s
     started = time.perf_counter()
-    # The trainee's first write to each page after fork pays a copy however long this process
-    # lives, so the writer can take its time: only cores the trainee leaves idle.
+    # The drain races the trainee's next writes to the same pages (each one it loses is a page
+    # copy in the trainee), so it runs at the trainee's priority; the rest has no such race:
+    # only cores the trainee leaves idle.
+    drained = drain(job.pool, knobs.DRAIN_MIN_BYTES, job.optimizers) if job.pool is not None else Drained()
+    drain_s = time.perf_counter() - started
     lower_priority(knobs.WRITER_PRIORITY)
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
     rundir = RunDir.open(job.run_dir)
@@ -52,16 +58,20 @@ def write_snapshot(job: WriteJob) -> dict:
     try:
         payload = roots.collect(job.frame, job.active_loops, job.rng_states)
         stream = io.BytesIO()
-        pickler = GraphPickler(stream, sink, staged=job.staged)
+        pickler = GraphPickler(stream, sink, staged=job.staged, drained=drained)
         pickler.dump(payload)
         graph = sink.put_buffer(stream.getbuffer(), dtype="bytes", typesize=1)
         graph["kind"] = "graph"
         manifest = _manifest(job, payload, pickler, graph, stall_s)
         manifest["write_s"] = time.perf_counter() - started
+        manifest["drain"] = {"s": drain_s, "bytes": drained.nbytes}
         info = sink.commit(manifest)
     except BaseException:
         sink.abort()
         raise
+    finally:
+        if job.pool is not None and knobs.DRAIN == "release":
+            job.pool.trim(0)
     if job.keep:
         rundir.prune(job.keep)
     return {
@@ -70,6 +80,8 @@ def write_snapshot(job: WriteJob) -> dict:
         "iteration": job.iteration,
         "stall_s": stall_s,
         "write_s": time.perf_counter() - started,
+        "drain_s": drain_s,
+        "drained_bytes": drained.nbytes,
         "bytes_written": info.bytes_written,
         "bytes_total": info.bytes_total,
         "live_only": len(pickler.live_only),

@@ -179,6 +179,8 @@ def restart(run_dir, snapshot_id, force, every, signal_name, on_term, grace, kee
 
 
 def _apply_schedule(launch, every, signal_name, on_term, grace, keep) -> None:
+    if knobs.PROBLEMS:  # the trainee and its writers read the same environment
+        raise UsageError(knobs.PROBLEMS[0], hint="fix or unset it; gpusnap/knobs.py lists every GPUSNAP_ setting")
     launch.every_s = opt.parse_duration(every, "--every") if every is not None else None
     launch.signal = opt.parse_signal(signal_name)
     launch.on_term = on_term

@@ -7,10 +7,12 @@ This is the only step besides fork that stalls training. Its interface, in call 
    {(device type, address, nbytes): host memoryview} for the pickler to read instead of the
    device pointer. The views must stay valid in the forked writer (MAP_SHARED, registered once).
 
-CPU mode (what this module implements today) has nothing to stage: the fork itself gives the
-writer a consistent copy of host memory. A device storage met by the pickler without a staged
-copy fails the snapshot with a ``CaptureError`` (restoring replayed device tensors would be a
-silent partial restore).
+CPU mode (what this package implements today) stages nothing in the stall: the fork itself gives
+the writer a consistent copy of host memory. What it adds is after the fork: the writer *drains*
+large CPU tensors into the staging pool (``pool``), which both the trainee and its writers map,
+so that the trainee's next writes to them are not copy-on-write copies (``drain``). A device
+storage met by the pickler without a staged copy fails the snapshot with a ``CaptureError``
+(restoring replayed device tensors would be a silent partial restore).
 """
 
 from __future__ import annotations
@@ -27,3 +29,24 @@ def quiesce() -> None:
 
 def stage() -> dict:
     return {}
+
+
+def host_pool():
+    """The staging pool the trainee shares with its writers (created on first use)."""
+    from gpusnap.stage.pool import host_pool
+
+    return host_pool()
+
+
+def warm_pool(optimizer) -> None:
+    """After an optimizer's first step: have the pool hold room for the CPU tensors it steps
+    (parameters and state, what a drain copies) before any snapshot needs it."""
+    import psutil
+
+    from gpusnap.stage.drain import optimizer_bytes
+    from gpusnap.stage.pool import host_pool
+
+    pool = host_pool()
+    wanted = pool.warm_target + optimizer_bytes(optimizer)
+    if wanted <= psutil.virtual_memory().available * 0.5:  # never crowd out the trainee
+        pool.warm(wanted)

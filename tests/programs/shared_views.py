@@ -1,5 +1,6 @@
 """Large tensors written first thing after every boundary (while the writer still reads them),
-numpy arrays that alias a tensor, a strided numpy array, and a model with Adam. Each step's
+numpy arrays that alias a tensor (one of them strided), a tensor over a numpy array, a strided
+numpy array, and a model with Adam. Each step's
 state is saved for the test to compare.
 usage: shared_views.py OUT STEPS"""
 import os
@@ -12,7 +13,9 @@ from common import OUT, progress
 torch.manual_seed(3)
 big = torch.randn(3 << 20)  # 12 MiB, changed first thing in every step
 alias = big[1000:1300].numpy()  # a small numpy view inside big's pages
+alias_strided = big[2000:400_000].numpy()[::7]  # a strided one, across many of big's pages
 wide = np.random.default_rng(3).standard_normal(1 << 19)  # 4 MiB numpy, changed every step
+wide_t = torch.from_numpy(wide)  # a tensor whose storage is numpy's memory
 strided = np.arange(200_000, dtype=np.int64)[::3]
 model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Tanh(), torch.nn.Linear(512, 4))
 optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -25,7 +28,8 @@ for step in range(1, int(sys.argv[2]) + 1):
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
-    state = {"big": big.clone(), "alias": alias.copy(), "wide": wide.copy(), "strided": strided.copy(),
+    state = {"big": big.clone(), "alias": alias.copy(), "alias_strided": alias_strided.copy(), "wide": wide.copy(),
+             "wide_t": wide_t.clone(), "strided": strided.copy(),
              "model": model.state_dict(), "optimizer": optimizer.state_dict()}
     torch.save(state, os.path.join(OUT, "states", f"{step}.pt"))
     progress(step)

@@ -1,0 +1,199 @@
+"""Drain: the writer's first act, moving large CPU tensor bytes off the pages it shares.
+
+After fork every page of the trainee's tensors is shared copy-on-write with the writer, and the
+trainee's first write to each one copies it. The optimizer step right after a snapshot writes
+every parameter and every optimizer state page, so in a CPU training process that copying was
+most of a snapshot's cost: on the CI machine (2 vCPUs) the first step after fork took +1.4 to
++2.4 s for 1.41 GB of model + Adam state, against +0.2 s once drained
+(tools/results/bench_snapshot-cpu-2026-11-21-exp-drainpool.txt).
+
+So the writer copies every CPU storage of at least ``DRAIN_MIN_BYTES`` into the staging pool,
+then drops its own mapping of those pages (MADV_DONTNEED). A page the writer no longer maps is
+the trainee's alone, and the trainee's write reuses it in place. The copies come from the
+writer's fork-time image, so exactness does not depend on who gets there first: a page the
+trainee writes before the drain reaches it is copied the old way, and the writer still reads
+the fork-time bytes.
+
+After the drain, the dropped pages read as zeros *in the writer*: every read of a drained range
+must go through ``Drained.view``. The pickler does that for storages and for numpy arrays over
+them. Only private anonymous memory is drained (``/proc/self/maps``): dropping a private file
+mapping would bring back the file's bytes, and shared memory is never copied on write anyway.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gc
+import sys
+
+from gpusnap.errors import CaptureError
+from gpusnap.stage.pool import MADV_DONTNEED, HostPool, address_view, madvise, page_down, page_up
+
+_ALIGN = 64  # pool offsets keep the storages' cache-line alignment
+
+
+class Drained:
+    """Where each drained address range now lives in the pool."""
+
+    def __init__(self, pool: HostPool | None = None):
+        self.pool = pool
+        self._extents: list[tuple[int, int, int]] = []  # (lo, hi, pool offset), disjoint, sorted
+        self.nbytes = 0  # bytes drained
+        self.used = 0  # pool bytes taken (extents padded to the alignment)
+
+    def __len__(self) -> int:
+        return len(self._extents)
+
+    def locate(self, lo: int, hi: int) -> tuple[int, int] | None:
+        """(extent start, its pool offset) when [lo, hi) was drained; None when it was not.
+
+        A range that is only partly drained cannot be read consistently: that raises."""
+        i = bisect.bisect_right(self._extents, (lo, float("inf"))) - 1
+        if i >= 0 and hi <= self._extents[i][1]:
+            start, _, offset = self._extents[i]
+            return start, offset
+        if self.touches(lo, hi):
+            raise CaptureError(
+                f"memory at {lo:#x}..{hi:#x} is partly inside a drained tensor storage; "
+                "hint: rerun with GPUSNAP_DRAIN=off"
+            )
+        return None
+
+    def touches(self, lo: int, hi: int) -> bool:
+        i = bisect.bisect_right(self._extents, (lo, float("inf"))) - 1
+        return (i >= 0 and lo < self._extents[i][1]) or (i + 1 < len(self._extents) and self._extents[i + 1][0] < hi)
+
+    def view(self, address: int, nbytes: int) -> memoryview | None:
+        """The pool's copy of [address, address + nbytes), or None when it was not drained."""
+        found = self.locate(address, address + nbytes)
+        if found is None:
+            return None
+        start, offset = found
+        return self.pool.view(offset + address - start, nbytes)
+
+    def take(self, ranges: list[tuple[int, int, int]]) -> bool:
+        """Drain (lo, hi, rank) ranges, lowest rank first; False once the pool cannot grow."""
+        placed = []
+        for lo, hi, rank in _merge(ranges):
+            placed.append((rank, lo, hi, self.used))
+            self.used += -(-(hi - lo) // _ALIGN) * _ALIGN
+        for _, lo, hi, offset in sorted(placed):
+            if not self.pool.populate(offset, hi - lo):
+                return False  # the host has no memory for the pool: the rest stays copy-on-write
+            self.pool.view(offset, hi - lo)[:] = address_view(lo, hi - lo)
+            # Whole pages only: the partial pages at either end may hold other allocations.
+            madvise(page_up(lo), page_down(hi) - page_up(lo), MADV_DONTNEED)
+            bisect.insort(self._extents, (lo, hi, offset))
+            self.nbytes += hi - lo
+        return True
+
+
+def drain(pool: HostPool, min_bytes: int, optimizers=()) -> Drained:
+    """Copy the large CPU storages into ``pool`` and let go of their pages (in the writer).
+
+    First what the ``optimizers`` step (each parameter, its grad, its state, in the order of
+    the step), found without a scan, because that is the race; then, found by a scan of every
+    object the garbage collector tracks (0.1-0.2 s for 300,000 objects), every other CPU storage
+    of at least ``min_bytes``: copies the program updates by hand, buffers, data."""
+    torch = sys.modules.get("torch")
+    drained = Drained(pool)
+    if torch is None:
+        return drained
+    try:
+        spans = _private_anonymous()
+    except OSError:  # no /proc: nothing is known to be safe to drop
+        return drained
+
+    def wanted(tensors):
+        ranges = []
+        for rank, tensor in enumerate(tensors):
+            found = _cpu_storage(tensor, torch)
+            if found and found[1] >= max(min_bytes, 1):
+                lo, hi = found[0], found[0] + found[1]
+                if _inside(lo, hi, spans) and not drained.touches(lo, hi):
+                    ranges.append((lo, hi, rank))  # views repeat a storage: take() merges them
+        return ranges
+
+    if drained.take(wanted(_step_order(optimizers, torch))):
+        drained.take(wanted(_gc_tensors(torch)))
+    pool.trim(drained.used)  # a smaller state than last time: give the rest back
+    return drained
+
+
+def optimizer_bytes(optimizer) -> int:
+    """Bytes of the CPU storages of at least ``DRAIN_MIN_BYTES`` an optimizer steps."""
+    from gpusnap import knobs
+
+    torch = sys.modules["torch"]
+    tensors = _step_order([optimizer], torch, grads=False)  # most programs drop grads by the boundary
+    sizes = dict(filter(None, (_cpu_storage(t, torch) for t in tensors)))
+    return sum(n for n in sizes.values() if n >= knobs.DRAIN_MIN_BYTES)
+
+
+def _cpu_storage(tensor, torch) -> tuple[int, int] | None:
+    """(address, nbytes) of a CPU tensor's storage; None for other devices and layouts."""
+    try:
+        if tensor.device.type != "cpu" or tensor.layout != torch.strided:
+            return None
+        storage = tensor.untyped_storage()
+    except Exception:  # noqa: BLE001 - tensor kinds without a plain storage are not drained
+        return None
+    address = storage.data_ptr()
+    return (address, storage.nbytes()) if address else None
+
+
+def _step_order(optimizers, torch, grads: bool = True):
+    """The tensors an optimizer step writes, in the order it writes them."""
+    for optimizer in optimizers:
+        try:
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    yield param
+                    if grads and param.grad is not None:
+                        yield param.grad
+                    for value in optimizer.state.get(param, {}).values():
+                        if isinstance(value, torch.Tensor):
+                            yield value
+        except Exception:  # noqa: BLE001 - an optimizer we cannot read is left to the scan
+            continue
+
+
+def _gc_tensors(torch):
+    tensor_types: dict[type, bool] = {}
+    for obj in gc.get_objects():
+        cls = type(obj)  # not isinstance: that reads __class__, which some proxies warn about
+        is_tensor = tensor_types.get(cls)
+        if is_tensor is None:
+            is_tensor = tensor_types[cls] = issubclass(cls, torch.Tensor)
+        if is_tensor:
+            yield obj
+
+
+def _private_anonymous() -> list[tuple[int, int, int]]:
+    spans = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(None, 5)
+            path = fields[5].strip() if len(fields) > 5 else ""
+            if fields[1].startswith("rw") and fields[1][3] == "p" and path in ("", "[heap]"):
+                lo, hi = fields[0].split("-")
+                spans.append((int(lo, 16), int(hi, 16), 0))
+    return _merge(spans)
+
+
+def _inside(lo: int, hi: int, spans: list[tuple[int, int, int]]) -> bool:
+    i = bisect.bisect_right(spans, (lo, float("inf"))) - 1
+    return i >= 0 and hi <= spans[i][1]
+
+
+def _merge(ranges) -> list[tuple[int, int, int]]:
+    """Sorted, disjoint (lo, hi, rank); ranges that overlap or touch become one, with the
+    lower rank (storages may alias)."""
+    merged: list[list[int]] = []
+    for lo, hi, rank in sorted(ranges):
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+            merged[-1][2] = min(merged[-1][2], rank)
+        else:
+            merged.append([lo, hi, rank])
+    return [tuple(extent) for extent in merged]

@@ -1,0 +1,135 @@
+"""The staging pool: host memory the trainee and every writer it forks share (MAP_SHARED).
+
+A memfd the size of physical memory, mapped once in the trainee and inherited by every forked
+writer. Nothing is allocated until a writer touches it (memfd is sparse and charged per page),
+and what a writer fills stays resident for the next one, so from the second snapshot on the
+writer copies into pages that already exist, at memcpy speed. The trainee itself never reads or
+writes the pool; at most one writer runs at a time, so one pool needs no double-buffering.
+
+Today the writer fills it with CPU tensor bytes (``drain``); device staging will use the same
+pool (DESIGN.md, Stage device memory).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+import threading
+
+PAGE = mmap.PAGESIZE
+MADV_DONTNEED = 4
+MADV_REMOVE = 9
+MADV_POPULATE_WRITE = 23  # Linux >= 5.14: fault the range in with one call
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.madvise.restype = ctypes.c_int
+
+
+def madvise(address: int, length: int, advice: int) -> int:
+    """madvise(2) on a raw range; returns 0 or the errno (never raises)."""
+    if length <= 0:
+        return 0
+    if _libc.madvise(address, length, advice) == 0:
+        return 0
+    return ctypes.get_errno()
+
+
+def address_view(address: int, nbytes: int) -> memoryview:
+    """Zero-copy view of ``nbytes`` at a raw address (a CPU storage, a staging buffer)."""
+    if nbytes == 0:
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
+
+
+def page_down(address: int) -> int:
+    return address // PAGE * PAGE
+
+
+def page_up(address: int) -> int:
+    return -(-address // PAGE) * PAGE
+
+
+class HostPool:
+    """One MAP_SHARED memfd reservation; ``view``, ``populate`` and ``trim`` run in the writer."""
+
+    def __init__(self, reserve_bytes: int):
+        self.size = page_up(reserve_bytes)
+        self._fd = os.memfd_create("gpusnap-stage", os.MFD_CLOEXEC)
+        os.ftruncate(self._fd, self.size)
+        self._map = mmap.mmap(self._fd, self.size, flags=mmap.MAP_SHARED)
+        self.address = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
+        self._warming: threading.Thread | None = None
+        self.warm_target = 0
+        # Warming writes the pool, so it must never overlap a writer's use of it: each piece is
+        # written under the lock, and not at all once a writer is about to fork.
+        self._lock = threading.Lock()
+        self._writer_running = False
+
+    def writer_starting(self) -> None:
+        """In the trainee, before fork: from here until writer_done, warming writes nothing."""
+        with self._lock:
+            self._writer_running = True
+
+    def writer_done(self) -> None:
+        self._writer_running = False
+
+    def warm(self, nbytes: int) -> None:
+        """In the trainee, ahead of the first snapshot: allocate the pool's first ``nbytes`` in
+        a background thread at idle priority, so that no drain pays for zeroing fresh pages
+        (about 0.5 s per GB) while it races the trainee. The pages are written through the
+        file, not the mapping, so they do not count in the trainee's resident set; fallocate
+        would not do: shmem zeroes fallocated pages at first touch, in the drain. Best effort:
+        a host that cannot spare the memory leaves the drain to allocate it."""
+        nbytes = min(page_up(nbytes), self.size)
+        if nbytes <= self.warm_target or (self._warming is not None and self._warming.is_alive()):
+            return
+        self.warm_target = nbytes
+        self._warming = threading.Thread(target=self._allocate, args=(nbytes,), name="gpusnap-pool-warm", daemon=True)
+        self._warming.start()
+
+    def _allocate(self, nbytes: int) -> None:
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # this thread only
+        except (AttributeError, OSError):
+            pass
+        zeros = bytes(8 << 20)
+        for start in range(0, nbytes, len(zeros)):
+            with self._lock:
+                if self._writer_running:
+                    self.warm_target = start  # a later warm() may finish the job
+                    return
+                try:
+                    os.pwrite(self._fd, zeros[: min(len(zeros), nbytes - start)], start)
+                except OSError:
+                    return
+
+    def view(self, offset: int, nbytes: int) -> memoryview:
+        return memoryview(self._map)[offset : offset + nbytes]
+
+    def populate(self, offset: int, nbytes: int) -> bool:
+        """Give [offset, offset + nbytes) memory now; False when the host cannot (the caller
+        stops staging). Without this a page the host cannot back is a SIGBUS at first touch."""
+        start = page_down(offset)
+        failed = madvise(self.address + start, page_up(offset + nbytes) - start, MADV_POPULATE_WRITE)
+        return failed in (0, errno.EINVAL)  # EINVAL: a kernel before 5.14; pages fault in on use
+
+    def trim(self, keep_bytes: int) -> None:
+        """Give back the pages past ``keep_bytes`` (a smaller state than last time, or release)."""
+        start = page_up(keep_bytes)
+        madvise(self.address + start, self.size - start, MADV_REMOVE)
+
+
+_pool: HostPool | None = None
+
+
+def host_pool() -> HostPool:
+    """The trainee's pool, created on first use (a few syscalls, no memory)."""
+    global _pool
+    if _pool is None:
+        import psutil
+
+        _pool = HostPool(psutil.virtual_memory().total)
+    return _pool

@@ -1,0 +1,196 @@
+"""The drain, in a real forked child: what lands in the staging pool, what the child lets go of,
+and what it must leave alone."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+from gpusnap.errors import CaptureError
+from gpusnap.stage.drain import Drained, drain
+from gpusnap.stage.pool import HostPool, address_view
+
+MIN = 256 << 10
+
+
+def in_child(work) -> dict:
+    """Run ``work()`` in a forked child (as the writer runs); returns its JSON-able result."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        try:
+            result = {"ok": work()}
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            result = {"error": f"{type(exc).__name__}: {exc}"}
+        os.write(write_fd, json.dumps(result).encode())
+        os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    result = json.loads(data)
+    assert "error" not in result, result["error"]
+    return result["ok"]
+
+
+def digest(view) -> str:
+    return hashlib.sha256(bytes(view)).hexdigest()
+
+
+def span(t: torch.Tensor) -> tuple[int, int]:
+    storage = t.untyped_storage()
+    return storage.data_ptr(), storage.nbytes()
+
+
+def test_the_pool_holds_fork_time_bytes_and_the_child_lets_go_of_the_pages():
+    big = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB
+    small = torch.arange(100, dtype=torch.float32)
+    before = digest(address_view(*span(big)))
+    pool = HostPool(64 << 20)
+
+    def work():
+        drained = drain(pool, MIN)
+        return {
+            "pool": digest(drained.view(*span(big))),
+            "small drained": drained.view(*span(small)) is not None,
+            # the child's own mapping of big now reads as fresh zero pages
+            "child middle": float(np.frombuffer(address_view(*span(big)), np.float32)[1 << 19]),
+            "bytes": drained.nbytes,
+        }
+
+    got = in_child(work)
+    assert got["pool"] == before
+    assert not got["small drained"]
+    assert got["child middle"] == 0.0
+    assert got["bytes"] >= big.untyped_storage().nbytes()
+    assert float(big[1 << 19]) == float(1 << 19)  # the parent's pages are untouched
+
+
+def test_a_page_the_parent_writes_first_is_still_drained_with_its_fork_time_bytes():
+    big = torch.zeros(1 << 21)  # 8 MiB
+    before = digest(address_view(*span(big)))
+    pool = HostPool(64 << 20)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.read(read_fd, 1)  # wait until the parent has rewritten big
+        drained = drain(pool, MIN)
+        os._exit(0 if digest(drained.view(*span(big))) == before else 3)
+    big.fill_(7.0)
+    os.write(write_fd, b"x")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert float(big.sum()) == 7.0 * (1 << 21)
+
+
+def test_storages_that_alias_one_memory_become_one_extent():
+    arr = np.arange(1 << 18, dtype=np.float64)  # 2 MiB of numpy memory under two tensors
+    whole, tail = torch.from_numpy(arr), torch.from_numpy(arr[1000:])
+    expected = digest(memoryview(arr[1000:]).cast("B"))
+    pool = HostPool(64 << 20)
+
+    def work():
+        drained = drain(pool, MIN)
+        return {"tail": digest(drained.view(*span(tail))), "whole": drained.view(*span(whole)) is not None}
+
+    got = in_child(work)
+    assert got["tail"] == expected and got["whole"]
+
+
+def test_a_private_file_mapping_is_not_drained(tmp_path):
+    path = tmp_path / "weights.bin"
+    path.write_bytes(np.arange(1 << 18, dtype=np.float64).tobytes())
+    mapped = np.memmap(path, dtype=np.float64, mode="c")  # MAP_PRIVATE over a file
+    mapped[:10] = -1.0
+    tensor = torch.from_numpy(mapped)
+    pool = HostPool(64 << 20)
+    got = in_child(lambda: drain(pool, MIN).view(*span(tensor)) is None)
+    assert got, "dropping a private file mapping's pages would bring back the file's bytes"
+    assert float(tensor[0]) == -1.0
+
+
+def test_release_gives_the_pages_back():
+    pool = HostPool(8 << 20)
+    pool.view(0, 4096)[:] = b"\x01" * 4096
+    pool.trim(0)
+    assert bytes(pool.view(0, 4096)) == b"\x00" * 4096
+    pool.view(4096, 4)[:] = b"abcd"
+    pool.trim(4097)  # keeps the page holding byte 4096
+    assert bytes(pool.view(4096, 4)) == b"abcd"
+
+
+def test_a_range_only_partly_drained_is_refused():
+    pool = HostPool(1 << 20)
+    drained = Drained(pool)
+    drained._extents = [(0x10000, 0x20000, 0)]  # bookkeeping only: nothing at these addresses
+    assert bytes(drained.view(0x10010, 4)) == bytes(pool.view(0x10, 4))
+    assert drained.view(0x30000, 16) is None
+    with pytest.raises(CaptureError, match="GPUSNAP_DRAIN=off"):
+        drained.locate(0x1FFF0, 0x20010)
+    with pytest.raises(CaptureError):
+        drained.locate(0x0FFF0, 0x10010)
+
+
+def test_pool_pages_are_shared_with_the_child():
+    pool = HostPool(1 << 20)
+
+    def work():
+        pool.view(0, 5)[:] = b"hello"
+        return True
+
+    in_child(work)
+    assert bytes(pool.view(0, 5)) == b"hello"
+
+
+def test_what_the_optimizer_steps_is_drained_first_in_step_order_then_the_rest():
+    from gpusnap.stage.drain import _step_order
+
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 512)).sum().backward()
+    optimizer.step()
+    first, second = model[0].weight, model[1].weight
+    order = [id(t) for t in _step_order([optimizer], torch)]
+    expected = [first, first.grad, optimizer.state[first]["exp_avg"], optimizer.state[first]["exp_avg_sq"], second]
+    assert [order.index(id(t)) for t in expected] == sorted(order.index(id(t)) for t in expected)
+
+    loose = torch.arange(1 << 18, dtype=torch.float32)  # no optimizer holds it: found by the scan
+    before = {name: digest(address_view(*span(t))) for name, t in [("weight", first), ("exp_avg_sq", optimizer.state[first]["exp_avg_sq"]), ("loose", loose)]}
+    pool = HostPool(64 << 20)
+
+    def work():
+        drained = drain(pool, MIN, [optimizer])
+        tensors = {"weight": first, "exp_avg_sq": optimizer.state[first]["exp_avg_sq"], "loose": loose}
+        return {name: digest(drained.view(*span(t))) for name, t in tensors.items()}
+
+    assert in_child(work) == before
+
+
+def test_warming_allocates_the_pool_without_mapping_it():
+    pool = HostPool(64 << 20)
+    rss = psutil.Process().memory_info().rss
+    pool.warm(16 << 20)
+    pool._warming.join(timeout=60)
+    assert os.fstat(pool._fd).st_blocks * 512 >= 16 << 20
+    assert psutil.Process().memory_info().rss - rss < 8 << 20  # allocated, not in the trainee's RSS
+    pool.warm(8 << 20)  # never shrinks, never starts a second thread for less
+    assert pool.warm_target == 16 << 20
+
+
+def test_warming_never_writes_while_a_writer_uses_the_pool():
+    pool = HostPool(64 << 20)
+    pool.writer_starting()
+    pool.warm(16 << 20)
+    pool._warming.join(timeout=60)
+    assert os.fstat(pool._fd).st_blocks == 0
+    pool.writer_done()
+    pool.warm(16 << 20)  # once the writer is done, a later warm does it
+    pool._warming.join(timeout=60)
+    assert os.fstat(pool._fd).st_blocks * 512 >= 16 << 20
