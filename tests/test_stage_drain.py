@@ -194,3 +194,10 @@ def test_warming_never_writes_while_a_writer_uses_the_pool():
     pool.warm(16 << 20)  # once the writer is done, a later warm does it
     pool._warming.join(timeout=60)
     assert os.fstat(pool._fd).st_blocks * 512 >= 16 << 20
+
+
+def test_a_write_past_the_pool_is_refused_not_truncated():
+    pool = HostPool(1 << 20)
+    assert pool.write(100, b"abcd") and bytes(pool.view(100, 4)) == b"abcd"
+    assert not pool.write((1 << 20) - 2, b"abcd")
+    assert bytes(pool.view((1 << 20) - 2, 2)) == b"\x00\x00"

@@ -286,7 +286,18 @@ def _snapshot(loop) -> None:
     )
     if job.pool is not None:
         job.pool.writer_starting()
-    writer = _start_writer(job)
+    try:
+        writer = _start_writer(job)
+    except OSError as exc:  # fork itself failed (no memory, process limit): training goes on
+        if job.pool is not None:
+            job.pool.writer_done()
+        message = f"could not fork the writer: {exc.strerror or exc}"
+        if _control is None:
+            print(f"gpusnap: snapshot {job.snap_id} failed: {message}", file=sys.stderr, flush=True)
+        _emit("failed", id=job.snap_id, message=message)
+        if stop:
+            _exit(EXIT_PREEMPTED_UNSAVED)
+        return
     if stop:
         writer.thread.join()
         _exit(EXIT_PREEMPTED if _writer_last_result.get("event") == "committed" else EXIT_PREEMPTED_UNSAVED)

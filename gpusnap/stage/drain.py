@@ -78,9 +78,8 @@ class Drained:
             placed.append((rank, lo, hi, self.used))
             self.used += -(-(hi - lo) // _ALIGN) * _ALIGN
         for _, lo, hi, offset in sorted(placed):
-            if not self.pool.populate(offset, hi - lo):
+            if not self.pool.write(offset, address_view(lo, hi - lo)):
                 return False  # the host has no memory for the pool: the rest stays copy-on-write
-            self.pool.view(offset, hi - lo)[:] = address_view(lo, hi - lo)
             # Whole pages only: the partial pages at either end may hold other allocations.
             madvise(page_up(lo), page_down(hi) - page_up(lo), MADV_DONTNEED)
             bisect.insort(self._extents, (lo, hi, offset))

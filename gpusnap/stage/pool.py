@@ -13,7 +13,6 @@ pool (DESIGN.md, Stage device memory).
 from __future__ import annotations
 
 import ctypes
-import errno
 import mmap
 import os
 import threading
@@ -21,7 +20,6 @@ import threading
 PAGE = mmap.PAGESIZE
 MADV_DONTNEED = 4
 MADV_REMOVE = 9
-MADV_POPULATE_WRITE = 23  # Linux >= 5.14: fault the range in with one call
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -53,7 +51,7 @@ def page_up(address: int) -> int:
 
 
 class HostPool:
-    """One MAP_SHARED memfd reservation; ``view``, ``populate`` and ``trim`` run in the writer."""
+    """One MAP_SHARED memfd reservation; ``view``, ``write`` and ``trim`` run in the writer."""
 
     def __init__(self, reserve_bytes: int):
         self.size = page_up(reserve_bytes)
@@ -109,12 +107,21 @@ class HostPool:
     def view(self, offset: int, nbytes: int) -> memoryview:
         return memoryview(self._map)[offset : offset + nbytes]
 
-    def populate(self, offset: int, nbytes: int) -> bool:
-        """Give [offset, offset + nbytes) memory now; False when the host cannot (the caller
-        stops staging). Without this a page the host cannot back is a SIGBUS at first touch."""
-        start = page_down(offset)
-        failed = madvise(self.address + start, page_up(offset + nbytes) - start, MADV_POPULATE_WRITE)
-        return failed in (0, errno.EINVAL)  # EINVAL: a kernel before 5.14; pages fault in on use
+    def write(self, offset: int, data) -> bool:
+        """Copy ``data`` into the pool at ``offset``; False when the host cannot give the pool
+        memory (the caller stops staging). Through the file, not the mapping: no page of the
+        mapping is faulted in, which makes a drain about 1.8x faster (0.14 s per 0.5 GB against
+        0.25 s for populate + memcpy on the CI machine); readers fault pages in later."""
+        view = memoryview(data)
+        if offset + len(view) > self.size:
+            return False
+        while len(view):
+            try:
+                written = os.pwrite(self._fd, view, offset)
+            except OSError:  # ENOSPC / ENOMEM: no memory for shmem pages
+                return False
+            view, offset = view[written:], offset + written
+        return True
 
     def trim(self, keep_bytes: int) -> None:
         """Give back the pages past ``keep_bytes`` (a smaller state than last time, or release)."""
