@@ -1,10 +1,11 @@
 """The staging pool: host memory the trainee and every writer it forks share (MAP_SHARED).
 
 A memfd the size of physical memory, mapped once in the trainee and inherited by every forked
-writer. Nothing is allocated until a writer touches it (memfd is sparse and charged per page),
-and what a writer fills stays resident for the next one, so from the second snapshot on the
-writer copies into pages that already exist, at memcpy speed. The trainee itself never reads or
-writes the pool; at most one writer runs at a time, so one pool needs no double-buffering.
+writer. Nothing is allocated until it is written (memfd is sparse and charged per page): by the
+trainee's warming thread, ahead of the first snapshot (``warm``), or by a writer. What is
+allocated stays for the next writer, so drains copy into pages that already exist. The trainee
+never reads the pool and writes it only while no writer runs; at most one writer runs at a
+time, so one pool needs no double-buffering.
 
 Today the writer fills it with CPU tensor bytes (``drain``); device staging will use the same
 pool (DESIGN.md, Stage device memory).
