@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import sys
 
+from gpusnap.stage.pool import host_pool  # noqa: F401  (the trainee's staging pool, created on first use)
+
 
 def quiesce() -> None:
     torch = sys.modules.get("torch")
@@ -31,22 +33,15 @@ def stage() -> dict:
     return {}
 
 
-def host_pool():
-    """The staging pool the trainee shares with its writers (created on first use)."""
-    from gpusnap.stage.pool import host_pool
-
-    return host_pool()
-
-
 def warm_pool(optimizer) -> None:
     """After an optimizer's first step: have the pool hold room for the CPU tensors it steps
     (parameters and state, what a drain copies) before any snapshot needs it."""
     import psutil
 
+    from gpusnap import knobs
     from gpusnap.stage.drain import optimizer_bytes
-    from gpusnap.stage.pool import host_pool
 
     pool = host_pool()
-    wanted = pool.warm_target + optimizer_bytes(optimizer)
+    wanted = pool.warm_target + optimizer_bytes(optimizer, knobs.DRAIN_MIN_BYTES)
     if wanted <= psutil.virtual_memory().available * 0.5:  # never crowd out the trainee
         pool.warm(wanted)

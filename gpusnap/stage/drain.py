@@ -41,9 +41,6 @@ class Drained:
         self.nbytes = 0  # bytes drained
         self.used = 0  # pool bytes taken (extents padded to the alignment)
 
-    def __len__(self) -> int:
-        return len(self._extents)
-
     def locate(self, lo: int, hi: int) -> tuple[int, int] | None:
         """(extent start, its pool offset) when [lo, hi) was drained; None when it was not.
 
@@ -119,14 +116,12 @@ def drain(pool: HostPool, min_bytes: int, optimizers=()) -> Drained:
     return drained
 
 
-def optimizer_bytes(optimizer) -> int:
-    """Bytes of the CPU storages of at least ``DRAIN_MIN_BYTES`` an optimizer steps."""
-    from gpusnap import knobs
-
+def optimizer_bytes(optimizer, min_bytes: int) -> int:
+    """Bytes of the CPU storages of at least ``min_bytes`` an optimizer steps."""
     torch = sys.modules["torch"]
     tensors = _step_order([optimizer], torch, grads=False)  # most programs drop grads by the boundary
     sizes = dict(filter(None, (_cpu_storage(t, torch) for t in tensors)))
-    return sum(n for n in sizes.values() if n >= knobs.DRAIN_MIN_BYTES)
+    return sum(n for n in sizes.values() if n >= min_bytes)
 
 
 def _cpu_storage(tensor, torch) -> tuple[int, int] | None:
