@@ -3,6 +3,7 @@ SIGTERM, through writer failures, with live-only objects listed."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
@@ -133,10 +134,13 @@ def test_a_snapshot_that_would_not_fit_in_memory_is_skipped(tmp_path):
     assert snapshots(tmp_path / "snaps", tmp_path) == []
 
 
+def trainee_pid(run: Run) -> int:
+    return psutil.Process(run.proc.pid).children()[0].pid
+
+
 def staging_pool_bytes(run: Run) -> int:
     """Bytes allocated in the trainee's staging pool (its memfd), 0 when it has none."""
-    trainee = psutil.Process(run.proc.pid).children()[0]
-    fds = f"/proc/{trainee.pid}/fd"
+    fds = f"/proc/{trainee_pid(run)}/fd"
     for fd in os.listdir(fds):
         try:
             if os.readlink(f"{fds}/{fd}").startswith("/memfd:gpusnap-stage"):
@@ -146,12 +150,48 @@ def staging_pool_bytes(run: Run) -> int:
     return 0
 
 
+def in_huge_pages(run: Run, storages: list) -> list[bool]:
+    """For each (address, nbytes) of the trainee: is its first whole huge page a huge page?
+    Read from the page tables (pagemap, kpageflags: needs root, else the test skips)."""
+    from gpusnap.stage import hugepages
+
+    pid, found = trainee_pid(run), []
+    try:
+        with open(f"/proc/{pid}/pagemap", "rb") as pagemap, open("/proc/kpageflags", "rb") as kpageflags:
+            for storage in storages:
+                lo, _ = hugepages.huge_spans([storage])[0]
+                pagemap.seek(lo // 4096 * 8)
+                entry = int.from_bytes(pagemap.read(8), "little")
+                pfn = entry & ((1 << 55) - 1)
+                if not entry >> 63 or not pfn:
+                    pytest.skip("page frame numbers are hidden (not root)")
+                kpageflags.seek(pfn * 8)
+                found.append(bool(int.from_bytes(kpageflags.read(8), "little") >> 22 & 1))  # KPF_THP
+    except PermissionError:
+        pytest.skip("no access to /proc/kpageflags (not root)")
+    return found
+
+
+def kernel_collapses_huge_pages() -> bool:
+    from gpusnap.stage import hugepages
+
+    probe = torch.zeros(2 * hugepages.HUGE_PAGE // 4)
+    return any(hugepages.collapse([(probe.untyped_storage().data_ptr(), probe.untyped_storage().nbytes())]))
+
+
+def thp_always() -> bool:
+    with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+        return "[always]" in f.read()
+
+
 DRAIN_MODES = {
     "large tensors drained": {},  # big, wide_t (and wide, alias, alias_strided through them)
     "every tensor drained": {"GPUSNAP_DRAIN_MIN_BYTES": "1"},
     "drain released after": {"GPUSNAP_DRAIN": "release"},
+    "no huge pages": {"GPUSNAP_HUGEPAGES": "off"},
     "no drain": {"GPUSNAP_DRAIN": "off"},
 }
+POOL_KEPT = ("large tensors drained", "every tensor drained", "no huge pages")
 
 
 @pytest.mark.parametrize("mode", DRAIN_MODES)
@@ -164,14 +204,21 @@ def test_buffers_written_right_after_the_boundary_hold_the_bytes_of_their_iterat
     run = Run("run", "--dir", "snaps", programs / "shared_views.py", out, 400, cwd=tmp_path,
               env={"TEST_STEP_SLEEP_S": "0.02", **DRAIN_MODES[mode]})
     wait_for(lambda: progress(out) >= 5, "step 5", proc=run)
-    warmed = staging_pool_bytes(run)
+    # Before any snapshot, the trainee has readied what Adam steps (first weight 4 MiB,
+    # exp_avg, exp_avg_sq; the rest is under 256 KiB): room in the pool, unless the pool is not
+    # kept, and huge pages under them (one whole huge page at least in each), unless off.
+    if mode in POOL_KEPT:
+        wait_for(lambda: staging_pool_bytes(run) >= 3 * (4 << 20), "the pool allocated ahead", proc=run)
+    else:
+        assert staging_pool_bytes(run) == 0
+    adam = json.loads((out / "adam_storages.json").read_text())
+    if mode not in ("no huge pages", "no drain") and kernel_collapses_huge_pages():
+        wait_for(lambda: in_huge_pages(run, adam) == [True] * 3, "huge pages under Adam's tensors", proc=run)
+    elif not thp_always():
+        assert in_huge_pages(run, adam) == [False] * 3
     snapshot_now(run, tmp_path / "snaps", tmp_path)
     snap = snapshot_now(run, tmp_path / "snaps", tmp_path)
     run.kill_group()
-
-    # Before any snapshot, the pool already holds room for what Adam steps (weight 0.5 MiB,
-    # exp_avg, exp_avg_sq; the rest is under 256 KiB), unless the pool is not kept.
-    assert warmed >= 3 * (512 << 10) if mode in ("large tensors drained", "every tensor drained") else warmed == 0, warmed
 
     manifest, roots = load(tmp_path / "snaps", snap["id"])
     drained = manifest["drain"]["bytes"]

@@ -173,29 +173,6 @@ def test_what_the_optimizer_steps_is_drained_first_in_step_order_then_the_rest()
     assert in_child(work) == before
 
 
-def test_warming_allocates_the_pool_without_mapping_it():
-    pool = HostPool(64 << 20)
-    rss = psutil.Process().memory_info().rss
-    pool.warm(16 << 20)
-    pool._warming.join(timeout=60)
-    assert os.fstat(pool._fd).st_blocks * 512 >= 16 << 20
-    assert psutil.Process().memory_info().rss - rss < 8 << 20  # allocated, not in the trainee's RSS
-    pool.warm(8 << 20)  # never shrinks, never starts a second thread for less
-    assert pool.warm_target == 16 << 20
-
-
-def test_warming_never_writes_while_a_writer_uses_the_pool():
-    pool = HostPool(64 << 20)
-    pool.writer_starting()
-    pool.warm(16 << 20)
-    pool._warming.join(timeout=60)
-    assert os.fstat(pool._fd).st_blocks == 0
-    pool.writer_done()
-    pool.warm(16 << 20)  # once the writer is done, a later warm does it
-    pool._warming.join(timeout=60)
-    assert os.fstat(pool._fd).st_blocks * 512 >= 16 << 20
-
-
 def test_a_write_past_the_pool_is_refused_not_truncated():
     pool = HostPool(1 << 20)
     assert pool.write(100, b"abcd") and bytes(pool.view(100, 4)) == b"abcd"

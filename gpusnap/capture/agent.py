@@ -44,6 +44,7 @@ _step_loops: set = set()
 _steps = 0  # optimizer steps seen: the iteration number snapshots report
 _resumed_from = None
 _optimizers = weakref.WeakSet()  # every optimizer that stepped: what the drain copies first
+_prepared = False  # stage.prepare has run since the last writer ended and the last new optimizer
 
 
 # -- install -------------------------------------------------------------------------------
@@ -139,15 +140,17 @@ def _hook_optimizers(module) -> None:
 
 
 def _after_optimizer_step(optimizer, *_):
-    global _steps
+    global _steps, _prepared
     replay = sys.modules.get("gpusnap.restore.replay")
     if replay is not None and replay.active is not None:
         replay.diverged_by_step()
     _steps += 1
     if optimizer not in _optimizers:
         _optimizers.add(optimizer)
-        if _config.get("run_dir") and knobs.DRAIN == "keep":
-            stage.warm_pool(optimizer)  # its state exists from its first step on
+        _prepared = False  # its state exists from its first step on
+    if not _prepared and _writer is None and _config.get("run_dir") and knobs.DRAIN != "off":
+        _prepared = True  # until a new optimizer steps or a writer has finished
+        stage.prepare(list(_optimizers))
     for loop in reversed(loops.ACTIVE):
         if loop.frame.f_back is not None:  # a suspended generator's frame has no caller
             _step_loops.add((loop.frame.f_code, loop.loop_id))
@@ -284,13 +287,11 @@ def _snapshot(loop) -> None:
         pool=stage.host_pool() if knobs.DRAIN != "off" else None,
         optimizers=list(_optimizers),
     )
-    if job.pool is not None:
-        job.pool.writer_starting()
+    stage.writer_starting()
     try:
         writer = _start_writer(job)
     except OSError as exc:  # fork itself failed (no memory, process limit): training goes on
-        if job.pool is not None:
-            job.pool.writer_done()
+        stage.writer_done()
         message = f"could not fork the writer: {exc.strerror or exc}"
         if _control is None:
             print(f"gpusnap: snapshot {job.snap_id} failed: {message}", file=sys.stderr, flush=True)
@@ -329,13 +330,12 @@ _writer_last_result: dict = {}
 
 
 class _Writer:
-    def __init__(self, pid: int, snap_id: str, read_fd: int, stall_s: float, pool=None):
+    def __init__(self, pid: int, snap_id: str, read_fd: int, stall_s: float):
         self.pid, self.snap_id, self.read_fd, self.stall_s = pid, snap_id, read_fd, stall_s
-        self.pool = pool
         self.thread = threading.Thread(target=self._wait, name="gpusnap-writer-wait", daemon=True)
 
     def _wait(self) -> None:
-        global _writer, _writer_last_result
+        global _writer, _writer_last_result, _prepared
         chunks = []
         while True:
             data = os.read(self.read_fd, 65536)
@@ -356,8 +356,8 @@ class _Writer:
             print(f"gpusnap: snapshot {self.snap_id} failed: {result.get('message')}", file=sys.stderr, flush=True)
         _writer_last_result = result
         _writer = None
-        if self.pool is not None:
-            self.pool.writer_done()
+        stage.writer_done()
+        _prepared = False  # the next optimizer step readies memory for the next snapshot
         _emit(**result)
 
 
@@ -374,7 +374,7 @@ def _start_writer(job) -> "_Writer":
         _child_main(job, write_fd)
     os.close(write_fd)
     stall_s = time.perf_counter() - job.requested_s
-    writer = _writer = _Writer(pid, job.snap_id, read_fd, stall_s, job.pool)
+    writer = _writer = _Writer(pid, job.snap_id, read_fd, stall_s)
     _emit("forked", id=job.snap_id, stall_s=stall_s, iteration=job.iteration)
     writer.thread.start()
     return writer

@@ -10,9 +10,11 @@ This is the only step besides fork that stalls training. Its interface, in call 
 CPU mode (what this package implements today) stages nothing in the stall: the fork itself gives
 the writer a consistent copy of host memory. What it adds is after the fork: the writer *drains*
 large CPU tensors into the staging pool (``pool``), which both the trainee and its writers map,
-so that the trainee's next writes to them are not copy-on-write copies (``drain``). A device
-storage met by the pickler without a staged copy fails the snapshot with a ``CaptureError``
-(restoring replayed device tensors would be a silent partial restore).
+so that the trainee's next writes to them are not copy-on-write copies (``drain``); between
+snapshots, the trainee readies the pool and collapses those tensors into huge pages
+(``prepare``, ``hugepages``). A device storage met by the pickler without a staged copy fails
+the snapshot with a ``CaptureError`` (restoring replayed device tensors would be a silent
+partial restore).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import sys
 
 from gpusnap.stage.pool import host_pool  # noqa: F401  (the trainee's staging pool, created on first use)
+from gpusnap.stage.prepare import prepare, writer_done, writer_starting  # noqa: F401  (between snapshots)
 
 
 def quiesce() -> None:
@@ -31,17 +34,3 @@ def quiesce() -> None:
 
 def stage() -> dict:
     return {}
-
-
-def warm_pool(optimizer) -> None:
-    """After an optimizer's first step: have the pool hold room for the CPU tensors it steps
-    (parameters and state, what a drain copies) before any snapshot needs it."""
-    import psutil
-
-    from gpusnap import knobs
-    from gpusnap.stage.drain import optimizer_bytes
-
-    pool = host_pool()
-    wanted = pool.warm_target + optimizer_bytes(optimizer, knobs.DRAIN_MIN_BYTES)
-    if wanted <= psutil.virtual_memory().available * 0.5:  # never crowd out the trainee
-        pool.warm(wanted)

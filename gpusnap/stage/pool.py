@@ -2,10 +2,10 @@
 
 A memfd the size of physical memory, mapped once in the trainee and inherited by every forked
 writer. Nothing is allocated until it is written (memfd is sparse and charged per page): by the
-trainee's warming thread, ahead of the first snapshot (``warm``), or by a writer. What is
-allocated stays for the next writer, so drains copy into pages that already exist. The trainee
-never reads the pool and writes it only while no writer runs; at most one writer runs at a
-time, so one pool needs no double-buffering.
+trainee between snapshots, ahead of the next one (``allocate``, run by ``prepare``), or by a
+writer. What is allocated stays for the next writer, so drains copy into pages that already
+exist. The trainee never reads the pool and writes it only while no writer runs; at most one
+writer runs at a time, so one pool needs no double-buffering.
 
 Today the writer fills it with CPU tensor bytes (``drain``); device staging will use the same
 pool (DESIGN.md, Stage device memory).
@@ -16,9 +16,10 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import threading
+from collections.abc import Iterator
 
 PAGE = mmap.PAGESIZE
+_ALLOCATE_STEP = 8 << 20
 MADV_DONTNEED = 4
 MADV_REMOVE = 9
 
@@ -60,50 +61,33 @@ class HostPool:
         os.ftruncate(self._fd, self.size)
         self._map = mmap.mmap(self._fd, self.size, flags=mmap.MAP_SHARED)
         self.address = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
-        self._warming: threading.Thread | None = None
-        self.warm_target = 0
-        # Warming writes the pool, so it must never overlap a writer's use of it: each piece is
-        # written under the lock, and not at all once a writer is about to fork.
-        self._lock = threading.Lock()
-        self._writer_running = False
 
-    def writer_starting(self) -> None:
-        """In the trainee, before fork: from here until writer_done, warming writes nothing."""
-        with self._lock:
-            self._writer_running = True
-
-    def writer_done(self) -> None:
-        self._writer_running = False
-
-    def warm(self, nbytes: int) -> None:
-        """In the trainee, ahead of the first snapshot: allocate the pool's first ``nbytes`` in
-        a background thread at idle priority, so that no drain pays for zeroing fresh pages
-        (about 0.5 s per GB) while it races the trainee. The pages are written through the
+    def allocate(self, nbytes: int) -> Iterator[None]:
+        """Allocate the pool's first ``nbytes``, 8 MiB a step (``prepare`` runs the steps in
+        the trainee, between snapshots), so that no drain pays for zeroing fresh pages (about
+        0.5 s per GB) while it races the trainee. Only holes are filled: what is allocated
+        already, by an earlier call or a drain, is skipped. The pages are written through the
         file, not the mapping, so they do not count in the trainee's resident set; fallocate
-        would not do: shmem zeroes fallocated pages at first touch, in the drain. Best effort:
-        a host that cannot spare the memory leaves the drain to allocate it."""
+        would not do: shmem zeroes fallocated pages at first touch, in the drain. Stops quietly
+        when the host has no memory to give (the drain then allocates what it needs)."""
         nbytes = min(page_up(nbytes), self.size)
-        if nbytes <= self.warm_target or (self._warming is not None and self._warming.is_alive()):
-            return
-        self.warm_target = nbytes
-        self._warming = threading.Thread(target=self._allocate, args=(nbytes,), name="gpusnap-pool-warm", daemon=True)
-        self._warming.start()
-
-    def _allocate(self, nbytes: int) -> None:
-        try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # this thread only
-        except (AttributeError, OSError):
-            pass
-        zeros = bytes(8 << 20)
-        for start in range(0, nbytes, len(zeros)):
-            with self._lock:
-                if self._writer_running:
-                    self.warm_target = start  # a later warm() may finish the job
+        zeros = bytes(_ALLOCATE_STEP)
+        position = 0
+        while position < nbytes:
+            try:
+                hole = os.lseek(self._fd, position, os.SEEK_HOLE)
+                if hole >= nbytes:
                     return
                 try:
-                    os.pwrite(self._fd, zeros[: min(len(zeros), nbytes - start)], start)
-                except OSError:
-                    return
+                    data = os.lseek(self._fd, hole, os.SEEK_DATA)
+                except OSError:  # ENXIO: nothing allocated past the hole
+                    data = self.size
+                end = min(data, nbytes, hole + len(zeros))
+                os.pwrite(self._fd, zeros[: end - hole], hole)
+            except OSError:
+                return
+            position = end
+            yield
 
     def view(self, offset: int, nbytes: int) -> memoryview:
         return memoryview(self._map)[offset : offset + nbytes]

@@ -1,8 +1,9 @@
 """Large tensors written first thing after every boundary (while the writer still reads them),
 numpy arrays that alias a tensor (one of them strided), a tensor over a numpy array, a strided
-numpy array, and a model with Adam. Each step's
-state is saved for the test to compare.
+numpy array, and a model with Adam (its first weight 4 MiB: room for a huge page). Each
+step's state is saved for the test to compare.
 usage: shared_views.py OUT STEPS"""
+import json
 import os
 import sys
 
@@ -17,7 +18,7 @@ alias_strided = big[2000:400_000].numpy()[::7]  # a strided one, across many of 
 wide = np.random.default_rng(3).standard_normal(1 << 19)  # 4 MiB numpy, changed every step
 wide_t = torch.from_numpy(wide)  # a tensor whose storage is numpy's memory
 strided = np.arange(200_000, dtype=np.int64)[::3]
-model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Tanh(), torch.nn.Linear(512, 4))
+model = torch.nn.Sequential(torch.nn.Linear(256, 4096), torch.nn.Tanh(), torch.nn.Linear(4096, 4))
 optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 os.makedirs(os.path.join(OUT, "states"), exist_ok=True)
 for step in range(1, int(sys.argv[2]) + 1):
@@ -32,4 +33,9 @@ for step in range(1, int(sys.argv[2]) + 1):
              "wide_t": wide_t.clone(), "strided": strided.copy(),
              "model": model.state_dict(), "optimizer": optimizer.state_dict()}
     torch.save(state, os.path.join(OUT, "states", f"{step}.pt"))
+    if step == 1:  # where Adam's large tensors live, for the test to look at their pages
+        first = model[0].weight
+        large = [first, optimizer.state[first]["exp_avg"], optimizer.state[first]["exp_avg_sq"]]
+        with open(os.path.join(OUT, "adam_storages.json"), "w") as f:
+            json.dump([[t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()] for t in large], f)
     progress(step)
