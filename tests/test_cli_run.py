@@ -118,6 +118,7 @@ BAD_KNOBS = [
     ({"GPUSNAP_CODEC": "gzip"}, "gpusnap: GPUSNAP_CODEC='gzip' is not one of zstd, lz4, none"),
     ({"GPUSNAP_CHUNK_BYTES": "4M"}, "gpusnap: GPUSNAP_CHUNK_BYTES='4M' is not an integer"),
     ({"GPUSNAP_WRITER_PRIORITY": "low"}, "gpusnap: GPUSNAP_WRITER_PRIORITY='low' is not idle or a nice value"),
+    ({"GPUSNAP_HUGEPAGES": "yes"}, "gpusnap: GPUSNAP_HUGEPAGES='yes' is not one of on, off"),
 ]
 
 
