@@ -28,7 +28,7 @@ import gc
 import sys
 
 from gpusnap.errors import CaptureError
-from gpusnap.stage.pool import MADV_DONTNEED, HostPool, address_view, madvise, page_down, page_up
+from gpusnap.stage.pool import MADV_DONTNEED, HostPool, address_view, madvise, merge_ranges, page_down, page_up
 
 _ALIGN = 64  # pool offsets keep the storages' cache-line alignment
 
@@ -72,7 +72,7 @@ class Drained:
     def take(self, ranges: list[tuple[int, int, int]]) -> bool:
         """Drain (lo, hi, rank) ranges, lowest rank first; False once the pool cannot grow."""
         placed = []
-        for lo, hi, rank in _merge(ranges):
+        for lo, hi, rank in merge_ranges(ranges):
             placed.append((rank, lo, hi, self.used))
             self.used += -(-(hi - lo) // _ALIGN) * _ALIGN
         for _, lo, hi, offset in sorted(placed):
@@ -191,22 +191,9 @@ def _private_anonymous() -> list[tuple[int, int, int]]:
             if fields[1].startswith("rw") and fields[1][3] == "p" and path in ("", "[heap]"):
                 lo, hi = fields[0].split("-")
                 spans.append((int(lo, 16), int(hi, 16), 0))
-    return _merge(spans)
+    return merge_ranges(spans)
 
 
 def _inside(lo: int, hi: int, spans: list[tuple[int, int, int]]) -> bool:
     i = bisect.bisect_right(spans, (lo, float("inf"))) - 1
     return i >= 0 and hi <= spans[i][1]
-
-
-def _merge(ranges) -> list[tuple[int, int, int]]:
-    """Sorted, disjoint (lo, hi, rank); ranges that overlap or touch become one, with the
-    lower rank (storages may alias)."""
-    merged: list[list[int]] = []
-    for lo, hi, rank in sorted(ranges):
-        if merged and lo <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], hi)
-            merged[-1][2] = min(merged[-1][2], rank)
-        else:
-            merged.append([lo, hi, rank])
-    return [tuple(extent) for extent in merged]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from gpusnap.stage.pool import madvise
+from gpusnap.stage.pool import madvise, merge_ranges
 
 
 def _pmd_size() -> int:
@@ -46,14 +46,8 @@ def huge_spans(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
         lo = -(-address // HUGE_PAGE) * HUGE_PAGE
         hi = (address + nbytes) // HUGE_PAGE * HUGE_PAGE
         if hi > lo:
-            spans.append((lo, hi))
-    merged: list[list[int]] = []
-    for lo, hi in sorted(spans):
-        if merged and lo <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], hi)
-        else:
-            merged.append([lo, hi])
-    return [(lo, hi) for lo, hi in merged]
+            spans.append((lo, hi, 0))
+    return [(lo, hi) for lo, hi, _ in merge_ranges(spans)]
 
 
 def collapse(ranges: Iterable[tuple[int, int]]) -> Iterator[bool]:

@@ -52,6 +52,19 @@ def page_up(address: int) -> int:
     return -(-address // PAGE) * PAGE
 
 
+def merge_ranges(ranges) -> list[tuple[int, int, int]]:
+    """Sorted, disjoint (lo, hi, rank); ranges that overlap or touch become one, with the
+    lower rank (storages may alias)."""
+    merged: list[list[int]] = []
+    for lo, hi, rank in sorted(ranges):
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+            merged[-1][2] = min(merged[-1][2], rank)
+        else:
+            merged.append([lo, hi, rank])
+    return [tuple(extent) for extent in merged]
+
+
 class HostPool:
     """One MAP_SHARED memfd reservation; ``view``, ``write`` and ``trim`` run in the writer."""
 
