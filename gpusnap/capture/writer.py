@@ -52,16 +52,17 @@ def write_snapshot(job: WriteJob) -> dict:
     drained = drain(job.pool, knobs.DRAIN_MIN_BYTES, job.optimizers) if job.pool is not None else Drained()
     drain_s = time.perf_counter() - started
     lower_priority(knobs.WRITER_PRIORITY)
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
     rundir = RunDir.open(job.run_dir)
     sink = rundir.begin_snapshot(job.snap_id)
     try:
         payload = roots.collect(job.frame, job.active_loops, job.rng_states)
         stream = io.BytesIO()
         pickler = GraphPickler(stream, sink, staged=job.staged, drained=drained)
-        pickler.dump(payload)
+        pickler.dump_graph(payload)
         graph = sink.put_buffer(stream.getbuffer(), dtype="bytes", typesize=1)
         graph["kind"] = "graph"
+        if pickler.iterative:
+            graph["pickler"] = "iterative"  # the graph was too deep for the C pickler
         manifest = _manifest(job, payload, pickler, graph, stall_s)
         manifest["write_s"] = time.perf_counter() - started
         manifest["drain"] = {"s": drain_s, "bytes": drained.nbytes}

@@ -19,7 +19,7 @@ import sys
 import time
 
 from gpusnap.capture import rng, roots
-from gpusnap.errors import GpusnapError, ProgramChanged, ReplayDiverged
+from gpusnap.errors import GpusnapError, ProgramChanged, ReplayDiverged, RestoreError
 from gpusnap.instrument import loops
 from gpusnap.restore import fastforward, load
 from gpusnap.restore.frames import write_locals
@@ -88,10 +88,13 @@ class Replay:
     # -- merge -----------------------------------------------------------------------------
     def merge(self, loop) -> None:
         global active
+        self._stage = f"loading snapshot {self.snap_id}"
         try:
             self._merge(loop)
         except GpusnapError as exc:
             fail(exc)
+        except Exception as exc:  # noqa: BLE001 - never into the user's loop, never half-merged
+            fail(RestoreError(f"{self._doing()} failed: {_one_line(exc)}", _BUG_HINT))
         self.merged = True
         active = None
         loops.on_loop_start = None
@@ -106,6 +109,8 @@ class Replay:
         saved_frames = payload["frames"]
         _check_frames(live_frames, saved_frames)
         merger = Merger()
+        self._stage = "merging"
+        self._merger = merger
         live_modules = roots.instrumented_modules()
         for module, values in payload["globals"].items():
             live = live_modules.get(module)
@@ -120,6 +125,7 @@ class Replay:
             values = {name: merger.value(current.get(name), value, f"frame[{i}].locals.{name}") for name, value in saved["locals"].items()}
             write_locals(frame, values)
         merger.finish()
+        self._stage = "restoring the random number generators"
         rng.restore(payload["rng"])
         from gpusnap.capture import agent
 
@@ -139,6 +145,12 @@ class Replay:
             merge_bytes=merger.nbytes,
             fastforwards=self.fastforwards,
         )
+
+    def _doing(self) -> str:
+        """What the merge was doing, for a refusal: the object path while merging."""
+        if self._stage == "merging":
+            return f"merging the snapshot into the program at {self._merger.path}"
+        return self._stage
 
     # -- divergence ------------------------------------------------------------------------
     def not_reached(self) -> str:
@@ -188,8 +200,27 @@ def diverged_by_step() -> None:
 
 
 def _check_reached(replay: Replay) -> None:
-    if not replay.merged:
-        fail(ReplayDiverged(f"the program ended before reaching the saved position at {replay.not_reached()}"))
+    if replay.merged:
+        return
+    escaped = getattr(sys, "last_value", None)  # set by boot when an exception left the program
+    if escaped is not None and not isinstance(escaped, SystemExit):
+        how = f"stopped with {_one_line(escaped)}"
+    else:
+        how = "ended"
+    fail(ReplayDiverged(f"the program {how} before reaching the saved position at {replay.not_reached()}"))
+
+
+_BUG_HINT = (
+    "gpusnap could not restore this program's state; `gpusnap inspect DIR` shows what the snapshot "
+    "holds, and --snapshot ID restores an earlier one (please report this)"
+)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def fail(exc: GpusnapError) -> None:
