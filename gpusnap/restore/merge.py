@@ -11,10 +11,12 @@
 - numpy arrays in place; ``random.Random``, numpy ``Generator`` and ``torch.Generator`` by state;
 - a live-only placeholder keeps the live object; an object that could not be rebuilt keeps the
   live object too, and is an error where there is none;
-- anything without a live counterpart of the same type is *adopted* from the snapshot, and once
-  everything else is aligned (``finish``), the references inside adopted objects are pointed at
-  the live counterparts of what they referred to (an EMA object created mid-run keeps tracking
-  the live model, not a copy of it).
+- anything without a live counterpart of the same type waits: the same snapshot object may
+  still be met at a place that has one (``best = model`` found before ``model``). ``finish``
+  settles each such place with the live counterpart found meanwhile, or *adopts* the snapshot's
+  object, and then points the references inside adopted objects at the live counterparts of what
+  they referred to (an EMA object created mid-run keeps tracking the live model, not a copy).
+  A value that ``value()`` returned must go through ``settled()`` after ``finish()``.
 
 An object is aligned *before* its contents are merged, so cycles (argparse's actions and groups,
 modules that point back at their parents) end at the first revisit, and sharing in the snapshot
@@ -45,6 +47,15 @@ class _Steps:
         self.gen = gen
 
 
+class _Pending:
+    """A place whose snapshot object had no live counterpart when met."""
+
+    __slots__ = ("snap", "path")
+
+    def __init__(self, snap, path):
+        self.snap, self.path = snap, path
+
+
 class Merger:
     def __init__(self):
         self.aligned: dict[int, object] = {}  # id(snapshot object) -> what stands for it now
@@ -52,6 +63,8 @@ class Merger:
         self._first_path: dict[int, str] = {}
         self._deferred: list = []  # (live, snap, path) of dicts whose object keys were not aligned yet
         self._adopted: list = []  # (snapshot object, path) taken as they are
+        self._pending: dict[int, _Pending] = {}  # id(snapshot object) -> its waiting places
+        self._fixups: list = []  # (container, key, _Pending): slots that wait for finish()
         self._building: set[int] = set()  # snapshot tuples whose items are being merged
         self.path: Path | str = ""  # the place being merged, for errors raised outside the merger
         self.tensors = 0
@@ -62,9 +75,27 @@ class Merger:
     def value(self, live, snap, path: str | Path):
         return self._drive(self._place(live, snap, Path(path) if isinstance(path, str) else path))
 
+    def settled(self, value):
+        """What a value returned by ``value()`` stands for, once ``finish()`` has run."""
+        return self._settle(value) if isinstance(value, _Pending) else value
+
     def finish(self) -> None:
-        """Merge the object-keyed dicts whose keys were not aligned when first met, then point
-        adopted objects at the live counterparts of what they refer to."""
+        """Merge the object-keyed dicts whose keys were not aligned when first met, settle the
+        places that waited, then point adopted objects at the live counterparts of what they
+        refer to."""
+        self._merge_deferred()
+        while self._fixups:
+            fixups, self._fixups = self._fixups, []
+            for container, key, pending in fixups:
+                container[key] = self._settle(pending)
+            self._merge_deferred()
+        self._remap_adopted()
+
+    def _settle(self, pending: _Pending):
+        found = self.aligned.get(id(pending.snap), _MISSING)
+        return found if found is not _MISSING else self._adopt(pending.snap, pending.path)
+
+    def _merge_deferred(self) -> None:
         while self._deferred:
             waiting, self._deferred = self._deferred, []
             ready = [self._live_keys(snap) is not None for _, snap, _ in waiting]
@@ -77,7 +108,6 @@ class Merger:
                     self._drive(_Steps(self._merge_dict(*entry)))
                 else:
                     self._deferred.append(entry)
-        self._remap_adopted()
 
     # -- the driver ----------------------------------------------------------------------
     def _drive(self, outcome):
@@ -131,9 +161,11 @@ class Merger:
         if id(snap) in self._building:
             return snap  # a tuple reached through its own items: the one place it cannot be rebuilt
         if torch is not None and isinstance(snap, torch.Tensor):
+            if not isinstance(live, torch.Tensor):
+                return self._wait(snap, path)
             return self._align(snap, self._merge_tensor(live, snap, path), path)
         if live is None or type(live) is not type(snap):
-            return self._adopt(snap, path)
+            return self._wait(snap, path)
         if isinstance(snap, list):
             self._align(snap, live, path)
             return _Steps(self._merge_list(live, snap, path))
@@ -149,6 +181,17 @@ class Merger:
             self._align(snap, live, path)
             return _Steps(self._merge_attrs(live, snap, path))
         return self._adopt(snap, path)
+
+    def _wait(self, snap, path: Path) -> _Pending:
+        pending = self._pending.get(id(snap))
+        if pending is None:
+            pending = self._pending[id(snap)] = _Pending(snap, path)
+        return pending
+
+    def _store(self, container, key, value) -> None:
+        container[key] = value
+        if isinstance(value, _Pending):
+            self._fixups.append((container, key, value))
 
     def _adopt(self, snap, path: Path):
         self._adopted.append((snap, path))
@@ -175,8 +218,6 @@ class Merger:
     # -- tensors -------------------------------------------------------------------------
     def _merge_tensor(self, live, snap, path: Path):
         torch = self._torch
-        if not isinstance(live, torch.Tensor):
-            return snap
         if live.shape != snap.shape or live.dtype != snap.dtype:
             if isinstance(live, torch.nn.Parameter) or any(s in ("._buffers", ".state") for s in path.suffixes()):
                 raise StateMismatch(
@@ -201,13 +242,16 @@ class Merger:
         merged = []
         for i, item in enumerate(snap):
             merged.append((yield (live[i] if i < len(live) else None, item, path + f"[{i}]")))
-        live[:] = merged
+        live[:] = [None] * len(merged)
+        for i, value in enumerate(merged):
+            self._store(live, i, value)
         return live
 
     def _merge_tuple(self, live: tuple, snap: tuple, path: Path):
         merged = []
         for i, item in enumerate(snap):
-            merged.append((yield (live[i] if i < len(live) else None, item, path + f"[{i}]")))
+            value = yield (live[i] if i < len(live) else None, item, path + f"[{i}]")
+            merged.append(self.settled(value))  # an immutable tuple cannot wait for finish()
         self._building.discard(id(snap))
         if len(merged) == len(live) and all(a is b for a, b in zip(merged, live)):
             result = live
@@ -228,7 +272,8 @@ class Merger:
         for live_key, (key, value) in zip(keys, snap.items()):
             merged.append((live_key, (yield (live.get(live_key), value, path + f"[{_key_text(key)}]"))))
         live.clear()
-        live.update(merged)
+        for key, value in merged:
+            self._store(live, key, value)
         return live
 
     def _live_keys(self, snap: dict, final: bool = False, path: Path = "") -> list | None:
@@ -256,7 +301,7 @@ class Merger:
             value = snap_attrs[name]
             if isinstance(value, LiveOnly) and name not in live_attrs:
                 continue  # nothing to keep, and nothing the snapshot could give
-            live_attrs[name] = yield (live_attrs.get(name), value, path + f".{name}")
+            self._store(live_attrs, name, (yield (live_attrs.get(name), value, path + f".{name}")))
         for name in [n for n in live_attrs if n not in snap_attrs]:
             del live_attrs[name]
         return live

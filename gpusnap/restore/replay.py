@@ -112,19 +112,22 @@ class Replay:
         self._stage = "merging"
         self._merger = merger
         live_modules = roots.instrumented_modules()
+        merged_globals = []
         for module, values in payload["globals"].items():
             live = live_modules.get(module)
             if live is None:
                 raise ReplayDiverged(f"module {module} held state in the snapshot but is not imported at the resume point")
-            for name, value in values.items():
-                live[name] = merger.value(live.get(name), value, f"globals[{module}].{name}")
+            merged_globals.append((live, {name: merger.value(live.get(name), value, f"globals[{module}].{name}") for name, value in values.items()}))
+        merged_locals = []
         for i, (frame, saved) in enumerate(zip(live_frames, saved_frames)):
-            if not saved["locals"]:
-                continue
-            current = dict(frame.f_locals)
-            values = {name: merger.value(current.get(name), value, f"frame[{i}].locals.{name}") for name, value in saved["locals"].items()}
-            write_locals(frame, values)
+            if saved["locals"]:
+                current = dict(frame.f_locals)
+                merged_locals.append((frame, {name: merger.value(current.get(name), value, f"frame[{i}].locals.{name}") for name, value in saved["locals"].items()}))
         merger.finish()
+        for live, values in merged_globals:
+            live.update({name: merger.settled(value) for name, value in values.items()})
+        for frame, values in merged_locals:
+            write_locals(frame, {name: merger.settled(value) for name, value in values.items()})
         self._stage = "restoring the random number generators"
         rng.restore(payload["rng"])
         from gpusnap.capture import agent
