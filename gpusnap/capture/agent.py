@@ -9,8 +9,10 @@ Flow of one snapshot (DESIGN.md, Snapshot pipeline)::
       parent: a waiter thread reads the result, reaps the child, reports to the supervisor
 
 A safe point is a boundary of the *step loop* (the innermost loop running when an optimizer
-step happens, or the loop `--at` names); while no step loop is running (setup, evaluation) any
-main-thread boundary serves. At most one writer runs; a request during a write is coalesced
+step starts, or the loop `--at` names); while no step loop is running (setup, evaluation) any
+main-thread boundary serves. Either way it must be a place replay can return to: every frame from
+the script's module frame down to the loop is instrumented code (never a model's forward called
+back from torch.optim, never a loop inside a generator or a library). At most one writer runs; a request during a write is coalesced
 into one snapshot taken after it. A stop request (SIGTERM) waits for its writer and exits with
 EXIT_PREEMPTED once the snapshot is committed.
 """
@@ -29,7 +31,7 @@ import warnings
 import weakref
 
 from gpusnap import knobs, stage
-from gpusnap.capture import rng
+from gpusnap.capture import rng, safepoints
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from gpusnap.instrument import loops
 
@@ -45,6 +47,7 @@ _steps = 0  # optimizer steps seen: the iteration number snapshots report
 _resumed_from = None
 _optimizers = weakref.WeakSet()  # every optimizer that stepped: what the drain copies first
 _prepared = False  # stage.prepare has run since the last writer ended and the last new optimizer
+_stepper_checked = False  # the first optimizer step looked for a step loop gpusnap cannot reach
 
 
 # -- install -------------------------------------------------------------------------------
@@ -136,14 +139,26 @@ def _watch_optimizers() -> None:
 
 
 def _hook_optimizers(module) -> None:
+    module.register_optimizer_step_pre_hook(_before_optimizer_step)
     module.register_optimizer_step_post_hook(_after_optimizer_step)
+
+
+def _before_optimizer_step(optimizer, *_):
+    """Before the step runs (LBFGS's closure calls the model from inside it): know the step loop,
+    so that no boundary inside the step is taken for a safe point."""
+    replay = sys.modules.get("gpusnap.restore.replay")
+    if replay is not None and replay.active is not None:
+        replay.diverged_by_step()
+    for loop in reversed(loops.ACTIVE):
+        if loop.frame.f_back is not None:  # a suspended generator's frame has no caller
+            _step_loops.add((loop.frame.f_code, loop.loop_id))
+            break
+    if not _stepper_checked:
+        _check_stepper(sys._getframe(1))
 
 
 def _after_optimizer_step(optimizer, *_):
     global _steps, _prepared
-    replay = sys.modules.get("gpusnap.restore.replay")
-    if replay is not None and replay.active is not None:
-        replay.diverged_by_step()
     _steps += 1
     if optimizer not in _optimizers:
         _optimizers.add(optimizer)
@@ -151,10 +166,6 @@ def _after_optimizer_step(optimizer, *_):
     if not _prepared and _writer is None and _config.get("run_dir") and knobs.DRAIN != "off":
         _prepared = True  # until a new optimizer steps or a writer has finished
         stage.prepare(list(_optimizers))
-    for loop in reversed(loops.ACTIVE):
-        if loop.frame.f_back is not None:  # a suspended generator's frame has no caller
-            _step_loops.add((loop.frame.f_code, loop.loop_id))
-            return
 
 
 class _AfterImport:
@@ -191,11 +202,30 @@ def _at_matches(loop) -> bool:
     return loop.loop_id.split(":")[0] == line and (code_file == file or code_file.endswith("/" + file.lstrip("./")))
 
 
+def _check_stepper(frame) -> None:
+    """Once, at the first optimizer step: if a loop in code gpusnap does not instrument (a
+    framework's trainer) runs the steps, say so now, not when a snapshot never comes."""
+    global _stepper_checked
+    _stepper_checked = True
+    found = safepoints.uninstrumented_step_loop(frame)
+    if found is not None:
+        where, module = found
+        print(
+            f"gpusnap: the optimizer steps inside a loop at {where}, which gpusnap does not instrument: "
+            f"a snapshot waits for a loop boundary of your own code (--instrument {module} instruments it)",
+            file=sys.stderr,
+            flush=True,
+        )
+        _emit("no-safe-point", where=where, module=module)
+
+
 def _is_step_loop(loop) -> bool:
     return (loop.frame.f_code, loop.loop_id) in _step_loops or _at_matches(loop)
 
 
 def _is_safe_point(loop) -> bool:
+    if not safepoints.returnable(loop.frame):
+        return False
     if _is_step_loop(loop):
         return True
     # A step loop further out is running: wait for its own boundary.

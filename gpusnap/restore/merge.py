@@ -302,8 +302,8 @@ class Merger:
             if isinstance(value, LiveOnly) and name not in live_attrs:
                 continue  # nothing to keep, and nothing the snapshot could give
             self._store(live_attrs, name, (yield (live_attrs.get(name), value, path + f".{name}")))
-        for name in [n for n in live_attrs if n not in snap_attrs]:
-            del live_attrs[name]
+        # Attributes the snapshot lacks stay: a class whose __getstate__ leaves some out
+        # (torch's optimizers keep only defaults, state and param_groups) rebuilds them itself.
         return live
 
     # -- adopted objects -----------------------------------------------------------------

@@ -163,12 +163,16 @@ class Replay:
 
 
 def _check_frames(live_frames, saved_frames) -> None:
-    live = [(f.f_code.co_filename, f.f_code.co_qualname) for f in live_frames]
-    saved = [(f["file"], f["function"]) for f in saved_frames]
-    if live != saved:
-        for (lf, lq), (sf, sq) in zip(live, saved):
-            if (lf, lq) != (sf, sq):
-                raise ReplayDiverged(f"replay reached the loop through {lq} ({_short(lf)}), the snapshot through {sq} ({_short(sf)})")
+    """The replay must stand in the same calls, at the same lines, as the program that took the
+    snapshot: anything else would merge one place's state into another."""
+    live = [(f.f_code.co_filename, f.f_code.co_qualname, f.f_lineno) for f in live_frames]
+    saved = [(f["file"], f["function"], f["line"]) for f in saved_frames]
+    for (lf, lq, ll), (sf, sq, sl) in zip(live, saved):
+        if (lf, lq, ll) != (sf, sq, sl):
+            raise ReplayDiverged(
+                f"replay reached the loop through {lq} ({_short(lf)}:{ll}), the snapshot through {sq} ({_short(sf)}:{sl})"
+            )
+    if len(live) != len(saved):
         raise ReplayDiverged(f"replay reached the loop {len(live)} calls deep, the snapshot {len(saved)}")
 
 
