@@ -224,3 +224,19 @@ def test_an_object_that_cannot_be_rebuilt_keeps_the_live_one_or_refuses(tmp_path
 
     with pytest.raises(StateMismatch, match=r"root\.call: the snapshot's functools\.partial cannot be rebuilt here"):
         merge_into(Obj(), snap)
+
+
+def test_an_object_born_mid_run_at_a_root_place_follows_the_live_objects(tmp_path):
+    """A frame local that the replay has not assigned yet (live None) holds an object made during
+    training; it must point at the live tensor the other local holds, not at a snapshot copy."""
+    trained_w = torch.ones(3)
+    made = Obj()
+    made.weights = trained_w
+    snap, _ = snapshot_and_load(tmp_path, {"tracker": made, "w": trained_w})
+    live_w = torch.zeros(3)
+    merger = Merger()
+    values = {name: merger.value({"w": live_w}.get(name), value, f"locals.{name}") for name, value in snap.items()}
+    merger.finish()
+    values = {name: merger.settled(value) for name, value in values.items()}
+    assert values["w"] is live_w and torch.equal(live_w, trained_w)
+    assert values["tracker"].weights is live_w

@@ -89,6 +89,8 @@ class Merger:
             for container, key, pending in fixups:
                 container[key] = self._settle(pending)
             self._merge_deferred()
+        for pending in self._pending.values():  # root places (a frame's locals) settle here too
+            self._settle(pending)
         self._remap_adopted()
 
     def _settle(self, pending: _Pending):
