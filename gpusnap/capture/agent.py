@@ -216,7 +216,6 @@ def _check_stepper(frame) -> None:
             file=sys.stderr,
             flush=True,
         )
-        _emit("no-safe-point", where=where, module=module)
 
 
 def _is_step_loop(loop) -> bool:

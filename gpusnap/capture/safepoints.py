@@ -52,7 +52,7 @@ def uninstrumented_step_loop(frame) -> tuple[str, str] | None:
         inside_tools = path.startswith(_GPUSNAP_DIR) or (torch_dir is not None and path.startswith(torch_dir))
         if not inside_tools and _inside_loop(path, frame.f_lineno):
             module = frame.f_globals.get("__name__") or os.path.splitext(os.path.basename(path))[0]
-            return f"{path}:{frame.f_lineno} ({code.co_qualname})", module
+            return f"{os.path.normpath(path)}:{frame.f_lineno} ({code.co_qualname})", module
         frame = frame.f_back
     return None
 
