@@ -149,25 +149,21 @@ class IterativePickler:
             self._write((LONG1 + bytes((n,)) if n < 256 else LONG4 + struct.pack("<i", n)) + encoded)
 
     def _save_str(self, obj: str) -> None:
-        data = obj.encode("utf-8", "surrogatepass")
-        n = len(data)
-        if n < 256:
-            self._write(SHORT_BINUNICODE + bytes((n,)) + data)
-        elif n <= 0xFFFFFFFF:
-            self._write(BINUNICODE + struct.pack("<I", n) + data)
-        else:
-            self._write(BINUNICODE8 + struct.pack("<Q", n) + data)
+        self._write_sized(SHORT_BINUNICODE, BINUNICODE, BINUNICODE8, obj.encode("utf-8", "surrogatepass"))
         self._memoize(obj)
 
     def _save_bytes(self, obj: bytes) -> None:
-        n = len(obj)
-        if n < 256:
-            self._write(SHORT_BINBYTES + bytes((n,)) + obj)
-        elif n <= 0xFFFFFFFF:
-            self._write(BINBYTES + struct.pack("<I", n) + obj)
-        else:
-            self._write(BINBYTES8 + struct.pack("<Q", n) + obj)
+        self._write_sized(SHORT_BINBYTES, BINBYTES, BINBYTES8, obj)
         self._memoize(obj)
+
+    def _write_sized(self, short_op: bytes, op: bytes, long_op: bytes, data: bytes) -> None:
+        n = len(data)
+        if n < 256:
+            self._write(short_op + bytes((n,)) + data)
+        elif n <= 0xFFFFFFFF:
+            self._write(op + struct.pack("<I", n) + data)
+        else:
+            self._write(long_op + struct.pack("<Q", n) + data)
 
     # -- containers ----------------------------------------------------------------------
     def _save_list(self, obj: list):
