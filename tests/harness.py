@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -41,9 +42,9 @@ def gpusnap(*args, cwd: Path, timeout: float = 240, env: dict | None = None) -> 
     )
 
 
-def plain(program: Path, *args, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+def plain(program: Path, *args, cwd: Path, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        [sys.executable, str(program), *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env()
+        [sys.executable, str(program), *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env(env)
     )
     assert result.returncode == 0, result.stderr
     return result
@@ -114,12 +115,39 @@ def snapshots(run_dir: Path, cwd: Path) -> list[dict]:
     return json.loads(result.stdout)
 
 
+def committed_ids(run_dir: Path) -> set[str]:
+    """Ids of the committed snapshots: a snapshot exists exactly when its manifest does
+    (docs/FORMAT.md). Cheap enough to poll, unlike `gpusnap ls`, which starts an interpreter."""
+    return {p.stem for p in (run_dir / "snapshots").glob("*.json")}
+
+
+def request_snapshot(run: Run, run_dir: Path) -> str:
+    """SIGUSR1 to the supervisor; returns the id of the snapshot once committed."""
+    before = committed_ids(run_dir)
+    run.signal(signal.SIGUSR1)
+    return max(wait_for(lambda: committed_ids(run_dir) - before, "a committed snapshot", proc=run))
+
+
+def listed(run_dir: Path, cwd: Path, snap_id: str) -> dict:
+    """The snapshot as `gpusnap ls` shows it."""
+    return next(s for s in snapshots(run_dir, cwd) if s["id"] == snap_id)
+
+
 def snapshot_now(run: Run, run_dir: Path, cwd: Path) -> dict:
     """SIGUSR1 to the supervisor; returns the snapshot once committed."""
-    before = len(snapshots(run_dir, cwd))
-    run.signal(signal.SIGUSR1)
-    found = wait_for(lambda: (s := snapshots(run_dir, cwd)) and len(s) > before and s, "a committed snapshot", proc=run)
-    return found[-1]
+    return listed(run_dir, cwd, request_snapshot(run, run_dir))
+
+
+def interrupt(run: Run, out: Path, run_dir: Path, cwd: Path, rnd: random.Random, total: int, floor: int = 0) -> dict:
+    """Snapshot at a random step, then kill -9 the whole group a few steps later."""
+    snap_at = rnd.randint(floor + 3, floor + (total - floor) // 2)
+    wait_for(lambda: progress(out) >= snap_at, f"step {snap_at}", proc=run)
+    snap_id = request_snapshot(run, run_dir)
+    kill_at = min(progress(out) + rnd.randint(1, 6), total - 4)
+    wait_for(lambda: progress(out) >= kill_at, f"step {kill_at}", proc=run)
+    run.kill_group()
+    assert not (out / "final.pt").exists(), "the program finished before it was killed"
+    return listed(run_dir, cwd, snap_id)
 
 
 def load_final(out: Path) -> dict:
