@@ -240,3 +240,19 @@ def test_an_object_born_mid_run_at_a_root_place_follows_the_live_objects(tmp_pat
     values = {name: merger.settled(value) for name, value in values.items()}
     assert values["w"] is live_w and torch.equal(live_w, trained_w)
     assert values["tracker"].weights is live_w
+
+
+class Forwarding:
+    """A wrapper in the style of tqdm's: unknown attributes are read from the wrapped object."""
+
+    def __init__(self, wrapped):
+        self._wrapped = wrapped
+
+    def __getattr__(self, name):
+        return getattr(self._wrapped, name)
+
+
+@pytest.mark.parametrize("iterative", [False, True], ids=["c-pickler", "iterative-pickler"])
+def test_a_forwarding_wrapper_loads_without_asking_itself_for_setstate(tmp_path, iterative):
+    snap, _ = snapshot_and_load(tmp_path, {"w": Forwarding([1, 2])}, iterative)
+    assert snap["w"]._wrapped == [1, 2] and snap["w"].count(2) == 1

@@ -44,6 +44,7 @@ from gpusnap.graph.load import (  # noqa: F401  (re-exported: older snapshots na
     _load_storage,
     _rebuild_ndarray,
     _rebuild_tensor,
+    _set_state,
     load_graph,
 )
 from gpusnap.stage.drain import Drained
@@ -245,15 +246,21 @@ class GraphPickler(pickle.Pickler):
 
 
 def _guarded(obj, rv):
-    """A reduction whose constructor may refuse what it is given at load time (a placeholder
-    for a live-only argument) is routed through ``_construct``, which then yields ``Unbuilt``.
-    Plain ``cls.__new__(cls)`` cannot refuse and stays as it is (pickle's compact NEWOBJ)."""
+    """A reduction made safe to load. Its constructor may refuse what it is given at load time (a
+    placeholder for a live-only argument): it is routed through ``_construct``, which then yields
+    ``Unbuilt``; plain ``cls.__new__(cls)`` cannot refuse and stays as it is (pickle's compact
+    NEWOBJ). Its state goes through ``_set_state`` where the class has a ``__getattr__`` and no
+    ``__setstate__``: pickle's BUILD would ask the half-built object for ``__setstate__``."""
     if isinstance(rv, str):
         return rv
     func, args = rv[0], rv[1]
+    rest = tuple(rv[2:])
+    cls = type(obj)
+    if rest and rest[0] is not None and len(rest) < 4 and hasattr(cls, "__getattr__") and not hasattr(cls, "__setstate__"):
+        rest = (rest + (None, None))[:3] + (_set_state,)
     if func is copyreg.__newobj__ and args and getattr(args[0], "__new__", None) is object.__new__:
-        return rv
-    return (_construct, (func, args, type_name(obj)), *rv[2:])
+        return (func, args, *rest)
+    return (_construct, (func, args, type_name(obj)), *rest)
 
 
 def _storage_key(storage) -> tuple:

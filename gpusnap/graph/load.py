@@ -68,6 +68,21 @@ def _construct(func, args, type_name):
         return Unbuilt(type_name, f"{type(exc).__name__}: {exc}")
 
 
+def _set_state(obj, state):
+    """pickle's BUILD without looking ``__setstate__`` up on the instance: a class whose
+    ``__getattr__`` reads its own attributes (a wrapper that forwards to ``self._wrapped``)
+    would recurse forever on the half-built object."""
+    if isinstance(obj, Unbuilt):
+        return
+    slots = None
+    if isinstance(state, tuple) and len(state) == 2:
+        state, slots = state
+    if state:
+        object.__getattribute__(obj, "__dict__").update(state)
+    for name, value in (slots or {}).items():
+        object.__setattr__(obj, name, value)
+
+
 def _load_storage(name, device):
     cache = _loading.storages
     storage = cache.get(name)
