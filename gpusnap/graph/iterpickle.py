@@ -169,7 +169,13 @@ class IterativePickler:
     def _save_list(self, obj: list):
         self._write(EMPTY_LIST)
         self._memoize(obj)
-        yield from self._appends(iter(obj))
+        if 1 < len(obj) <= _BATCH:  # the common case, without the batching below
+            self._write(MARK)
+            for item in obj:
+                yield item
+            self._write(APPENDS)
+        else:
+            yield from self._appends(iter(obj))
 
     def _appends(self, items):
         while True:
@@ -188,7 +194,14 @@ class IterativePickler:
     def _save_dict(self, obj: dict):
         self._write(EMPTY_DICT)
         self._memoize(obj)
-        yield from self._setitems(iter(obj.items()))
+        if 1 < len(obj) <= _BATCH:  # the common case, without the batching below
+            self._write(MARK)
+            for key, value in list(obj.items()):
+                yield key
+                yield value
+            self._write(SETITEMS)
+        else:
+            yield from self._setitems(iter(obj.items()))
 
     def _setitems(self, items):
         while True:

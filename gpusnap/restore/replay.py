@@ -14,6 +14,7 @@ position, frames that differ from the snapshot's, a changed source file, a state
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import sys
 import time
@@ -89,12 +90,17 @@ class Replay:
     def merge(self, loop) -> None:
         global active
         self._stage = f"loading snapshot {self.snap_id}"
+        collecting = gc.isenabled()
+        gc.disable()  # loading and merging allocate one object per snapshot object: no rescans
         try:
             self._merge(loop)
         except GpusnapError as exc:
             fail(exc)
         except Exception as exc:  # noqa: BLE001 - never into the user's loop, never half-merged
             fail(RestoreError(f"{self._doing()} failed: {_one_line(exc)}", _BUG_HINT))
+        finally:
+            if collecting:
+                gc.enable()
         self.merged = True
         active = None
         loops.on_loop_start = None
