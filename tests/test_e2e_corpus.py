@@ -53,6 +53,8 @@ def test_corpus_program_restarts_to_the_same_bytes(tmp_path, name, seed):
     run = Run("run", "--dir", "snaps", script, out, *args, cwd=tmp_path, env=SLOW)
     snap = interrupt(run, out, tmp_path / "snaps", tmp_path, rnd, total)
     print(f"snapshot {snap['id']} at iteration {snap['iteration']}, killed at step {progress(out)}")
+    # "iteration" counts loop iterations, not optimizer steps (the GAN steps two per iteration)
+    assert 0 < snap["iteration"] <= progress(out)
 
     restarted = gpusnap("restart", "snaps", cwd=tmp_path, env=ENV)
     print(*[line for line in restarted.stderr.splitlines() if line.startswith("gpusnap:")], sep="\n")

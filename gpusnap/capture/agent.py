@@ -43,7 +43,9 @@ _requests: list[tuple[str, bool]] = []
 _writer = None  # the running _Writer, if any
 _coalesced_said = False
 _step_loops: set = set()
-_steps = 0  # optimizer steps seen: the iteration number snapshots report
+_steps = 0  # optimizer steps seen (two optimizers in one iteration count twice)
+_iterations = 0  # iterations of step loops in which an optimizer stepped: what snapshots report
+_last_stepping = (lambda: None, -1)  # (weak ActiveLoop, index) of the last iteration counted
 _resumed_from = None
 _optimizers = weakref.WeakSet()  # every optimizer that stepped: what the drain copies first
 _prepared = False  # stage.prepare has run since the last writer ended and the last new optimizer
@@ -146,12 +148,16 @@ def _hook_optimizers(module) -> None:
 def _before_optimizer_step(optimizer, *_):
     """Before the step runs (LBFGS's closure calls the model from inside it): know the step loop,
     so that no boundary inside the step is taken for a safe point."""
+    global _iterations, _last_stepping
     replay = sys.modules.get("gpusnap.restore.replay")
     if replay is not None and replay.active is not None:
         replay.diverged_by_step()
     for loop in reversed(loops.ACTIVE):
         if loop.frame.f_back is not None:  # a suspended generator's frame has no caller
             _step_loops.add((loop.frame.f_code, loop.loop_id))
+            if _last_stepping[0]() is not loop or _last_stepping[1] != loop.index:
+                _iterations += 1  # the GAN's second optimizer in the same iteration does not count
+                _last_stepping = (weakref.ref(loop), loop.index)  # never keeps a frame alive
             break
     if not _stepper_checked:
         _check_stepper(sys._getframe(1))
@@ -247,10 +253,11 @@ def request_from_program(reason: str) -> bool:
     return True
 
 
-def resumed(snap_id: str, steps: int) -> None:
-    """The replay merged snapshot ``snap_id``: count steps on from it."""
-    global _steps, _resumed_from
+def resumed(snap_id: str, steps: int, iteration: int | None) -> None:
+    """The replay merged snapshot ``snap_id``: count steps and iterations on from it."""
+    global _steps, _iterations, _resumed_from
     _steps, _resumed_from = steps, snap_id
+    _iterations = iteration if iteration is not None and steps else 0
 
 
 def _on_boundary(loop) -> None:
@@ -280,7 +287,7 @@ def _snapshot(loop) -> None:
         loops.pending = True
     stop = any(s for _, s in reasons)
     reason = "term" if stop else reasons[0][0] if reasons else "request"
-    iteration = _steps if _steps else loop.index
+    iteration = _iterations if _iterations else loop.index
     _emit("honored", reason=reason, iteration=iteration, where=loop.where())
     running = _writer
     if running is not None:  # only a stop request gets here with a writer running

@@ -138,7 +138,7 @@ class Replay:
         rng.restore(payload["rng"])
         from gpusnap.capture import agent
 
-        agent.resumed(self.snap_id, self.manifest.get("steps") or 0)
+        agent.resumed(self.snap_id, self.manifest.get("steps") or 0, self.manifest.get("iteration"))
         merge_s = time.perf_counter() - started
         _say(
             f"restored snapshot {self.snap_id}: {merger.nbytes / 1e6:.1f} MB into {merger.tensors} tensors; "
