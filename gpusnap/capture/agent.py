@@ -12,8 +12,8 @@ A safe point is a boundary of the *step loop* (the innermost loop running when a
 step starts, or the loop `--at` names); while no step loop is running (setup, evaluation) any
 main-thread boundary serves. Either way it must be a place replay can return to: every frame from
 the script's module frame down to the loop is instrumented code (never a model's forward called
-back from torch.optim, never a loop inside a generator or a library). At most one writer runs; a request during a write is coalesced
-into one snapshot taken after it. A stop request (SIGTERM) waits for its writer and exits with
+back from torch.optim, never a loop inside a generator or a library: ``capture.safepoints``).
+At most one writer runs; a request during a write is coalesced into one snapshot taken after it. A stop request (SIGTERM) waits for its writer and exits with
 EXIT_PREEMPTED once the snapshot is committed.
 """
 

@@ -118,17 +118,17 @@ class Replay:
         self._stage = "merging"
         self._merger = merger
         live_modules = roots.instrumented_modules()
+        # Every root first, then finish(): a place may wait for a live counterpart met later.
         merged_globals = []
         for module, values in payload["globals"].items():
             live = live_modules.get(module)
             if live is None:
                 raise ReplayDiverged(f"module {module} held state in the snapshot but is not imported at the resume point")
-            merged_globals.append((live, {name: merger.value(live.get(name), value, f"globals[{module}].{name}") for name, value in values.items()}))
+            merged_globals.append((live, _merge_all(merger, live, values, f"globals[{module}]")))
         merged_locals = []
         for i, (frame, saved) in enumerate(zip(live_frames, saved_frames)):
             if saved["locals"]:
-                current = dict(frame.f_locals)
-                merged_locals.append((frame, {name: merger.value(current.get(name), value, f"frame[{i}].locals.{name}") for name, value in saved["locals"].items()}))
+                merged_locals.append((frame, _merge_all(merger, dict(frame.f_locals), saved["locals"], f"frame[{i}].locals")))
         merger.finish()
         for live, values in merged_globals:
             live.update({name: merger.settled(value) for name, value in values.items()})
@@ -166,6 +166,10 @@ class Replay:
         want = self.expected[min(self.cursor, len(self.expected) - 1)]
         line = want["loop_id"].split(":")[0]
         return f"{_short(want['file'])}:{line} (in {want['function']})"
+
+
+def _merge_all(merger: Merger, live: dict, saved: dict, path: str) -> dict:
+    return {name: merger.value(live.get(name), value, f"{path}.{name}") for name, value in saved.items()}
 
 
 def _check_frames(live_frames, saved_frames) -> None:
