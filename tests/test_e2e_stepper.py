@@ -71,7 +71,7 @@ def test_an_uninstrumented_step_loop_is_named_once_at_the_first_step(tmp_path):
     line = LIBRARY.splitlines().index("        optimizer.step()") + 1
     notice = f"gpusnap: the optimizer steps inside a loop at {tmp_path / 'vendor' / 'minitrainer.py'}:{line} (fit), which gpusnap does not instrument"
     assert err.count(notice) == 1, err
-    assert "(--instrument minitrainer instruments it)" in err
+    assert "(--instrument minitrainer instruments the way there)" in err
     # The only boundaries are the script's top level, reached after fit() returns: the snapshot
     # waits, and SIGTERM's grace ends the run without one.
     assert code == 76, err

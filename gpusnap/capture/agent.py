@@ -215,10 +215,11 @@ def _check_stepper(frame) -> None:
     _stepper_checked = True
     found = safepoints.uninstrumented_step_loop(frame)
     if found is not None:
-        where, module = found
+        where, modules = found
+        option = " ".join(f"--instrument {module}" for module in modules)
         print(
             f"gpusnap: the optimizer steps inside a loop at {where}, which gpusnap does not instrument: "
-            f"a snapshot waits for a loop boundary of your own code (--instrument {module} instruments it)",
+            f"a snapshot waits for a loop boundary of your own code ({option} instruments the way there)",
             file=sys.stderr,
             flush=True,
         )

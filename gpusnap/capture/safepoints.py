@@ -40,21 +40,28 @@ def returnable(frame) -> bool:
     return main is None  # no main frame recorded (a bare test harness): nothing to compare with
 
 
-def uninstrumented_step_loop(frame) -> tuple[str, str] | None:
+def uninstrumented_step_loop(frame) -> tuple[str, list[str]] | None:
     """Where the optimizer step called from ``frame`` sits inside a loop of code that is not
-    instrumented (below the innermost instrumented frame): ("file:line (function)", module)."""
+    instrumented (below the innermost instrumented frame): ("file:line (function)", the modules
+    that would have to be instrumented for that loop's boundaries to be safe points, outermost
+    first)."""
     torch_dir = _torch_dir()
+    where = None
+    modules: list[str] = []
     while frame is not None:
         code = frame.f_code
         if _instrumented(code):
-            return None
+            break
         path = code.co_filename
         inside_tools = path.startswith(_GPUSNAP_DIR) or (torch_dir is not None and path.startswith(torch_dir))
-        if not inside_tools and _inside_loop(path, frame.f_lineno):
+        if where is None and not inside_tools and _inside_loop(path, frame.f_lineno):
+            where = f"{os.path.normpath(path)}:{frame.f_lineno} ({code.co_qualname})"
+        if where is not None:
             module = frame.f_globals.get("__name__") or os.path.splitext(os.path.basename(path))[0]
-            return f"{os.path.normpath(path)}:{frame.f_lineno} ({code.co_qualname})", module
+            if module not in modules:
+                modules.insert(0, module)
         frame = frame.f_back
-    return None
+    return (where, modules) if where is not None and frame is not None else None
 
 
 def _torch_dir() -> str | None:

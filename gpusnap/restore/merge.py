@@ -9,8 +9,9 @@
 - lists, dicts (also dicts keyed by objects, such as an optimizer's per-parameter state, whose
   keys are mapped through the alignment built while merging) in place;
 - numpy arrays in place; ``random.Random``, numpy ``Generator`` and ``torch.Generator`` by state;
-- a live-only placeholder keeps the live object; an object that could not be rebuilt keeps the
-  live object too, and is an error where there is none;
+- a live-only placeholder keeps the live object; so does an object that could not be rebuilt;
+  where the replayed program has no object at that place (inside a merged object or container),
+  that is an error: the program would meet None where it held a live object;
 - anything without a live counterpart of the same type waits: the same snapshot object may
   still be met at a place that has one (``best = model`` found before ``model``). ``finish``
   settles each such place with the live counterpart found meanwhile, or *adopts* the snapshot's
@@ -143,14 +144,12 @@ class Merger:
         self.path = path
         if isinstance(snap, _ATOMS):
             return snap
-        if isinstance(snap, LiveOnly):
-            return live
-        if isinstance(snap, Unbuilt):
-            if live is None:
-                raise StateMismatch(
-                    f"{path}: the snapshot's {snap.type_name} cannot be rebuilt here ({snap.error}), "
-                    "and the replayed program has nothing at this place"
-                )
+        if isinstance(snap, (LiveOnly, Unbuilt)):
+            if live is None and (isinstance(snap, Unbuilt) or path.depth > 1):
+                # The program would meet None where it held a live object (a DataLoader iterator
+                # inside a framework's fetcher): it cannot continue from this state.
+                why = f"cannot be rebuilt here ({snap.error})" if isinstance(snap, Unbuilt) else "is not captured (live-only)"
+                raise StateMismatch(f"{path}: the snapshot's {snap.type_name} {why}, and the replayed program has nothing at this place")
             return live
         torch = self._torch
         done = self.aligned.get(id(snap), _MISSING)

@@ -21,6 +21,7 @@ import time
 
 from gpusnap.capture import rng, roots
 from gpusnap.errors import GpusnapError, ProgramChanged, ReplayDiverged, RestoreError
+from gpusnap.graph.load import LiveOnly
 from gpusnap.instrument import loops
 from gpusnap.restore import fastforward, load
 from gpusnap.restore.frames import write_locals
@@ -169,7 +170,12 @@ class Replay:
 
 
 def _merge_all(merger: Merger, live: dict, saved: dict, path: str) -> dict:
-    return {name: merger.value(live.get(name), value, f"{path}.{name}") for name, value in saved.items()}
+    """Merged values of one root's names; a live-only name the replay has not bound stays unbound."""
+    return {
+        name: merger.value(live.get(name), value, f"{path}.{name}")
+        for name, value in saved.items()
+        if name in live or not isinstance(value, LiveOnly)
+    }
 
 
 def _check_frames(live_frames, saved_frames) -> None:
