@@ -11,7 +11,7 @@ import random
 import pytest
 from harness import Run, assert_same, copy_programs, gpusnap, interrupt, load_final, plain, progress
 
-SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1,2").split(",")]
+SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")]  # CI time: one seed a style
 
 # name: (program, arguments after OUT, steps the run reports in total)
 STYLES = {
