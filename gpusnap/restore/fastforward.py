@@ -10,7 +10,10 @@ Cheap where the source allows it, always correct otherwise:
   seeds come out the same. (An iterable-style dataset ignores the indices: it is consumed.)
 - ``enumerate(x, start)`` / ``zip(a, b)``: the sources are fast-forwarded and the call rebuilt;
   the DataLoaders of a ``zip`` draw from the RNG in the order the original ``zip`` made them draw.
-- anything else: ``skip`` items are consumed.
+- a tqdm progress bar around a DataLoader: the loader's RNG state at ``iter()`` is restored, then
+  ``skip`` items are consumed through the bar (its count continues).
+- anything else: ``skip`` items are consumed. That is exact only where making and iterating the
+  source draws no random numbers; the tests hold generators that do to it, not all of them.
 
 ``describe(source)`` runs at every loop start of the original run (capture side) and returns what
 a later fast-forward needs, JSON-ready, or None.
@@ -48,6 +51,9 @@ def describe(source) -> dict | None:
     if isinstance(source, _DeferredCall):
         parts = [describe(arg) for arg in source.args]
         return {"kind": "call", "args": parts} if any(parts) else None
+    inner = _wrapped(source)
+    if inner is not None:
+        return describe(inner)
     loader_class = _dataloader_class()
     if loader_class is None or not isinstance(source, loader_class):
         return None
@@ -74,11 +80,19 @@ def iterator_at(source, skip: int, note: dict | None) -> tuple[object, str]:
         return it, "by index"
     if _by_sampler(source, note):
         return _dataloader_at(source, skip, note), "by batch sampler"
-    if _is_loader(source) and note and note.get("kind") == "dataloader":
-        _restore_rng(source, note)
+    loader = _wrapped(source) or source
+    if _is_loader(loader) and note and note.get("kind") == "dataloader":
+        _restore_rng(loader, note)  # the wrapper's first item makes the loader's iterator
     it = iter(source)
     deque(itertools.islice(it, skip), maxlen=0)
     return it, f"by consuming {skip} items"
+
+
+def _wrapped(source):
+    """The DataLoader (or other source) inside a progress-bar wrapper such as tqdm, else None."""
+    if type(source).__module__.split(".")[0] == "tqdm":
+        return getattr(source, "iterable", None)
+    return None
 
 
 def _is_loader(source) -> bool:

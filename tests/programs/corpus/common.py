@@ -3,10 +3,11 @@ the one on sys.path (as with `python word_lm.py`), so this module loads that fil
 its helpers: `from common import finish, progress` reads the same in every program."""
 import importlib.util
 import os
+import sys
 
-_spec = importlib.util.spec_from_file_location(
-    "programs_common", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "common.py")
-)
+_PROGRAMS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.append(_PROGRAMS)  # what common.py imports in turn (notorch.pace), after the script's own folder
+_spec = importlib.util.spec_from_file_location("programs_common", os.path.join(_PROGRAMS, "common.py"))
 _common = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_common)
 del _spec
