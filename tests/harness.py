@@ -1,13 +1,16 @@
 """Drives real programs under the real CLI: start, signal by training step, kill, restart, compare.
 
 Programs live in tests/programs; each takes its output directory as first argument, writes
-``progress`` (the step it reached) after every step and ``final.pt`` at the end.
+``progress`` (the step it reached) after every step and ``final.pt`` at the end (those in
+tests/programs/notorch: ``final.json``). Every helper that starts Python takes ``python``, the
+interpreter to run the program and gpusnap under (default: this one).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -17,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-PROGRAMS = Path(__file__).parent / "programs"
-GPUSNAP = [sys.executable, "-m", "gpusnap"]
+REPO = Path(__file__).resolve().parent.parent
+PROGRAMS = REPO / "tests" / "programs"
 
 
 def copy_programs(dest: Path) -> Path:
@@ -35,15 +38,29 @@ def programs_and_out(tmp_path: Path) -> tuple[Path, Path]:
     return copy_programs(tmp_path), out
 
 
-def gpusnap(*args, cwd: Path, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
+def ref_and_out(tmp_path: Path) -> tuple[Path, Path]:
+    """Empty output directories for the uninterrupted reference run and the interrupted one."""
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    ref.mkdir()
+    out.mkdir()
+    return ref, out
+
+
+def _gpusnap_command(python: str, args) -> list[str]:
+    return [python, "-m", "gpusnap", *map(str, args)]
+
+
+def gpusnap(*args, cwd: Path, timeout: float = 240, env: dict | None = None, python: str = sys.executable) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [*GPUSNAP, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env(env)
+        _gpusnap_command(python, args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env(env)
     )
 
 
-def plain(program: Path, *args, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+def plain(
+    program: Path, *args, cwd: Path, timeout: float = 240, env: dict | None = None, python: str = sys.executable
+) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        [sys.executable, str(program), *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env()
+        [python, str(program), *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env(env)
     )
     assert result.returncode == 0, result.stderr
     return result
@@ -52,6 +69,9 @@ def plain(program: Path, *args, cwd: Path, timeout: float = 240) -> subprocess.C
 def _env(extra: dict | None = None) -> dict:
     env = dict(os.environ)
     env.setdefault("TEST_STEP_SLEEP_S", "0.01")
+    # This checkout's gpusnap, under every interpreter: an environment's editable install may be
+    # another checkout's (worktrees that share one interpreter).
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env.update(extra or {})
     return env
 
@@ -59,10 +79,11 @@ def _env(extra: dict | None = None) -> dict:
 class Run:
     """One `gpusnap run` (or restart) in its own session, so the test can kill its whole group."""
 
-    def __init__(self, *args, cwd: Path, env: dict | None = None):
+    def __init__(self, *args, cwd: Path, env: dict | None = None, python: str = sys.executable):
         self.cwd = cwd
+        self.python = python
         self.proc = subprocess.Popen(
-            [*GPUSNAP, *map(str, args)],
+            _gpusnap_command(python, args),
             cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -107,19 +128,47 @@ def wait_for(predicate, what: str, timeout: float = 120, proc: Run | None = None
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def snapshots(run_dir: Path, cwd: Path) -> list[dict]:
-    result = gpusnap("ls", run_dir, "--json", cwd=cwd)
+def snapshots(run_dir: Path, cwd: Path, python: str = sys.executable) -> list[dict]:
+    result = gpusnap("ls", run_dir, "--json", cwd=cwd, python=python)
     if result.returncode != 0:
         return []
     return json.loads(result.stdout)
 
 
+def committed_ids(run_dir: Path) -> set[str]:
+    """Ids of the committed snapshots: a snapshot exists exactly when its manifest does
+    (docs/FORMAT.md). Cheap enough to poll, unlike `gpusnap ls`, which starts an interpreter."""
+    return {p.stem for p in (run_dir / "snapshots").glob("*.json")}
+
+
+def request_snapshot(run: Run, run_dir: Path) -> str:
+    """SIGUSR1 to the supervisor; returns the id of the snapshot once committed."""
+    before = committed_ids(run_dir)
+    run.signal(signal.SIGUSR1)
+    return max(wait_for(lambda: committed_ids(run_dir) - before, "a committed snapshot", proc=run))
+
+
+def listed(run_dir: Path, cwd: Path, snap_id: str, python: str = sys.executable) -> dict:
+    """The snapshot as `gpusnap ls` shows it."""
+    return next(s for s in snapshots(run_dir, cwd, python) if s["id"] == snap_id)
+
+
 def snapshot_now(run: Run, run_dir: Path, cwd: Path) -> dict:
     """SIGUSR1 to the supervisor; returns the snapshot once committed."""
-    before = len(snapshots(run_dir, cwd))
-    run.signal(signal.SIGUSR1)
-    found = wait_for(lambda: (s := snapshots(run_dir, cwd)) and len(s) > before and s, "a committed snapshot", proc=run)
-    return found[-1]
+    return listed(run_dir, cwd, request_snapshot(run, run_dir), run.python)
+
+
+def interrupt(run: Run, out: Path, run_dir: Path, cwd: Path, rnd: random.Random, total: int, floor: int = 0) -> dict:
+    """Snapshot at a random step, then kill -9 the whole group a few steps later."""
+    snap_at = rnd.randint(floor + 3, floor + (total - floor) // 2)
+    wait_for(lambda: progress(out) >= snap_at, f"step {snap_at}", proc=run)
+    snap_id = request_snapshot(run, run_dir)
+    seen_at = progress(out)
+    kill_at = min(seen_at + rnd.randint(1, 6), total - 4)
+    wait_for(lambda: progress(out) >= kill_at, f"step {kill_at}", proc=run)
+    run.kill_group()
+    assert not list(out.glob("final.*")), f"the program finished before it was killed (snapshot seen at step {seen_at})"
+    return listed(run_dir, cwd, snap_id, run.python)
 
 
 def load_final(out: Path) -> dict:

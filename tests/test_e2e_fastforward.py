@@ -59,11 +59,6 @@ def test_a_wrapped_shuffled_loader_restarts_to_the_same_bytes(tmp_path, style):
     assert "by batch sampler" in restarted.stderr, "the DataLoader inside the wrapper was not seen"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="capture/pickler.py cannot round-trip a tqdm object held in a local (unpickling its file "
-    "wrapper recurses in __getattr__); fast-forward's part is covered by test_fastforward",
-)
 def test_a_progress_bar_in_a_local_restarts_to_the_same_bytes(tmp_path):
     ref, out, snap = _snapshot_then_stop(tmp_path, "ff_wrappers.py", ["pbar", 3], 12, "pbar")
     restarted = gpusnap("restart", "snaps", cwd=tmp_path)

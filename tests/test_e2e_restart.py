@@ -9,9 +9,9 @@ import os
 import random
 
 import pytest
-from harness import Run, assert_same, copy_programs, gpusnap, load_final, plain, progress, snapshot_now, wait_for
+from harness import Run, assert_same, copy_programs, gpusnap, interrupt, load_final, plain, progress, ref_and_out
 
-SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1,2").split(",")]
+SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")]  # CI time: one seed a style
 
 # name: (program, arguments after OUT, steps the run reports in total)
 STYLES = {
@@ -26,18 +26,6 @@ STYLES = {
 SLOW = {"TEST_STEP_SLEEP_S": "0.03"}
 
 
-def _interrupt(run: Run, out, run_dir, cwd, rnd: random.Random, total: int, floor: int = 0) -> dict:
-    """Snapshot at a random step, then kill -9 the whole group a few steps later."""
-    snap_at = rnd.randint(floor + 3, floor + (total - floor) // 2)
-    wait_for(lambda: progress(out) >= snap_at, f"step {snap_at}", proc=run)
-    snap = snapshot_now(run, run_dir, cwd)
-    kill_at = min(progress(out) + rnd.randint(1, 6), total - 4)
-    wait_for(lambda: progress(out) >= kill_at, f"step {kill_at}", proc=run)
-    run.kill_group()
-    assert not (out / "final.pt").exists(), "the program finished before it was killed"
-    return snap
-
-
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("style", STYLES)
 def test_killed_run_restarts_to_the_same_bytes(tmp_path, style, seed):
@@ -45,13 +33,11 @@ def test_killed_run_restarts_to_the_same_bytes(tmp_path, style, seed):
     rnd = random.Random(f"{style}/{seed}")
     print(f"style {style} seed {seed}")
     programs = copy_programs(tmp_path)
-    ref, out = tmp_path / "ref", tmp_path / "out"
-    ref.mkdir()
-    out.mkdir()
+    ref, out = ref_and_out(tmp_path)
     plain(programs / program, ref, *args, cwd=tmp_path)
 
     run = Run("run", "--dir", "snaps", programs / program, out, *args, cwd=tmp_path, env=SLOW)
-    snap = _interrupt(run, out, tmp_path / "snaps", tmp_path, rnd, total)
+    snap = interrupt(run, out, tmp_path / "snaps", tmp_path, rnd, total)
     print(f"snapshot {snap['id']} at iteration {snap['iteration']}, killed at step {progress(out)}")
 
     restarted = gpusnap("restart", "snaps", cwd=tmp_path)
@@ -64,15 +50,16 @@ def test_killed_run_restarts_to_the_same_bytes(tmp_path, style, seed):
 def test_restart_twice_in_a_row(tmp_path):
     rnd = random.Random("twice")
     programs = copy_programs(tmp_path)
-    ref, out = tmp_path / "ref", tmp_path / "out"
-    ref.mkdir()
-    out.mkdir()
+    ref, out = ref_and_out(tmp_path)
     args = [programs / "style_a.py", out, 0, 4]
     plain(programs / "style_a.py", ref, 0, 4, cwd=tmp_path)
 
-    first = _interrupt(Run("run", "--dir", "snaps", *args, cwd=tmp_path, env=SLOW), out, tmp_path / "snaps", tmp_path, rnd, 80)
+    first = interrupt(Run("run", "--dir", "snaps", *args, cwd=tmp_path, env=SLOW), out, tmp_path / "snaps", tmp_path, rnd, 80)
+    # The killed run's progress can be past the next signal's step already: SIGUSR1 would reach the
+    # restart before it handles the signal. Only the restarted program's own steps count.
+    (out / "progress").unlink()
     second_run = Run("restart", "snaps", cwd=tmp_path, env=SLOW)
-    second = _interrupt(second_run, out, tmp_path / "snaps", tmp_path, rnd, 80, floor=first["iteration"] + 2)
+    second = interrupt(second_run, out, tmp_path / "snaps", tmp_path, rnd, 80, floor=first["iteration"] + 2)
     assert second["iteration"] > first["iteration"]
 
     restarted = gpusnap("restart", "snaps", cwd=tmp_path)

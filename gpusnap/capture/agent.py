@@ -9,9 +9,11 @@ Flow of one snapshot (DESIGN.md, Snapshot pipeline)::
       parent: a waiter thread reads the result, reaps the child, reports to the supervisor
 
 A safe point is a boundary of the *step loop* (the innermost loop running when an optimizer
-step happens, or the loop `--at` names); while no step loop is running (setup, evaluation) any
-main-thread boundary serves. At most one writer runs; a request during a write is coalesced
-into one snapshot taken after it. A stop request (SIGTERM) waits for its writer and exits with
+step starts, or the loop `--at` names); while no step loop is running (setup, evaluation) any
+main-thread boundary serves. Either way it must be a place replay can return to: every frame from
+the script's module frame down to the loop is instrumented code (never a model's forward called
+back from torch.optim, never a loop inside a generator or a library: ``capture.safepoints``).
+At most one writer runs; a request during a write is coalesced into one snapshot taken after it. A stop request (SIGTERM) waits for its writer and exits with
 EXIT_PREEMPTED once the snapshot is committed.
 """
 
@@ -29,7 +31,7 @@ import warnings
 import weakref
 
 from gpusnap import knobs, stage
-from gpusnap.capture import rng
+from gpusnap.capture import rng, safepoints
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from gpusnap.instrument import loops
 from gpusnap.restore import fastforward
@@ -44,10 +46,13 @@ _coalesced_said = False
 # (id(code), loop_id) -> code: ids hash in nanoseconds, a code object's hash is recomputed (about
 # 1 us) at every lookup; holding the code keeps its id its own.
 _step_loops: dict = {}
-_steps = 0  # optimizer steps seen: the iteration number snapshots report
+_steps = 0  # optimizer steps seen (two optimizers in one iteration count twice)
+_iterations = 0  # iterations of step loops in which an optimizer stepped: what snapshots report
+_last_stepping = (lambda: None, -1)  # (weak ActiveLoop, index) of the last iteration counted
 _resumed_from = None
 _optimizers = weakref.WeakSet()  # every optimizer that stepped: what the drain copies first
 _prepared = False  # stage.prepare has run since the last writer ended and the last new optimizer
+_stepper_checked = False  # the first optimizer step looked for a step loop gpusnap cannot reach
 
 
 # -- install -------------------------------------------------------------------------------
@@ -138,14 +143,33 @@ def _watch_optimizers() -> None:
 
 
 def _hook_optimizers(module) -> None:
+    module.register_optimizer_step_pre_hook(_before_optimizer_step)
     module.register_optimizer_step_post_hook(_after_optimizer_step)
+
+
+def _before_optimizer_step(optimizer, *_):
+    """Before the step runs (LBFGS's closure calls the model from inside it): know the step loop,
+    so that no boundary inside the step is taken for a safe point."""
+    global _iterations, _last_stepping
+    replay = sys.modules.get("gpusnap.restore.replay")
+    if replay is not None and replay.active is not None:
+        replay.diverged_by_step()
+    for i in range(len(loops.ACTIVE) - 1, -1, -1):
+        loop = loops.ACTIVE[i]
+        if loop.frame.f_back is not None:  # a suspended generator's frame has no caller
+            code = loop.frame.f_code
+            _step_loops[(id(code), loop.loop_id)] = code
+            _mark_enclosing(i)
+            if _last_stepping[0]() is not loop or _last_stepping[1] != loop.index:
+                _iterations += 1  # the GAN's second optimizer in the same iteration does not count
+                _last_stepping = (weakref.ref(loop), loop.index)  # never keeps a frame alive
+            break
+    if not _stepper_checked:
+        _check_stepper(sys._getframe(1))
 
 
 def _after_optimizer_step(optimizer, *_):
     global _steps, _prepared
-    replay = sys.modules.get("gpusnap.restore.replay")
-    if replay is not None and replay.active is not None:
-        replay.diverged_by_step()
     _steps += 1
     if optimizer not in _optimizers:
         _optimizers.add(optimizer)
@@ -153,13 +177,6 @@ def _after_optimizer_step(optimizer, *_):
     if not _prepared and _writer is None and _config.get("run_dir") and knobs.DRAIN != "off":
         _prepared = True  # until a new optimizer steps or a writer has finished
         stage.prepare(list(_optimizers))
-    for i in range(len(loops.ACTIVE) - 1, -1, -1):
-        loop = loops.ACTIVE[i]
-        if loop.frame.f_back is not None:  # a suspended generator's frame has no caller
-            code = loop.frame.f_code
-            _step_loops[(id(code), loop.loop_id)] = code
-            _mark_enclosing(i)
-            return
 
 
 def _mark_enclosing(i: int) -> None:
@@ -229,11 +246,30 @@ def _at_matches(loop) -> bool:
     return loop.loop_id.split(":")[0] == line and (code_file == file or code_file.endswith("/" + file.lstrip("./")))
 
 
+def _check_stepper(frame) -> None:
+    """Once, at the first optimizer step: if a loop in code gpusnap does not instrument (a
+    framework's trainer) runs the steps, say so now, not when a snapshot never comes."""
+    global _stepper_checked
+    _stepper_checked = True
+    found = safepoints.uninstrumented_step_loop(frame)
+    if found is not None:
+        where, modules = found
+        option = " ".join(f"--instrument {module}" for module in modules)
+        print(
+            f"gpusnap: the optimizer steps inside a loop at {where}, which gpusnap does not instrument: "
+            f"a snapshot waits for a loop boundary of your own code ({option} instruments the way there)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def _is_step_loop(loop) -> bool:
     return (id(loop.frame.f_code), loop.loop_id) in _step_loops or _at_matches(loop)
 
 
 def _is_safe_point(loop) -> bool:
+    if not safepoints.returnable(loop.frame):
+        return False
     if _is_step_loop(loop):
         return True
     # A step loop further out is running: wait for its own boundary.
@@ -256,10 +292,11 @@ def request_from_program(reason: str) -> bool:
     return True
 
 
-def resumed(snap_id: str, steps: int) -> None:
-    """The replay merged snapshot ``snap_id``: count steps on from it."""
-    global _steps, _resumed_from
+def resumed(snap_id: str, steps: int, iteration: int | None) -> None:
+    """The replay merged snapshot ``snap_id``: count steps and iterations on from it."""
+    global _steps, _iterations, _resumed_from
     _steps, _resumed_from = steps, snap_id
+    _iterations = iteration if iteration is not None and steps else 0
 
 
 def _on_boundary(loop) -> None:
@@ -289,7 +326,7 @@ def _snapshot(loop) -> None:
         loops.pending = True
     stop = any(s for _, s in reasons)
     reason = "term" if stop else reasons[0][0] if reasons else "request"
-    iteration = _steps if _steps else loop.index
+    iteration = _iterations if _iterations else loop.index
     if loop in loops.ACTIVE:
         _mark_enclosing(loops.ACTIVE.index(loop))
     _emit("honored", reason=reason, iteration=iteration, where=loop.where())

@@ -3,54 +3,26 @@
 Pickle does not say where it found an object, so after pickling the writer walks the roots
 breadth-first once and names, by the shortest path from a root, what a user needs to see: the
 live-only objects, the first holder of every buffer, and the nn.Modules (their state_dict names
-are what ``gpusnap export`` writes). Paths read like Python: ``frame[2].locals.model.fc.weight``,
-``globals[__main__].history[3]``, ``...state[<Parameter 0>]``.
+are what ``gpusnap export`` writes). Paths read like Python (``graph.walk.Path``):
+``frame[2].locals.model.fc.weight``, ``globals[__main__].history[3]``, ``...state[<Parameter>]``.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+from gpusnap.graph.walk import ATOMS as _ATOMS
+from gpusnap.graph.walk import Path, children
+
 # Bound on objects visited, so a pathological graph cannot make the writer walk forever.
 _MAX_VISITS = 500_000
-
-
-def _children(obj, torch_module):
-    """(suffix, child) pairs of one object, in a stable order."""
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            yield f"[{_key_repr(key)}]", value
-        return
-    if isinstance(obj, (list, tuple)):
-        for i, value in enumerate(obj):
-            yield f"[{i}]", value
-        return
-    if torch_module is not None and isinstance(obj, torch_module.nn.Module):
-        for group in ("_parameters", "_buffers", "_modules"):
-            for name, value in getattr(obj, group, {}).items():
-                if value is not None:
-                    yield f".{name}", value
-    attrs = getattr(obj, "__dict__", None)
-    if isinstance(attrs, dict):
-        for name, value in attrs.items():
-            if name not in ("_parameters", "_buffers", "_modules"):
-                yield f".{name}", value
-
-
-def _key_repr(key) -> str:
-    if isinstance(key, (str, int, float, bool)) or key is None:
-        return repr(key)
-    return f"<{type(key).__name__} {id(key):#x}>"
-
-
-_ATOMS = (str, bytes, int, float, bool, complex, type(None))
 
 
 def find_paths(roots: list[tuple[str, object]], wanted_ids: set[int], torch_module=None) -> dict[int, str]:
     """Shortest path of each object whose id is in ``wanted_ids``. Tensors are leaves."""
     found: dict[int, str] = {}
     seen: set[int] = set()
-    queue = deque(roots)
+    queue = deque((Path(path), obj) for path, obj in roots)
     visits = 0
     leaf_types = _ATOMS
     if torch_module is not None:
@@ -63,13 +35,13 @@ def find_paths(roots: list[tuple[str, object]], wanted_ids: set[int], torch_modu
         seen.add(oid)
         visits += 1
         if oid in wanted_ids:
-            found[oid] = path
+            found[oid] = str(path)
             if len(found) == len(wanted_ids):
                 break
         if isinstance(obj, leaf_types) or isinstance(obj, type):
             continue
         try:
-            for suffix, child in _children(obj, torch_module):
+            for suffix, child in children(obj, torch_module):
                 if id(child) not in seen and not isinstance(child, _ATOMS):
                     queue.append((path + suffix, child))
         except Exception:  # a __dict__ property that raises, a dict mutated by a thread
@@ -85,7 +57,7 @@ def top_modules(roots: list[tuple[str, object]], torch_module) -> list[tuple[str
     result: list[tuple[str, object]] = []
     inside: set[int] = set()
     seen: set[int] = set()
-    queue = deque(roots)
+    queue = deque((Path(path), obj) for path, obj in roots)
     visits = 0
     while queue and visits < _MAX_VISITS:
         path, obj = queue.popleft()
@@ -95,7 +67,7 @@ def top_modules(roots: list[tuple[str, object]], torch_module) -> list[tuple[str
         visits += 1
         if isinstance(obj, Module):
             if id(obj) not in inside:
-                result.append((path, obj))
+                result.append((str(path), obj))
                 for sub in obj.modules():
                     inside.add(id(sub))
             continue
@@ -106,7 +78,7 @@ def top_modules(roots: list[tuple[str, object]], torch_module) -> list[tuple[str
         if type(obj).__module__.startswith(("torch.utils.data", "threading", "socket", "io")):
             continue
         try:
-            queue.extend(_children(obj, torch_module))
+            queue.extend((path + suffix, child) for suffix, child in children(obj, torch_module))
         except Exception:
             continue
     return result

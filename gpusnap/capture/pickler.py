@@ -17,12 +17,16 @@ the storage's own memory (the fork gave the writer a consistent copy), so the st
 structure. Nothing here runs a torch operator: the writer is a forked child and torch's OpenMP
 pool would deadlock it. Reading tensor metadata and CPU storage bytes is safe.
 
-Loading mirrors it: ``load_graph(stream, read_buffer)`` unpickles with the same reconstruction
-functions, which fetch buffers through ``read_buffer(name)``, once per buffer.
+A graph deeper than the C pickler can go (it recurses once per level) is written again by
+``graph.iterpickle.IterativePickler`` with the same reductions. Reductions whose constructor
+could refuse a placeholder argument at load time go through ``graph.load._construct``.
+Loading (``graph.load.load_graph``) uses the reconstruction functions of ``graph.load``, which
+fetch buffers through ``read_buffer(name)``, once per buffer.
 """
 
 from __future__ import annotations
 
+import copyreg
 import io
 import pickle
 import sys
@@ -31,6 +35,18 @@ import types
 import weakref
 
 from gpusnap.errors import CaptureError
+from gpusnap.graph.iterpickle import IterativePickler
+from gpusnap.graph.load import (  # noqa: F401  (re-exported: older snapshots name them here)
+    LiveOnly,
+    Unbuilt,
+    _construct,
+    _live_only,
+    _load_storage,
+    _rebuild_ndarray,
+    _rebuild_tensor,
+    _set_state,
+    load_graph,
+)
 from gpusnap.stage.drain import Drained
 from gpusnap.stage.pool import address_view
 
@@ -89,6 +105,8 @@ class GraphPickler(pickle.Pickler):
 
     def __init__(self, file, sink, staged: dict | None = None, drained: Drained | None = None):
         super().__init__(file, protocol=PROTOCOL)
+        self._file = file
+        self.iterative = False  # dump_graph fell back to the iterative pickler
         self.sink = sink
         self.staged = staged or {}
         self.drained = drained or Drained()
@@ -100,6 +118,21 @@ class GraphPickler(pickle.Pickler):
         self._torch = sys.modules.get("torch")
         self._np = sys.modules.get("numpy")
         self._live_types = _ALWAYS_LIVE + _torch_live_types(self._torch)
+
+    def dump_graph(self, obj) -> None:
+        """``dump``, or, where the graph is deeper than the C pickler can go, the same stream
+        written by ``IterativePickler``. Buffers already put stay put (their names are kept)."""
+        try:
+            self.dump(obj)
+            return
+        except RecursionError:
+            pass
+        self._file.seek(0)
+        self._file.truncate()
+        self.live_only.clear()
+        self.tensors.clear()
+        self.iterative = True
+        IterativePickler(self._file, self.reducer_override).dump(obj)
 
     # -- dispatch -----------------------------------------------------------------------
     def reducer_override(self, obj):
@@ -119,7 +152,8 @@ class GraphPickler(pickle.Pickler):
         if not _findable(type(obj)):
             return self._live(obj)
         try:
-            return obj.__reduce_ex__(PROTOCOL)
+            reducer = copyreg.dispatch_table.get(type(obj))
+            return _guarded(obj, reducer(obj) if reducer is not None else obj.__reduce_ex__(PROTOCOL))
         except Exception:
             return self._live(obj)
 
@@ -134,7 +168,7 @@ class GraphPickler(pickle.Pickler):
         torch = self._torch
         if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided or t.is_quantized:
             try:
-                return t.__reduce_ex__(PROTOCOL)
+                return _guarded(t, t.__reduce_ex__(PROTOCOL))
             except Exception:
                 return self._live(t)
         storage = t.untyped_storage()
@@ -211,6 +245,24 @@ class GraphPickler(pickle.Pickler):
         return self._np.ndarray(arr.shape, arr.dtype, buffer=pool, offset=address - start, strides=arr.strides)
 
 
+def _guarded(obj, rv):
+    """A reduction made safe to load. Its constructor may refuse what it is given at load time (a
+    placeholder for a live-only argument): it is routed through ``_construct``, which then yields
+    ``Unbuilt``; plain ``cls.__new__(cls)`` cannot refuse and stays as it is (pickle's compact
+    NEWOBJ). Its state goes through ``_set_state`` where the class has a ``__getattr__`` and no
+    ``__setstate__``: pickle's BUILD would ask the half-built object for ``__setstate__``."""
+    if isinstance(rv, str):
+        return rv
+    func, args = rv[0], rv[1]
+    rest = tuple(rv[2:])
+    cls = type(obj)
+    if rest and rest[0] is not None and len(rest) < 4 and hasattr(cls, "__getattr__") and not hasattr(cls, "__setstate__"):
+        rest = (rest + (None, None))[:3] + (_set_state,)
+    if func is copyreg.__newobj__ and args and getattr(args[0], "__new__", None) is object.__new__:
+        return (func, args, *rest)
+    return (_construct, (func, args, type_name(obj)), *rest)
+
+
 def _storage_key(storage) -> tuple:
     return (storage.device.type, storage.data_ptr(), storage.nbytes())
 
@@ -226,77 +278,5 @@ def _torch_live_types(torch) -> tuple:
     return tuple(found)
 
 
-# -- loading ------------------------------------------------------------------------------
-class LiveOnly:
-    """Stands where the snapshot held an object it could not capture."""
-
-    __slots__ = ("serial", "type_name")
-
-    def __init__(self, serial: int, type_name: str):
-        self.serial, self.type_name = serial, type_name
-
-    def __repr__(self) -> str:
-        return f"<live-only {self.type_name}>"
-
-
-_loading = threading.local()
-
-
-def _live_only(serial, name):
-    return LiveOnly(serial, name)
-
-
-def _load_storage(name, device):
-    cache = _loading.storages
-    storage = cache.get(name)
-    if storage is None:
-        import torch
-
-        data = _loading.read_buffer(name)
-        if len(data) == 0:
-            storage = torch.UntypedStorage(0)
-        else:
-            storage = torch.frombuffer(data, dtype=torch.uint8).untyped_storage()
-        if device not in ("cpu", "meta") and _loading.device_map is not None:
-            storage = storage.to(_loading.device_map(device))
-        cache[name] = storage
-    return storage
-
-
-def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, is_param, attrs):
-    import torch
-
-    t = torch.empty(0, dtype=getattr(torch, dtype), device=storage.device)
-    t.set_(storage, offset, size, stride)
-    if is_param:
-        t = torch.nn.Parameter(t, requires_grad=requires_grad)
-    elif requires_grad:
-        t.requires_grad_(True)
-    if grad is not None:
-        t.grad = grad
-    if attrs:
-        t.__dict__.update(attrs)
-    return t
-
-
-def _rebuild_ndarray(name, dtype, shape):
-    import numpy as np
-
-    cache = _loading.storages
-    arr = cache.get(name)
-    if arr is None:
-        arr = np.frombuffer(_loading.read_buffer(name), dtype=np.dtype(dtype)).reshape(shape)
-        cache[name] = arr
-    return arr
-
-
-def load_graph(stream: bytes, read_buffer, device_map=None):
-    """Unpickle a graph; ``read_buffer(name) -> bytearray`` supplies buffer bytes."""
-    _loading.storages = {}
-    _loading.read_buffer = read_buffer
-    _loading.device_map = device_map
-    try:
-        return pickle.loads(stream)
-    finally:
-        _loading.storages = None
-        _loading.read_buffer = None
+# Snapshots written before gpusnap.graph existed name these functions here.
+__all__ = ["GraphPickler", "LiveOnly", "Unbuilt", "load_graph", "type_name"]

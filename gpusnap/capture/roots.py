@@ -49,7 +49,9 @@ def _keep_local(name: str) -> bool:
 
 
 def _keep_global(name: str, value) -> bool:
-    if (name.startswith("__") and name.endswith("__")) or "__gpusnap_" in name:
+    # Dunder names are the module's own; other names with a leading "__" are installed by tools
+    # (torch.compile's `__builtins_dict___0`, `__compiled_fn_3`), which refuse to find them taken.
+    if name.startswith("__") or "__gpusnap_" in name:
         return False
     return not isinstance(value, _DEFINITIONS)
 

@@ -9,6 +9,7 @@ The trainee has resumed training before any of this starts.
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import sys
@@ -55,7 +56,10 @@ def write_snapshot(job: WriteJob) -> dict:
     drained = drain(job.pool, knobs.DRAIN_MIN_BYTES, job.optimizers) if job.pool is not None else Drained()
     drain_s = time.perf_counter() - started
     lower_priority(knobs.WRITER_PRIORITY)
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
+    # The writer exits when done, so its garbage never needs collecting, and the cycle collector
+    # would otherwise rescan the trainee's whole inherited heap over and over while the walks
+    # below allocate (half the time of pickling a deep graph).
+    gc.disable()
     rundir = RunDir.open(job.run_dir)
     sink = rundir.begin_snapshot(job.snap_id)
     try:
@@ -63,9 +67,11 @@ def write_snapshot(job: WriteJob) -> dict:
         payload = roots.collect(job.frame, job.active_loops, job.rng_states, lambda loop: itemcheck.record(loop, read))
         stream = io.BytesIO()
         pickler = GraphPickler(stream, sink, staged=job.staged, drained=drained)
-        pickler.dump(payload)
+        pickler.dump_graph(payload)
         graph = sink.put_buffer(stream.getbuffer(), dtype="bytes", typesize=1)
         graph["kind"] = "graph"
+        if pickler.iterative:
+            graph["pickler"] = "iterative"  # the graph was too deep for the C pickler
         iterators = {id(obj): info for obj, _ in pickler.live_only if (info := livecheck.describe(obj, read))}
         manifest = _manifest(job, payload, pickler, graph, stall_s, iterators)
         manifest["write_s"] = time.perf_counter() - started

@@ -8,7 +8,7 @@ def load(run_dir, snap_id: str | None = None) -> tuple[dict, dict]:
 
     Unpickling runs code named in the snapshot: load only run directories you trust. Classes
     the program defined in ``__main__`` must be importable under that name in this process."""
-    from gpusnap.capture.pickler import load_graph
+    from gpusnap.graph.load import load_graph
     from gpusnap.store import RunDir
 
     rundir = run_dir if hasattr(run_dir, "read_buffer") else RunDir.open(run_dir)

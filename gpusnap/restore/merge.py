@@ -9,103 +9,218 @@
 - lists, dicts (also dicts keyed by objects, such as an optimizer's per-parameter state, whose
   keys are mapped through the alignment built while merging) in place;
 - numpy arrays in place; ``random.Random``, numpy ``Generator`` and ``torch.Generator`` by state;
-- a live-only placeholder keeps the live object; anything without a live counterpart of the
-  same type is taken from the snapshot.
+- a live-only placeholder keeps the live object; so does an object that could not be rebuilt;
+  where the replayed program has no object at that place (inside a merged object or container),
+  that is an error: the program would meet None where it held a live object;
+- anything without a live counterpart of the same type waits: the same snapshot object may
+  still be met at a place that has one (``best = model`` found before ``model``). ``finish``
+  settles each such place with the live counterpart found meanwhile, or *adopts* the snapshot's
+  object, and then points the references inside adopted objects at the live counterparts of what
+  they referred to (an EMA object created mid-run keeps tracking the live model, not a copy).
+  A value that ``value()`` returned must go through ``settled()`` after ``finish()``.
 
-Every snapshot object is merged once (``aligned`` maps it to its live counterpart), so sharing
-in the snapshot stays sharing in the live program; two live tensors for one snapshot tensor
-means the tying differs, which is an error naming both paths.
+An object is aligned *before* its contents are merged, so cycles (argparse's actions and groups,
+modules that point back at their parents) end at the first revisit, and sharing in the snapshot
+stays sharing in the live program; two live tensors for one snapshot tensor means the tying
+differs, which is an error naming both paths. The walk runs on an explicit stack (each merge
+step is a generator that yields the child places it needs), so depth costs memory, not recursion.
 """
 
 from __future__ import annotations
 
+import enum
 import random
 import sys
 
-from gpusnap.capture.pickler import LiveOnly
 from gpusnap.errors import StateMismatch
+from gpusnap.graph.load import LiveOnly, Unbuilt
+from gpusnap.graph.walk import ATOMS as _ATOMS
+from gpusnap.graph.walk import Path
+from gpusnap.graph.walk import key_text as _key_text
 
-_ATOMS = (str, bytes, int, float, bool, complex, type(None))
+
+class _Steps:
+    """A merge that needs child places: the generator to drive (never a user's generator)."""
+
+    __slots__ = ("gen",)
+
+    def __init__(self, gen):
+        self.gen = gen
+
+
+class _Pending:
+    """A place whose snapshot object had no live counterpart when met."""
+
+    __slots__ = ("snap", "path")
+
+    def __init__(self, snap, path):
+        self.snap, self.path = snap, path
 
 
 class Merger:
     def __init__(self):
-        self.aligned: dict[int, object] = {}  # id(snapshot object) -> live object
+        self.aligned: dict[int, object] = {}  # id(snapshot object) -> what stands for it now
         self._keep: list = []  # snapshot objects stay alive so their ids stay unique
         self._first_path: dict[int, str] = {}
-        self._deferred: list = []
+        self._deferred: list = []  # (live, snap, path) of dicts whose object keys were not aligned yet
+        self._adopted: list = []  # (snapshot object, path) taken as they are
+        self._pending: dict[int, _Pending] = {}  # id(snapshot object) -> its waiting places
+        self._fixups: list = []  # (container, key, _Pending): slots that wait for finish()
+        self._building: set[int] = set()  # snapshot tuples whose items are being merged
+        self.path: Path | str = ""  # the place being merged, for errors raised outside the merger
         self.tensors = 0
         self.nbytes = 0
-        torch = sys.modules.get("torch")
-        self._torch = torch
+        self._torch = sys.modules.get("torch")
         self._np = sys.modules.get("numpy")
 
-    def finish(self) -> None:
-        """Merge the object-keyed dicts whose keys were not aligned when first met."""
-        while self._deferred:
-            live, snap, path = self._deferred.pop(0)
-            self._merge_dict(live, snap, path, final=True)
+    def value(self, live, snap, path: str | Path):
+        return self._drive(self._place(live, snap, Path(path) if isinstance(path, str) else path))
 
-    # -- dispatch ------------------------------------------------------------------------
-    def value(self, live, snap, path: str):
-        if isinstance(snap, LiveOnly):
-            return live
-        if isinstance(snap, _ATOMS):
-            return snap
-        done = self.aligned.get(id(snap))
-        if done is not None:
-            if self._torch is not None and isinstance(snap, self._torch.Tensor) and live is not None and live is not done:
-                if isinstance(live, self._torch.nn.Parameter):
-                    raise StateMismatch(
-                        f"tying differs at {path}: in the snapshot it is the same tensor as {self._first_path[id(snap)]}"
-                    )
-            return done
-        result = self._merge_new(live, snap, path)
+    def settled(self, value):
+        """What a value returned by ``value()`` stands for, once ``finish()`` has run."""
+        return self._settle(value) if isinstance(value, _Pending) else value
+
+    def finish(self) -> None:
+        """Merge the object-keyed dicts whose keys were not aligned when first met, settle the
+        places that waited, then point adopted objects at the live counterparts of what they
+        refer to."""
+        self._merge_deferred()
+        while self._fixups:
+            fixups, self._fixups = self._fixups, []
+            for container, key, pending in fixups:
+                container[key] = self._settle(pending)
+            self._merge_deferred()
+        for pending in self._pending.values():  # root places (a frame's locals) settle here too
+            self._settle(pending)
+        self._remap_adopted()
+
+    def _settle(self, pending: _Pending):
+        found = self.aligned.get(id(pending.snap), _MISSING)
+        return found if found is not _MISSING else self._adopt(pending.snap, pending.path)
+
+    def _merge_deferred(self) -> None:
+        while self._deferred:
+            waiting, self._deferred = self._deferred, []
+            ready = [self._live_keys(snap) is not None for _, snap, _ in waiting]
+            if not any(ready):  # no key can align any more: the rest is adopted, or an error
+                for live, snap, path in waiting:
+                    self._drive(_Steps(self._merge_dict(live, snap, path, final=True)))
+                break
+            for entry, is_ready in zip(waiting, ready):
+                if is_ready:
+                    self._drive(_Steps(self._merge_dict(*entry)))
+                else:
+                    self._deferred.append(entry)
+
+    # -- the driver ----------------------------------------------------------------------
+    def _drive(self, outcome):
+        if not isinstance(outcome, _Steps):
+            return outcome
+        stack = [outcome.gen]
+        result = None
+        while stack:
+            try:
+                request = stack[-1].send(result)
+            except StopIteration as done:
+                stack.pop()
+                result = done.value
+                continue
+            outcome = self._place(*request)
+            if isinstance(outcome, _Steps):
+                stack.append(outcome.gen)
+                result = None
+            else:
+                result = outcome
+        return result
+
+    def _align(self, snap, result, path: Path):
         self.aligned[id(snap)] = result
         self._keep.append(snap)
         self._first_path[id(snap)] = path
         return result
 
-    def _merge_new(self, live, snap, path: str):
-        torch = self._torch
-        if torch is not None and isinstance(snap, torch.Tensor):
-            return self._merge_tensor(live, snap, path)
-        if live is None or type(live) is not type(snap):
-            return snap  # no live counterpart: the snapshot's object goes in
-        if isinstance(snap, list):
-            return self._merge_list(live, snap, path)
-        if isinstance(snap, dict):
-            self._merge_dict(live, snap, path)
+    # -- one place -----------------------------------------------------------------------
+    def _place(self, live, snap, path: Path):
+        self.path = path
+        if isinstance(snap, _ATOMS):
+            return snap
+        if isinstance(snap, (LiveOnly, Unbuilt)):
+            if live is None and (isinstance(snap, Unbuilt) or path.depth > 1):
+                # The program would meet None where it held a live object (a DataLoader iterator
+                # inside a framework's fetcher): it cannot continue from this state.
+                why = f"cannot be rebuilt here ({snap.error})" if isinstance(snap, Unbuilt) else "is not captured (live-only)"
+                raise StateMismatch(f"{path}: the snapshot's {snap.type_name} {why}, and the replayed program has nothing at this place")
             return live
+        torch = self._torch
+        done = self.aligned.get(id(snap), _MISSING)
+        if done is not _MISSING:
+            if torch is not None and isinstance(snap, torch.Tensor) and isinstance(live, torch.nn.Parameter) and live is not done:
+                raise StateMismatch(
+                    f"tying differs at {path}: in the snapshot it is the same tensor as {self._first_path[id(snap)]}"
+                )
+            return done
+        if id(snap) in self._building:
+            return snap  # a tuple reached through its own items: the one place it cannot be rebuilt
+        if torch is not None and isinstance(snap, torch.Tensor):
+            if not isinstance(live, torch.Tensor):
+                return self._wait(snap, path)
+            return self._align(snap, self._merge_tensor(live, snap, path), path)
+        if live is None or type(live) is not type(snap):
+            return self._wait(snap, path)
+        if isinstance(snap, list):
+            self._align(snap, live, path)
+            return _Steps(self._merge_list(live, snap, path))
+        if isinstance(snap, dict):
+            self._align(snap, live, path)
+            return _Steps(self._merge_dict(live, snap, path))
         if isinstance(snap, tuple):
-            return self._merge_tuple(live, snap, path)
-        np = self._np
+            self._building.add(id(snap))
+            return _Steps(self._merge_tuple(live, snap, path))
+        if self._merge_by_state(live, snap):
+            return self._align(snap, live, path)
+        if hasattr(snap, "__dict__") and isinstance(getattr(live, "__dict__", None), dict):
+            self._align(snap, live, path)
+            return _Steps(self._merge_attrs(live, snap, path))
+        return self._adopt(snap, path)
+
+    def _wait(self, snap, path: Path) -> _Pending:
+        pending = self._pending.get(id(snap))
+        if pending is None:
+            pending = self._pending[id(snap)] = _Pending(snap, path)
+        return pending
+
+    def _store(self, container, key, value) -> None:
+        container[key] = value
+        if isinstance(value, _Pending):
+            self._fixups.append((container, key, value))
+
+    def _adopt(self, snap, path: Path):
+        self._adopted.append((snap, path))
+        return self._align(snap, snap, path)
+
+    def _merge_by_state(self, live, snap) -> bool:
+        """Arrays and random generators: the live object takes the snapshot's state."""
+        np, torch = self._np, self._torch
         if np is not None and isinstance(snap, np.ndarray):
             if live.shape == snap.shape and live.dtype == snap.dtype and live.flags.writeable:
                 live[...] = snap
-                return live
-            return snap
+                return True
+            return False
         if isinstance(snap, random.Random):
             live.setstate(snap.getstate())
-            return live
-        if np is not None and isinstance(snap, np.random.Generator):
+        elif np is not None and isinstance(snap, np.random.Generator):
             live.bit_generator.state = snap.bit_generator.state
-            return live
-        if torch is not None and isinstance(snap, torch.Generator):
+        elif torch is not None and isinstance(snap, torch.Generator):
             live.set_state(snap.get_state())
-            return live
-        if hasattr(snap, "__dict__") and isinstance(getattr(live, "__dict__", None), dict):
-            self._merge_attrs(live, snap, path)
-            return live
-        return snap
+        else:
+            return False
+        return True
 
     # -- tensors -------------------------------------------------------------------------
-    def _merge_tensor(self, live, snap, path: str):
+    def _merge_tensor(self, live, snap, path: Path):
         torch = self._torch
-        if not isinstance(live, torch.Tensor):
-            return snap
         if live.shape != snap.shape or live.dtype != snap.dtype:
-            if isinstance(live, torch.nn.Parameter) or ("._buffers" in path or ".state[" in path):
+            if isinstance(live, torch.nn.Parameter) or any(s in ("._buffers", ".state") for s in path.suffixes()):
                 raise StateMismatch(
                     f"{path}: the snapshot holds {tuple(snap.shape)} {snap.dtype}, "
                     f"the program built {tuple(live.shape)} {live.dtype}"
@@ -123,53 +238,131 @@ class Merger:
         self.nbytes += snap.numel() * snap.element_size()
         return live
 
-    # -- containers ----------------------------------------------------------------------
-    def _merge_list(self, live: list, snap: list, path: str):
-        merged = [self.value(live[i] if i < len(live) else None, item, f"{path}[{i}]") for i, item in enumerate(snap)]
-        live[:] = merged
+    # -- containers: generators that yield (live child, snapshot child, path) ------------
+    def _merge_list(self, live: list, snap: list, path: Path):
+        merged = []
+        for i, item in enumerate(snap):
+            merged.append((yield (live[i] if i < len(live) else None, item, path + f"[{i}]")))
+        live[:] = [None] * len(merged)
+        for i, value in enumerate(merged):
+            self._store(live, i, value)
         return live
 
-    def _merge_tuple(self, live: tuple, snap: tuple, path: str):
-        merged = tuple(self.value(live[i] if i < len(live) else None, item, f"{path}[{i}]") for i, item in enumerate(snap))
+    def _merge_tuple(self, live: tuple, snap: tuple, path: Path):
+        merged = []
+        for i, item in enumerate(snap):
+            value = yield (live[i] if i < len(live) else None, item, path + f"[{i}]")
+            merged.append(self.settled(value))  # an immutable tuple cannot wait for finish()
+        self._building.discard(id(snap))
         if len(merged) == len(live) and all(a is b for a, b in zip(merged, live)):
+            result = live
+        elif type(snap) is tuple:
+            result = tuple(merged)
+        elif hasattr(type(snap), "_make"):  # a namedtuple
+            result = type(snap)._make(merged)
+        else:
+            result = snap
+        return self._align(snap, result, path)
+
+    def _merge_dict(self, live: dict, snap: dict, path: Path, final: bool = False):
+        keys = self._live_keys(snap, final, path)
+        if keys is None:
+            self._deferred.append((live, snap, path))
             return live
-        return type(snap)(merged) if type(snap) is tuple else snap
-
-    def _merge_dict(self, live: dict, snap: dict, path: str, final: bool = False) -> None:
-        keys = {}
-        for key in snap:
-            if isinstance(key, _ATOMS) or isinstance(key, type):
-                keys[key] = key
-            elif id(key) in self.aligned:
-                keys[key] = self.aligned[id(key)]
-            elif not final:
-                self._deferred.append((live, snap, path))
-                return
-            else:
-                raise StateMismatch(f"{path}: a key of this dict ({type(key).__name__}) has no counterpart in the program")
-        merged = {}
-        for key, value in snap.items():
-            live_key = keys[key]
-            merged[live_key] = self.value(live.get(live_key), value, f"{path}[{_key_text(key)}]")
+        merged = []
+        for live_key, (key, value) in zip(keys, snap.items()):
+            merged.append((live_key, (yield (live.get(live_key), value, path + f"[{_key_text(key)}]"))))
         live.clear()
-        live.update(merged)
+        for key, value in merged:
+            self._store(live, key, value)
+        return live
 
-    def _merge_attrs(self, live, snap, path: str) -> None:
+    def _live_keys(self, snap: dict, final: bool = False, path: Path = "") -> list | None:
+        """The live key for each snapshot key, or None while an object key is not aligned."""
+        keys = []
+        torch = self._torch
+        for key in snap:
+            if _plain_key(key):
+                keys.append(key)
+            elif id(key) in self.aligned:
+                keys.append(self.aligned[id(key)])
+            elif not final:
+                return None
+            elif torch is not None and isinstance(key, torch.Tensor):
+                raise StateMismatch(f"{path}: a key of this dict ({type(key).__name__}) has no counterpart in the program")
+            else:
+                keys.append(self._adopt(key, path + f"[<key {type(key).__name__}>]"))
+        return keys
+
+    def _merge_attrs(self, live, snap, path: Path):
         live_attrs = live.__dict__
         snap_attrs = snap.__dict__
         # Object-keyed dicts (optimizer.state) come last: their keys align while the rest merges.
-        order = sorted(snap_attrs, key=lambda k: _has_object_keys(snap_attrs[k]))
-        for name in order:
-            live_attrs[name] = self.value(live_attrs.get(name), snap_attrs[name], f"{path}.{name}")
-        for name in [n for n in live_attrs if n not in snap_attrs]:
-            del live_attrs[name]
+        for name in sorted(snap_attrs, key=lambda k: _has_object_keys(snap_attrs[k])):
+            value = snap_attrs[name]
+            if isinstance(value, LiveOnly) and name not in live_attrs:
+                continue  # nothing to keep, and nothing the snapshot could give
+            self._store(live_attrs, name, (yield (live_attrs.get(name), value, path + f".{name}")))
+        # Attributes the snapshot lacks stay: a class whose __getstate__ leaves some out
+        # (torch's optimizers keep only defaults, state and param_groups) rebuilds them itself.
+        return live
+
+    # -- adopted objects -----------------------------------------------------------------
+    def _remap_adopted(self) -> None:
+        """Inside what was adopted, replace snapshot objects by what stands for them now."""
+        seen: set[int] = set()
+        todo = list(self._adopted)
+        while todo:
+            obj, path = todo.pop()
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            self.path = path
+            resolve = self._resolver(todo)
+            if type(obj) is list:
+                obj[:] = [resolve(item, path + f"[{i}]") for i, item in enumerate(obj)]
+            elif type(obj) is dict:
+                items = [(resolve(k, path), resolve(v, path + f"[{_key_text(k)}]")) for k, v in obj.items()]
+                obj.clear()
+                obj.update(items)
+            elif isinstance(getattr(obj, "__dict__", None), dict) and not self._is_tensor(obj):
+                attrs = obj.__dict__
+                for name, value in list(attrs.items()):
+                    attrs[name] = resolve(value, path + f".{name}")
+
+    def _resolver(self, todo: list):
+        def resolve(item, path: Path):
+            if isinstance(item, _ATOMS) or isinstance(item, (LiveOnly, type)):
+                return item
+            if id(item) in self.aligned:
+                return self.aligned[id(item)]
+            if type(item) is tuple:
+                rebuilt = tuple(resolve(x, path + f"[{i}]") for i, x in enumerate(item))
+                return item if all(a is b for a, b in zip(rebuilt, item)) else rebuilt
+            todo.append((item, path))
+            return self._adopt(item, path)
+
+        return resolve
+
+    def _is_tensor(self, obj) -> bool:
+        return self._torch is not None and isinstance(obj, self._torch.Tensor)
+
+
+_MISSING = object()
+
+
+def _plain_key(key) -> bool:
+    """A key that means the same in any process: atoms, classes, enum members, and tuples or
+    frozensets of those."""
+    todo = [key]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, (tuple, frozenset)):
+            todo.extend(item)
+        elif not isinstance(item, _ATOMS + (type, enum.Enum)):
+            return False
+    return True
 
 
 def _has_object_keys(value) -> bool:
-    return isinstance(value, dict) and any(not isinstance(k, _ATOMS) for k in value)
-
-
-def _key_text(key) -> str:
-    if isinstance(key, _ATOMS):
-        return repr(key)
-    return f"<{type(key).__name__}>"
+    return isinstance(value, dict) and any(not _plain_key(k) for k in value)

@@ -17,12 +17,14 @@ position, frames that differ from the snapshot's, a changed source file, a state
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import sys
 import time
 
 from gpusnap.capture import rng, roots
-from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, ReplayDiverged
+from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, ReplayDiverged, RestoreError
+from gpusnap.graph.load import LiveOnly
 from gpusnap.instrument import loops
 from gpusnap.restore import fastforward, itemcheck, livecheck, load
 from gpusnap.restore.frames import write_locals
@@ -162,10 +164,18 @@ class Replay:
     # -- merge -----------------------------------------------------------------------------
     def merge(self, loop) -> None:
         global active
+        self._stage = f"loading snapshot {self.snap_id}"
+        collecting = gc.isenabled()
+        gc.disable()  # loading and merging allocate one object per snapshot object: no rescans
         try:
             self._merge(loop)
         except GpusnapError as exc:
             fail(exc)
+        except Exception as exc:  # noqa: BLE001 - never into the user's loop, never half-merged
+            fail(RestoreError(f"{self._doing()} failed: {_one_line(exc)}", _BUG_HINT))
+        finally:
+            if collecting:
+                gc.enable()
         self.merged = True
         active = None
         loops.on_loop_start = None
@@ -180,24 +190,30 @@ class Replay:
         saved_frames = payload["frames"]
         _check_frames(live_frames, saved_frames)
         merger = Merger()
+        self._stage = "merging"
+        self._merger = merger
         live_modules = roots.instrumented_modules()
+        # Every root first, then finish(): a place may wait for a live counterpart met later.
+        merged_globals = []
         for module, values in payload["globals"].items():
             live = live_modules.get(module)
             if live is None:
                 raise ReplayDiverged(f"module {module} held state in the snapshot but is not imported at the resume point")
-            for name, value in values.items():
-                live[name] = merger.value(live.get(name), value, f"globals[{module}].{name}")
+            merged_globals.append((live, _merge_all(merger, live, values, f"globals[{module}]")))
+        merged_locals = []
         for i, (frame, saved) in enumerate(zip(live_frames, saved_frames)):
-            if not saved["locals"]:
-                continue
-            current = dict(frame.f_locals)
-            values = {name: merger.value(current.get(name), value, f"frame[{i}].locals.{name}") for name, value in saved["locals"].items()}
-            write_locals(frame, values)
+            if saved["locals"]:
+                merged_locals.append((frame, _merge_all(merger, dict(frame.f_locals), saved["locals"], f"frame[{i}].locals")))
         merger.finish()
+        for live, values in merged_globals:
+            live.update({name: merger.settled(value) for name, value in values.items()})
+        for frame, values in merged_locals:
+            write_locals(frame, {name: merger.settled(value) for name, value in values.items()})
+        self._stage = "restoring the random number generators"
         rng.restore(payload["rng"])
         from gpusnap.capture import agent
 
-        agent.resumed(self.snap_id, self.manifest.get("steps") or 0)
+        agent.resumed(self.snap_id, self.manifest.get("steps") or 0, self.manifest.get("iteration"))
         merge_s = time.perf_counter() - started
         _say(
             f"restored snapshot {self.snap_id}: {merger.nbytes / 1e6:.1f} MB into {merger.tensors} tensors; "
@@ -214,6 +230,12 @@ class Replay:
             fastforwards=self.fastforwards,
         )
 
+    def _doing(self) -> str:
+        """What the merge was doing, for a refusal: the object path while merging."""
+        if self._stage == "merging":
+            return f"merging the snapshot into the program at {self._merger.path}"
+        return self._stage
+
     # -- divergence ------------------------------------------------------------------------
     def not_reached(self) -> str:
         want = self.expected[min(self.cursor, len(self.expected) - 1)]
@@ -221,13 +243,26 @@ class Replay:
         return f"{_short(want['file'])}:{line} (in {want['function']})"
 
 
+def _merge_all(merger: Merger, live: dict, saved: dict, path: str) -> dict:
+    """Merged values of one root's names; a live-only name the replay has not bound stays unbound."""
+    return {
+        name: merger.value(live.get(name), value, f"{path}.{name}")
+        for name, value in saved.items()
+        if name in live or not isinstance(value, LiveOnly)
+    }
+
+
 def _check_frames(live_frames, saved_frames) -> None:
-    live = [(f.f_code.co_filename, f.f_code.co_qualname) for f in live_frames]
-    saved = [(f["file"], f["function"]) for f in saved_frames]
-    if live != saved:
-        for (lf, lq), (sf, sq) in zip(live, saved):
-            if (lf, lq) != (sf, sq):
-                raise ReplayDiverged(f"replay reached the loop through {lq} ({_short(lf)}), the snapshot through {sq} ({_short(sf)})")
+    """The replay must stand in the same calls, at the same lines, as the program that took the
+    snapshot: anything else would merge one place's state into another."""
+    live = [(f.f_code.co_filename, f.f_code.co_qualname, f.f_lineno) for f in live_frames]
+    saved = [(f["file"], f["function"], f["line"]) for f in saved_frames]
+    for (lf, lq, ll), (sf, sq, sl) in zip(live, saved):
+        if (lf, lq, ll) != (sf, sq, sl):
+            raise ReplayDiverged(
+                f"replay reached the loop through {lq} ({_short(lf)}:{ll}), the snapshot through {sq} ({_short(sf)}:{sl})"
+            )
+    if len(live) != len(saved):
         raise ReplayDiverged(f"replay reached the loop {len(live)} calls deep, the snapshot {len(saved)}")
 
 
@@ -262,8 +297,27 @@ def diverged_by_step() -> None:
 
 
 def _check_reached(replay: Replay) -> None:
-    if not replay.merged:
-        fail(ReplayDiverged(f"the program ended before reaching the saved position at {replay.not_reached()}"))
+    if replay.merged:
+        return
+    escaped = getattr(sys, "last_value", None)  # set by boot when an exception left the program
+    if escaped is not None and not isinstance(escaped, SystemExit):
+        how = f"stopped with {_one_line(escaped)}"
+    else:
+        how = "ended"
+    fail(ReplayDiverged(f"the program {how} before reaching the saved position at {replay.not_reached()}"))
+
+
+_BUG_HINT = (
+    "gpusnap could not restore this program's state; `gpusnap inspect DIR` shows what the snapshot "
+    "holds, and --snapshot ID restores an earlier one (please report this)"
+)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def fail(exc: GpusnapError) -> None:

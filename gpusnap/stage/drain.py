@@ -149,9 +149,9 @@ def _cpu_storage(tensor, torch) -> tuple[int, int] | None:
         if tensor.device.type != "cpu" or tensor.layout != torch.strided:
             return None
         storage = tensor.untyped_storage()
+        address = storage.data_ptr()  # raises for torch.compile's FakeTensors
     except Exception:  # noqa: BLE001 - tensor kinds without a plain storage are not drained
         return None
-    address = storage.data_ptr()
     return (address, storage.nbytes()) if address else None
 
 

@@ -1,22 +1,9 @@
 """Shared by the test programs: progress for the test harness, final state for comparison."""
 
 import os
-import sys
-import time
 
 import torch
-
-OUT = sys.argv[1]
-STEP_SLEEP_S = float(os.environ.get("TEST_STEP_SLEEP_S", "0.01"))
-
-
-def progress(step: int) -> None:
-    """Tell the harness how far training got (it sends signals by step), then pace the run."""
-    tmp = os.path.join(OUT, "progress.tmp")
-    with open(tmp, "w") as f:
-        f.write(str(step))
-    os.replace(tmp, os.path.join(OUT, "progress"))
-    time.sleep(STEP_SLEEP_S)
+from notorch.pace import OUT, progress  # noqa: F401 - the torch-free half, shared with notorch/
 
 
 def save_step_state(step: int, model, optimizer) -> None:

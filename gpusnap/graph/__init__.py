@@ -1,0 +1,12 @@
+"""The program's object graph, shared by capture and restore (neither owns it).
+
+- ``iterpickle``: an iterative pickler that writes standard pickle opcodes from an explicit
+  stack, for graphs too deep for the C pickler (a 100,000-long linked structure);
+- ``walk``: one iterative, identity-memoized traversal of an object's children, used by the
+  path naming, the merge and the item digests;
+- ``load``: what a snapshot's pickle stream refers to (tensor, storage and array rebuilders, the
+  placeholders ``LiveOnly`` and ``Unbuilt``) and ``load_graph``.
+
+Every walk here handles cycles, sharing and depth without Python's recursion limit: real
+programs are full of back references (argparse, nn.Module trees, framework trainers).
+"""

@@ -1,0 +1,141 @@
+"""What a snapshot's pickle stream calls while it loads, and ``load_graph``.
+
+The graph pickler (``capture.pickler``) names these functions in the stream, so they live here,
+importable by both sides: restore must never import capture. Placeholders:
+
+- ``LiveOnly`` stands where the snapshot held an object it does not capture (a file, a
+  DataLoader iterator, a module): restore keeps the object the replayed program built there;
+- ``Unbuilt`` stands where an object was captured but cannot be rebuilt in this process (its
+  constructor refused an argument that is itself live-only, such as a ``functools.partial`` of a
+  local function): restore keeps the replayed object there, and refuses if there is none.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+
+
+class LiveOnly:
+    """Stands where the snapshot held an object it could not capture."""
+
+    __slots__ = ("serial", "type_name")
+
+    def __init__(self, serial: int, type_name: str):
+        self.serial, self.type_name = serial, type_name
+
+    def __repr__(self) -> str:
+        return f"<live-only {self.type_name}>"
+
+
+class Unbuilt:
+    """Stands where an object's reconstruction failed; absorbs the state pickle applies next."""
+
+    __slots__ = ("type_name", "error")
+
+    def __init__(self, type_name: str, error: str):
+        self.type_name, self.error = type_name, error
+
+    def __repr__(self) -> str:
+        return f"<unbuilt {self.type_name}: {self.error}>"
+
+    # pickle's BUILD / APPENDS / SETITEMS on the object that could not be made
+    def __setstate__(self, state) -> None:
+        pass
+
+    def append(self, item) -> None:
+        pass
+
+    def extend(self, items) -> None:
+        pass
+
+    def __setitem__(self, key, value) -> None:
+        pass
+
+
+_loading = threading.local()
+
+
+def _live_only(serial, name):
+    return LiveOnly(serial, name)
+
+
+def _construct(func, args, type_name):
+    """``func(*args)``, or an ``Unbuilt`` placeholder when the call fails (see module doc)."""
+    try:
+        return func(*args)
+    except Exception as exc:  # noqa: BLE001 - any failure: the merge decides what it means
+        return Unbuilt(type_name, f"{type(exc).__name__}: {exc}")
+
+
+def _set_state(obj, state):
+    """pickle's BUILD without looking ``__setstate__`` up on the instance: a class whose
+    ``__getattr__`` reads its own attributes (a wrapper that forwards to ``self._wrapped``)
+    would recurse forever on the half-built object."""
+    if isinstance(obj, Unbuilt):
+        return
+    slots = None
+    if isinstance(state, tuple) and len(state) == 2:
+        state, slots = state
+    if state:
+        object.__getattribute__(obj, "__dict__").update(state)
+    for name, value in (slots or {}).items():
+        object.__setattr__(obj, name, value)
+
+
+def _load_storage(name, device):
+    cache = _loading.storages
+    storage = cache.get(name)
+    if storage is None:
+        import torch
+
+        data = _loading.read_buffer(name)
+        if len(data) == 0:
+            storage = torch.UntypedStorage(0)
+        else:
+            storage = torch.frombuffer(data, dtype=torch.uint8).untyped_storage()
+        if device not in ("cpu", "meta") and _loading.device_map is not None:
+            storage = storage.to(_loading.device_map(device))
+        cache[name] = storage
+    return storage
+
+
+def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, is_param, attrs):
+    import torch
+
+    t = torch.empty(0, dtype=getattr(torch, dtype), device=storage.device)
+    t.set_(storage, offset, size, stride)
+    if is_param:
+        t = torch.nn.Parameter(t, requires_grad=requires_grad)
+    elif requires_grad:
+        t.requires_grad_(True)
+    if grad is not None:
+        t.grad = grad
+    if attrs:
+        t.__dict__.update(attrs)
+    return t
+
+
+def _rebuild_ndarray(name, dtype, shape):
+    import numpy as np
+
+    cache = _loading.storages
+    arr = cache.get(name)
+    if arr is None:
+        arr = np.frombuffer(_loading.read_buffer(name), dtype=np.dtype(dtype)).reshape(shape)
+        cache[name] = arr
+    return arr
+
+
+def load_graph(stream: bytes, read_buffer, device_map=None):
+    """Unpickle a graph; ``read_buffer(name) -> bytearray`` supplies buffer bytes.
+
+    The unpickler is a stack machine: depth costs memory, never recursion."""
+    _loading.storages = {}
+    _loading.read_buffer = read_buffer
+    _loading.device_map = device_map
+    try:
+        return pickle.loads(stream)
+    finally:
+        _loading.storages = None
+        _loading.read_buffer = None

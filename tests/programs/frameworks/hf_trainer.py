@@ -1,0 +1,54 @@
+"""A transformers Trainer on a tiny GPT-2 built from its config (nothing downloaded), trained on
+generated token ids; a callback reports progress. usage: hf_trainer.py OUT [--epochs N]"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import torch
+from common import finish, progress
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+
+class TokenIds(torch.utils.data.Dataset):
+    def __init__(self, n=192, length=16, vocab=64):
+        generator = torch.Generator().manual_seed(1)
+        self.ids = torch.randint(0, vocab, (n, length), generator=generator)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+class Progress(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        progress(state.global_step)
+
+
+def main():
+    parser = argparse.ArgumentParser(description="tiny GPT-2 with the transformers Trainer")
+    parser.add_argument("out")
+    parser.add_argument("--epochs", type=int, default=2)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2))
+    training = TrainingArguments(
+        output_dir=os.path.join(args.out, "trainer"),
+        per_device_train_batch_size=8,
+        num_train_epochs=args.epochs,
+        logging_steps=10,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+    )
+    trainer = Trainer(model=model, args=training, train_dataset=TokenIds(), callbacks=[Progress()])
+    trainer.train()
+    finish(model=model.state_dict(), steps=trainer.state.global_step)
+
+
+if __name__ == "__main__":
+    main()
