@@ -9,10 +9,12 @@ The trainee has resumed training before any of this starts.
 from __future__ import annotations
 
 import gc
+import inspect
 import io
 import os
 import sys
 import time
+import types
 from dataclasses import dataclass, field
 
 from gpusnap import knobs
@@ -108,6 +110,16 @@ def lower_priority(policy: str) -> None:
         pass
 
 
+def _position(obj) -> dict:
+    """Whether a live-only iterator has been advanced: restart refuses one held in a frame's
+    locals (replay's would stand at its start). A generator never started or finished, or a
+    DataLoader iterator that yielded nothing, needs nothing."""
+    if isinstance(obj, types.GeneratorType):
+        return {"advanced": inspect.getgeneratorstate(obj) == inspect.GEN_SUSPENDED}
+    yielded = getattr(obj, "_num_yielded", None) if type(obj).__name__.endswith("DataLoaderIter") else None
+    return {"advanced": yielded > 0} if isinstance(yielded, int) else {}
+
+
 def _manifest(job: WriteJob, payload: dict, pickler: GraphPickler, graph: dict, stall_s: float) -> dict:
     torch = sys.modules.get("torch")
     named = roots.named_roots(payload)
@@ -137,7 +149,7 @@ def _manifest(job: WriteJob, payload: dict, pickler: GraphPickler, graph: dict, 
         path: paths.module_tensors(module, pickler.storage_names, _storage_key)
         for path, module in paths.top_modules(named, torch)
     }
-    live_only = [{"path": where.get(id(obj), "?"), "type": name} for obj, name in pickler.live_only]
+    live_only = [{"path": where.get(id(obj), "?"), "type": name, **_position(obj)} for obj, name in pickler.live_only]
     return {
         "iteration": job.iteration,
         "reason": job.reason,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import gc
 import os
+import re
 import sys
 import time
 
@@ -111,6 +112,7 @@ class Replay:
         started = time.perf_counter()
         _say(f"merging snapshot {self.snap_id} at {_short(loop.where())}")
         check_sources(self.manifest, self.force)
+        _check_hand_iterators(self.manifest, self.force)
         _, payload = load(self.rundir, self.snap_id)
         live_frames = roots.frames_on_path(loop.frame)
         saved_frames = payload["frames"]
@@ -176,6 +178,27 @@ def _merge_all(merger: Merger, live: dict, saved: dict, path: str) -> dict:
         for name, value in saved.items()
         if name in live or not isinstance(value, LiveOnly)
     }
+
+
+_HAND_ITERATOR = re.compile(r"frame\[\d+\]\.locals\.\w+")
+
+
+def _check_hand_iterators(manifest: dict, force: bool) -> None:
+    """A generator or DataLoader iterator held in a frame's locals is one the program advances
+    with next() (the transformers Trainer's ``epoch_iterator``): it is live-only, so the replay's
+    would stand at its start while the loops around it are fast-forwarded. Refuse instead."""
+    for entry in manifest.get("live_only") or []:
+        kind = entry.get("type", "")
+        if entry.get("advanced") and _HAND_ITERATOR.fullmatch(entry.get("path", "")):
+            if force:
+                _say(f"warning: {entry['path']} ({kind}) restarts from its beginning (--force)")
+                continue
+            raise ReplayDiverged(
+                f"{entry['path']} holds a {kind.rsplit('.', 1)[-1]} that the program advances itself; "
+                "replay cannot put it back where it stood",
+                "iterate it with a for loop (fast-forward positions those), restart from another snapshot "
+                "with --snapshot ID, or pass --force to continue with it at its start",
+            )
 
 
 def _check_frames(live_frames, saved_frames) -> None:
