@@ -169,19 +169,10 @@ class IterativePickler:
     def _save_list(self, obj: list):
         self._write(EMPTY_LIST)
         self._memoize(obj)
-        if 1 < len(obj) <= _BATCH:  # the common case, without the batching below
-            self._write(MARK)
-            for item in obj:
-                yield item
-            self._write(APPENDS)
-        else:
-            yield from self._appends(iter(obj))
+        yield from self._appends(iter(obj))
 
     def _appends(self, items):
-        while True:
-            batch = [item for _, item in zip(range(_BATCH), items)]
-            if not batch:
-                return
+        for batch in _batches(items):
             if len(batch) == 1:
                 yield batch[0]
                 self._write(APPEND)
@@ -194,20 +185,10 @@ class IterativePickler:
     def _save_dict(self, obj: dict):
         self._write(EMPTY_DICT)
         self._memoize(obj)
-        if 1 < len(obj) <= _BATCH:  # the common case, without the batching below
-            self._write(MARK)
-            for key, value in list(obj.items()):
-                yield key
-                yield value
-            self._write(SETITEMS)
-        else:
-            yield from self._setitems(iter(obj.items()))
+        yield from self._setitems(iter(obj.items()))
 
     def _setitems(self, items):
-        while True:
-            batch = [pair for _, pair in zip(range(_BATCH), items)]
-            if not batch:
-                return
+        for batch in _batches(items):
             if len(batch) == 1:
                 yield batch[0][0]
                 yield batch[0][1]
@@ -222,11 +203,7 @@ class IterativePickler:
     def _save_set(self, obj: set):
         self._write(EMPTY_SET)
         self._memoize(obj)
-        items = iter(list(obj))
-        while True:
-            batch = [item for _, item in zip(range(_BATCH), items)]
-            if not batch:
-                return
+        for batch in _batches(iter(list(obj))):
             self._write(MARK)
             for item in batch:
                 yield item
@@ -315,3 +292,12 @@ class IterativePickler:
                 yield obj
                 yield state
                 self._write(TUPLE2 + REDUCE + POP)
+
+
+def _batches(items):
+    """Lists of up to ``_BATCH`` items, as pickle groups APPENDS, SETITEMS and ADDITEMS."""
+    while True:
+        batch = [item for _, item in zip(range(_BATCH), items)]
+        if not batch:
+            return
+        yield batch
