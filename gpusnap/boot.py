@@ -7,7 +7,8 @@ boot itself reads ``"instrument"`` (a list of paths and dotted module names) and
 object to ``gpusnap.capture.agent.install``. In order, boot:
 
 1. sets ``sys.argv`` and ``sys.path[0]`` as python would;
-2. installs the import hook (``instrument.importer``), rooted at the script's directory;
+2. loads ``gpusnap.frameworks`` (the framework loop modules to instrument, their adapters) and
+   installs the import hook (``instrument.importer``), rooted at the script's directory;
 3. compiles the main code, instrumented, and makes a fresh ``__main__`` module;
 4. records ``loops.MAIN_CODE`` / ``loops.MAIN_GLOBALS`` for the capture side;
 5. calls ``capture.agent.install(config)``;
@@ -188,6 +189,9 @@ def main(argv=None) -> None:
         root = os.path.dirname(os.path.abspath(target))
     else:
         root = os.getcwd() if sys.flags.safe_path or not sys.path else sys.path[0]
+    from gpusnap import frameworks
+
+    frameworks.load()  # before any import of the program's: they name modules to instrument
     importer.install(roots=[root], instrument=instrument)
     compile_main, extra, filename, cached = make(target, args)
     try:

@@ -6,7 +6,8 @@ precedence). It asks ``PathFinder`` for the spec and, when the module is the use
 spec's ``SourceFileLoader`` for an ``InstrumentingLoader``; any other spec is returned as found,
 so uninstrumented imports cost one lookup, as without the hook.
 
-A module is the user's when its name is, or is inside, a module named by ``--instrument``; or
+A module is the user's when its name is, or is inside, a module named by ``--instrument`` or by
+a framework's ``gpusnap.frameworks.LOOP_MODULES`` (its step loop); or
 its file is under a path named by ``--instrument``; or its file is under a root (the main
 script's directory) and not in site-packages / dist-packages, the standard library or gpusnap.
 
@@ -23,6 +24,7 @@ from importlib.machinery import PathFinder, SourceFileLoader
 
 import xxhash
 
+from gpusnap.frameworks import LOOP_MODULES
 from gpusnap.instrument import cache, loops, transform
 
 SOURCES: dict[str, str] = {}
@@ -123,7 +125,7 @@ class Policy:
         return cls(roots=roots, paths=paths, names=names)
 
     def wants(self, fullname: str, filename: str) -> bool:
-        for name in self.names:
+        for name in (*self.names, *(m for modules in LOOP_MODULES.values() for m in modules)):
             if fullname == name or fullname.startswith(name + "."):
                 return True
         real = _real(filename)

@@ -30,6 +30,7 @@ A source that ends before ``skip`` items, or that raises, makes restart refuse (
 from __future__ import annotations
 
 import builtins
+import contextlib
 import itertools
 from collections import deque
 
@@ -135,10 +136,10 @@ def _position(source, skip: int, note: dict | None, ctx: Context, at: tuple):
     adapter = _adapter(type(source))
     if adapter is not None and adapter is not _PURE:
         return adapter.position(source, skip, note, ctx, at)
-    return _consume(source, skip, ctx, at, pure=adapter is _PURE or type(source) in _PURE_TYPES)
+    return consume(source, skip, ctx, at, pure=adapter is _PURE or type(source) in _PURE_TYPES)
 
 
-def _consume(source, skip: int, ctx: Context, at: tuple, pure: bool):
+def consume(source, skip: int, ctx: Context, at: tuple, pure: bool):
     it = iter(source)
     ctx.touched.append(it)
     if skip:
@@ -175,7 +176,7 @@ def _call_at(call: _DeferredCall, skip: int, note: dict | None, ctx: Context, at
         sources.append(it)
         how.append(method)
     for it, sub in loaders:
-        _start(it, ctx, sub)
+        start_skipping(it, ctx, sub)
     if func is builtins.enumerate:
         start = call.args[1] if len(call.args) > 1 else call.kwargs.get("start", 0)
         return enumerate(sources[0], start + skip), how[0]
@@ -213,7 +214,7 @@ class DataLoaderAdapter:
     def describe(self, loader) -> dict:
         generator = loader.generator
         note = {"kind": "dataloader", "generator_rng": generator.get_state() if generator is not None else None}
-        if not _samples_by_index(loader):
+        if not samples_by_index(loader):
             note["consumed"] = True
         if loader.persistent_workers and loader.num_workers > 0 and loader._iterator is not None:
             note["reuses_workers"] = True  # this iter() draws no base seed: it only resets the iterator
@@ -222,11 +223,11 @@ class DataLoaderAdapter:
     def position(self, loader, skip, note, ctx, at):
         if _by_sampler(loader, note):
             it = _dataloader_at(loader, skip, note, start=False)
-            _start(it, ctx, at)
+            start_skipping(it, ctx, at)
             return it, "by batch sampler"
         if note and note.get("kind") == "dataloader":
             _restore_rng(loader, note)
-        return _consume(loader, skip, ctx, at, pure=False)
+        return consume(loader, skip, ctx, at, pure=False)
 
 
 class TqdmAdapter:
@@ -273,7 +274,7 @@ def _adapter(cls):
 
 
 # -- DataLoader by batch sampler -----------------------------------------------------------------
-def _samples_by_index(loader) -> bool:
+def samples_by_index(loader) -> bool:
     from torch.utils.data import DataLoader, IterableDataset
 
     return not isinstance(loader.dataset, IterableDataset) and type(loader).__iter__ is DataLoader.__iter__
@@ -282,7 +283,7 @@ def _samples_by_index(loader) -> bool:
 def _by_sampler(source, note: dict | None) -> bool:
     if not (note and note.get("kind") == "dataloader" and not note.get("consumed")):
         return False
-    return isinstance(_adapter(type(source)), DataLoaderAdapter) and _samples_by_index(source)
+    return isinstance(_adapter(type(source)), DataLoaderAdapter) and samples_by_index(source)
 
 
 class _SkippingSampler:
@@ -346,34 +347,51 @@ def _restore_rng(loader, note: dict, restore_torch: bool = True) -> None:
 
 def _dataloader_at(loader, skip: int, note: dict, restore_torch: bool = True, start: bool = True):
     """The loader's iterator at batch ``skip``; ``start=False``: the skipping waits for
-    ``_start`` (a zip makes every iterator before the first draws)."""
+    ``start_skipping`` (a zip makes every iterator before the first draws)."""
+    with skipping(loader, skip, note, restore_torch):
+        it = iter(loader)
+    if start:
+        start_skipping(it)
+    return it
+
+
+@contextlib.contextmanager
+def skipping(loader, skip: int, note: dict, restore_torch: bool = True):
+    """While open, ``iter(loader)`` (called by the program or by a wrapper's ``__iter__``) builds
+    an iterator whose index sampler starts ``skip`` batches in: no skipped sample is loaded. The
+    loader's generator is put back first (``note``, as ``DataLoaderAdapter.describe`` wrote it).
+    Yields the list of the iterators built (``start_skipping`` each)."""
     import torch
 
     _restore_rng(loader, note, restore_torch)
     rng_at_iter = torch.get_rng_state() if note.get("reuses_workers") else None
     original = type(loader)
+    built = []
 
-    class Skipping(original):  # only while iter() builds the iterator
+    class Skipping(original):  # only while open
         @property
         def _index_sampler(self):
             return _SkippingSampler(original._index_sampler.fget(self), skip, rng_at_iter)
 
+        def __iter__(self):
+            built.append(original.__iter__(self))
+            return built[-1]
+
     loader.__class__ = Skipping
     try:
-        it = iter(loader)
+        yield built
     finally:
         loader.__class__ = original
-    # A persistent_workers iterator is reset for the next epoch from this attribute: no skipping.
-    it._index_sampler = original._index_sampler.fget(loader)
-    it._num_yielded = skip
-    if start:
-        _start(it)
-    return it
+        for it in built:
+            # A persistent_workers iterator is reset for the next epoch from this attribute: no skipping.
+            it._index_sampler = original._index_sampler.fget(loader)
+            it._num_yielded += skip
 
 
-def _start(it, ctx: Context | None = None, at: tuple = ()) -> None:
+def start_skipping(it, ctx: Context | None = None, at: tuple = ()) -> None:
     sampler_iter = getattr(it, "_sampler_iter", None)
     if isinstance(sampler_iter, _SkipIter):
         sampler_iter.start()
+        it._sampler_iter = sampler_iter._it  # positioned: the iterator is as if it had taken those batches
         if sampler_iter.draws and ctx is not None:
             ctx.consumed.append(Consumed(at, NO_ITEM, True))

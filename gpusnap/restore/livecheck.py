@@ -60,11 +60,31 @@ def describe(obj, read=None) -> dict | None:
         return {"kind": "iterator", "why": f"{type(exc).__name__} while reading it"}
 
 
+# A framework's iterator that an adapter can position, by the name of its generator function
+# (``module.qualname``) or of a class on its MRO. An adapter has ``kind`` (the note's),
+# ``describe(obj, read) -> dict | None`` (None: the generic description) and
+# ``check(live, info, path, say) -> problem | None``. gpusnap.frameworks fills it.
+ADAPTERS: dict = {}
+
+
+def _adapter(obj):
+    if isinstance(obj, types.GeneratorType):
+        frame = obj.gi_frame
+        names = [f"{frame.f_globals.get('__name__')}.{obj.__qualname__}"] if frame is not None else []
+    else:
+        names = [f"{cls.__module__}.{cls.__qualname__}" for cls in type(obj).__mro__]
+    return next((ADAPTERS[name] for name in names if name in ADAPTERS), None)
+
+
 def _describe(obj, read):
+    adapter = _adapter(obj)
+    info = adapter.describe(obj, read) if adapter is not None else None
+    if info is not None:
+        return info
     if isinstance(obj, types.GeneratorType):
         return {"kind": "generator", "state": inspect.getgeneratorstate(obj), "fingerprint": fingerprint(obj, read, strict=True)}
-    loader_iter = _loader_iter_class()
-    if loader_iter is not None and isinstance(obj, loader_iter):
+    iter_class = _loader_iter_class()
+    if iter_class is not None and isinstance(obj, iter_class):
         return {
             "kind": "dataloader_iter",
             "yielded": obj._num_yielded,
@@ -135,8 +155,11 @@ def check(live_only: list, frames: list, modules: dict, positioned: set, say) ->
         if live is not _MISSING and id(live) in positioned:
             continue
         kind = info.get("kind")
-        if kind == "dataloader_iter":
-            problem = _loader_iter(live, info, path, say)
+        adapter = next((a for a in ADAPTERS.values() if a.kind == kind), None)
+        if adapter is not None:
+            problem = adapter.check(None if live is _MISSING else live, info, path, say)
+        elif kind == "dataloader_iter":
+            problem = loader_iter(live, info, path, say)
         elif kind == "generator":
             problem = _generator(live, info, path)
         else:
@@ -146,9 +169,10 @@ def check(live_only: list, frames: list, modules: dict, positioned: set, say) ->
     return problems
 
 
-def _loader_iter(live, info: dict, path: str, say) -> str | None:
-    loader_iter = _loader_iter_class()
-    if live is _MISSING or loader_iter is None or not isinstance(live, loader_iter):
+def loader_iter(live, info: dict, path: str, say) -> str | None:
+    """A DataLoader iterator advanced to its saved position and checked there, or a problem."""
+    iter_class = _loader_iter_class()
+    if live is _MISSING or iter_class is None or not isinstance(live, iter_class):
         return f"cannot find the DataLoader iterator that the run that took the snapshot held at {path}"
     if info.get("base_seed") is not None and getattr(live, "_base_seed", None) != info["base_seed"]:
         return f"found the DataLoader iterator at {path} made from other random numbers than in the run that took the snapshot"

@@ -1,0 +1,105 @@
+"""Accelerate's DataLoader wrapper, tested with Accelerate 1.15.
+
+``accelerator.prepare(loader)`` returns a ``DataLoaderShard``: no torch DataLoader subclass (it
+holds one, ``base_dataloader``, and only claims its ``__class__``), whose ``__iter__`` is a
+generator that, at its first ``next()``, synchronises RNG states across processes, registers with
+accelerate's ``GradientState``, calls ``set_epoch(self.iteration)`` and iterates the base loader
+one batch ahead of what it yields (to flag the last batch).
+
+Both where a loop iterates the shard (fast-forward: an Accelerate loop, ``for batch in loader``)
+and where the program advances its generator by hand (livecheck: the transformers Trainer's
+``epoch_iterator``), the generator is put where the original stood after yielding n batches:
+the base loader's index sampler skips n - 1 batches (no skipped sample is loaded), then one
+``next()`` runs the generator's own start, takes batch n - 1 and looks ahead to batch n, as the
+original had. Its ``batch_index`` then counts from 0, not n - 1: it is only compared with
+``skip_batches``, which must be 0. Anything else (``skip_batches``, a stateful or iterable-style
+base loader) is consumed and checked by digest, or refused.
+
+The step loop of an Accelerate program is the program's own: no module needs instrumenting.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from gpusnap.restore import fastforward, livecheck
+
+SHARD = "accelerate.data_loader.DataLoaderShard"
+
+
+def _by_sampler(shard) -> bool:
+    from torch.utils.data import DataLoader
+
+    base = getattr(shard, "base_dataloader", None)
+    return shard.skip_batches == 0 and isinstance(base, DataLoader) and fastforward.samples_by_index(base)
+
+
+def _advanced(gen, shard, taken: int, loader_note: dict, ctx=None, at: tuple = ()):
+    """``gen`` (the shard's generator, not started) after yielding ``taken`` batches."""
+    if taken:
+        with fastforward.skipping(shard.base_dataloader, taken - 1, loader_note) as built:
+            next(gen)
+        for it in built:
+            fastforward.start_skipping(it, ctx, at)
+    return gen
+
+
+class ShardLoop:
+    """A loop over a ``DataLoaderShard`` (``fastforward.ADAPTERS``). The shard is live-only, and
+    its epoch count (``iteration``, which its ``__iter__`` hands to ``set_epoch``) is what the
+    original had when the loop started, whatever the replay skipped."""
+
+    def describe(self, shard) -> dict:
+        if not _by_sampler(shard):
+            return {"kind": "iter"}
+        return {"kind": "dataloader_shard", "iteration": shard.iteration, "inner": fastforward.DataLoaderAdapter().describe(shard.base_dataloader)}
+
+    def position(self, shard, skip, note, ctx, at):
+        if not (note and note.get("kind") == "dataloader_shard" and _by_sampler(shard)):
+            return fastforward.consume(shard, skip, ctx, at, pure=False)
+        shard.iteration = note["iteration"]
+        return _advanced(iter(shard), shard, skip, note["inner"], ctx, at), "by batch sampler"
+
+
+class ShardIterator:
+    """A ``DataLoaderShard``'s generator that the program advances itself (``livecheck.ADAPTERS``).
+    The replay made its own (``iter(shard)`` in the same place) and has not started it: it is
+    advanced to the saved count, then its base loader's iterator must have drawn the same base
+    seed and its sampler must stand at the same indices."""
+
+    kind = "dataloader_shard_iter"
+
+    def describe(self, gen, read) -> dict | None:
+        if inspect.getgeneratorstate(gen) != inspect.GEN_SUSPENDED:
+            return None  # created or finished: the generic check compares states
+        local = gen.gi_frame.f_locals
+        shard = local["self"]
+        if not _by_sampler(shard):
+            return {"kind": "iterator", "why": "a DataLoaderShard that skips batches or has no index sampler"}
+        return {
+            "kind": self.kind,
+            "yielded": local["batch_index"] + 1,
+            "iteration": shard.iteration,
+            "ended": bool(shard.end_of_dataloader),
+            "inner": livecheck.describe(local["dataloader_iter"], read),
+        }
+
+    def check(self, live, info: dict, path: str, say) -> str | None:
+        if not (inspect.isgenerator(live) and live.__qualname__ == "DataLoaderShard.__iter__"):
+            return f"cannot find the DataLoaderShard iterator that the run that took the snapshot held at {path}"
+        if inspect.getgeneratorstate(live) != inspect.GEN_CREATED:
+            return f"found the DataLoaderShard iterator at {path} already advanced by the replay"
+        shard = live.gi_frame.f_locals["self"]
+        if shard.iteration != info["iteration"]:
+            return f"found the DataLoaderShard iterator at {path} made for epoch {shard.iteration}, the run that took the snapshot's for epoch {info['iteration']}"
+        if not _by_sampler(shard):
+            return f"cannot position the DataLoaderShard iterator at {path}: its loader skips batches or has no index sampler"
+        _advanced(live, shard, info["yielded"], {})
+        say(f"advanced the DataLoaderShard iterator at {path} to batch {info['yielded']} by batch sampler")
+        if bool(shard.end_of_dataloader) != info["ended"]:
+            return f"found the DataLoaderShard iterator at {path} {'at' if shard.end_of_dataloader else 'before'} its end, unlike the run that took the snapshot"
+        return livecheck.loader_iter(live.gi_frame.f_locals["dataloader_iter"], info["inner"], f"{path} (its DataLoader's)", say)
+
+
+fastforward.ADAPTERS[SHARD] = ShardLoop()
+livecheck.ADAPTERS[f"{SHARD}.__iter__"] = ShardIterator()
