@@ -8,11 +8,11 @@ one batch ahead of what it yields (to flag the last batch).
 
 Both where a loop iterates the shard (fast-forward: an Accelerate loop, ``for batch in loader``)
 and where the program advances its generator by hand (livecheck: the transformers Trainer's
-``epoch_iterator``), the generator is put where the original stood after yielding n batches:
+``epoch_iterator``), a generator is put where the original stood after yielding n batches:
 the base loader's index sampler skips n - 1 batches (no skipped sample is loaded), then one
 ``next()`` runs the generator's own start, takes batch n - 1 and looks ahead to batch n, as the
 original had. Its ``batch_index`` then counts from 0, not n - 1: it is only compared with
-``skip_batches``, which must be 0. Anything else (``skip_batches``, a stateful or iterable-style
+``skip_batches``, which must be 0, and gpusnap counts by the base iterator instead. Anything else (``skip_batches``, a stateful or iterable-style
 base loader) is consumed and checked by digest, or refused.
 
 The step loop of an Accelerate program is the program's own: no module needs instrumenting.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 
+from gpusnap.capture import rng
 from gpusnap.restore import fastforward, livecheck
 
 SHARD = "accelerate.data_loader.DataLoaderShard"
@@ -63,9 +64,14 @@ class ShardLoop:
 
 class ShardIterator:
     """A ``DataLoaderShard``'s generator that the program advances itself (``livecheck.ADAPTERS``).
-    The replay made its own (``iter(shard)`` in the same place) and has not started it: it is
-    advanced to the saved count, then its base loader's iterator must have drawn the same base
-    seed and its sampler must stand at the same indices."""
+
+    The replay made its own in the same place, and may have advanced it from the wrong start
+    already (the body of the loop whose iteration the snapshot was in took batches again, with
+    the RNG states of that iteration). A generator cannot go back, so a new one takes its place,
+    started at the saved count (as above) with the global RNG states the original had when it
+    started: the replay's own at this point, or one of those the snapshot recorded where loops
+    and iterations started. The right one is the one whose base iterator draws the base seed the
+    original drew; then its sampler must stand at the same indices. Otherwise restart refuses."""
 
     kind = "dataloader_shard_iter"
 
@@ -78,27 +84,44 @@ class ShardIterator:
             return {"kind": "iterator", "why": "a DataLoaderShard that skips batches or has no index sampler"}
         return {
             "kind": self.kind,
-            "yielded": local["batch_index"] + 1,
+            "yielded": _yielded(gen),
             "iteration": shard.iteration,
             "ended": bool(shard.end_of_dataloader),
             "inner": livecheck.describe(local["dataloader_iter"], read),
         }
 
-    def check(self, live, info: dict, path: str, say) -> str | None:
-        if not (inspect.isgenerator(live) and live.__qualname__ == "DataLoaderShard.__iter__"):
-            return f"cannot find the DataLoaderShard iterator that the run that took the snapshot held at {path}"
-        if inspect.getgeneratorstate(live) != inspect.GEN_CREATED:
-            return f"found the DataLoaderShard iterator at {path} already advanced by the replay"
+    def check(self, live, info: dict, path: str, scene) -> str | None:
+        if not (inspect.isgenerator(live) and live.__qualname__ == "DataLoaderShard.__iter__" and live.gi_frame is not None):
+            return f"cannot find the running DataLoaderShard iterator that the run that took the snapshot held at {path}"
         shard = live.gi_frame.f_locals["self"]
         if shard.iteration != info["iteration"]:
             return f"found the DataLoaderShard iterator at {path} made for epoch {shard.iteration}, the run that took the snapshot's for epoch {info['iteration']}"
         if not _by_sampler(shard):
             return f"cannot position the DataLoaderShard iterator at {path}: its loader skips batches or has no index sampler"
-        _advanced(live, shard, info["yielded"], {})
-        say(f"advanced the DataLoaderShard iterator at {path} to batch {info['yielded']} by batch sampler")
+        taken, inner = info["yielded"], info["inner"] or {}
+        for state in (None, *scene.rng_states):
+            if state is not None:
+                rng.restore_json(state)
+            gen = _advanced(iter(shard), shard, taken, {})
+            if _base(gen)._base_seed == inner.get("base_seed"):
+                break
+        else:
+            return f"cannot position the DataLoaderShard iterator at {path}: no RNG state the snapshot holds makes it draw the seed it drew"
+        scene.rebind(gen)
+        scene.say(f"started the DataLoaderShard iterator at {path} again at batch {taken} by batch sampler")
         if bool(shard.end_of_dataloader) != info["ended"]:
             return f"found the DataLoaderShard iterator at {path} {'at' if shard.end_of_dataloader else 'before'} its end, unlike the run that took the snapshot"
-        return livecheck.loader_iter(live.gi_frame.f_locals["dataloader_iter"], info["inner"], f"{path} (its DataLoader's)", say)
+        return livecheck.loader_iter(_base(gen), inner, f"{path} (its DataLoader's)", scene.say)
+
+
+def _base(gen):
+    return gen.gi_frame.f_locals["dataloader_iter"]
+
+
+def _yielded(gen) -> int:
+    """Batches a started shard generator has yielded: its base iterator is one ahead, except at
+    the end (reading ``batch_index`` would not do: it counts from 0 after a positioning)."""
+    return _base(gen)._num_yielded - (0 if gen.gi_frame.f_locals["self"].end_of_dataloader else 1)
 
 
 fastforward.ADAPTERS[SHARD] = ShardLoop()

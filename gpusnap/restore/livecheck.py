@@ -34,6 +34,7 @@ from array import array
 import xxhash
 
 from gpusnap.restore.digest import digest
+from gpusnap.restore.frames import write_locals
 
 HINT = (
     "replay cannot put an iterator that the program advances by hand back where it stood; iterate "
@@ -142,7 +143,17 @@ def _plain(x) -> bool:
 
 
 # -- replay --------------------------------------------------------------------------------------
-def check(live_only: list, frames: list, modules: dict, positioned: set, say) -> list[str]:
+class Scene:
+    """What an adapter may use to put a replayed iterator back: ``say``; ``rng_states``, the
+    global RNG states (JSON) that the snapshot recorded where loops and their iterations started,
+    innermost first (where the original may have started the iterator); ``rebind(value)`` puts
+    another object at the iterator's path."""
+
+    def __init__(self, say, rng_states, rebind):
+        self.say, self.rng_states, self.rebind = say, rng_states, rebind
+
+
+def check(live_only: list, frames: list, modules: dict, positioned: set, say, rng_states=()) -> list[str]:
     """Problems with the replayed program's live-only iterators; DataLoader iterators behind
     their saved position are advanced to it first. ``positioned``: ids fast-forward owns."""
     problems = []
@@ -157,7 +168,8 @@ def check(live_only: list, frames: list, modules: dict, positioned: set, say) ->
         kind = info.get("kind")
         adapter = next((a for a in ADAPTERS.values() if a.kind == kind), None)
         if adapter is not None:
-            problem = adapter.check(None if live is _MISSING else live, info, path, say)
+            scene = Scene(say, list(rng_states), lambda value, path=path: rebind(path, frames, modules, value))
+            problem = adapter.check(None if live is _MISSING else live, info, path, scene)
         elif kind == "dataloader_iter":
             problem = loader_iter(live, info, path, say)
         elif kind == "generator":
@@ -221,6 +233,39 @@ _STEP = re.compile(r"\.(\w+)|\[('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\]]*)\]
 
 def resolve(path: str, frames: list, modules: dict):
     """The live object at ``path`` (``frame[1].locals.self.it``, ``globals[m].x[0]``), or _MISSING."""
+    found = _walk(path, frames, modules)
+    if found is _MISSING:
+        return _MISSING
+    obj, steps = found
+    try:
+        for attr, key in steps:
+            obj = getattr(obj, attr) if attr is not None else obj[key]
+    except Exception:  # a name the replay does not have
+        return _MISSING
+    return obj
+
+
+def rebind(path: str, frames: list, modules: dict, value) -> None:
+    """Put ``value`` at ``path`` (which ``resolve`` found) in the replayed program."""
+    match = _ROOT.match(path)
+    obj, steps = _walk(path, frames, modules)
+    if not steps:
+        if match.group(1) is not None:
+            write_locals(frames[int(match.group(1))], {match.group(2): value})
+        else:
+            modules[match.group(3)][match.group(4)] = value
+        return
+    for attr, key in steps[:-1]:
+        obj = getattr(obj, attr) if attr is not None else obj[key]
+    attr, key = steps[-1]
+    if attr is not None:
+        setattr(obj, attr, value)
+    else:
+        obj[key] = value
+
+
+def _walk(path: str, frames: list, modules: dict):
+    """(root object, [(attribute or None, key)]) for ``path``, or _MISSING."""
     match = _ROOT.match(path)
     if match is None:
         return _MISSING
@@ -229,13 +274,13 @@ def resolve(path: str, frames: list, modules: dict):
             obj = frames[int(match.group(1))].f_locals[match.group(2)]
         else:
             obj = modules[match.group(3)][match.group(4)]
-        pos = match.end()
+        steps, pos = [], match.end()
         while pos < len(path):
             step = _STEP.match(path, pos)
             if step is None:
                 return _MISSING
             pos = step.end()
-            obj = getattr(obj, step.group(1)) if step.group(1) is not None else obj[ast.literal_eval(step.group(2))]
+            steps.append((step.group(1), None if step.group(1) is not None else ast.literal_eval(step.group(2))))
     except Exception:  # a name the replay does not have, a key that is not a literal
         return _MISSING
-    return obj
+    return obj, steps

@@ -128,7 +128,12 @@ class Replay:
         if not any(entry.get("iterator") for entry in live_only):
             return
         frames = roots.frames_on_path(loop.frame)
-        problems = livecheck.check(live_only, frames, roots.instrumented_modules(), self._positioned, _say)
+        # Where the original may have started such an iterator: the RNG states at the starts of
+        # the loops and of their current iterations, innermost first.
+        rng_states = [
+            state for want in reversed(self.expected) for state in (want.get("rng_at"), (want.get("resume") or {}).get("rng")) if state
+        ]
+        problems = livecheck.check(live_only, frames, roots.instrumented_modules(), self._positioned, _say, rng_states)
         self._judge(self.expected[-1], problems, livecheck.HINT)
 
     def _judge(self, want: dict, problems: list[str], hint: str | None = None) -> None:

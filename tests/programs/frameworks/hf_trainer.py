@@ -1,5 +1,8 @@
 """A transformers Trainer on a tiny GPT-2 built from its config (nothing downloaded), trained on
-generated token ids; a callback reports progress. usage: hf_trainer.py OUT [--epochs N]"""
+generated token ids, a loss logged at every step; a callback reports progress. The final state
+holds what the Trainer keeps: weights, optimizer and scheduler states, the log history (losses,
+learning rates, gradient norms, epochs, the mean training loss; not the timings), the global step and epoch.
+usage: hf_trainer.py OUT [--epochs N]"""
 import argparse
 import os
 import sys
@@ -38,7 +41,7 @@ def main():
         output_dir=os.path.join(args.out, "trainer"),
         per_device_train_batch_size=8,
         num_train_epochs=args.epochs,
-        logging_steps=10,
+        logging_steps=1,
         save_strategy="no",
         report_to=[],
         use_cpu=True,
@@ -47,7 +50,16 @@ def main():
     )
     trainer = Trainer(model=model, args=training, train_dataset=TokenIds(), callbacks=[Progress()])
     trainer.train()
-    finish(model=model.state_dict(), steps=trainer.state.global_step)
+    state = trainer.state
+    log = [{k: v for k, v in entry.items() if "runtime" not in k and "per_second" not in k} for entry in state.log_history]
+    finish(
+        model=model.state_dict(),
+        optimizer=trainer.optimizer.state_dict(),
+        scheduler=trainer.lr_scheduler.state_dict(),
+        log=log,
+        steps=state.global_step,
+        epoch=state.epoch,
+    )
 
 
 if __name__ == "__main__":
