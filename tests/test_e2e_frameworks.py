@@ -57,3 +57,32 @@ def test_a_framework_trainer_restarts_to_the_same_bytes(tmp_path, name, seed):
     assert f"{how} " in restarted.stderr and "by batch sampler" in restarted.stderr, "positioned otherwise"
     assert_same(load_final(ref), load_final(out))
     print(f"{name}: {time.monotonic() - started:.1f} s")
+
+
+# name: (module to import, program, the loop the notice names, modules it names)
+UNKNOWN = {
+    "a library's trainer": (None, "unknown_trainer.py", "trainerlib.py:", ["trainerlib"]),
+    "lightning": (
+        "lightning",
+        "lightning_fit.py",
+        "lightning/pytorch/loops/training_epoch_loop.py:",
+        ["lightning.pytorch.trainer.trainer", "lightning.pytorch.loops.fit_loop", "lightning.pytorch.loops.training_epoch_loop"],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", UNKNOWN)
+def test_a_step_loop_gpusnap_does_not_instrument_is_named_at_the_first_step(tmp_path, name):
+    module, program, loop, modules = UNKNOWN[name]
+    if module:
+        pytest.importorskip(module)
+    programs, out = programs_and_out(tmp_path)
+    run = Run("run", "--dir", "snaps", programs / "frameworks" / program, out, cwd=tmp_path, env=ENV)
+    wait_for(lambda: progress(out) >= 2, "two optimizer steps", timeout=180, proc=run)
+    run.kill_group()
+    err = run.proc.stderr.read()
+    notices = [line for line in err.splitlines() if line.startswith("gpusnap: the optimizer steps inside a loop at")]
+    assert len(notices) == 1, err
+    assert loop in notices[0] and "which gpusnap does not instrument" in notices[0]
+    for needed in modules:
+        assert f"--instrument {needed}" in notices[0]
