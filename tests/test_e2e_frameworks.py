@@ -24,7 +24,7 @@ ENV = {"OMP_NUM_THREADS": "1"}
 # name: (module to import, program, arguments after OUT, optimizer steps per epoch, what restart
 # must say it did). The snapshot lands after the first epoch, where replay skips whole epochs.
 TRAINERS = {
-    "transformers": ("transformers", "hf_trainer.py", ["--epochs", "3"], 24, "started the DataLoaderShard iterator at"),
+    "transformers": ("transformers", "hf_trainer.py", ["--epochs", "4", "--accumulate", "2"], 12, "started the DataLoaderShard iterator at"),
     "accelerate": ("accelerate", "accelerate_loop.py", ["--epochs", "4"], 15, "in main to iteration"),
 }
 

@@ -107,7 +107,9 @@ class ShardIterator:
                 break
         else:
             return f"cannot position the DataLoaderShard iterator at {path}: no RNG state the snapshot holds makes it draw the seed it drew"
-        scene.rebind(gen)
+        problem = scene.replace(live, gen)
+        if problem:
+            return problem
         scene.say(f"started the DataLoaderShard iterator at {path} again at batch {taken} by batch sampler")
         if bool(shard.end_of_dataloader) != info["ended"]:
             return f"found the DataLoaderShard iterator at {path} {'at' if shard.end_of_dataloader else 'before'} its end, unlike the run that took the snapshot"

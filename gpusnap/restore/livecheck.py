@@ -24,6 +24,7 @@ reported as phrases; replay refuses (``--force``: warns).
 from __future__ import annotations
 
 import ast
+import gc
 import inspect
 import io
 import re
@@ -146,11 +147,27 @@ def _plain(x) -> bool:
 class Scene:
     """What an adapter may use to put a replayed iterator back: ``say``; ``rng_states``, the
     global RNG states (JSON) that the snapshot recorded where loops and their iterations started,
-    innermost first (where the original may have started the iterator); ``rebind(value)`` puts
-    another object at the iterator's path."""
+    innermost first (where the original may have started the iterator); ``replace(old, new)``."""
 
-    def __init__(self, say, rng_states, rebind):
-        self.say, self.rng_states, self.rebind = say, rng_states, rebind
+    def __init__(self, say, rng_states, path: str, frames: list, modules: dict):
+        self.say, self.rng_states = say, rng_states
+        self._path, self._frames, self._modules = path, frames, modules
+
+    def replace(self, old, new) -> str | None:
+        """Put ``new`` where the replayed program holds ``old``: at the saved path, and in every
+        local of the frames on the path and global of the instrumented modules that is ``old``.
+        A problem when something else still holds ``old`` (it would go on with the wrong one)."""
+        rebind(self._path, self._frames, self._modules, new)
+        for frame in self._frames:
+            names = [name for name, value in frame.f_locals.items() if value is old]
+            if names:
+                write_locals(frame, dict.fromkeys(names, new))
+        for namespace in self._modules.values():
+            namespace.update({name: new for name, value in list(namespace.items()) if value is old})
+        gc.collect()
+        if any(not isinstance(holder, types.FrameType) for holder in gc.get_referrers(old)):
+            return f"cannot replace the iterator at {self._path}: the replayed program holds it in another place too"
+        return None
 
 
 def check(live_only: list, frames: list, modules: dict, positioned: set, say, rng_states=()) -> list[str]:
@@ -168,7 +185,7 @@ def check(live_only: list, frames: list, modules: dict, positioned: set, say, rn
         kind = info.get("kind")
         adapter = next((a for a in ADAPTERS.values() if a.kind == kind), None)
         if adapter is not None:
-            scene = Scene(say, list(rng_states), lambda value, path=path: rebind(path, frames, modules, value))
+            scene = Scene(say, list(rng_states), path, frames, modules)
             problem = adapter.check(None if live is _MISSING else live, info, path, scene)
         elif kind == "dataloader_iter":
             problem = loader_iter(live, info, path, say)

@@ -2,7 +2,7 @@
 generated token ids, a loss logged at every step; a callback reports progress. The final state
 holds what the Trainer keeps: weights, optimizer and scheduler states, the log history (losses,
 learning rates, gradient norms, epochs, the mean training loss; not the timings), the global step and epoch.
-usage: hf_trainer.py OUT [--epochs N]"""
+usage: hf_trainer.py OUT [--epochs N] [--accumulate N]"""
 import argparse
 import os
 import sys
@@ -34,6 +34,7 @@ def main():
     parser = argparse.ArgumentParser(description="tiny GPT-2 with the transformers Trainer")
     parser.add_argument("out")
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--accumulate", type=int, default=1, help="gradient accumulation steps")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2))
@@ -41,6 +42,7 @@ def main():
         output_dir=os.path.join(args.out, "trainer"),
         per_device_train_batch_size=8,
         num_train_epochs=args.epochs,
+        gradient_accumulation_steps=args.accumulate,
         logging_steps=1,
         save_strategy="no",
         report_to=[],
