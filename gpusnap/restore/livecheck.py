@@ -158,12 +158,18 @@ class Scene:
         local of the frames on the path and global of the instrumented modules that is ``old``.
         A problem when something else still holds ``old`` (it would go on with the wrong one)."""
         rebind(self._path, self._frames, self._modules, new)
+        # Plain loops: a comprehension would hold ``old`` in a cell, which the check below sees.
         for frame in self._frames:
-            names = [name for name, value in frame.f_locals.items() if value is old]
+            names = {}
+            for name, value in frame.f_locals.items():
+                if value is old:
+                    names[name] = new
             if names:
-                write_locals(frame, dict.fromkeys(names, new))
+                write_locals(frame, names)
         for namespace in self._modules.values():
-            namespace.update({name: new for name, value in list(namespace.items()) if value is old})
+            for name, value in list(namespace.items()):
+                if value is old:
+                    namespace[name] = new
         gc.collect()
         if any(not isinstance(holder, types.FrameType) for holder in gc.get_referrers(old)):
             return f"cannot replace the iterator at {self._path}: the replayed program holds it in another place too"
