@@ -12,7 +12,7 @@ import random
 import time
 
 import pytest
-from harness import Run, assert_same, copy_programs, gpusnap, interrupt, load_final, plain, progress
+from harness import assert_same, copy_programs, kill_and_restart, load_final, plain, progress
 
 SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")]
 
@@ -50,15 +50,6 @@ def test_corpus_program_restarts_to_the_same_bytes(tmp_path, name, seed):
     total = progress(ref)
     print(f"reference: {total} steps in {time.monotonic() - started:.1f} s")
 
-    run = Run("run", "--dir", "snaps", script, out, *args, cwd=tmp_path, env=SLOW)
-    snap = interrupt(run, out, tmp_path / "snaps", tmp_path, rnd, total)
-    print(f"snapshot {snap['id']} at iteration {snap['iteration']}, killed at step {progress(out)}")
-    # "iteration" counts loop iterations, not optimizer steps (the GAN steps two per iteration)
-    assert 0 < snap["iteration"] <= progress(out)
-
-    restarted = gpusnap("restart", "snaps", cwd=tmp_path, env=ENV)
-    print(*[line for line in restarted.stderr.splitlines() if line.startswith("gpusnap:")], sep="\n")
-    assert restarted.returncode == 0, restarted.stderr
-    assert f"restored snapshot {snap['id']}" in restarted.stderr
+    kill_and_restart(script, args, tmp_path, out, rnd, total, ENV, SLOW)
     assert_same(load_final(ref), load_final(out))
     print(f"{name}: {time.monotonic() - started:.1f} s")

@@ -16,7 +16,7 @@ import random
 import time
 
 import pytest
-from harness import Run, assert_same, gpusnap, interrupt, load_final, plain, programs_and_out, progress, wait_for
+from harness import Run, assert_same, kill_and_restart, load_final, plain, programs_and_out, progress, wait_for
 
 SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")]
 ENV = {"OMP_NUM_THREADS": "1"}
@@ -45,15 +45,8 @@ def test_a_framework_trainer_restarts_to_the_same_bytes(tmp_path, name, seed):
     total = progress(ref)
     print(f"reference: {total} steps in {time.monotonic() - started:.1f} s")
 
-    run = Run("run", "--dir", "snaps", script, out, *args, cwd=tmp_path, env={**ENV, "TEST_STEP_SLEEP_S": "0.05"})
-    snap = interrupt(run, out, tmp_path / "snaps", tmp_path, rnd, total, floor=per_epoch)
-    print(f"snapshot {snap['id']} at iteration {snap['iteration']}, killed at step {progress(out)}")
-    assert 0 < snap["iteration"] <= progress(out)
-
-    restarted = gpusnap("restart", "snaps", cwd=tmp_path, env=ENV)
-    print(*[line for line in restarted.stderr.splitlines() if line.startswith("gpusnap:")], sep="\n")
-    assert restarted.returncode == 0, restarted.stderr
-    assert f"restored snapshot {snap['id']}" in restarted.stderr
+    slow = {**ENV, "TEST_STEP_SLEEP_S": "0.05"}
+    restarted = kill_and_restart(script, args, tmp_path, out, rnd, total, ENV, slow, floor=per_epoch)
     assert f"{how} " in restarted.stderr and "by batch sampler" in restarted.stderr, "positioned otherwise"
     assert_same(load_final(ref), load_final(out))
     print(f"{name}: {time.monotonic() - started:.1f} s")

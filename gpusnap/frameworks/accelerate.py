@@ -12,8 +12,9 @@ and where the program advances its generator by hand (livecheck: the transformer
 the base loader's index sampler skips n - 1 batches (no skipped sample is loaded), then one
 ``next()`` runs the generator's own start, takes batch n - 1 and looks ahead to batch n, as the
 original had. Its ``batch_index`` then counts from 0, not n - 1: it is only compared with
-``skip_batches``, which must be 0, and gpusnap counts by the base iterator instead. Anything else (``skip_batches``, a stateful or iterable-style
-base loader) is consumed and checked by digest, or refused.
+``skip_batches``, which must be 0, and gpusnap counts by the base iterator instead. Anything
+else (``skip_batches``, a stateful or iterable-style base loader) is consumed and checked by
+digest, or refused.
 
 The step loop of an Accelerate program is the program's own: no module needs instrumenting.
 """
@@ -53,7 +54,8 @@ class ShardLoop:
     def describe(self, shard) -> dict:
         if not _by_sampler(shard):
             return {"kind": "iter"}
-        return {"kind": "dataloader_shard", "iteration": shard.iteration, "inner": fastforward.DataLoaderAdapter().describe(shard.base_dataloader)}
+        inner = fastforward.DataLoaderAdapter().describe(shard.base_dataloader)
+        return {"kind": "dataloader_shard", "iteration": shard.iteration, "inner": inner}
 
     def position(self, shard, skip, note, ctx, at):
         if not (note and note.get("kind") == "dataloader_shard" and _by_sampler(shard)):
@@ -95,7 +97,10 @@ class ShardIterator:
             return f"cannot find the running DataLoaderShard iterator that the run that took the snapshot held at {path}"
         shard = live.gi_frame.f_locals["self"]
         if shard.iteration != info["iteration"]:
-            return f"found the DataLoaderShard iterator at {path} made for epoch {shard.iteration}, the run that took the snapshot's for epoch {info['iteration']}"
+            return (
+                f"found the DataLoaderShard iterator at {path} made for epoch {shard.iteration}, "
+                f"the run that took the snapshot's for epoch {info['iteration']}"
+            )
         if not _by_sampler(shard):
             return f"cannot position the DataLoaderShard iterator at {path}: its loader skips batches or has no index sampler"
         taken, inner = info["yielded"], info["inner"] or {}
@@ -106,13 +111,14 @@ class ShardIterator:
             if _base(gen)._base_seed == inner.get("base_seed"):
                 break
         else:
-            return f"cannot position the DataLoaderShard iterator at {path}: no RNG state the snapshot holds makes it draw the seed it drew"
+            return f"cannot position the DataLoaderShard iterator at {path}: no RNG state in the snapshot makes it draw its seed"
         problem = scene.replace(live, gen)
         if problem:
             return problem
         scene.say(f"started the DataLoaderShard iterator at {path} again at batch {taken} by batch sampler")
         if bool(shard.end_of_dataloader) != info["ended"]:
-            return f"found the DataLoaderShard iterator at {path} {'at' if shard.end_of_dataloader else 'before'} its end, unlike the run that took the snapshot"
+            where = "at" if shard.end_of_dataloader else "before"
+            return f"found the DataLoaderShard iterator at {path} {where} its end, unlike the run that took the snapshot"
         return livecheck.loader_iter(_base(gen), inner, f"{path} (its DataLoader's)", scene.say)
 
 
