@@ -136,10 +136,15 @@ def _emit(event: str, **fields) -> None:
 
 # -- step loop detection -------------------------------------------------------------------
 def _watch_optimizers() -> None:
-    if "torch.optim.optimizer" in sys.modules:
-        _hook_optimizers(sys.modules["torch.optim.optimizer"])
+    after_import("torch.optim.optimizer", _hook_optimizers)
+
+
+def after_import(name: str, callback) -> None:
+    """``callback(module)`` once module ``name`` is imported (now, if it is)."""
+    if name in sys.modules:
+        callback(sys.modules[name])
     else:
-        sys.meta_path.insert(0, _AfterImport("torch.optim.optimizer", _hook_optimizers))
+        sys.meta_path.insert(0, _AfterImport(name, callback))
 
 
 def _hook_optimizers(module) -> None:

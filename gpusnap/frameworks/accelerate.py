@@ -21,12 +21,30 @@ The step loop of an Accelerate program is the program's own: no module needs ins
 
 from __future__ import annotations
 
+import functools
 import inspect
+import weakref
 
-from gpusnap.capture import rng
+from gpusnap.capture import agent, rng
 from gpusnap.restore import fastforward, livecheck
 
 SHARD = "accelerate.data_loader.DataLoaderShard"
+# A shard generator -> the global RNG states when iter() made it: where the original started it,
+# which the replay must give a new one (a Trainer in its first epoch has recorded no other).
+_made_with: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_CURRENT = {"the replay's own": True}
+
+
+def _note_rng_at_iter(module) -> None:
+    shard_iter = module.DataLoaderShard.__iter__
+
+    @functools.wraps(shard_iter)
+    def __iter__(self):
+        gen = shard_iter(self)
+        _made_with[gen] = rng.compact()
+        return gen
+
+    module.DataLoaderShard.__iter__ = __iter__
 
 
 def _by_sampler(shard) -> bool:
@@ -71,8 +89,9 @@ class ShardIterator:
     already (the body of the loop whose iteration the snapshot was in took batches again, with
     the RNG states of that iteration). A generator cannot go back, so a new one takes its place,
     started at the saved count (as above) with the global RNG states the original had when it
-    started: the replay's own at this point, or one of those the snapshot recorded where loops
-    and iterations started. The right one is the one whose base iterator draws the base seed the
+    started: those recorded when ``iter()`` made it (gpusnap wraps ``DataLoaderShard.__iter__``
+    to note them), the replay's own at this point, or one of those the snapshot recorded where
+    loops and iterations started. The right one is the one whose base iterator draws the base seed the
     original drew; then its sampler must stand at the same indices. Otherwise restart refuses."""
 
     kind = "dataloader_shard_iter"
@@ -90,6 +109,7 @@ class ShardIterator:
             "iteration": shard.iteration,
             "ended": bool(shard.end_of_dataloader),
             "inner": livecheck.describe(local["dataloader_iter"], read),
+            "rng": rng.to_json(_made_with[gen], read) if gen in _made_with else None,
         }
 
     def check(self, live, info: dict, path: str, scene) -> str | None:
@@ -104,8 +124,10 @@ class ShardIterator:
         if not _by_sampler(shard):
             return f"cannot position the DataLoaderShard iterator at {path}: its loader skips batches or has no index sampler"
         taken, inner = info["yielded"], info["inner"] or {}
-        for state in (None, *scene.rng_states):
-            if state is not None:
+        for state in (info.get("rng"), _CURRENT, *scene.rng_states):
+            if not state:
+                continue
+            if state is not _CURRENT:
                 rng.restore_json(state)
             gen = _advanced(iter(shard), shard, taken, {})
             if _base(gen)._base_seed == inner.get("base_seed"):
@@ -132,5 +154,6 @@ def _yielded(gen) -> int:
     return _base(gen)._num_yielded - (0 if gen.gi_frame.f_locals["self"].end_of_dataloader else 1)
 
 
+agent.after_import("accelerate.data_loader", _note_rng_at_iter)
 fastforward.ADAPTERS[SHARD] = ShardLoop()
 livecheck.ADAPTERS[f"{SHARD}.__iter__"] = ShardIterator()

@@ -8,4 +8,6 @@ from __future__ import annotations
 
 from gpusnap.frameworks import LOOP_MODULES
 
-LOOP_MODULES["transformers"] = ("transformers.trainer",)
+# With auto_find_batch_size, Accelerate's retry loop (accelerate.utils.memory) calls the inner
+# training loop: without it, no frame on the way would be instrumented, and no boundary safe.
+LOOP_MODULES["transformers"] = ("transformers.trainer", "accelerate.utils.memory")

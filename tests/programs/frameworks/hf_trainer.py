@@ -2,7 +2,7 @@
 generated token ids, a loss logged at every step; a callback reports progress. The final state
 holds what the Trainer keeps: weights, optimizer and scheduler states, the log history (losses,
 learning rates, gradient norms, epochs, the mean training loss; not the timings), the global step and epoch.
-usage: hf_trainer.py OUT [--epochs N] [--accumulate N]"""
+usage: hf_trainer.py OUT [--epochs N] [--accumulate N] [--auto-batch]"""
 import argparse
 import os
 import sys
@@ -35,6 +35,7 @@ def main():
     parser.add_argument("out")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--accumulate", type=int, default=1, help="gradient accumulation steps")
+    parser.add_argument("--auto-batch", action="store_true", help="auto_find_batch_size (Accelerate's retry loop)")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2))
@@ -43,6 +44,7 @@ def main():
         per_device_train_batch_size=8,
         num_train_epochs=args.epochs,
         gradient_accumulation_steps=args.accumulate,
+        auto_find_batch_size=args.auto_batch,
         logging_steps=1,
         save_strategy="no",
         report_to=[],
