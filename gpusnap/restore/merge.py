@@ -67,6 +67,7 @@ class Merger:
         self._pending: dict[int, _Pending] = {}  # id(snapshot object) -> its waiting places
         self._fixups: list = []  # (container, key, _Pending): slots that wait for finish()
         self._building: set[int] = set()  # snapshot tuples whose items are being merged
+        self._live_only: dict[int, object] = {}  # id(LiveOnly) -> the live object first placed for it
         self.path: Path | str = ""  # the place being merged, for errors raised outside the merger
         self.tensors = 0
         self.nbytes = 0
@@ -145,6 +146,12 @@ class Merger:
         if isinstance(snap, _ATOMS):
             return snap
         if isinstance(snap, (LiveOnly, Unbuilt)):
+            if live is None:
+                # The same object at several places in the snapshot (one weakref, listed once per
+                # epoch by a framework): where the replay has none, the one placed first stands.
+                live = self._live_only.get(id(snap))
+            elif isinstance(snap, LiveOnly):
+                self._live_only.setdefault(id(snap), live)
             if live is None and (isinstance(snap, Unbuilt) or path.depth > 1):
                 # The program would meet None where it held a live object (a DataLoader iterator
                 # inside a framework's fetcher): it cannot continue from this state.
