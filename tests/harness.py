@@ -192,15 +192,21 @@ def assert_same(a, b, where: str = "final") -> None:
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
-def kill_and_restart(script: Path, args, tmp_path: Path, out: Path, rnd: random.Random, total: int, env: dict, slow_env: dict, floor: int = 0):
-    """`gpusnap run` the program (paced by ``slow_env``), snapshot at a random step and kill -9
-    it (``interrupt``), then `gpusnap restart` it to the end; asserts that the restart restored
-    that snapshot, and returns the restart's CompletedProcess."""
-    run = Run("run", "--dir", "snaps", script, out, *args, cwd=tmp_path, env=slow_env)
-    snap = interrupt(run, out, tmp_path / "snaps", tmp_path, rnd, total, floor)
-    print(f"snapshot {snap['id']} at iteration {snap['iteration']}, killed at step {progress(out)}")
-    # "iteration" counts loop iterations, not optimizer steps (a GAN steps two per iteration)
-    assert 0 < snap["iteration"] <= progress(out)
+def kill_and_restart(
+    script: Path, args, tmp_path: Path, out: Path, rnd: random.Random, total: int, env: dict, slow_env: dict, floors=(0,)
+):
+    """`gpusnap run` the program (paced by ``slow_env``), snapshot at a random step after
+    ``floors[0]`` and kill -9 it (``interrupt``); for each further floor, `gpusnap restart` it and
+    do that again after that step; then `gpusnap restart` it to the end. Asserts that the restart
+    restored the last snapshot, and returns its CompletedProcess."""
+    command = ("run", "--dir", "snaps", script, out, *args)
+    for floor in floors:
+        run = Run(*command, cwd=tmp_path, env=slow_env)
+        snap = interrupt(run, out, tmp_path / "snaps", tmp_path, rnd, total, max(floor, progress(out)))
+        print(f"snapshot {snap['id']} at iteration {snap['iteration']}, killed at step {progress(out)}")
+        # "iteration" counts loop iterations, not optimizer steps (a GAN steps two per iteration)
+        assert 0 < snap["iteration"] <= progress(out)
+        command = ("restart", "snaps")
     restarted = gpusnap("restart", "snaps", cwd=tmp_path, env=env)
     print(*[line for line in restarted.stderr.splitlines() if line.startswith("gpusnap:")], sep="\n")
     assert restarted.returncode == 0, restarted.stderr

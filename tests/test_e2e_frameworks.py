@@ -21,26 +21,29 @@ from harness import Run, assert_same, kill_and_restart, load_final, plain, progr
 SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")]
 ENV = {"OMP_NUM_THREADS": "1"}
 
-# name: (module to import, program, arguments after OUT, where the snapshot may land (optimizer
-# steps before it: 0, or one epoch's, where replay skips whole epochs), pause per step (s), what
-# restart must say it did). Steps are paced so that a snapshot commits well before the end, even
-# on a loaded machine.
+# name: (module to import, program, arguments after OUT, the optimizer steps after which each
+# snapshot is taken (one epoch's: replay skips whole epochs; several: the run is killed and
+# restarted that many times before it may finish), pause per step (s), what restart must say).
+# Steps are paced so that a snapshot commits well before the end, even on a loaded machine.
 TRAINERS = {
     "transformers": (
-        "transformers", "hf_trainer.py", ["--epochs", "4", "--accumulate", "2"], 12, "0.15", "started the DataLoaderShard iterator at",
+        "transformers", "hf_trainer.py", ["--epochs", "4", "--accumulate", "2"], (12,), "0.15",
+        "started the DataLoaderShard iterator at",
     ),
-    # Accelerate's retry loop around the Trainer, and a snapshot in the first epoch
+    # Accelerate's retry loop around the Trainer; a snapshot in the first epoch, and one after the
+    # restart in the second (accelerate's GradientState lists the loader once more per epoch)
     "transformers-auto-batch": (
-        "transformers", "hf_trainer.py", ["--epochs", "2", "--auto-batch"], 0, "0.15", "started the DataLoaderShard iterator at",
+        "transformers", "hf_trainer.py", ["--epochs", "3", "--auto-batch"], (0, 24), "0.15",
+        "started the DataLoaderShard iterator at",
     ),
-    "accelerate": ("accelerate", "accelerate_loop.py", ["--epochs", "4"], 15, "0.1", "in main to iteration"),
+    "accelerate": ("accelerate", "accelerate_loop.py", ["--epochs", "4"], (15,), "0.1", "in main to iteration"),
 }
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("name", TRAINERS)
 def test_a_framework_trainer_restarts_to_the_same_bytes(tmp_path, name, seed):
-    module, program, args, floor, pause_s, how = TRAINERS[name]
+    module, program, args, floors, pause_s, how = TRAINERS[name]
     pytest.importorskip(module)
     started = time.monotonic()
     rnd = random.Random(f"{name}/{seed}")
@@ -54,7 +57,7 @@ def test_a_framework_trainer_restarts_to_the_same_bytes(tmp_path, name, seed):
     print(f"reference: {total} steps in {time.monotonic() - started:.1f} s")
 
     slow = {**ENV, "TEST_STEP_SLEEP_S": pause_s}
-    restarted = kill_and_restart(script, args, tmp_path, out, rnd, total, ENV, slow, floor)
+    restarted = kill_and_restart(script, args, tmp_path, out, rnd, total, ENV, slow, floors)
     assert f"{how} " in restarted.stderr and "by batch sampler" in restarted.stderr, "positioned otherwise"
     assert_same(load_final(ref), load_final(out))
     print(f"{name}: {time.monotonic() - started:.1f} s")
