@@ -31,9 +31,9 @@ TRAINERS = {
         "started the DataLoaderShard iterator at",
     ),
     # Accelerate's retry loop around the Trainer; a snapshot in the first epoch, and one after the
-    # restart in the second (accelerate's GradientState lists the loader once more per epoch)
+    # restart in the third (accelerate's GradientState lists the loader once more per epoch)
     "transformers-auto-batch": (
-        "transformers", "hf_trainer.py", ["--epochs", "3", "--auto-batch"], (0, 24), "0.15",
+        "transformers", "hf_trainer.py", ["--epochs", "3", "--auto-batch"], (0, 48), "0.15",
         "started the DataLoaderShard iterator at",
     ),
     "accelerate": ("accelerate", "accelerate_loop.py", ["--epochs", "4"], (15,), "0.1", "in main to iteration"),
