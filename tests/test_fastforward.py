@@ -488,3 +488,24 @@ def test_loops_started_inside_a_running_step_loop_take_no_note(monkeypatch):
     assert agent._describe_source(inner, iter([1])) is None  # ends before the step loop's boundary
     assert agent._describe_source(loops.ActiveLoop("1:0", here, "for"), iter([1])) is not None  # a step loop itself
     assert agent._describe_source(inner, [1]) is None
+
+
+def _replace_in_caller(path: str, old, new):
+    return livecheck.Scene(print, [], path, [sys._getframe(1)], {}).replace(old, new)
+
+
+def test_a_replaced_iterator_takes_every_place_of_the_old_one_on_the_path_or_is_refused():
+    def batches():
+        yield from range(3)
+
+    it = batches()
+    also = it  # the same iterator in two locals of a frame on the path
+    fresh = batches()
+    assert _replace_in_caller("frame[0].locals.it", it, fresh) is None
+    assert it is fresh and also is fresh
+
+    it = batches()
+    kept = [it]  # a holder that is no local of a frame on the path: the program would go on with it
+    problem = _replace_in_caller("frame[0].locals.it", it, batches())
+    assert problem == "cannot replace the iterator at frame[0].locals.it: the replayed program holds it in another place too"
+    assert kept[0] is not it
