@@ -32,7 +32,7 @@ SHARD = "accelerate.data_loader.DataLoaderShard"
 # A shard generator -> the global RNG states when iter() made it: where the original started it,
 # which the replay must give a new one (a Trainer in its first epoch has recorded no other).
 _made_with: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_CURRENT = {"the replay's own": True}
+_CURRENT = object()  # a candidate: the RNG states the replay has
 
 
 def _note_rng_at_iter(module) -> None:
@@ -91,8 +91,9 @@ class ShardIterator:
     started at the saved count (as above) with the global RNG states the original had when it
     started: those recorded when ``iter()`` made it (gpusnap wraps ``DataLoaderShard.__iter__``
     to note them), the replay's own at this point, or one of those the snapshot recorded where
-    loops and iterations started. The right one is the one whose base iterator draws the base seed the
-    original drew; then its sampler must stand at the same indices. Otherwise restart refuses."""
+    loops and iterations started. The right one is the one whose base iterator draws the base
+    seed the original drew; then its sampler must stand at the same indices. Otherwise restart
+    refuses."""
 
     kind = "dataloader_shard_iter"
 
@@ -125,7 +126,7 @@ class ShardIterator:
             return f"cannot position the DataLoaderShard iterator at {path}: its loader skips batches or has no index sampler"
         taken, inner = info["yielded"], info["inner"] or {}
         for state in (info.get("rng"), _CURRENT, *scene.rng_states):
-            if not state:
+            if state is None:
                 continue
             if state is not _CURRENT:
                 rng.restore_json(state)
