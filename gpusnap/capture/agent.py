@@ -297,7 +297,7 @@ def _snapshot(loop) -> None:
 
     stage.quiesce()
     staged = stage.stage()
-    refusal = _headroom_refusal()
+    refusal = _headroom_refusal() or stage.unstaged_device_memory()
     if refusal is not None:
         if _control is None:  # otherwise the supervisor prints the event
             print(f"gpusnap: snapshot skipped: {refusal}", file=sys.stderr, flush=True)
