@@ -80,7 +80,7 @@ def install(config: dict) -> None:
     if _resumed_from is not None:
         from gpusnap.restore import replay
 
-        replay.install(_rundir, _resumed_from, _config, _emit)
+        replay.install(_rundir, _resumed_from, _config, _emit, resumed)
 
 
 def _install_signals() -> None:

@@ -32,12 +32,13 @@ active = None  # the Replay in progress, until its merge is done
 
 
 class Replay:
-    def __init__(self, rundir, snap_id: str, config: dict, emit):
+    def __init__(self, rundir, snap_id: str, config: dict, emit, on_merged):
         self.rundir = rundir
         self.manifest = rundir.manifest(snap_id)
         self.snap_id = self.manifest["id"]
         self.force = bool(config.get("force"))
         self.emit = emit
+        self.on_merged = on_merged  # the agent counts steps and iterations on from the snapshot's
         frames = self.manifest["roots"]["frames"]
         self.expected = [dict(loop, **frames[loop["frame"]]) for loop in self.manifest["loops"]]
         self.cursor = 0
@@ -139,9 +140,7 @@ class Replay:
             write_locals(frame, {name: merger.settled(value) for name, value in values.items()})
         self._stage = "restoring the random number generators"
         rng.restore(payload["rng"])
-        from gpusnap.capture import agent
-
-        agent.resumed(self.snap_id, self.manifest.get("steps") or 0, self.manifest.get("iteration"))
+        self.on_merged(self.snap_id, self.manifest.get("steps") or 0, self.manifest.get("iteration"))
         merge_s = time.perf_counter() - started
         _say(
             f"restored snapshot {self.snap_id}: {merger.nbytes / 1e6:.1f} MB into {merger.tensors} tensors; "
@@ -224,9 +223,11 @@ def check_sources(manifest: dict, force: bool) -> None:
             raise ProgramChanged(f"{path} changed since snapshot {manifest['id']} was taken")
 
 
-def install(rundir, snap_id: str, config: dict, emit) -> Replay:
+def install(rundir, snap_id: str, config: dict, emit, on_merged) -> Replay:
+    """Replay snapshot ``snap_id`` of ``rundir``; ``emit(event, **fields)`` reports to the
+    supervisor, ``on_merged(snap_id, steps, iteration)`` runs once the snapshot is merged."""
     global active
-    replay = Replay(rundir, snap_id, config, emit)
+    replay = Replay(rundir, snap_id, config, emit, on_merged)
     it = replay.manifest.get("iteration")
     _say(f"restoring snapshot {replay.snap_id} (iteration {it}): replaying setup")
     try:
