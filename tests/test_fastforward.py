@@ -367,6 +367,62 @@ def test_consumption_is_checked_against_the_snapshots_digest():
     assert itemcheck.verify(ctx.consumed, digest_of) == []
 
 
+OWNED = {
+    "random.Random": lambda: random.Random(3),
+    "numpy default_rng (PCG64)": lambda: np.random.default_rng(3),
+    "numpy MT19937": lambda: np.random.Generator(np.random.MT19937(3)),
+    "numpy Philox": lambda: np.random.Generator(np.random.Philox(3)),
+    "numpy RandomState": lambda: np.random.RandomState(3),
+    "torch.Generator": lambda: torch.Generator().manual_seed(3),
+}
+
+
+def _draw(gen):
+    if isinstance(gen, random.Random):
+        return gen.random()
+    if isinstance(gen, torch.Generator):
+        return float(torch.rand(1, generator=gen))
+    return float(gen.random())
+
+
+class OwnStream:
+    """An iterable whose ``__iter__`` draws from a generator it keeps as an attribute."""
+
+    def __init__(self, gen, n):
+        self.gen, self.n = gen, n
+
+    def __iter__(self):
+        return (_draw(self.gen) for _ in range(self.n))
+
+
+def _own_generator(gen, n):
+    for _ in range(n):
+        yield _draw(gen)
+
+
+@pytest.mark.parametrize("style", ["generator function", "iterable attribute"])
+@pytest.mark.parametrize("kind", OWNED)
+def test_a_source_with_its_own_generator_is_consumed_from_the_state_its_loop_started_with(kind, style):
+    """An epoch after the first: the source's generator has moved on from its seed. Replay's
+    stands at the seed; fast-forward gives it the loop-start state before consuming."""
+    make = _own_generator if style == "generator function" else OwnStream
+    gen = OWNED[kind]()
+    for _ in range(7):  # earlier epochs
+        _draw(gen)
+    source = make(gen, 10)
+    note = json.loads(json.dumps(itemcheck.note_json(fastforward.describe(source))))
+    assert list(note["owned"]) == ["gen"]
+    original = list(source)
+
+    replayed = OWNED[kind]()
+    ctx = fastforward.Context()
+    it, how = fastforward.iterator_at(make(replayed, 10), 4, note, ctx)
+    assert how == "by consuming 4 items"
+    assert ctx.consumed[0].last == original[3] and list(it) == original[4:]
+    with pytest.raises(fastforward.FastForwardError, match="generator 'gen' is not the"):
+        fastforward.iterator_at(make(object(), 10), 4, note)
+
+
 def test_a_source_shorter_than_the_saved_position_is_refused():
     with pytest.raises(fastforward.FastForwardError, match="ended before item 4"):
         fastforward.iterator_at(iter(range(3)), 5, None)

@@ -37,6 +37,8 @@ def note_json(note, read=None):
             value = rng.to_json((b"", None, None, value, None), read)["torch"]
         elif key == "args":
             value = [note_json(arg, read) for arg in value]
+        elif key == "owned":
+            value = {name: rng.owned_json(raw, read) for name, raw in value.items()}
         elif key == "inner":
             value = note_json(value, read)
         out[key] = value
