@@ -24,7 +24,8 @@ and exits with the class's ``exit_code``::
     └── RestoreError                  6  restart refused rather than restore wrong state
         ├── ReplayDiverged               ... replay never reached the saved loop position
         ├── StateMismatch                ... shape / dtype / tying differs at an object path
-        └── ProgramChanged               ... script, sources or arguments differ
+        ├── ProgramChanged               ... script, sources or arguments differ
+        └── FastForwardError             ... a loop's position cannot be reproduced exactly
 
 ``gpusnap run`` itself passes the program's exit status through; see ``EXIT_*`` below and the
 README's table.
@@ -136,3 +137,11 @@ class StateMismatch(RestoreError):
 
 class ProgramChanged(RestoreError):
     default_hint = "restore the original script, or pass --force to restore anyway"
+
+
+class FastForwardError(RestoreError):
+    default_hint = (
+        "the loop's items depend on something replay does not reproduce (random numbers drawn "
+        "between items, an iterator advanced by hand); give the source a seeded generator of its "
+        "own, restart from another snapshot with --snapshot ID, or pass --force to continue anyway"
+    )

@@ -81,6 +81,10 @@ HUGEPAGES = _choice("HUGEPAGES", "on", ("on", "off"))
 # Upper bound on chunk bytes the writer holds in memory at once, whatever the state's size.
 WRITER_WINDOW_BYTES = _int("WRITER_WINDOW_BYTES", 256 << 20)
 
+# Fast-forward proves a consumed loop source by a digest of the last item it reproduced; items
+# holding more data than this are not digested (restart then checks less; see restore/digest.py).
+FF_DIGEST_MAX_BYTES = _int("FF_DIGEST_MAX_BYTES", 64 << 20)
+
 # Fork only when the copy-on-write worst case (the trainee's resident set) is at most this
 # fraction of the host memory still available; otherwise skip the snapshot with a warning.
 HEADROOM_FRACTION = _float("HEADROOM_FRACTION", 0.9)

@@ -1,5 +1,7 @@
 """Fast-forward against the real torch DataLoader: the remaining items are the original run's,
-byte for byte, and no sample of a skipped batch is loaded.
+byte for byte, and no sample of a skipped batch is loaded. Then, in process: wrappers (tqdm,
+enumerate, islice) seen through, pure sources, the digest check of consumed sources, sources
+that end early, RNG states, enclosing loops, and iterators held in the program's state.
 
 Each DataLoader case makes an "original" pass (``describe`` right before ``iter``, every batch,
 the torch RNG state after each batch and the workers' base seed), then, for a few positions k,
@@ -11,15 +13,23 @@ index to a file, so loads made in worker processes are counted too.
 from __future__ import annotations
 
 import builtins
+import io
+import itertools
 import json
 import os
+import random
+import sys
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
+from tqdm import tqdm
 
+from gpusnap.capture import agent, rng
+from gpusnap.instrument import loops
 from gpusnap.instrument.loops import _DeferredCall
-from gpusnap.restore import fastforward
+from gpusnap.restore import fastforward, itemcheck, livecheck
 
 N_ITEMS = 22  # 6 batches of 4, the last one short; 11 items (3 batches) per distributed rank
 PREFETCH_FACTOR = 2
@@ -88,7 +98,7 @@ def _original(loader):
     """The uninterrupted run: note, batches, RNG state after each batch (and at the end)."""
     torch.manual_seed(1234)
     torch.rand(3)
-    note = json.loads(json.dumps(fastforward.describe(loader)))  # snapshots keep it as JSON
+    note = json.loads(json.dumps(itemcheck.note_json(fastforward.describe(loader))))  # snapshots keep it as JSON
     it = iter(loader)
     batches, rng_after = [], []
     for batch in it:
@@ -160,7 +170,7 @@ def test_dataloader_with_its_own_generator(tmp_path, workers):
 
 def _deferred_original(call):
     torch.manual_seed(77)
-    note = json.loads(json.dumps(fastforward.describe(call)))
+    note = json.loads(json.dumps(itemcheck.note_json(fastforward.describe(call))))
     return note, list(iter(call))
 
 
@@ -255,7 +265,7 @@ def test_persistent_workers_epoch_after_the_first(tmp_path):
     loader = make()
     torch.manual_seed(3)
     list(loader)  # epoch 0
-    note = json.loads(json.dumps(fastforward.describe(loader)))
+    note = json.loads(json.dumps(itemcheck.note_json(fastforward.describe(loader))))
     epoch1, epoch2 = list(loader), list(loader)
     restarted = make()
     torch.rand(7)
@@ -264,3 +274,273 @@ def test_persistent_workers_epoch_after_the_first(tmp_path):
     after = list(restarted)  # the next epoch must be whole again
     assert len(rest) == len(epoch1) - 2 and all(_same(a, b) for a, b in zip(rest, epoch1[2:]))
     assert len(after) == len(epoch2) and all(_same(a, b) for a, b in zip(after, epoch2))
+
+
+# -- wrappers, purity, consumption checks, live iterators, RNG states ----------------------------
+
+
+
+def _bar(iterable):
+    return tqdm(iterable, file=io.StringIO(), mininterval=3600)
+
+
+@pytest.mark.parametrize("style", ["tqdm", "enumerate-tqdm", "tqdm-enumerate", "islice", "enumerate-islice"])
+def test_wrappers_are_seen_through_to_the_loader(tmp_path, style):
+    log = str(tmp_path / "loads")
+
+    def make():
+        loader = _make_loader(log, True, 0, False, 4)
+        return {
+            "tqdm": lambda: _bar(loader),
+            "enumerate-tqdm": lambda: _DeferredCall(builtins.enumerate, (_bar(loader),), {}),
+            "tqdm-enumerate": lambda: _bar(_DeferredCall(builtins.enumerate, (loader,), {})),
+            "islice": lambda: _DeferredCall(itertools.islice, (loader, 1, 6, 2), {}),
+            "enumerate-islice": lambda: _DeferredCall(builtins.enumerate, (_DeferredCall(itertools.islice, (loader, 5), {}),), {}),
+        }[style]()
+
+    note, items = _deferred_original(make())
+    assert note is not None and "rng" in note
+    for k in (0, 1, len(items) - 1, len(items)):
+        torch.rand(7)
+        _clear(log)
+        source = make()
+        ctx = fastforward.Context()
+        it, how = fastforward.iterator_at(source, k, note, ctx)
+        rest = list(it)
+        assert how == "by batch sampler" and not ctx.consumed
+        assert len(rest) == len(items) - k and all(_same(a, b) for a, b in zip(rest, items[k:])), f"k={k}"
+        if isinstance(source, tqdm):
+            assert source.n == len(items), "the bar's count does not continue from the skip"
+        if style == "tqdm":
+            assert sorted(_loaded(log)) == sorted(_indices(items[k:])), "skipped samples were loaded"
+
+
+def test_islice_over_a_consumed_source_stops_after_the_last_item_handed_out():
+    pulled = []
+
+    def gen():
+        for i in range(30):
+            pulled.append(i)
+            yield i
+
+    items = list(itertools.islice(range(30), 2, 20, 3))
+    for k in (1, 3, len(items)):
+        pulled.clear()
+        ctx = fastforward.Context()
+        it, how = fastforward.iterator_at(_DeferredCall(itertools.islice, (gen(), 2, 20, 3), {}), k, {"kind": "call", "func": "islice", "args": [{"kind": "iter"}]}, ctx)
+        assert pulled == list(range(items[k - 1] + 1)), "the source is not where the original left it"
+        assert [c.last for c in ctx.consumed] == [items[k - 1]] and ctx.consumed[0].at == ()
+        assert list(it) == items[k:]
+
+
+def test_pure_sources_need_no_note_and_others_record_the_rng_states():
+    pure = [range(3), [1], (1,), "ab", b"ab", {1: 2}, {1: 2}.items(), {1}, frozenset(), np.arange(3), torch.arange(3),
+            torch.nn.ModuleList(), torch.nn.Sequential(), _DeferredCall(builtins.zip, ([1], range(2)), {}),
+            _DeferredCall(builtins.enumerate, ([1], 5), {}), _bar(range(3))]
+    for source in pure:
+        assert fastforward.describe(source) is None, type(source)
+    note = fastforward.describe(x for x in range(3))
+    assert note["kind"] == "iter" and set(itemcheck.note_json(note)["rng"]) >= {"random", "torch"}
+    zipped = fastforward.describe(_DeferredCall(builtins.zip, ([1], (x for x in "a")), {}))
+    assert itemcheck.consumed_paths(zipped) == [(1,)]
+
+
+def test_consumption_is_checked_against_the_snapshots_digest():
+    def draws(n):
+        for _ in range(n):
+            yield torch.randn(3)
+
+    torch.manual_seed(5)
+    note = itemcheck.note_json(fastforward.describe(draws(6)))
+    original = []
+    for item in draws(6):  # the body draws too: consuming cannot reproduce item 2
+        original.append(item)
+        torch.rand(1)
+    digest_of = {"index": 3, "items": [{"at": [], "digest": itemcheck.digest(original[2])[0]}]}
+    ctx = fastforward.Context()
+    fastforward.iterator_at(draws(6), 3, note, ctx)
+    assert ctx.consumed[0].draws
+    assert itemcheck.verify(ctx.consumed, digest_of) == ["reproduced a different item at iteration 2 than the run that took the snapshot"]
+    assert "no digest of its items" in itemcheck.verify(ctx.consumed, {"index": 3, "items": [{"at": [], "digest": None, "why": "a cuda tensor"}]})[0]
+    ctx = fastforward.Context()
+    fastforward.iterator_at(iter(original), 3, None, ctx)  # a source that replays the same items
+    assert itemcheck.verify(ctx.consumed, digest_of) == []
+
+
+OWNED = {
+    "random.Random": lambda: random.Random(3),
+    "numpy default_rng (PCG64)": lambda: np.random.default_rng(3),
+    "numpy MT19937": lambda: np.random.Generator(np.random.MT19937(3)),
+    "numpy Philox": lambda: np.random.Generator(np.random.Philox(3)),
+    "numpy RandomState": lambda: np.random.RandomState(3),
+    "torch.Generator": lambda: torch.Generator().manual_seed(3),
+}
+
+
+def _draw(gen):
+    if isinstance(gen, random.Random):
+        return gen.random()
+    if isinstance(gen, torch.Generator):
+        return float(torch.rand(1, generator=gen))
+    return float(gen.random())
+
+
+class OwnStream:
+    """An iterable whose ``__iter__`` draws from a generator it keeps as an attribute."""
+
+    def __init__(self, gen, n):
+        self.gen, self.n = gen, n
+
+    def __iter__(self):
+        return (_draw(self.gen) for _ in range(self.n))
+
+
+def _own_generator(gen, n):
+    for _ in range(n):
+        yield _draw(gen)
+
+
+@pytest.mark.parametrize("style", ["generator function", "iterable attribute"])
+@pytest.mark.parametrize("kind", OWNED)
+def test_a_source_with_its_own_generator_is_consumed_from_the_state_its_loop_started_with(kind, style):
+    """An epoch after the first: the source's generator has moved on from its seed. Replay's
+    stands at the seed; fast-forward gives it the loop-start state before consuming."""
+    make = _own_generator if style == "generator function" else OwnStream
+    gen = OWNED[kind]()
+    for _ in range(7):  # earlier epochs
+        _draw(gen)
+    source = make(gen, 10)
+    note = json.loads(json.dumps(itemcheck.note_json(fastforward.describe(source))))
+    assert list(note["owned"]) == ["gen"]
+    original = list(source)
+
+    replayed = OWNED[kind]()
+    ctx = fastforward.Context()
+    it, how = fastforward.iterator_at(make(replayed, 10), 4, note, ctx)
+    assert how == "by consuming 4 items"
+    assert ctx.consumed[0].last == original[3] and list(it) == original[4:]
+    with pytest.raises(fastforward.FastForwardError, match="generator 'gen' is not the"):
+        fastforward.iterator_at(make(object(), 10), 4, note)
+
+
+def test_a_source_shorter_than_the_saved_position_is_refused():
+    with pytest.raises(fastforward.FastForwardError, match="ended before item 4"):
+        fastforward.iterator_at(iter(range(3)), 5, None)
+    with pytest.raises(fastforward.FastForwardError, match="has 3 items"):
+        fastforward.iterator_at([1, 2, 3], 4, None)
+
+
+def test_rng_states_round_trip_with_the_cached_gaussians():
+    random.seed(3)
+    np.random.seed(4)
+    torch.manual_seed(5)
+    random.gauss(0, 1)
+    np.random.standard_normal()  # leaves a cached gaussian in both
+    saved = json.loads(json.dumps(rng.to_json(rng.compact())))
+    draws = lambda: (random.random(), random.gauss(0, 1), np.random.standard_normal(), np.random.rand(), torch.rand(2).tolist())  # noqa: E731
+    first = draws()
+    random.seed(0), np.random.seed(0), torch.manual_seed(0)
+    rng.restore_json(saved)
+    assert rng.same(rng.compact(), rng.from_json(saved))
+    assert draws() == first
+
+
+def test_an_enclosing_loop_records_the_rng_states_at_each_iteration_start(monkeypatch):
+    monkeypatch.setattr(loops, "capture_rng", rng.compact)
+    loop = loops.ActiveLoop("1:0", None, "for")
+    loop.index += 1
+    assert getattr(loop, "rng_at", None) is None
+    loop.__class__ = loops.EnclosingLoop
+    torch.manual_seed(9)
+    loop.index += 1
+    assert loop.index == 2 and rng.same(loop.rng_at, rng.compact())
+
+
+def test_a_dataloader_iterator_advanced_by_hand_is_put_back(tmp_path):
+    log = str(tmp_path / "loads")
+    torch.manual_seed(2)
+    it = iter(_make_loader(log, True, 0, False, 4))
+    seen = [next(it) for _ in range(3)]
+    info = json.loads(json.dumps(livecheck.describe(it)))
+    rest = list(it)
+    entries = [{"path": "globals[m].it", "type": "x", "iterator": info}]
+
+    torch.manual_seed(2)
+    again = iter(_make_loader(log, True, 0, False, 4))
+    _clear(log)
+    said = []
+    assert livecheck.check(entries, [], {"m": {"it": again}}, set(), said.append) == []
+    assert _loaded(log) == [] and said == ["advanced the DataLoader iterator at globals[m].it by 3 batches through its index sampler"]
+    assert all(_same(a, b) for a, b in zip(list(again), rest)) and len(seen) == 3
+
+    torch.manual_seed(3)  # made from other random numbers
+    other = iter(_make_loader(log, True, 0, False, 4))
+    assert "made from other random numbers" in livecheck.check(entries, [], {"m": {"it": other}}, set(), said.append)[0]
+    assert livecheck.check(entries, [], {"m": {"it": other}}, {id(other)}, said.append) == []  # a loop's own
+
+
+def test_generators_held_in_state_must_stand_where_they_stood():
+    def gen():
+        yield from range(5)
+
+    advanced, fresh = gen(), gen()
+    next(advanced)
+    entries = [{"path": "frame[0].locals.g", "type": "generator", "iterator": livecheck.describe(advanced)}]
+    frame = type("Frame", (), {})()
+    frame.f_locals = {"g": fresh}
+    assert "cannot position the generator at frame[0].locals.g" in livecheck.check(entries, [frame], {}, set(), print)[0]
+    next(fresh)
+    assert livecheck.check(entries, [frame], {}, set(), print) == []  # the same state: nothing to do
+    created = [{"path": "frame[0].locals.g", "type": "generator", "iterator": livecheck.describe(gen())}]
+    frame.f_locals = {"g": gen()}
+    assert livecheck.check(created, [frame], {}, set(), print) == []
+
+
+def test_object_paths_resolve_in_the_live_program():
+    holder = type("Holder", (), {})()
+    holder.its = {"a]b": [10, 20]}
+    modules = {"m": {"h": holder}}
+    assert livecheck.resolve("globals[m].h.its['a]b'][1]", [], modules) == 20
+    assert livecheck.resolve("globals[m].h.nope", [], modules) is livecheck._MISSING
+    assert livecheck.resolve("globals[m].h.its[<Parameter 0x1>]", [], modules) is livecheck._MISSING
+
+
+class DrawingBatches(torch.utils.data.Sampler):
+    """Draws from the global RNG for every batch: skipping batches cannot prove the order."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        for _ in range(self.n):
+            yield torch.randint(0, N_ITEMS, (4,)).tolist()
+
+    def __len__(self):
+        return self.n
+
+
+def test_a_batch_sampler_that_draws_for_every_batch_cannot_be_skipped_silently(tmp_path):
+    def make():
+        return DataLoader(LoggedDataset(N_ITEMS, str(tmp_path / "loads")), batch_sampler=DrawingBatches(6))
+
+    note = json.loads(json.dumps(itemcheck.note_json(fastforward.describe(make()))))
+    ctx = fastforward.Context()
+    it, how = fastforward.iterator_at(make(), 3, note, ctx)
+    assert how == "by batch sampler" and [c.draws for c in ctx.consumed] == [True]
+    assert "consuming its source draws random numbers" in itemcheck.verify(ctx.consumed, None)[0]
+    ctx = fastforward.Context()
+    fastforward.iterator_at(_make_loader(str(tmp_path / "loads"), True, 0, False, 4), 3, note, ctx)
+    assert ctx.consumed == []  # RandomSampler draws once, at the start
+
+
+def test_loops_started_inside_a_running_step_loop_take_no_note(monkeypatch):
+    here = sys._getframe()
+    step = loops.ActiveLoop("1:0", here, "for")
+    monkeypatch.setattr(agent, "_step_loops", {(id(here.f_code), "1:0"): here.f_code})
+    monkeypatch.setattr(loops, "ACTIVE", [])
+    inner = loops.ActiveLoop("2:0", here, "for")
+    assert agent._describe_source(inner, iter([1]))["kind"] == "iter"  # no step loop running
+    loops.ACTIVE.append(step)
+    assert agent._describe_source(inner, iter([1])) is None  # ends before the step loop's boundary
+    assert agent._describe_source(loops.ActiveLoop("1:0", here, "for"), iter([1])) is not None  # a step loop itself
+    assert agent._describe_source(inner, [1]) is None

@@ -302,6 +302,34 @@ SNIPPETS = {
     """,
 }
 
+SNIPPETS["deferred_calls"] = """
+    import itertools
+    from itertools import islice
+
+    def tqdm(iterable, **kwargs):  # a wrapper by that name: gets the deferred enumerate
+        return list(iterable)
+
+    def gen(n):
+        for i in range(n):
+            yield i * i
+
+    for x in islice(gen(20), 2, 15, 4):
+        out.append(x)
+    for i, x in enumerate(itertools.islice("abcdefgh", 5), start=3):
+        out.append((i, x))
+    for a, b in zip(islice(gen(9), 1, None), islice(range(100), 3)):
+        out.append((a, b))
+    for i, x in tqdm(enumerate(islice(gen(6), 4)), total=4):
+        out.append((i, x))
+    for x in islice(gen(5), 0):
+        out.append("not reached")
+    try:
+        for x in islice(gen(5), -1):
+            pass
+    except ValueError as exc:
+        out.append(str(exc)[:20])
+"""
+
 FUTURE = """\
 from __future__ import annotations
 \"\"\"not the docstring: the future import comes first\"\"\"
@@ -395,6 +423,28 @@ def test_emitted_code_is_the_documented_form():
             async for y in z:
                 pass
             return [q for q in r]""")
+
+
+def test_nested_enumerate_zip_islice_are_deferred():
+    source = textwrap.dedent("""\
+        for i, x in enumerate(islice(loader, 5), start=1):
+            pass
+        for x in tqdm(enumerate(loader), total=3):
+            pass
+        for x in itertools.islice(zip(a, b), 2, 8, 2):
+            pass
+        for x in f(enumerate(a)):
+            pass
+    """)
+    assert ast.unparse(transform.transform_source(source)) == textwrap.dedent("""\
+        for i, x in __gpusnap_loops__.for_loop_call('1:0', enumerate, __gpusnap_loops__.deferred(islice, loader, 5), start=1):
+            pass
+        for x in __gpusnap_loops__.for_loop('3:0', tqdm(__gpusnap_loops__.deferred(enumerate, loader), total=3)):
+            pass
+        for x in __gpusnap_loops__.for_loop_call('5:0', itertools.islice, __gpusnap_loops__.deferred(zip, a, b), 2, 8, 2):
+            pass
+        for x in __gpusnap_loops__.for_loop('7:0', f(enumerate(a))):
+            pass""")
 
 
 def test_generated_nodes_carry_the_statement_location():

@@ -43,7 +43,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from common import read_json, wait_for
 
-from gpusnap.restore import fastforward
+from gpusnap.capture import rng
+from gpusnap.restore import fastforward, itemcheck
 
 BATCH = 32
 PREFETCH_FACTOR = 2  # torch's default, named here because the worker count below depends on it
@@ -85,11 +86,11 @@ def bench_in_process(out, items: int, at: int, fetch: int, naive: int) -> list[d
         kwargs = {"prefetch_factor": PREFETCH_FACTOR} if workers else {}
         loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=workers, **kwargs)
         torch.manual_seed(0)
-        note = json.loads(json.dumps(fastforward.describe(loader)))
+        note = json.loads(json.dumps(itemcheck.note_json(fastforward.describe(loader))))
 
         # What batch `at` must be: the sampler's own sequence from the same RNG state
         # (iter() draws the workers' base seed first, then RandomSampler its seed).
-        torch.set_rng_state(fastforward._byte_tensor(note["torch_rng"]))
+        rng.restore_json(note["rng"])
         torch.empty((), dtype=torch.int64).random_()
         in_flight = 2 * PREFETCH_FACTOR if workers else 0
         expected = []

@@ -7,7 +7,12 @@
 2. A CPU training step of a small MLP (two 512x512 Linear, batch 64, SGD): its time, and the
    per-iteration overhead from (1) as a fraction of it (budget: < 0.1%). Also the same training
    loop run plain and instrumented end to end (noisier: the difference is near the noise floor).
-3. Start-up: `python empty.py` vs `python -m gpusnap.boot empty.py` (cold and warm code cache).
+3. Loop starts: what starting one loop costs, plain and instrumented, with the capture agent's
+   fast-forward note (``describe_source``): a pure source (a list: a type check), a generator
+   (not pure: the global RNG states are taken), and a generator started inside a running step
+   loop (skipped: such a loop can never be on a snapshot's path). And the per-iteration cost of
+   a loop that encloses a step loop (it takes the RNG states at every iteration start).
+4. Start-up: `python empty.py` vs `python -m gpusnap.boot empty.py` (cold and warm code cache).
 """
 
 from __future__ import annotations
@@ -144,6 +149,55 @@ def bench_torch(steps: int, overhead_ns: float) -> None:
           f"of a step (budget 0.1%; worst tight-loop overhead above, one boundary per step)")
 
 
+LOOP_STARTS = """
+def run(n, source, step=None):
+    for i in range(n):
+        if step is not None and i == 0:
+            step()  # an optimizer step: this loop becomes the step loop
+        for x in source():
+            pass
+"""
+
+
+def bench_loop_starts(n: int, repeats: int) -> None:
+    import numpy.random  # noqa: F401  (its global generator is then part of every RNG capture)
+
+    from gpusnap.capture import agent, rng
+
+    def gen():
+        yield 1
+
+    one = [1]
+    optimizer = type("Optimizer", (), {})()
+    cases = [
+        ("over a list, no note taken", lambda: one, None, None),
+        ("over a list (pure)", lambda: one, agent._describe_source, None),
+        ("over a generator (RNG states)", gen, agent._describe_source, None),
+        ("over a generator, in a step loop", gen, agent._describe_source, lambda: agent._after_optimizer_step(optimizer)),
+    ]
+    plain_run = _compile(LOOP_STARTS, False)
+    instr_run = _compile(LOOP_STARTS, True)
+    print(f"loop starts, {n} each, best of {repeats} (one 1-item inner loop per outer iteration)")
+    print(f"  {'inner loop':34s} {'plain ns':>10s} {'instr ns':>10s} {'overhead ns':>12s}")
+    for name, source, describe, step in cases:
+        loops.describe_source = describe
+        loops.capture_rng = rng.compact
+        try:
+            p = min(_best_ns_per_iter(lambda k: plain_run(k, source), n, 1) for _ in range(repeats))
+            i = min(_best_ns_per_iter(lambda k: instr_run(k, source, step), n, 1) for _ in range(repeats))
+        finally:
+            loops.describe_source = None
+            agent._step_loops.clear()
+        print(f"  {name:34s} {p:10.1f} {i:10.1f} {i - p:12.1f}")
+    loop = loops.EnclosingLoop("1:0", None, "for")
+    t0 = time.perf_counter_ns()
+    for _ in range(n // 10):
+        loop.index += 1
+    per = (time.perf_counter_ns() - t0) / (n // 10)
+    loops.capture_rng = None
+    print(f"  an enclosing loop's iteration start (RNG states taken): {per:.0f} ns")
+
+
 def _time_run(cmd, env, runs: int) -> float:
     times = []
     for _ in range(runs):
@@ -192,6 +246,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--startup-runs", type=int, default=20)
+    parser.add_argument("--loop-starts", type=int, default=200_000)
     parser.add_argument("--no-torch", action="store_true")
     args = parser.parse_args()
     assert not loops.pending
@@ -199,6 +254,7 @@ def main() -> None:
     worst = bench_tight(args.n, args.repeats)
     if not args.no_torch:
         bench_torch(args.steps, worst)
+        bench_loop_starts(args.loop_starts, args.repeats)
     bench_startup(args.startup_runs)
 
 

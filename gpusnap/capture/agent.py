@@ -34,6 +34,7 @@ from gpusnap import knobs, stage
 from gpusnap.capture import rng, safepoints
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from gpusnap.instrument import loops
+from gpusnap.restore import fastforward
 
 _config: dict = {}
 _rundir = None
@@ -42,7 +43,9 @@ _send_lock = threading.Lock()
 _requests: list[tuple[str, bool]] = []
 _writer = None  # the running _Writer, if any
 _coalesced_said = False
-_step_loops: set = set()
+# (id(code), loop_id) -> code: ids hash in nanoseconds, a code object's hash is recomputed (about
+# 1 us) at every lookup; holding the code keeps its id its own.
+_step_loops: dict = {}
 _steps = 0  # optimizer steps seen (two optimizers in one iteration count twice)
 _iterations = 0  # iterations of step loops in which an optimizer stepped: what snapshots report
 _last_stepping = (lambda: None, -1)  # (weak ActiveLoop, index) of the last iteration counted
@@ -74,9 +77,8 @@ def install(config: dict) -> None:
     _connect(_config.get("control"))
     _watch_optimizers()
     atexit.register(_wait_for_writer_at_exit)
-    from gpusnap.restore import fastforward
-
-    loops.describe_source = fastforward.describe
+    loops.describe_source = _describe_source
+    loops.capture_rng = rng.compact
     if _resumed_from is not None:
         from gpusnap.restore import replay
 
@@ -152,9 +154,12 @@ def _before_optimizer_step(optimizer, *_):
     replay = sys.modules.get("gpusnap.restore.replay")
     if replay is not None and replay.active is not None:
         replay.diverged_by_step()
-    for loop in reversed(loops.ACTIVE):
+    for i in range(len(loops.ACTIVE) - 1, -1, -1):
+        loop = loops.ACTIVE[i]
         if loop.frame.f_back is not None:  # a suspended generator's frame has no caller
-            _step_loops.add((loop.frame.f_code, loop.loop_id))
+            code = loop.frame.f_code
+            _step_loops[(id(code), loop.loop_id)] = code
+            _mark_enclosing(i)
             if _last_stepping[0]() is not loop or _last_stepping[1] != loop.index:
                 _iterations += 1  # the GAN's second optimizer in the same iteration does not count
                 _last_stepping = (weakref.ref(loop), loop.index)  # never keeps a frame alive
@@ -172,6 +177,39 @@ def _after_optimizer_step(optimizer, *_):
     if not _prepared and _writer is None and _config.get("run_dir") and knobs.DRAIN != "off":
         _prepared = True  # until a new optimizer steps or a writer has finished
         stage.prepare(list(_optimizers))
+
+
+def _mark_enclosing(i: int) -> None:
+    """The running loops outside ``ACTIVE[i]`` record their RNG states at each iteration start
+    from now on (fast-forward gives them back to the body prefix it reruns)."""
+    for loop in loops.ACTIVE[:i]:
+        if type(loop) is loops.ActiveLoop and loop.frame.f_back is not None:
+            loop.__class__ = loops.EnclosingLoop
+
+
+def _describe_source(loop, source):
+    """``loops.describe_source``: the fast-forward note of a loop that may be on a snapshot's
+    path. A loop that starts inside a running step loop's body ends before that loop's next
+    boundary, the only safe point while it runs, so it needs none (unless it is a step loop
+    itself): this keeps the cost of taking RNG states out of training steps."""
+    try:
+        part = fastforward.part(source)
+    except Exception:  # an adapter that cannot read this source: consumed, and checked, on replay
+        part = {"kind": "iter"}
+    if part is None or _inside_step_body(loop):
+        return None
+    return fastforward.with_rng(part)
+
+
+def _inside_step_body(loop) -> bool:
+    if not _step_loops and not _config.get("at"):
+        return False
+    if _is_step_loop(loop):
+        return False
+    for other in loops.ACTIVE:
+        if _is_step_loop(other) and other.frame.f_back is not None:
+            return True
+    return False
 
 
 class _AfterImport:
@@ -226,7 +264,7 @@ def _check_stepper(frame) -> None:
 
 
 def _is_step_loop(loop) -> bool:
-    return (loop.frame.f_code, loop.loop_id) in _step_loops or _at_matches(loop)
+    return (id(loop.frame.f_code), loop.loop_id) in _step_loops or _at_matches(loop)
 
 
 def _is_safe_point(loop) -> bool:
@@ -289,6 +327,8 @@ def _snapshot(loop) -> None:
     stop = any(s for _, s in reasons)
     reason = "term" if stop else reasons[0][0] if reasons else "request"
     iteration = _iterations if _iterations else loop.index
+    if loop in loops.ACTIVE:
+        _mark_enclosing(loops.ACTIVE.index(loop))
     _emit("honored", reason=reason, iteration=iteration, where=loop.where())
     running = _writer
     if running is not None:  # only a stop request gets here with a writer running

@@ -8,7 +8,8 @@ with the replayed program by path::
      "globals": {module name: {name: value}},
      "rng":     {"random": ..., "numpy": ..., "torch": ..., "torch.cuda": ...},
      "loops":   [{"frame": index into frames, "loop_id": "LINE:COL", "index": n,
-                  "kind": "for"|"while", "resume": {...} | None}, ...]}
+                  "kind": "for"|"while", "resume": {...} | None,
+                  ... and what ``loop_record(loop)`` adds: "rng_at", "check"}, ...]}
 
 Frames run from the ``__main__`` module frame (whose locals are its globals, so they are stored
 once, under ``globals``) down to the frame of the loop whose boundary is the safe point.
@@ -72,7 +73,7 @@ def instrumented_modules() -> dict[str, dict]:
     return found
 
 
-def collect(innermost_frame, active_loops: list, rng_states: dict) -> dict:
+def collect(innermost_frame, active_loops: list, rng_states: dict, loop_record=None) -> dict:
     frames = frames_on_path(innermost_frame)
     main_code = getattr(loops, "MAIN_CODE", None)
     frame_entries = []
@@ -93,17 +94,20 @@ def collect(innermost_frame, active_loops: list, rng_states: dict) -> dict:
         name: {k: v for k, v in list(g.items()) if _keep_global(k, v)} for name, g in instrumented_modules().items()
     }
     index_of = {id(f): i for i, f in enumerate(frames)}
-    loop_entries = [
-        {
+    loop_entries = []
+    for loop in active_loops:
+        if id(loop.frame) not in index_of:
+            continue
+        entry = {
             "frame": index_of[id(loop.frame)],
             "loop_id": loop.loop_id,
             "index": loop.index,
             "kind": loop.kind,
             "resume": getattr(loop, "resume", None),
         }
-        for loop in active_loops
-        if id(loop.frame) in index_of
-    ]
+        if loop_record is not None:
+            entry.update(loop_record(loop))
+        loop_entries.append(entry)
     return {"frames": frame_entries, "globals": module_globals, "rng": rng_states, "loops": loop_entries}
 
 

@@ -1,6 +1,7 @@
 """The writer: runs in the forked child, turns the trainee's image into a committed snapshot.
 
 Order: drain large CPU tensors into the staging pool -> drop to idle priority -> collect roots
+(with what fast-forward will need of each loop: its note, RNG states, a digest of its last item)
 -> pickle the graph (buffers stream into the store as they are met) -> put the pickle stream
 itself as the buffer "graph" -> name objects by path -> commit the manifest -> apply retention.
 The trainee has resumed training before any of this starts.
@@ -9,18 +10,18 @@ The trainee has resumed training before any of this starts.
 from __future__ import annotations
 
 import gc
-import inspect
 import io
 import os
 import sys
 import time
-import types
 from dataclasses import dataclass, field
 
 from gpusnap import knobs
 from gpusnap.capture import paths, roots
 from gpusnap.capture.pickler import GraphPickler, _storage_key, type_name
+from gpusnap.restore import itemcheck, livecheck
 from gpusnap.stage.drain import Drained, drain
+from gpusnap.stage.pool import address_view
 
 
 @dataclass
@@ -62,7 +63,8 @@ def write_snapshot(job: WriteJob) -> dict:
     rundir = RunDir.open(job.run_dir)
     sink = rundir.begin_snapshot(job.snap_id)
     try:
-        payload = roots.collect(job.frame, job.active_loops, job.rng_states)
+        read = _reader(drained)
+        payload = roots.collect(job.frame, job.active_loops, job.rng_states, lambda loop: itemcheck.record(loop, read))
         stream = io.BytesIO()
         pickler = GraphPickler(stream, sink, staged=job.staged, drained=drained)
         pickler.dump_graph(payload)
@@ -70,7 +72,8 @@ def write_snapshot(job: WriteJob) -> dict:
         graph["kind"] = "graph"
         if pickler.iterative:
             graph["pickler"] = "iterative"  # the graph was too deep for the C pickler
-        manifest = _manifest(job, payload, pickler, graph, stall_s)
+        iterators = {id(obj): info for obj, _ in pickler.live_only if (info := livecheck.describe(obj, read))}
+        manifest = _manifest(job, payload, pickler, graph, stall_s, iterators)
         manifest["write_s"] = time.perf_counter() - started
         manifest["drain"] = {"s": drain_s, "bytes": drained.nbytes}
         info = sink.commit(manifest)
@@ -96,6 +99,16 @@ def write_snapshot(job: WriteJob) -> dict:
     }
 
 
+def _reader(drained: Drained):
+    """Reads CPU memory as it was at fork: a drained range from the pool, the rest in place."""
+
+    def read(address: int, nbytes: int) -> memoryview:
+        view = drained.view(address, nbytes) if nbytes else None
+        return view if view is not None else address_view(address, nbytes)
+
+    return read
+
+
 def lower_priority(policy: str) -> None:
     """``idle``: run only on cores the trainee leaves idle (SCHED_IDLE); a number: that nice."""
     if policy == "idle":
@@ -110,17 +123,7 @@ def lower_priority(policy: str) -> None:
         pass
 
 
-def _position(obj) -> dict:
-    """Whether a live-only iterator has been advanced: restart refuses one held in a frame's
-    locals (replay's would stand at its start). A generator never started or finished, or a
-    DataLoader iterator that yielded nothing, needs nothing."""
-    if isinstance(obj, types.GeneratorType):
-        return {"advanced": inspect.getgeneratorstate(obj) == inspect.GEN_SUSPENDED}
-    yielded = getattr(obj, "_num_yielded", None) if type(obj).__name__.endswith("DataLoaderIter") else None
-    return {"advanced": yielded > 0} if isinstance(yielded, int) else {}
-
-
-def _manifest(job: WriteJob, payload: dict, pickler: GraphPickler, graph: dict, stall_s: float) -> dict:
+def _manifest(job: WriteJob, payload: dict, pickler: GraphPickler, graph: dict, stall_s: float, iterators: dict) -> dict:
     torch = sys.modules.get("torch")
     named = roots.named_roots(payload)
     wanted = {id(obj) for obj, _ in pickler.live_only} | {id(t) for t, _ in pickler.tensors}
@@ -149,7 +152,10 @@ def _manifest(job: WriteJob, payload: dict, pickler: GraphPickler, graph: dict, 
         path: paths.module_tensors(module, pickler.storage_names, _storage_key)
         for path, module in paths.top_modules(named, torch)
     }
-    live_only = [{"path": where.get(id(obj), "?"), "type": name, **_position(obj)} for obj, name in pickler.live_only]
+    live_only = [{"path": where.get(id(obj), "?"), "type": name} for obj, name in pickler.live_only]
+    for entry, (obj, _) in zip(live_only, pickler.live_only):
+        if id(obj) in iterators:
+            entry["iterator"] = iterators[id(obj)]  # where it stood: replay checks its own (livecheck)
     return {
         "iteration": job.iteration,
         "reason": job.reason,

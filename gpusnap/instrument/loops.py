@@ -4,6 +4,8 @@ The transform (``instrument.transform``) rewrites, in every instrumented module:
 
     for T in E: ...                 ->  for T in __gpusnap_loops__.for_loop("LINE:COL", E): ...
     for T in enumerate(a, s): ...   ->  for T in __gpusnap_loops__.for_loop_call("LINE:COL", enumerate, a, s): ...
+    (enumerate/zip/islice nested in such a call, or in a tqdm(...) call there, become
+    ``__gpusnap_loops__.deferred(func, ...)``: no iterator is made before the loop starts)
     while C: ...                    ->  with __gpusnap_loops__.while_loop("LINE:COL") as __gpusnap_w_N:
                                             while __gpusnap_w_N.boundary() and (C): ...
 
@@ -14,13 +16,22 @@ iterations: the previous body is complete and the next item is not fetched yet. 
 is pending, every main-thread boundary calls ``on_boundary`` (installed by the capture agent),
 which decides whether this boundary is a safe point. When nothing is pending a boundary costs
 one global lookup and one counter step.
+
+A loop whose source is not a known pure container gets a note (``describe_source``) and a weak
+reference to its ``_iterate`` generator, whose local ``item`` is the last item handed to the
+body: the writer digests it so that replay can prove a consumed source reproduced it. Loops that
+enclose a step loop become ``EnclosingLoop``s (by ``__class__`` assignment, from the capture
+agent): they record the global RNG states at every iteration start. Other loops pay nothing per
+iteration for either.
 """
 
 from __future__ import annotations
 
 import builtins
+import itertools
 import sys
 import threading
+import weakref
 
 _MAIN_THREAD = threading.main_thread().ident
 
@@ -31,9 +42,13 @@ on_boundary = None
 # on_loop_start(loop: ActiveLoop, iterable) -> iterator | None; installed by restore (replay):
 # returns a replacement iterator that resumes the loop at its saved position, or None.
 on_loop_start = None
-# describe_source(iterable) -> dict | None; installed by the capture agent: what fast-forward will
-# need later, taken before iter() runs (a DataLoader's RNG state at the moment iter() is called).
+# describe_source(loop, iterable) -> dict | None; installed by the capture agent: what fast-forward
+# will need later, taken before iter() runs (the RNG states at the moment iter() is called).
 describe_source = None
+# capture_rng() -> raw RNG states; installed by the capture agent, called by EnclosingLoop.
+capture_rng = None
+# The local of ``_iterate`` that holds the last item handed to the body.
+LAST_ITEM = "item"
 
 # Running main-thread loops, outermost first (generators can make removal non-LIFO).
 ACTIVE: list["ActiveLoop"] = []
@@ -42,7 +57,9 @@ ACTIVE: list["ActiveLoop"] = []
 class ActiveLoop:
     """One execution of one loop statement."""
 
-    __slots__ = ("loop_id", "frame", "index", "kind", "resume", "__weakref__")
+    # Unset until used: ``gen`` (weak reference to the _iterate generator, loops with a note),
+    # ``rng_at`` (RNG states at the current iteration's start, EnclosingLoop only).
+    __slots__ = ("loop_id", "frame", "index", "kind", "resume", "gen", "rng_at", "__weakref__")
 
     def __init__(self, loop_id: str, frame, kind: str):
         self.loop_id = loop_id  # "LINE:COL" of the statement inside frame.f_code
@@ -61,6 +78,24 @@ class ActiveLoop:
 
     def __repr__(self) -> str:
         return f"<loop {self.where()} index={self.index}>"
+
+
+_index_slot = ActiveLoop.__dict__["index"]
+
+
+def _set_index(loop, value: int) -> None:
+    _index_slot.__set__(loop, value)
+    if capture_rng is not None:
+        loop.rng_at = capture_rng()
+
+
+class EnclosingLoop(ActiveLoop):
+    """A loop that encloses a step loop: each iteration start (every ``index`` step, which
+    follows the fetch of the item) records the global RNG states, so that replay can give the
+    body prefix that it reruns once the state it ran with."""
+
+    __slots__ = ()
+    index = property(_index_slot.__get__, _set_index)
 
 
 def _unregister(loop: ActiveLoop) -> None:
@@ -90,31 +125,44 @@ def _start_for(loop_id: str, iterable, frame):
         return iter(iterable)
     loop = ActiveLoop(loop_id, frame, "for")
     if describe_source is not None:
-        loop.resume = describe_source(iterable)
+        loop.resume = describe_source(loop, iterable)
     it = None
     if on_loop_start is not None:
         it = on_loop_start(loop, iterable)
     if it is None:
         it = iter(iterable)
     ACTIVE.append(loop)
-    return _iterate(loop, it)
+    gen = _iterate(loop, it)
+    if loop.resume is not None:
+        loop.gen = weakref.ref(gen)  # weak: the for statement alone must own (and close) it
+    return gen
 
 
 def for_loop(loop_id: str, iterable):
     return _start_for(loop_id, iterable, sys._getframe(1))
 
 
+DEFERRED = (builtins.enumerate, builtins.zip, itertools.islice)
+
+
 def for_loop_call(loop_id: str, func, *args, **kwargs):
-    """``for x in enumerate(...)`` / ``zip(...)``: the call is deferred to here so that replay can
-    fast-forward the sources before any of them is turned into an iterator."""
+    """``for x in enumerate(...)`` / ``zip(...)`` / ``islice(...)``: the call is deferred to here
+    so that replay can fast-forward the sources before any of them is turned into an iterator."""
     frame = sys._getframe(1)
-    if func is builtins.enumerate or func is builtins.zip:
+    if func in DEFERRED:
         return _start_for(loop_id, _DeferredCall(func, args, kwargs), frame)
     return _start_for(loop_id, func(*args, **kwargs), frame)
 
 
+def deferred(func, *args, **kwargs):
+    """A call nested in a loop header's deferred call (``enumerate(islice(loader, n))``)."""
+    if func in DEFERRED:
+        return _DeferredCall(func, args, kwargs)
+    return func(*args, **kwargs)
+
+
 class _DeferredCall:
-    """An enumerate()/zip() not made yet; iter() makes it (replay may rebuild it instead)."""
+    """An enumerate()/zip()/islice() not made yet; iter() makes it (replay may rebuild it)."""
 
     __slots__ = ("func", "args", "kwargs")
 
@@ -160,9 +208,10 @@ def while_loop(loop_id: str) -> _WhileLoop:
 
 def reset_after_fork_in_child() -> None:
     """A forked child (DataLoader worker, writer) must never take a snapshot of its own."""
-    global pending, on_boundary, on_loop_start, describe_source
+    global pending, on_boundary, on_loop_start, describe_source, capture_rng
     pending = False
     on_boundary = None
     on_loop_start = None
     describe_source = None
+    capture_rng = None
     ACTIVE.clear()

@@ -4,11 +4,18 @@ What is emitted is defined by ``loops``' docstring; in short, for a statement at
 
     for T in E: B else: O        ->  for T in __gpusnap_loops__.for_loop("LINE:COL", E): B else: O
     for T in enumerate(a, s=1):  ->  for T in __gpusnap_loops__.for_loop_call("LINE:COL", enumerate, a, s=1):
+    for T in enumerate(islice(a, n)):
+                                 ->  for T in __gpusnap_loops__.for_loop_call("LINE:COL", enumerate,
+                                              __gpusnap_loops__.deferred(islice, a, n)):
     while C: B else: O           ->  with __gpusnap_loops__.while_loop("LINE:COL") as __gpusnap_w_N:
                                          while __gpusnap_w_N.boundary() and (C): B else: O
 
-``enumerate``/``zip`` get the deferred form only when called by their bare name without ``*``
-or ``**`` unpacking (``for_loop_call`` checks that the name really is the builtin at run time).
+``enumerate``, ``zip`` and ``islice`` (also ``itertools.islice``) get the deferred form only when
+called by that name without ``*`` or ``**`` unpacking (``for_loop_call`` and ``deferred`` check
+at run time that the name really is the builtin). Such calls nested as arguments of a deferred
+call, or as the first argument of a ``tqdm(...)``/``trange``-style call in the header, are
+deferred too: none of them has made an iterator of its source when the loop starts, so replay
+can position the innermost source (``enumerate(islice(loader, n))``, ``tqdm(enumerate(loader))``).
 ``async for`` and comprehensions are left alone. ``N`` counts ``while`` statements per module.
 Every node made here carries the location of the statement it replaces (its ``for T in E`` /
 ``while C`` header) and the ``for``/``while`` node keeps its own, so line numbers and tracebacks
@@ -23,11 +30,12 @@ import ast
 import sys
 
 # Enters the compiled-code cache key: bump on any change to what is emitted.
-VERSION = 1
+VERSION = 2
 
 LOOPS_NAME = "__gpusnap_loops__"
 WHILE_PREFIX = "__gpusnap_w_"
-_DEFERRED_CALLS = frozenset({"enumerate", "zip"})
+_DEFERRED_CALLS = frozenset({"enumerate", "zip", "islice"})
+_WRAPPERS = frozenset({"tqdm"})  # calls whose first argument is the iterable they wrap
 _ITER_AT_EXPR = sys.version_info >= (3, 13)
 
 
@@ -52,6 +60,42 @@ def _loop_id(node: ast.stmt) -> ast.Constant:
     return ast.Constant(value=f"{node.lineno}:{node.col_offset}")
 
 
+def _func_name(call: ast.Call) -> str | None:
+    func = call.func
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        if func.value.id == "itertools" and func.attr == "islice":
+            return "islice"
+        return func.attr if func.attr in _WRAPPERS else None
+    return None
+
+
+def _plain_args(call: ast.Call) -> bool:
+    return not any(isinstance(a, ast.Starred) for a in call.args) and all(k.arg is not None for k in call.keywords)
+
+
+def _is_deferred(node: ast.expr) -> bool:
+    return isinstance(node, ast.Call) and _func_name(node) in _DEFERRED_CALLS and _plain_args(node)
+
+
+def _defer_nested(node: ast.expr) -> ast.expr:
+    """``node`` with enumerate/zip/islice calls inside it (as a deferred call's arguments or a
+    wrapper's first argument) routed through ``deferred``; anything else is left as written."""
+    if not isinstance(node, ast.Call):
+        return node
+    if _is_deferred(node):
+        func = _loops_attr("deferred")
+        args = [node.func, *(_defer_nested(a) for a in node.args)]
+        call = ast.Call(func=func, args=args, keywords=node.keywords)
+        for made in (call, func, func.value):
+            ast.copy_location(made, node)
+        return call
+    if _func_name(node) in _WRAPPERS and node.args and not isinstance(node.args[0], ast.Starred):
+        node.args[0] = _defer_nested(node.args[0])
+    return node
+
+
 class LoopTransformer(ast.NodeTransformer):
     """Rewrites one module's tree in place; ``count`` is how many loops it instrumented."""
 
@@ -62,18 +106,13 @@ class LoopTransformer(ast.NodeTransformer):
     def visit_For(self, node: ast.For) -> ast.For:
         self.generic_visit(node)
         it = node.iter
-        if (
-            isinstance(it, ast.Call)
-            and isinstance(it.func, ast.Name)
-            and it.func.id in _DEFERRED_CALLS
-            and not any(isinstance(a, ast.Starred) for a in it.args)
-            and all(k.arg is not None for k in it.keywords)
-        ):
+        if _is_deferred(it):
             func = _loops_attr("for_loop_call")
-            call = ast.Call(func=func, args=[_loop_id(node), it.func, *it.args], keywords=it.keywords)
+            args = [_loop_id(node), it.func, *(_defer_nested(a) for a in it.args)]
+            call = ast.Call(func=func, args=args, keywords=it.keywords)
         else:
             func = _loops_attr("for_loop")
-            call = ast.Call(func=func, args=[_loop_id(node), it], keywords=[])
+            call = ast.Call(func=func, args=[_loop_id(node), _defer_nested(it)], keywords=[])
         # Where iter(E) fails: python <= 3.12 blames the `for` line, 3.13 blames E.
         _located(it if _ITER_AT_EXPR else node, it, call, func, func.value, call.args[0])
         node.iter = call

@@ -1,137 +1,312 @@
-"""Fast-forward: start a loop's iteration at item ``skip`` without running skipped bodies.
+"""Fast-forward: start a loop's iteration at item ``skip`` without running skipped bodies,
+exactly or not at all.
 
-Cheap where the source allows it, always correct otherwise:
+Capture side, at every loop start of the original run: ``part(source)`` says whether the source
+is a known pure container (None: ``range``, ``list``, ``tuple``, ``str``, ``bytes``, dicts and
+their views, sets, numpy arrays, torch tensors, ``nn.ModuleList``/``Sequential``/``ModuleDict``/
+``ParameterList``/``ParameterDict``, and ``enumerate``/``zip``/``islice``/``tqdm`` of those);
+for any other source ``with_rng(part)`` adds the global RNG states (random, numpy, torch,
+torch.cuda) taken before ``iter()`` runs: the note kept with the loop.
+
+Replay side, ``iterator_at(source, skip, note, ctx)`` restores those RNG states, then:
 
 - ``range``, ``list``, ``tuple``: their iterators take a position (``__setstate__``).
-- ``torch.utils.data.DataLoader`` over a map-style dataset: the torch RNG (and the loader's
-  generator) are put back to their state at the moment the original run called ``iter()``, then
-  the iterator is built with an index sampler that drops the first ``skip`` batches of indices.
-  Workers receive only the indices after them: no skipped sample is loaded, shuffling and worker
-  seeds come out the same. (An iterable-style dataset ignores the indices: it is consumed.)
-- ``enumerate(x, start)`` / ``zip(a, b)``: the sources are fast-forwarded and the call rebuilt;
-  the DataLoaders of a ``zip`` draw from the RNG in the order the original ``zip`` made them draw.
-- a tqdm progress bar around a DataLoader: the loader's RNG state at ``iter()`` is restored, then
-  ``skip`` items are consumed through the bar (its count continues).
-- anything else: ``skip`` items are consumed. That is exact only where making and iterating the
-  source draws no random numbers; the tests hold generators that do to it, not all of them.
+- ``torch.utils.data.DataLoader`` over a map-style dataset: the loader's generator is put back
+  too, then the iterator is built with an index sampler that drops the first ``skip`` batches of
+  indices. Workers receive only the indices after them: no skipped sample is loaded, shuffling
+  and worker seeds come out the same. An iterable-style dataset ignores indices: it is consumed.
+- ``enumerate``, ``zip``, ``islice`` (deferred by the transform) and ``tqdm`` (a table of
+  adapters keyed by class, ``ADAPTERS``): seen through; their sources are positioned and the
+  wrapper rebuilt around them (a tqdm's count continues from ``skip``).
+- anything else: ``skip`` items are consumed. That is exact only when the original run drew
+  nothing, between the items, that the source depends on, which replay cannot know. So every
+  consumption of a non-pure source is reported in ``ctx.consumed`` with its last item and
+  whether it changed the global RNG states; replay (``itemcheck``) compares the item with the
+  digest the writer took of the original's, and refuses what it cannot prove.
 
-``describe(source)`` runs at every loop start of the original run (capture side) and returns what
-a later fast-forward needs, JSON-ready, or None.
+A source that ends before ``skip`` items, or that raises, makes restart refuse (``replay``).
 """
 
 from __future__ import annotations
 
-import base64
 import builtins
 import itertools
-import sys
+import types
 from collections import deque
 
+from gpusnap.capture import rng
+from gpusnap.errors import FastForwardError
 from gpusnap.instrument.loops import _DeferredCall
 
 _POSITIONED = (range, list, tuple)
-
-
-def _dataloader_class():
-    data = sys.modules.get("torch.utils.data")
-    return getattr(data, "DataLoader", None) if data is not None else None
-
-
-def _b64(tensor) -> str:
-    return base64.b64encode(tensor.numpy().tobytes()).decode()
-
-
-def _byte_tensor(text: str):
-    import torch
-
-    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
-
-
-def describe(source) -> dict | None:
-    if isinstance(source, _DeferredCall):
-        parts = [describe(arg) for arg in source.args]
-        return {"kind": "call", "args": parts} if any(parts) else None
-    inner = _wrapped(source)
-    if inner is not None:
-        return describe(inner)
-    loader_class = _dataloader_class()
-    if loader_class is None or not isinstance(source, loader_class):
-        return None
-    import torch
-
-    generator = source.generator
-    note = {
-        "kind": "dataloader",
-        "torch_rng": _b64(torch.get_rng_state()),
-        "generator_rng": _b64(generator.get_state()) if generator is not None else None,
+_PURE_TYPES = frozenset(
+    {range, list, tuple, str, bytes, bytearray, dict, set, frozenset, type({}.keys()), type({}.values()), type({}.items())}
+)
+# Iterated by index or key without drawing anything; exact class names (a subclass may iterate
+# differently).
+_PURE_NAMES = frozenset(
+    {
+        "numpy.ndarray",
+        "torch.Tensor",
+        "torch.nn.parameter.Parameter",
+        "torch.nn.modules.container.ModuleList",
+        "torch.nn.modules.container.Sequential",
+        "torch.nn.modules.container.ModuleDict",
+        "torch.nn.modules.container.ParameterList",
+        "torch.nn.modules.container.ParameterDict",
     }
-    if source.persistent_workers and source.num_workers > 0 and source._iterator is not None:
-        note["reuses_workers"] = True  # this iter() draws no base seed: it only resets the iterator
+)
+_END = object()
+NO_ITEM = object()  # a Consumed entry with no item to compare
+
+
+def _class_name(cls) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+# -- capture ---------------------------------------------------------------------------------
+def part(source) -> dict | None:
+    """None for a pure source; otherwise its structure, with what positioning it will need."""
+    cls = type(source)
+    if cls in _PURE_TYPES:
+        return None
+    if cls is _DeferredCall:
+        func = source.func
+        sources = source.args if func is builtins.zip else source.args[:1]
+        parts = [part(arg) for arg in sources]
+        return {"kind": "call", "func": func.__name__, "args": parts} if any(parts) else None
+    adapter = _adapter(cls)
+    if adapter is _PURE:
+        return None
+    if adapter is not None:
+        return adapter.describe(source)
+    note = {"kind": "iter"}
+    owned = rng.owned_states(_holders(source))
+    if owned:
+        note["owned"] = owned
     return note
 
 
-def iterator_at(source, skip: int, note: dict | None) -> tuple[object, str]:
+def _holders(source) -> dict:
+    """Where a source keeps generators of its own: a generator's locals (its arguments, before
+    it starts), or an iterable's attributes (its ``__iter__`` reads them)."""
+    if isinstance(source, types.GeneratorType):
+        return source.gi_frame.f_locals if source.gi_frame is not None else {}
+    return getattr(source, "__dict__", None) or {}
+
+
+def with_rng(note: dict) -> dict:
+    return {**note, "rng": rng.compact()}
+
+
+def describe(source) -> dict | None:
+    """The note of a loop over ``source`` (raw: ``itemcheck.note_json`` makes it JSON)."""
+    note = part(source)
+    return with_rng(note) if note is not None else None
+
+
+# -- replay ----------------------------------------------------------------------------------
+class Consumed:
+    """One non-pure source that fast-forward consumed: where its items sit in the loop's item
+    (``at``: tuple indexes), its last consumed item, and whether consuming drew random numbers."""
+
+    __slots__ = ("at", "last", "draws")
+
+    def __init__(self, at: tuple, last, draws: bool):
+        self.at, self.last, self.draws = at, last, draws
+
+
+class Context:
+    """What one fast-forward did: ``consumed`` sources, and every source and iterator it
+    ``touched`` (the replay leaves those out of its check of live iterators)."""
+
+    __slots__ = ("consumed", "touched")
+
+    def __init__(self):
+        self.consumed: list[Consumed] = []
+        self.touched: list = []
+
+
+def iterator_at(source, skip: int, note: dict | None, ctx: Context | None = None) -> tuple[object, str]:
     """An iterator over ``source`` positioned at item ``skip``, and how it got there."""
+    ctx = ctx if ctx is not None else Context()
+    if note and isinstance(note.get("rng"), dict):
+        rng.restore_json(note["rng"])  # the states the original run had when the loop started
+    return _position(source, skip, note, ctx, ())
+
+
+def _position(source, skip: int, note: dict | None, ctx: Context, at: tuple):
+    ctx.touched.append(source)
     if isinstance(source, _DeferredCall):
-        return _call_at(source, skip, note)
+        return _call_at(source, skip, note, ctx, at)
     if type(source) in _POSITIONED:
+        if skip > len(source):
+            raise FastForwardError(f"its source has {len(source)} items, the run that took the snapshot had taken {skip}")
         it = iter(source)
         it.__setstate__(skip)
         return it, "by index"
-    if _by_sampler(source, note):
-        return _dataloader_at(source, skip, note), "by batch sampler"
-    loader = _wrapped(source) or source
-    if _is_loader(loader) and note and note.get("kind") == "dataloader":
-        _restore_rng(loader, note)  # the wrapper's first item makes the loader's iterator
+    adapter = _adapter(type(source))
+    if adapter is not None and adapter is not _PURE:
+        return adapter.position(source, skip, note, ctx, at)
+    return _consume(source, skip, ctx, at, pure=adapter is _PURE or type(source) in _PURE_TYPES, note=note)
+
+
+def _consume(source, skip: int, ctx: Context, at: tuple, pure: bool, note: dict | None = None):
+    owned = (note or {}).get("owned")
+    if owned:
+        _restore_owned(source, owned)
     it = iter(source)
-    deque(itertools.islice(it, skip), maxlen=0)
+    ctx.touched.append(it)
+    if skip:
+        before = None if pure else rng.compact()
+        deque(itertools.islice(it, skip - 1), maxlen=0)
+        last = next(it, _END)
+        if last is _END:
+            raise FastForwardError(f"its source ended before item {skip - 1}, which the run that took the snapshot had reached")
+        if not pure:
+            ctx.consumed.append(Consumed(at, last, not rng.same(before, rng.compact())))
     return it, f"by consuming {skip} items"
 
 
-def _wrapped(source):
-    """The DataLoader (or other source) inside a progress-bar wrapper such as tqdm, else None."""
-    if type(source).__module__.split(".")[0] == "tqdm":
-        return getattr(source, "iterable", None)
-    return None
-
-
-def _is_loader(source) -> bool:
-    loader_class = _dataloader_class()
-    return loader_class is not None and isinstance(source, loader_class)
-
-
-def _by_sampler(source, note: dict | None) -> bool:
-    if not (_is_loader(source) and note and note.get("kind") == "dataloader"):
-        return False
-    from torch.utils.data import IterableDataset
-
-    return not isinstance(source.dataset, IterableDataset)
-
-
-def _call_at(call: _DeferredCall, skip: int, note: dict | None):
-    args = call.args[:1] if call.func is builtins.enumerate else call.args
+def _call_at(call: _DeferredCall, skip: int, note: dict | None, ctx: Context, at: tuple):
+    func = call.func
+    if func is itertools.islice:
+        return _islice_at(call, skip, note, ctx, at)
+    args = call.args[:1] if func is builtins.enumerate else call.args
     notes = (note or {}).get("args") or [None] * len(args)
-    sources = []
-    how = []
-    # zip(a, b) ran iter(a), iter(b), then next(a), next(b): every note holds the RNG state from
-    # before iter(a), and the samplers' first draws come after all the iter() calls.
+    sources, how, loaders = [], [], []
+    # zip(a, b) ran iter(a), iter(b), then next(a), next(b): the samplers' first draws come after
+    # all the iter() calls. Old notes hold the torch state per loader, each from before iter(a).
     restored = False
-    loaders = []
-    for arg, arg_note in zip(args, notes):
+    for j, (arg, arg_note) in enumerate(zip(args, notes)):
+        ctx.touched.append(arg)
+        sub = at + ((1,) if func is builtins.enumerate else (j,))
         if _by_sampler(arg, arg_note):
-            it, method = _dataloader_at(arg, skip, arg_note, restore_rng=not restored, start=False), "by batch sampler"
+            it = _dataloader_at(arg, skip, arg_note, restore_torch=not restored, start=False)
             restored = True
-            loaders.append(it)
+            loaders.append((it, sub))
+            method = "by batch sampler"
         else:
-            it, method = iterator_at(arg, skip, arg_note)
+            it, method = _position(arg, skip, arg_note, ctx, sub)
         sources.append(it)
         how.append(method)
-    for it in loaders:
-        _start(it)
-    if call.func is builtins.enumerate:
+    for it, sub in loaders:
+        _start(it, ctx, sub)
+    if func is builtins.enumerate:
         start = call.args[1] if len(call.args) > 1 else call.kwargs.get("start", 0)
         return enumerate(sources[0], start + skip), how[0]
     return zip(*sources, **call.kwargs), ", ".join(how)
+
+
+def _islice_at(call: _DeferredCall, skip: int, note: dict | None, ctx: Context, at: tuple):
+    source, *bounds = call.args
+    span = slice(*bounds)  # islice(s, stop) or islice(s, start, stop[, step]), as slice() reads them
+    start, stop, step = span.start or 0, span.stop, span.step or 1
+    inner = ((note or {}).get("args") or [None])[0]
+    if not skip:
+        it, how = _position(source, 0, inner, ctx, at)
+        return itertools.islice(it, *bounds), how
+    # Position the source just after the last item handed to the body (item skip - 1 of the
+    # islice), as the original had consumed it; the islice goes on from there.
+    last = start + (skip - 1) * step
+    if stop is not None and last >= stop:
+        raise FastForwardError(f"its islice yields fewer than the {skip} items the run that took the snapshot had taken")
+    it, how = _position(source, last + 1, inner, ctx, at)
+    return itertools.islice(it, step - 1, None if stop is None else max(stop - last - 1, 0), step), how
+
+
+def _restore_owned(source, owned: dict) -> None:
+    """The source's own generators, back to their states when the original loop started."""
+    holders = _holders(source)
+    for name, saved in owned.items():
+        if not rng.restore_owned(holders.get(name), saved):
+            raise FastForwardError(f"its source's generator {name!r} is not the {saved.get('kind')} the run that took the snapshot had")
+
+
+# -- adapters: sources seen through, keyed by class --------------------------------------------
+class _Pure:
+    """Marks a class whose iteration is pure (``_PURE_NAMES``)."""
+
+
+_PURE = _Pure()
+
+
+class DataLoaderAdapter:
+    """``torch.utils.data.DataLoader`` (and subclasses that keep its ``__iter__``)."""
+
+    def describe(self, loader) -> dict:
+        generator = loader.generator
+        note = {"kind": "dataloader", "generator_rng": generator.get_state() if generator is not None else None}
+        if not _samples_by_index(loader):
+            note["consumed"] = True
+        if loader.persistent_workers and loader.num_workers > 0 and loader._iterator is not None:
+            note["reuses_workers"] = True  # this iter() draws no base seed: it only resets the iterator
+        return note
+
+    def position(self, loader, skip, note, ctx, at):
+        if _by_sampler(loader, note):
+            it = _dataloader_at(loader, skip, note, start=False)
+            _start(it, ctx, at)
+            return it, "by batch sampler"
+        if note and note.get("kind") == "dataloader":
+            _restore_rng(loader, note)
+        return _consume(loader, skip, ctx, at, pure=False)
+
+
+class TqdmAdapter:
+    """``tqdm(iterable)``: the iterable is positioned, the bar's count goes on from ``skip``."""
+
+    def describe(self, bar) -> dict | None:
+        inner = part(bar.iterable)
+        return {"kind": "tqdm", "inner": inner} if inner is not None else None
+
+    def position(self, bar, skip, note, ctx, at):
+        inner = note.get("inner") if note and note.get("kind") == "tqdm" else None
+        it, how = _position(bar.iterable, skip, inner, ctx, at)
+        return _tqdm_resumed(bar, it, bar.n + skip), how
+
+
+def _tqdm_resumed(bar, inner, n):
+    # Runs from the loop's first next(), after a merge that may have written the bar's fields.
+    source = bar.iterable
+    bar.iterable, bar.n, bar.last_print_n = inner, n, n
+    for item in bar:  # tqdm.__iter__ has read bar.iterable and bar.n before the first item
+        if bar.iterable is inner:
+            bar.iterable = source
+        yield item
+
+
+# Class name -> adapter; looked up along the source's MRO. Add a framework's DataLoader wrapper
+# here (an adapter with ``describe(source) -> note`` and ``position(source, skip, note, ctx, at)
+# -> (iterator, how)``).
+ADAPTERS = {
+    "torch.utils.data.dataloader.DataLoader": DataLoaderAdapter(),
+    "tqdm.std.tqdm": TqdmAdapter(),
+}
+_by_class: dict = {}
+
+
+def _adapter(cls):
+    found = _by_class.get(cls, _END)
+    if found is _END:
+        found = _PURE if _class_name(cls) in _PURE_NAMES else None
+        if found is None:
+            found = next((ADAPTERS[n] for n in map(_class_name, cls.__mro__) if n in ADAPTERS), None)
+        _by_class[cls] = found
+    return found
+
+
+# -- DataLoader by batch sampler -----------------------------------------------------------------
+def _samples_by_index(loader) -> bool:
+    from torch.utils.data import DataLoader, IterableDataset
+
+    return not isinstance(loader.dataset, IterableDataset) and type(loader).__iter__ is DataLoader.__iter__
+
+
+def _by_sampler(source, note: dict | None) -> bool:
+    if not (note and note.get("kind") == "dataloader" and not note.get("consumed")):
+        return False
+    return isinstance(_adapter(type(source)), DataLoaderAdapter) and _samples_by_index(source)
 
 
 class _SkippingSampler:
@@ -152,10 +327,14 @@ class _SkippingSampler:
 
 class _SkipIter:
     """Skips on ``start()``: the original run's first next() (RandomSampler's seed draw)
-    happened right after iter(), before anything else touched the RNG, and so must this."""
+    happened right after iter(), before anything else touched the RNG, and so must this.
+
+    A sampler that draws from the global RNGs for every batch drew, in the original run, between
+    loop bodies that may have drawn too: skipping cannot prove its order (``draws``)."""
 
     def __init__(self, sampler, skip: int, rng_at_iter=None):
         self._sampler, self._skip, self._it, self._rng = sampler, skip, None, rng_at_iter
+        self.draws = False
 
     def start(self) -> "_SkipIter":
         if self._it is None:
@@ -164,7 +343,12 @@ class _SkipIter:
 
                 torch.set_rng_state(self._rng)  # undo the base-seed draw a reused iterator never made
             self._it = iter(self._sampler)
-            deque(itertools.islice(self._it, self._skip), maxlen=0)
+            skipped = sum(1 for _ in itertools.islice(self._it, min(self._skip, 1)))
+            before = rng.compact()
+            skipped += sum(1 for _ in itertools.islice(self._it, self._skip - skipped))
+            if skipped < self._skip:
+                raise FastForwardError(f"its DataLoader has {skipped} batches, the run that took the snapshot had taken {self._skip}")
+            self.draws = not rng.same(before, rng.compact())
         return self
 
     def __iter__(self):
@@ -174,19 +358,22 @@ class _SkipIter:
         return next(self.start()._it)
 
 
-def _restore_rng(loader, note: dict) -> None:
+def _restore_rng(loader, note: dict, restore_torch: bool = True) -> None:
     import torch
 
-    torch.set_rng_state(_byte_tensor(note["torch_rng"]))
-    if note.get("generator_rng") and loader.generator is not None:
-        loader.generator.set_state(_byte_tensor(note["generator_rng"]))
+    if restore_torch and note.get("torch_rng"):  # notes written before "rng" existed
+        torch.set_rng_state(rng.tensor_b64(note["torch_rng"]))
+    state = note.get("generator_rng")
+    if state is not None and loader.generator is not None:
+        loader.generator.set_state(rng.tensor_b64(state) if isinstance(state, str) else state)
 
 
-def _dataloader_at(loader, skip: int, note: dict, restore_rng: bool = True, start: bool = True):
+def _dataloader_at(loader, skip: int, note: dict, restore_torch: bool = True, start: bool = True):
+    """The loader's iterator at batch ``skip``; ``start=False``: the skipping waits for
+    ``_start`` (a zip makes every iterator before the first draws)."""
     import torch
 
-    if restore_rng:
-        _restore_rng(loader, note)
+    _restore_rng(loader, note, restore_torch)
     rng_at_iter = torch.get_rng_state() if note.get("reuses_workers") else None
     original = type(loader)
 
@@ -208,7 +395,9 @@ def _dataloader_at(loader, skip: int, note: dict, restore_rng: bool = True, star
     return it
 
 
-def _start(it) -> None:
+def _start(it, ctx: Context | None = None, at: tuple = ()) -> None:
     sampler_iter = getattr(it, "_sampler_iter", None)
     if isinstance(sampler_iter, _SkipIter):
         sampler_iter.start()
+        if sampler_iter.draws and ctx is not None:
+            ctx.consumed.append(Consumed(at, NO_ITEM, True))

@@ -3,8 +3,11 @@
 ``install`` runs before the program's first line (from the agent). Setup code then runs for
 real. Each loop that starts is compared with the next loop of the saved path (same file,
 function and LINE:COL); a match is fast-forwarded: an enclosing loop to its current iteration
-(whose body prefix then runs once), the innermost loop to the saved boundary, where the snapshot
-is merged into the live objects and training continues. Until then no snapshot is taken.
+(whose body prefix then runs once, from the RNG states that iteration started with), the
+innermost loop to the saved boundary, where the snapshot is merged into the live objects and
+training continues. Until then no snapshot is taken. Fast-forward is exact or refuses: the items
+it consumed are compared with the snapshot's digests (``itemcheck``), and iterators the program
+holds and advances by hand are put at their saved position or refused (``livecheck``).
 
 Refusals (``RestoreError``) are printed as one line with a hint and end the trainee with the
 error's exit code: a program that reaches an optimizer step or its end before the saved
@@ -16,15 +19,14 @@ from __future__ import annotations
 import atexit
 import gc
 import os
-import re
 import sys
 import time
 
 from gpusnap.capture import rng, roots
-from gpusnap.errors import GpusnapError, ProgramChanged, ReplayDiverged, RestoreError
+from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, ReplayDiverged, RestoreError
 from gpusnap.graph.load import LiveOnly
 from gpusnap.instrument import loops
-from gpusnap.restore import fastforward, load
+from gpusnap.restore import fastforward, itemcheck, livecheck, load
 from gpusnap.restore.frames import write_locals
 from gpusnap.restore.merge import Merger
 
@@ -46,6 +48,7 @@ class Replay:
         self.started_s = time.perf_counter()
         self.fastforward_s = 0.0
         self.fastforwards: list[dict] = []
+        self._positioned: set[int] = set()  # ids of what fast-forward positioned (livecheck)
         self._boundary_hook = None
 
     # -- replay ----------------------------------------------------------------------------
@@ -61,24 +64,94 @@ class Replay:
         skip = want["index"] if innermost else max(want["index"] - 1, 0)
         loop.resume = want.get("resume")
         started = time.perf_counter()
-        if loop.kind == "while":
-            loop.index = skip
-            how = "by skipping bodies"
-            it = None
-            if innermost:
-                self._boundary_hook = loops.on_boundary
-                loops.on_boundary = self._while_boundary
-                loops.pending = True
-        else:
-            it, how = fastforward.iterator_at(iterable, skip, loop.resume)
-            loop.index = skip
-            if innermost:
-                it = self._merge_first(it, loop)
+        # Whatever goes wrong while positioning (user code in __iter__, a sampler, a source that
+        # ends early, an item that differs) is a refusal naming the loop, never an exception
+        # inside the program's loop.
+        try:
+            it, how = self._fast_forward(loop, iterable, skip, want, innermost)
+        except GpusnapError as exc:
+            fail(FastForwardError(f"fast-forward of loop {self.name(want)}: {exc.message}", exc.hint if exc.hint != exc.default_hint else None))
+        except Exception as exc:
+            self._raised(want, exc)
         spent = time.perf_counter() - started
         self.fastforward_s += spent
         self.fastforwards.append({"loop": loop.where(), "to": skip, "how": how, "s": spent})
         _say(f"fast-forward {_short(loop.where())} to iteration {skip} {how} ({spent:.3f} s)")
         return it
+
+    def _fast_forward(self, loop, iterable, skip: int, want: dict, innermost: bool):
+        rng_at = want.get("rng_at") if not innermost else None
+        if loop.kind == "while":
+            loop.index = skip
+            if rng_at is not None:  # nothing runs between here and the iteration's start
+                self._restore_rng_at(loop, rng_at)
+            if innermost:
+                self._check_live_iterators(loop)
+                self._boundary_hook = loops.on_boundary
+                loops.on_boundary = self._while_boundary
+                loops.pending = True
+            return None, "by skipping bodies"
+        ctx = fastforward.Context()
+        it, how = fastforward.iterator_at(iterable, skip, loop.resume, ctx)
+        self._positioned.update(id(obj) for obj in ctx.touched + [it])
+        loop.index = skip
+        if innermost:
+            self._judge(want, itemcheck.verify(ctx.consumed, want.get("check")))
+            self._check_live_iterators(loop)
+            return self._merge_first(it, loop), how
+        if ctx.consumed or rng_at is not None:
+            it = self._enclosing_first(it, loop, want, ctx, rng_at)
+        return it, how
+
+    def _enclosing_first(self, it, loop, want: dict, ctx, rng_at):
+        """An enclosing loop's first item (the one its saved iteration was running) is checked
+        against the snapshot's digest, then its iteration starts with the RNG states it had."""
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        except Exception as exc:
+            self._raised(want, exc)
+        self._judge(want, itemcheck.verify(ctx.consumed, want.get("check"), item))
+        if rng_at is not None:
+            self._restore_rng_at(loop, rng_at)
+        yield item
+        yield from it
+
+    def _restore_rng_at(self, loop, rng_at: dict) -> None:
+        rng.restore_json(rng_at)
+        loop.rng_at = rng_at  # a snapshot taken in this iteration keeps it
+
+    def _check_live_iterators(self, loop) -> None:
+        """Iterators in the program's state that no loop positioned (``it = iter(loader)``, then
+        ``next(it)`` in the loop): advanced to their saved position, or refused (livecheck)."""
+        live_only = self.manifest.get("live_only") or []
+        if not any(entry.get("iterator") for entry in live_only):
+            return
+        frames = roots.frames_on_path(loop.frame)
+        problems = livecheck.check(live_only, frames, roots.instrumented_modules(), self._positioned, _say)
+        self._judge(self.expected[-1], problems, livecheck.HINT)
+
+    def _judge(self, want: dict, problems: list[str], hint: str | None = None) -> None:
+        """Refuse on the first problem; with --force, warn about each and go on."""
+        if not problems:
+            return
+        where = self.name(want)
+        if not self.force:
+            fail(FastForwardError(f"fast-forward of loop {where} {problems[0]}", hint))
+        for problem in problems:
+            _say(f"warning: fast-forward of loop {where} {problem}; restoring anyway (--force)")
+
+    def _raised(self, want: dict, exc: Exception) -> None:
+        detail = (str(exc).strip().splitlines() or [""])[0]
+        fail(FastForwardError(
+            f"fast-forward of loop {self.name(want)} failed: {type(exc).__name__}: {detail}",
+            "the program raised while the loop's source was re-created and positioned; restart from "
+            "another snapshot with --snapshot ID, or start fresh with --resume never",
+        ))
+
+    def name(self, want: dict) -> str:
+        return f"{_short(want['file'])}:{want['loop_id'].split(':')[0]} (in {want['function']})"
 
     def _merge_first(self, it, loop):
         self.merge(loop)
@@ -113,7 +186,6 @@ class Replay:
         started = time.perf_counter()
         _say(f"merging snapshot {self.snap_id} at {_short(loop.where())}")
         check_sources(self.manifest, self.force)
-        _check_hand_iterators(self.manifest, self.force)
         _, payload = load(self.rundir, self.snap_id)
         live_frames = roots.frames_on_path(loop.frame)
         saved_frames = payload["frames"]
@@ -177,27 +249,6 @@ def _merge_all(merger: Merger, live: dict, saved: dict, path: str) -> dict:
         for name, value in saved.items()
         if name in live or not isinstance(value, LiveOnly)
     }
-
-
-_HAND_ITERATOR = re.compile(r"frame\[\d+\]\.locals\.\w+")
-
-
-def _check_hand_iterators(manifest: dict, force: bool) -> None:
-    """A generator or DataLoader iterator held in a frame's locals is one the program advances
-    with next() (the transformers Trainer's ``epoch_iterator``): it is live-only, so the replay's
-    would stand at its start while the loops around it are fast-forwarded. Refuse instead."""
-    for entry in manifest.get("live_only") or []:
-        kind = entry.get("type", "")
-        if entry.get("advanced") and _HAND_ITERATOR.fullmatch(entry.get("path", "")):
-            if force:
-                _say(f"warning: {entry['path']} ({kind}) restarts from its beginning (--force)")
-                continue
-            raise ReplayDiverged(
-                f"{entry['path']} holds a {kind.rsplit('.', 1)[-1]} that the program advances itself; "
-                "replay cannot put it back where it stood",
-                "iterate it with a for loop (fast-forward positions those), restart from another snapshot "
-                "with --snapshot ID, or pass --force to continue with it at its start",
-            )
 
 
 def _check_frames(live_frames, saved_frames) -> None:

@@ -1,0 +1,185 @@
+"""Digests of loop items: how fast-forward proves that consuming a source reproduced the item
+the original run handed to the loop body.
+
+``digest(obj, read)`` is an xxh3-128 over the type names, shapes, dtypes and bytes of ``obj``,
+walked iteratively: tuples, lists, dicts, objects with a ``__dict__`` or ``__slots__``, scalars,
+strings, CPU torch tensors and numpy arrays. It returns ``(hex, None)``, or ``(None, why)`` when
+the item cannot be digested (a CUDA tensor, a set, a cycle, more than ``knobs.FF_DIGEST_MAX_BYTES``
+of data), in which case nothing is proven.
+
+The writer runs it in the forked child, which must not run torch operators: tensors are read
+through their metadata and ``read(address, nbytes)`` (the drain-aware reader: a drained storage
+reads as zeros at its own address); numpy is used only to gather strided memory. Replay runs
+the same function on the items it reproduced, reading memory in place.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+import types
+from array import array
+
+import xxhash
+
+from gpusnap import knobs
+from gpusnap.stage.pool import address_view
+
+MAX_NODES = 100_000
+_OPAQUE = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
+           types.GeneratorType, types.CodeType, types.FrameType)
+
+
+class _Undigestible(Exception):
+    pass
+
+
+def _type_name(obj) -> bytes:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}".encode()
+
+
+class _Walk:
+    def __init__(self, read, max_bytes: int):
+        self.h = xxhash.xxh3_128()
+        self.read = read or address_view
+        self.bytes_left = self.max_bytes = max_bytes
+        self.nodes_left = MAX_NODES
+        self.torch = sys.modules.get("torch")
+        self.np = sys.modules.get("numpy")
+
+    def tag(self, *parts) -> None:
+        for part in parts:
+            data = part if isinstance(part, bytes) else str(part).encode("utf-8", "surrogatepass")
+            self.h.update(struct.pack("<Q", len(data)))
+            self.h.update(data)
+
+    def data(self, view) -> None:
+        self.bytes_left -= len(view)
+        if self.bytes_left < 0:
+            raise _Undigestible(self.too_big())
+        self.tag(b"bytes", str(len(view)))
+        self.h.update(view)
+
+    def too_big(self) -> str:
+        return f"more than {self.max_bytes:,} bytes of data (GPUSNAP_FF_DIGEST_MAX_BYTES)"
+
+    def run(self, obj) -> None:
+        stack = [obj]
+        while stack:
+            x = stack.pop()
+            self.nodes_left -= 1
+            if self.nodes_left < 0:
+                raise _Undigestible(f"more than {MAX_NODES} objects")
+            stack.extend(reversed(self.one(x)))
+
+    def one(self, x) -> list:
+        """Digest ``x``'s own part; return its children, in order."""
+        if x is _UNSET:
+            self.tag(b"unset slot")
+            return []
+        if x is None or isinstance(x, (bool, int, float, complex, str, range)):
+            self.tag(_type_name(x), repr(x) if not isinstance(x, float) else struct.pack("<d", x))
+            return []
+        if isinstance(x, (bytes, bytearray, memoryview)):
+            self.tag(_type_name(x))
+            self.data(memoryview(x).cast("B"))
+            return []
+        torch, np = self.torch, self.np
+        if torch is not None and isinstance(x, torch.Tensor):
+            self.tensor(x)
+            return []
+        if np is not None and isinstance(x, np.ndarray):
+            self.ndarray(x)
+            return []
+        if np is not None and isinstance(x, np.generic):
+            self.tag(_type_name(x), x.dtype.str)
+            self.data(memoryview(x.tobytes()))
+            return []
+        if isinstance(x, (tuple, list)):
+            if len(x) > 16:
+                try:
+                    ints = array("q", x)  # indices, token ids: one buffer, not a node per number
+                except (TypeError, OverflowError):
+                    pass
+                else:
+                    self.tag(_type_name(x), "ints")
+                    self.data(memoryview(ints).cast("B"))
+                    return []
+            self.tag(_type_name(x), len(x))
+            return list(x)
+        if isinstance(x, dict):
+            self.tag(_type_name(x), len(x))
+            return [part for pair in x.items() for part in pair]
+        if isinstance(x, _OPAQUE) or isinstance(x, (set, frozenset)):
+            raise _Undigestible(f"a {type(x).__name__}")
+        return self.fields(x)
+
+    def fields(self, x) -> list:
+        attrs = getattr(x, "__dict__", None)
+        names = [n for cls in type(x).__mro__ for n in getattr(cls, "__slots__", ()) if n not in ("__dict__", "__weakref__")]
+        if not isinstance(attrs, dict) and not names:
+            raise _Undigestible(f"a {type(x).__name__} (no __dict__ or __slots__)")
+        children = []
+        for name in names:
+            children += [name, getattr(x, name, _UNSET)]
+        if isinstance(attrs, dict):
+            children += [part for pair in attrs.items() for part in pair]
+        self.tag(_type_name(x), len(children))
+        return children
+
+    def tensor(self, t) -> None:
+        torch = self.torch
+        if t.layout != torch.strided or t.is_quantized or t.device.type != "cpu":
+            raise _Undigestible(f"a {t.device.type} tensor" if t.device.type != "cpu" else "a non-strided tensor")
+        size = t.element_size()
+        self.tag(_type_name(t), str(t.dtype), tuple(t.shape), t.is_conj(), t.is_neg())
+        if t.numel() == 0:
+            return
+        if t.is_contiguous():
+            self.data(self.read(t.data_ptr(), t.numel() * size))
+        else:
+            self.strided(t.data_ptr(), size, tuple(t.shape), tuple(s * size for s in t.stride()))
+
+    def ndarray(self, a) -> None:
+        if a.dtype.hasobject:
+            raise _Undigestible("a numpy array of objects")
+        self.tag(_type_name(a), a.dtype.str, a.shape)
+        if a.size == 0:
+            return
+        address = a.__array_interface__["data"][0]
+        if a.flags.c_contiguous:
+            self.data(self.read(address, a.nbytes))
+        else:
+            self.strided(address, a.itemsize, a.shape, a.strides)
+
+    def strided(self, address: int, itemsize: int, shape: tuple, strides: tuple) -> None:
+        np = self.np
+        if np is None:
+            raise _Undigestible("a strided tensor (numpy is not loaded)")
+        lo = hi = address
+        for n, stride in zip(shape, strides):
+            if stride < 0:
+                lo += (n - 1) * stride
+            else:
+                hi += (n - 1) * stride
+        if hi + itemsize - lo > self.bytes_left:
+            raise _Undigestible(self.too_big())
+        span = self.read(lo, hi + itemsize - lo)
+        items = np.ndarray(shape, np.dtype((np.void, itemsize)), buffer=span, offset=address - lo, strides=strides)
+        self.data(memoryview(np.ascontiguousarray(items)).cast("B"))
+
+
+_UNSET = object()  # stands for a __slots__ entry that holds nothing
+
+
+def digest(obj, read=None, max_bytes: int | None = None) -> tuple[str | None, str | None]:
+    """(xxh3-128 hex, None), or (None, why it cannot be digested)."""
+    walk = _Walk(read, knobs.FF_DIGEST_MAX_BYTES if max_bytes is None else max_bytes)
+    try:
+        walk.run(obj)
+    except _Undigestible as exc:
+        return None, str(exc)
+    except Exception as exc:  # a property that raises, a buffer numpy cannot read
+        return None, f"{type(exc).__name__} while reading it"
+    return walk.h.hexdigest(), None
