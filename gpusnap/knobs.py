@@ -82,7 +82,7 @@ HUGEPAGES = _choice("HUGEPAGES", "on", ("on", "off"))
 WRITER_WINDOW_BYTES = _int("WRITER_WINDOW_BYTES", 256 << 20)
 
 # Fast-forward proves a consumed loop source by a digest of the last item it reproduced; items
-# holding more data than this are not digested (restart then checks less; see restore/digest.py).
+# holding more data than this are not digested (restart then checks less; see graph/digest.py).
 FF_DIGEST_MAX_BYTES = _int("FF_DIGEST_MAX_BYTES", 64 << 20)
 
 # Fork only when the copy-on-write worst case (the trainee's resident set) is at most this

@@ -26,7 +26,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 from tqdm import tqdm
 
-from gpusnap.capture import agent, rng
+from gpusnap.capture import agent
+from gpusnap.graph import rng
 from gpusnap.instrument import loops
 from gpusnap.instrument.loops import _DeferredCall
 from gpusnap.restore import fastforward, itemcheck, livecheck
@@ -537,6 +538,7 @@ def test_loops_started_inside_a_running_step_loop_take_no_note(monkeypatch):
     here = sys._getframe()
     step = loops.ActiveLoop("1:0", here, "for")
     monkeypatch.setattr(agent, "_step_loops", {(id(here.f_code), "1:0"): here.f_code})
+    monkeypatch.setattr(agent, "_note_source", fastforward.part)
     monkeypatch.setattr(loops, "ACTIVE", [])
     inner = loops.ActiveLoop("2:0", here, "for")
     assert agent._describe_source(inner, iter([1]))["kind"] == "iter"  # no step loop running

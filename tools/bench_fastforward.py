@@ -43,7 +43,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from common import read_json, wait_for
 
-from gpusnap.capture import rng
+from gpusnap.graph import rng
 from gpusnap.restore import fastforward, itemcheck
 
 BATCH = 32

@@ -31,10 +31,10 @@ import warnings
 import weakref
 
 from gpusnap import knobs, stage
-from gpusnap.capture import rng, safepoints
+from gpusnap.capture import safepoints
+from gpusnap.graph import rng
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from gpusnap.instrument import loops
-from gpusnap.restore import fastforward
 
 _config: dict = {}
 _rundir = None
@@ -52,13 +52,17 @@ _last_stepping = (lambda: None, -1)  # (weak ActiveLoop, index) of the last iter
 _resumed_from = None
 _optimizers = weakref.WeakSet()  # every optimizer that stepped: what the drain copies first
 _prepared = False  # stage.prepare has run since the last writer ended and the last new optimizer
+_note_source = None  # fastforward.part, handed over by boot
 _stepper_checked = False  # the first optimizer step looked for a step loop gpusnap cannot reach
 
 
 # -- install -------------------------------------------------------------------------------
-def install(config: dict) -> None:
-    """Called by gpusnap.boot before the first line of the program runs."""
-    global _config, _rundir, _resumed_from
+def install(config: dict, note_source) -> None:
+    """Called by gpusnap.boot before the first line of the program runs. ``note_source(source)``
+    is what fast-forward will need of a loop's source (restore's ``fastforward.part``): capture
+    takes the notes, restore reads them."""
+    global _config, _rundir, _resumed_from, _note_source
+    _note_source = note_source
     _config = dict(config)
     os.register_at_fork(after_in_child=loops.reset_after_fork_in_child)
     if not _config.get("run_dir"):
@@ -79,10 +83,16 @@ def install(config: dict) -> None:
     atexit.register(_wait_for_writer_at_exit)
     loops.describe_source = _describe_source
     loops.capture_rng = rng.compact
-    if _resumed_from is not None:
-        from gpusnap.restore import replay
 
-        replay.install(_rundir, _resumed_from, _config, _emit, resumed)
+
+def resuming():
+    """(run directory, snapshot id) when this run restarts from a snapshot, else None: boot
+    then installs the replay, handing it ``emit`` and ``resumed``."""
+    return (_rundir, _resumed_from) if _resumed_from is not None else None
+
+
+def emit(event: str, **fields) -> None:
+    _emit(event, **fields)
 
 
 def _install_signals() -> None:
@@ -151,9 +161,8 @@ def _before_optimizer_step(optimizer, *_):
     """Before the step runs (LBFGS's closure calls the model from inside it): know the step loop,
     so that no boundary inside the step is taken for a safe point."""
     global _iterations, _last_stepping
-    replay = sys.modules.get("gpusnap.restore.replay")
-    if replay is not None and replay.active is not None:
-        replay.diverged_by_step()
+    if loops.replaying is not None:
+        loops.replaying()
     for i in range(len(loops.ACTIVE) - 1, -1, -1):
         loop = loops.ACTIVE[i]
         if loop.frame.f_back is not None:  # a suspended generator's frame has no caller
@@ -193,12 +202,12 @@ def _describe_source(loop, source):
     boundary, the only safe point while it runs, so it needs none (unless it is a step loop
     itself): this keeps the cost of taking RNG states out of training steps."""
     try:
-        part = fastforward.part(source)
+        part = _note_source(source)
     except Exception:  # an adapter that cannot read this source: consumed, and checked, on replay
         part = {"kind": "iter"}
     if part is None or _inside_step_body(loop):
         return None
-    return fastforward.with_rng(part)
+    return {**part, "rng": rng.compact()}
 
 
 def _inside_step_body(loop) -> bool:
@@ -301,8 +310,7 @@ def resumed(snap_id: str, steps: int, iteration: int | None) -> None:
 
 def _on_boundary(loop) -> None:
     global _coalesced_said
-    replay = sys.modules.get("gpusnap.restore.replay")
-    if replay is not None and replay.active is not None:
+    if loops.replaying is not None:
         return  # nothing to snapshot until the replay has merged its snapshot
     stop = any(s for _, s in list(_requests))
     running = _writer

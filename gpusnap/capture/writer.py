@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass, field
 
 from gpusnap import knobs
-from gpusnap.capture import paths, roots
+from gpusnap.capture import paths
+from gpusnap.graph import roots
 from gpusnap.capture.pickler import GraphPickler, _storage_key, type_name
 from gpusnap.restore import itemcheck, livecheck
 from gpusnap.stage.drain import Drained, drain

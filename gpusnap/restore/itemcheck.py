@@ -16,9 +16,9 @@ without a digest is accepted only if consuming it left the global RNG states unt
 
 from __future__ import annotations
 
-from gpusnap.capture import rng
+from gpusnap.graph import rng
 from gpusnap.instrument import loops
-from gpusnap.restore.digest import digest
+from gpusnap.graph.digest import digest
 from gpusnap.restore.fastforward import NO_ITEM
 
 _MISSING = object()

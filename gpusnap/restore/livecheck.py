@@ -33,7 +33,7 @@ from array import array
 
 import xxhash
 
-from gpusnap.restore.digest import digest
+from gpusnap.graph.digest import digest
 
 HINT = (
     "replay cannot put an iterator that the program advances by hand back where it stood; iterate "

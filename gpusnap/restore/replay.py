@@ -22,7 +22,7 @@ import os
 import sys
 import time
 
-from gpusnap.capture import rng, roots
+from gpusnap.graph import rng, roots
 from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, ReplayDiverged, RestoreError
 from gpusnap.graph.load import LiveOnly
 from gpusnap.instrument import loops
@@ -179,7 +179,7 @@ class Replay:
                 gc.enable()
         self.merged = True
         active = None
-        loops.on_loop_start = None
+        loops.on_loop_start = loops.replaying = None
 
     def _merge(self, loop) -> None:
         replay_s = time.perf_counter() - self.started_s - self.fastforward_s
@@ -287,6 +287,7 @@ def install(rundir, snap_id: str, config: dict, emit, on_merged) -> Replay:
         fail(exc)
     active = replay
     loops.on_loop_start = replay.on_loop_start
+    loops.replaying = diverged_by_step
     atexit.register(_check_reached, replay)
     return replay
 

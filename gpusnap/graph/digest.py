@@ -15,6 +15,7 @@ the same function on the items it reproduced, reading memory in place.
 
 from __future__ import annotations
 
+import ctypes
 import struct
 import sys
 import types
@@ -23,11 +24,15 @@ from array import array
 import xxhash
 
 from gpusnap import knobs
-from gpusnap.stage.pool import address_view
 
 MAX_NODES = 100_000
 _OPAQUE = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
            types.GeneratorType, types.CodeType, types.FrameType)
+
+
+def _view_at(address: int, nbytes: int) -> memoryview:
+    """Memory in place (replay, outside the writer)."""
+    return memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B") if nbytes else memoryview(b"")
 
 
 class _Undigestible(Exception):
@@ -42,7 +47,7 @@ def _type_name(obj) -> bytes:
 class _Walk:
     def __init__(self, read, max_bytes: int):
         self.h = xxhash.xxh3_128()
-        self.read = read or address_view
+        self.read = read or _view_at
         self.bytes_left = self.max_bytes = max_bytes
         self.nodes_left = MAX_NODES
         self.torch = sys.modules.get("torch")
