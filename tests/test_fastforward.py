@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 from tqdm import tqdm
 
-from gpusnap.capture import agent
+from gpusnap.capture import steploop
 from gpusnap.graph import rng
 from gpusnap.instrument import loops
 from gpusnap.instrument.loops import _DeferredCall
@@ -537,12 +537,12 @@ def test_a_batch_sampler_that_draws_for_every_batch_cannot_be_skipped_silently(t
 def test_loops_started_inside_a_running_step_loop_take_no_note(monkeypatch):
     here = sys._getframe()
     step = loops.ActiveLoop("1:0", here, "for")
-    monkeypatch.setattr(agent, "_step_loops", {(id(here.f_code), "1:0"): here.f_code})
-    monkeypatch.setattr(agent, "_note_source", fastforward.part)
+    monkeypatch.setattr(steploop, "_step_loops", {(id(here.f_code), "1:0"): here.f_code})
+    monkeypatch.setattr(steploop, "_note_source", fastforward.part)
     monkeypatch.setattr(loops, "ACTIVE", [])
     inner = loops.ActiveLoop("2:0", here, "for")
-    assert agent._describe_source(inner, iter([1]))["kind"] == "iter"  # no step loop running
+    assert steploop.describe_source(inner, iter([1]))["kind"] == "iter"  # no step loop running
     loops.ACTIVE.append(step)
-    assert agent._describe_source(inner, iter([1])) is None  # ends before the step loop's boundary
-    assert agent._describe_source(loops.ActiveLoop("1:0", here, "for"), iter([1])) is not None  # a step loop itself
-    assert agent._describe_source(inner, [1]) is None
+    assert steploop.describe_source(inner, iter([1])) is None  # ends before the step loop's boundary
+    assert steploop.describe_source(loops.ActiveLoop("1:0", here, "for"), iter([1])) is not None  # a step loop itself
+    assert steploop.describe_source(inner, [1]) is None
