@@ -15,7 +15,8 @@ FLOOR = {"errors", "knobs"}  # importable from anywhere
 ALLOWED = {
     "__init__": {"capture"},  # gpusnap.snapshot() asks the capture side
     "__main__": {"cli"},
-    "cli": {"launch", "store"},
+    "cli": {"launch", "store", "demo"},
+    "demo": set(),  # runs gpusnap as a user would: through the command line
     "launch": {"store"},
     "boot": {"instrument", "capture", "restore"},
     "capture": {"stage", "store", "instrument", "graph"},
