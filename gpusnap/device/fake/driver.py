@@ -1,0 +1,543 @@
+"""A fake ``cuda.bindings.driver`` for machines without a GPU (see ``machine.py`` for how it
+is strict). Same names, parameters and ``(CUresult, outputs...)`` tuples as the real module,
+whose types and enums it lends (``tests/test_device_contract.py`` holds the two together).
+Functions it does not model raise AttributeError rather than pretend.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+import numpy as np
+from cuda.bindings import driver as _real
+
+from gpusnap.device import hostmem
+from gpusnap.device.backend import AllocKind
+from gpusnap.device.fake import machine as _machine
+from gpusnap.device.fake.api import forward, returning
+from gpusnap.device.fake.machine import STREAM_NON_BLOCKING, VMM_GRANULARITY, CudaFault
+
+CUresult = _real.CUresult
+CUdeviceptr = _real.CUdeviceptr
+CUdevice = _real.CUdevice
+CUcontext = _real.CUcontext
+CUstream = _real.CUstream
+CUmemGenericAllocationHandle = _real.CUmemGenericAllocationHandle
+CUpointer_attribute = _real.CUpointer_attribute
+CUdevice_attribute = _real.CUdevice_attribute
+__getattr__ = forward(_real, "cuda.bindings.driver")
+
+DRIVER_VERSION = 13000  # what cuDriverGetVersion reports: CUDA 13.0
+
+
+def _api(outputs: int = 0):
+    return returning(CUresult.CUDA_SUCCESS, lambda name: getattr(CUresult, name), outputs)
+
+
+def _m() -> _machine.Machine:
+    return _machine.machine()
+
+
+_uuids = {}  # ordinal -> ctypes buffer the CUuuid points into (kept alive here)
+
+_ATTRIBUTES = {
+    "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR": lambda d: d.capability[0],
+    "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR": lambda d: d.capability[1],
+    "CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT": lambda d: 132,
+    "CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING": lambda d: 1,
+    "CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY": lambda d: 1,
+    "CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS": lambda d: 1,
+    "CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED": lambda d: 1,
+    "CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED": lambda d: 1,
+    "CU_DEVICE_ATTRIBUTE_PCI_BUS_ID": lambda d: d.ordinal + 1,
+    "CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT": lambda d: 512,
+}
+
+# ---- initialisation, devices
+
+
+@_api()
+def cuInit(Flags):
+    if int(Flags) != 0:
+        raise CudaFault("CUDA_ERROR_INVALID_VALUE")
+    _machine.init()
+
+
+@_api(1)
+def cuDriverGetVersion():
+    return DRIVER_VERSION
+
+
+@_api(1)
+def cuDeviceGetCount():
+    return len(_m().devices)
+
+
+@_api(1)
+def cuDeviceGet(ordinal):
+    return CUdevice(_m().device(ordinal).ordinal)
+
+
+@_api(1)
+def cuDeviceGetName(length, dev):
+    return _m().device(dev).name.encode()[: max(0, int(length) - 1)]
+
+
+@_api(1)
+def cuDeviceTotalMem(dev):
+    return _m().device(dev).total_bytes
+
+
+@_api(1)
+def cuDeviceGetAttribute(attrib, dev):
+    device = _m().device(dev)
+    get = _ATTRIBUTES.get(getattr(attrib, "name", ""))
+    if get is None:
+        raise CudaFault("CUDA_ERROR_INVALID_VALUE")
+    return get(device)
+
+
+@_api(1)
+def cuDeviceGetUuid(dev):
+    ordinal = _m().device(dev).ordinal
+    if ordinal not in _uuids:
+        _uuids[ordinal] = ctypes.create_string_buffer(b"gpusnap-fake-" + bytes([ordinal, 0, 0]), 16)
+    return _real.CUuuid(ctypes.addressof(_uuids[ordinal]))
+
+
+# ---- contexts
+
+
+@_api(1)
+def cuDevicePrimaryCtxRetain(dev):
+    device = _m().device(dev)
+    device.primary_refs += 1
+    return CUcontext(device.primary.handle)
+
+
+@_api()
+def cuDevicePrimaryCtxRelease(dev):
+    device = _m().device(dev)
+    if device.primary_refs == 0:
+        raise CudaFault("CUDA_ERROR_INVALID_CONTEXT")
+    device.primary_refs -= 1
+
+
+@_api(2)
+def cuDevicePrimaryCtxGetState(dev):
+    device = _m().device(dev)
+    return 0, int(device.primary_refs > 0)
+
+
+@_api(1)
+def cuCtxCreate(ctxCreateParams, flags, dev):
+    m = _m()
+    ctx = m.create_context(dev)
+    m.stack().append(ctx)
+    return CUcontext(ctx.handle)
+
+
+@_api()
+def cuCtxDestroy(ctx):
+    m = _m()
+    context = m.context(ctx)
+    if context.primary:
+        raise CudaFault("CUDA_ERROR_INVALID_CONTEXT")
+    m.sync_context(context)
+    del m.contexts[context.handle]
+    for stack in [m.stack()]:
+        while context in stack:
+            stack.remove(context)
+
+
+@_api(1)
+def cuCtxGetCurrent():
+    stack = _m().stack()
+    return CUcontext(stack[-1].handle if stack else 0)
+
+
+@_api()
+def cuCtxSetCurrent(ctx):
+    m = _m()
+    stack = m.stack()
+    if int(ctx) == 0:
+        if stack:
+            stack.pop()
+        return
+    context = m.context(ctx)
+    if stack:
+        stack[-1] = context
+    else:
+        stack.append(context)
+
+
+@_api()
+def cuCtxPushCurrent(ctx):
+    m = _m()
+    m.stack().append(m.context(ctx))
+
+
+@_api(1)
+def cuCtxPopCurrent():
+    stack = _m().stack()
+    if not stack:
+        raise CudaFault("CUDA_ERROR_INVALID_CONTEXT")
+    return CUcontext(stack.pop().handle)
+
+
+@_api(1)
+def cuCtxGetDevice():
+    return CUdevice(_m().current().device)
+
+
+@_api()
+def cuCtxSynchronize():
+    m = _m()
+    m.sync_context(m.current())
+
+
+# ---- streams
+
+
+@_api(1)
+def cuStreamCreate(Flags):
+    stream = _m().new_stream(blocking=not int(Flags) & STREAM_NON_BLOCKING)
+    return CUstream(stream.handle)
+
+
+@_api()
+def cuStreamDestroy(hStream):
+    _m().destroy_stream(hStream)
+
+
+@_api()
+def cuStreamSynchronize(hStream):
+    m = _m()
+    m.sync_stream(m.stream(hStream))
+
+
+@_api()
+def cuStreamQuery(hStream):
+    # SUCCESS means "as if synchronized"; pending work runs now but the first query still
+    # says NOT_READY, so a single poll is never mistaken for a synchronize.
+    m = _m()
+    stream = m.stream(hStream)
+    if stream.pending:
+        m.sync_stream(stream)
+        raise CudaFault("CUDA_ERROR_NOT_READY")
+
+
+def _enqueue(hStream, op) -> None:
+    """gpusnap's own hook, not a CUDA function: run ``op()`` in stream order (the fake
+    backend's stand-in for a kernel launch). ``op`` may raise CudaFault."""
+    m = _m()
+    m.enqueue(m.stream(hStream), op)
+
+
+# ---- memory
+
+
+@_api(1)
+def cuMemAlloc(bytesize):
+    m = _m()
+    return CUdeviceptr(m.alloc_device(int(bytesize), m.current().device).base)
+
+
+@_api(2)
+def cuMemAllocPitch(WidthInBytes, Height, ElementSizeBytes):
+    if int(ElementSizeBytes) not in (4, 8, 16) or int(WidthInBytes) <= 0 or int(Height) <= 0:
+        raise CudaFault("CUDA_ERROR_INVALID_VALUE")
+    m = _m()
+    pitch = -(-int(WidthInBytes) // 512) * 512
+    return CUdeviceptr(m.alloc_device(pitch * int(Height), m.current().device).base), pitch
+
+
+@_api(1)
+def cuMemAllocManaged(bytesize, flags):
+    m = _m()
+    return CUdeviceptr(m.alloc_managed(int(bytesize), m.current().device).base)
+
+
+@_api(1)
+def cuMemAllocAsync(bytesize, hStream):
+    m = _m()
+    stream = m.stream(hStream)
+    # The address is valid at once; its memory belongs to the stream's order, like the pool's.
+    return CUdeviceptr(m.alloc_device(int(bytesize), stream.ctx.device).base)
+
+
+@_api()
+def cuMemFree(dptr):
+    m = _m()
+    # Freeing waits for the context's work (cudaFree synchronizes the device).
+    m.sync_context(m.current())
+    m.free(int(dptr))
+
+
+@_api()
+def cuMemFreeAsync(dptr, hStream):
+    m = _m()
+    address = int(dptr)
+    alloc = m.find(address)
+    if alloc is None or alloc.base != address or alloc.kind is not AllocKind.DEVICE:
+        raise CudaFault("CUDA_ERROR_INVALID_VALUE")
+    m.enqueue(m.stream(hStream), lambda: m.free(address))
+
+
+def _copy_op(m, dst: int, src: int, nbytes: int, source_bytes: bytes | None = None):
+    """The copy as it runs on the device: both sides resolved *then*, so memory freed before
+    the copy runs is an illegal address, as on a GPU."""
+
+    def op():
+        to = m.resolve(dst, nbytes, "CUDA_ERROR_ILLEGAL_ADDRESS") or dst
+        if source_bytes is not None:
+            ctypes.memmove(to, source_bytes, nbytes)
+        else:
+            ctypes.memmove(to, m.resolve(src, nbytes, "CUDA_ERROR_ILLEGAL_ADDRESS") or src, nbytes)
+
+    return op
+
+
+def _copy(dst, src, ByteCount, hStream=None, *, need_device_src=False, need_device_dst=False):
+    m = _m()
+    nbytes = int(ByteCount)
+    dst_addr = hostmem.address_of(dst)
+    src_addr = hostmem.address_of(src)
+    dst_dev = m.resolve(dst_addr, nbytes) is not None
+    src_dev = m.resolve(src_addr, nbytes) is not None
+    if (need_device_src and not src_dev) or (need_device_dst and not dst_dev):
+        raise CudaFault("CUDA_ERROR_INVALID_VALUE")
+    if nbytes == 0:
+        return
+    if hStream is None:  # synchronous: on the legacy stream, after everything it waits for
+        ctx = m.current()
+        m.enqueue(ctx.legacy, _copy_op(m, dst_addr, src_addr, nbytes))
+        m.sync_legacy(ctx)
+        return
+    stream = m.stream(hStream)
+    if src_dev and not dst_dev and not m.pinned(dst_addr, nbytes):
+        # Into pageable memory the call returns only once the copy is done.
+        m.enqueue(stream, _copy_op(m, dst_addr, src_addr, nbytes))
+        m.sync_stream(stream)
+    elif dst_dev and not src_dev and not m.pinned(src_addr, nbytes):
+        # From pageable memory the bytes are taken at the call, through a staging buffer.
+        m.enqueue(stream, _copy_op(m, dst_addr, src_addr, nbytes, bytes(hostmem.view_at(src_addr, nbytes))))
+    else:
+        m.enqueue(stream, _copy_op(m, dst_addr, src_addr, nbytes))
+
+
+@_api()
+def cuMemcpy(dst, src, ByteCount):
+    _copy(dst, src, ByteCount)
+
+
+@_api()
+def cuMemcpyAsync(dst, src, ByteCount, hStream):
+    _copy(dst, src, ByteCount, hStream)
+
+
+@_api()
+def cuMemcpyDtoH(dstHost, srcDevice, ByteCount):
+    _copy(dstHost, srcDevice, ByteCount, need_device_src=True)
+
+
+@_api()
+def cuMemcpyDtoHAsync(dstHost, srcDevice, ByteCount, hStream):
+    _copy(dstHost, srcDevice, ByteCount, hStream, need_device_src=True)
+
+
+@_api()
+def cuMemcpyHtoD(dstDevice, srcHost, ByteCount):
+    _copy(dstDevice, srcHost, ByteCount, need_device_dst=True)
+
+
+@_api()
+def cuMemcpyHtoDAsync(dstDevice, srcHost, ByteCount, hStream):
+    _copy(dstDevice, srcHost, ByteCount, hStream, need_device_dst=True)
+
+
+@_api()
+def cuMemcpyDtoD(dstDevice, srcDevice, ByteCount):
+    _copy(dstDevice, srcDevice, ByteCount, need_device_src=True, need_device_dst=True)
+
+
+@_api()
+def cuMemcpyDtoDAsync(dstDevice, srcDevice, ByteCount, hStream):
+    _copy(dstDevice, srcDevice, ByteCount, hStream, need_device_src=True, need_device_dst=True)
+
+
+def _memset(dstDevice, value: int, count: int, width: int, hStream):
+    m = _m()
+    address = int(dstDevice)
+    if address % width:
+        raise CudaFault("CUDA_ERROR_INVALID_VALUE")
+    m.device_address(address, count * width)
+    dtype = np.uint8 if width == 1 else np.uint32
+
+    def op():
+        host = m.device_address(address, count * width, "CUDA_ERROR_ILLEGAL_ADDRESS")
+        np.frombuffer(hostmem.view_at(host, count * width), dtype=dtype)[:] = value
+
+    if hStream is None:
+        ctx = m.current()
+        m.enqueue(ctx.legacy, op)
+        m.sync_legacy(ctx)
+    else:
+        m.enqueue(m.stream(hStream), op)
+
+
+@_api()
+def cuMemsetD8(dstDevice, uc, N):
+    _memset(dstDevice, int(uc) & 0xFF, int(N), 1, None)
+
+
+@_api()
+def cuMemsetD8Async(dstDevice, uc, N, hStream):
+    _memset(dstDevice, int(uc) & 0xFF, int(N), 1, hStream)
+
+
+@_api()
+def cuMemsetD32(dstDevice, ui, N):
+    _memset(dstDevice, int(ui) & 0xFFFFFFFF, int(N), 4, None)
+
+
+@_api()
+def cuMemsetD32Async(dstDevice, ui, N, hStream):
+    _memset(dstDevice, int(ui) & 0xFFFFFFFF, int(N), 4, hStream)
+
+
+@_api(2)
+def cuMemGetInfo():
+    m = _m()
+    device = m.devices[m.current().device]
+    return device.total_bytes - device.used_bytes, device.total_bytes
+
+
+@_api(2)
+def cuMemGetAddressRange(dptr):
+    alloc = _m().find(int(dptr))
+    if alloc is None:
+        raise CudaFault("CUDA_ERROR_NOT_FOUND")
+    return CUdeviceptr(alloc.base), alloc.nbytes
+
+
+@_api(1)
+def cuPointerGetAttribute(attribute, ptr):
+    m = _m()
+    alloc = m.find(int(ptr))
+    if alloc is None:
+        raise CudaFault("CUDA_ERROR_INVALID_VALUE")
+    name = getattr(attribute, "name", "")
+    if name == "CU_POINTER_ATTRIBUTE_IS_MANAGED":
+        return alloc.kind is AllocKind.MANAGED
+    if name == "CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL":
+        return alloc.device
+    if name == "CU_POINTER_ATTRIBUTE_RANGE_START_ADDR":
+        return CUdeviceptr(alloc.base)
+    if name == "CU_POINTER_ATTRIBUTE_RANGE_SIZE":
+        return alloc.nbytes
+    if name == "CU_POINTER_ATTRIBUTE_MEMORY_TYPE":
+        return _real.CUmemorytype.CU_MEMORYTYPE_DEVICE
+    raise CudaFault("CUDA_ERROR_NOT_SUPPORTED")
+
+
+# ---- host registration
+
+
+@_api()
+def cuMemHostRegister(p, bytesize, Flags):
+    _m().register(hostmem.address_of(p), int(bytesize))
+
+
+@_api()
+def cuMemHostUnregister(p):
+    _m().unregister(hostmem.address_of(p))
+
+
+# ---- virtual memory management
+
+
+@_api(1)
+def cuMemGetAllocationGranularity(prop, option):
+    _m().device(prop.location.id)
+    return VMM_GRANULARITY
+
+
+@_api(1)
+def cuMemAddressReserve(size, alignment, addr, flags):
+    if int(alignment) not in (0, VMM_GRANULARITY) and int(alignment) % VMM_GRANULARITY:
+        raise CudaFault("CUDA_ERROR_INVALID_VALUE")
+    return CUdeviceptr(_m().reserve(int(size), int(addr)))
+
+
+@_api()
+def cuMemAddressFree(ptr, size):
+    _m().unreserve(int(ptr), int(size))
+
+
+@_api(1)
+def cuMemCreate(size, prop, flags):
+    if prop is None or prop.type != _real.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED:
+        raise CudaFault("CUDA_ERROR_INVALID_VALUE")
+    if prop.location.type != _real.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE:
+        raise CudaFault("CUDA_ERROR_NOT_SUPPORTED")
+    return CUmemGenericAllocationHandle(_m().create_physical(int(size), prop.location.id).handle)
+
+
+@_api()
+def cuMemRelease(handle):
+    _m().release_physical(int(handle))
+
+
+@_api()
+def cuMemMap(ptr, size, offset, handle, flags):
+    _m().map(int(ptr), int(size), int(offset), int(handle))
+
+
+@_api()
+def cuMemUnmap(ptr, size):
+    m = _m()
+    for ctx in list(m.contexts.values()):  # unmapping waits for work that may use the range
+        if not ctx.error:
+            m.sync_context(ctx)
+    m.unmap(int(ptr), int(size))
+
+
+@_api()
+def cuMemSetAccess(ptr, size, desc, count):
+    descs = list(desc or [])[: int(count)]
+    if not descs:
+        raise CudaFault("CUDA_ERROR_INVALID_VALUE")
+    readwrite = _real.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    if all(d.flags != readwrite for d in descs):
+        raise CudaFault("CUDA_ERROR_NOT_SUPPORTED")  # read-only or no access: not modelled
+    _m().set_access(int(ptr), int(size))
+
+
+@_api(1)
+def cuMemRetainAllocationHandle(addr):
+    m = _m()
+    alloc = m.find(hostmem.address_of(addr))
+    if alloc is None or alloc.kind is not AllocKind.VMM:
+        raise CudaFault("CUDA_ERROR_INVALID_VALUE")
+    # Retaining keeps the physical memory until the matching cuMemRelease, as in the driver.
+    phys = m.physical[alloc.handle]
+    phys.refs += 1
+    return CUmemGenericAllocationHandle(phys.handle)
+
+
+# ---- errors
+
+
+@_api(1)
+def cuGetErrorName(error):
+    return error.name.encode()
+
+
+@_api(1)
+def cuGetErrorString(error):
+    return error.name.replace("CUDA_ERROR_", "").replace("_", " ").lower().encode()
+
+
+__all__ = [name for name in dir(sys.modules[__name__]) if name.startswith("cu") and not name.startswith("cuda")]
