@@ -4,13 +4,9 @@ convention, and forwarding of types and enums to the real cuda-bindings module."
 from __future__ import annotations
 
 import functools
-import re
 
 from gpusnap.device.fake.machine import CudaFault
 
-# cuda-bindings names its functions cuXxx / cudaXxx and its types CUxxx / cudaXxx_t; a fake
-# module must never hand out a real *function* (it would reach for a driver that is not there).
-_FUNCTION = re.compile(r"^(cu|cuda|nvrtc)[A-Z]")
 
 
 def returning(success, status_of, outputs: int):
@@ -38,11 +34,13 @@ def returning(success, status_of, outputs: int):
 
 
 def forward(real_module, module_name: str):
-    """A module ``__getattr__`` that lends the real module's types, enums and constants."""
+    """A module ``__getattr__`` that lends the real module's types, enums and constants, never
+    a real function: that would reach for a driver that is not there."""
 
     def __getattr__(name: str):
-        if _FUNCTION.match(name) or name.startswith("_"):
+        value = getattr(real_module, name)  # AttributeError for what the real one lacks too
+        if name.startswith("_") or (callable(value) and not isinstance(value, type)):
             raise AttributeError(f"the fake {module_name} does not model {name}")
-        return getattr(real_module, name)
+        return value
 
     return __getattr__

@@ -7,6 +7,7 @@ Functions it does not model raise AttributeError rather than pretend.
 from __future__ import annotations
 
 import ctypes
+import operator
 import sys
 
 import numpy as np
@@ -35,6 +36,10 @@ def _api(outputs: int = 0):
     return returning(CUresult.CUDA_SUCCESS, lambda name: getattr(CUresult, name), outputs)
 
 
+# Sizes and counts are C integers in the real bindings: "16" is a TypeError there, and here.
+_n = operator.index
+
+
 def _m() -> _machine.Machine:
     return _machine.machine()
 
@@ -59,7 +64,7 @@ _ATTRIBUTES = {
 
 @_api()
 def cuInit(Flags):
-    if int(Flags) != 0:
+    if _n(Flags) != 0:
         raise CudaFault("CUDA_ERROR_INVALID_VALUE")
     _machine.init()
 
@@ -81,7 +86,7 @@ def cuDeviceGet(ordinal):
 
 @_api(1)
 def cuDeviceGetName(length, dev):
-    return _m().device(dev).name.encode()[: max(0, int(length) - 1)]
+    return _m().device(dev).name.encode()[: max(0, _n(length) - 1)]
 
 
 @_api(1)
@@ -202,7 +207,7 @@ def cuCtxSynchronize():
 
 @_api(1)
 def cuStreamCreate(Flags):
-    stream = _m().new_stream(blocking=not int(Flags) & STREAM_NON_BLOCKING)
+    stream = _m().new_stream(blocking=not _n(Flags) & STREAM_NON_BLOCKING)
     return CUstream(stream.handle)
 
 
@@ -241,22 +246,22 @@ def _enqueue(hStream, op) -> None:
 @_api(1)
 def cuMemAlloc(bytesize):
     m = _m()
-    return CUdeviceptr(m.alloc_device(int(bytesize), m.current().device).base)
+    return CUdeviceptr(m.alloc_device(_n(bytesize), m.current().device).base)
 
 
 @_api(2)
 def cuMemAllocPitch(WidthInBytes, Height, ElementSizeBytes):
-    if int(ElementSizeBytes) not in (4, 8, 16) or int(WidthInBytes) <= 0 or int(Height) <= 0:
+    if _n(ElementSizeBytes) not in (4, 8, 16) or _n(WidthInBytes) <= 0 or _n(Height) <= 0:
         raise CudaFault("CUDA_ERROR_INVALID_VALUE")
     m = _m()
-    pitch = -(-int(WidthInBytes) // 512) * 512
-    return CUdeviceptr(m.alloc_device(pitch * int(Height), m.current().device).base), pitch
+    pitch = -(-_n(WidthInBytes) // 512) * 512
+    return CUdeviceptr(m.alloc_device(pitch * _n(Height), m.current().device).base), pitch
 
 
 @_api(1)
 def cuMemAllocManaged(bytesize, flags):
     m = _m()
-    return CUdeviceptr(m.alloc_managed(int(bytesize), m.current().device).base)
+    return CUdeviceptr(m.alloc_managed(_n(bytesize), m.current().device).base)
 
 
 @_api(1)
@@ -264,7 +269,7 @@ def cuMemAllocAsync(bytesize, hStream):
     m = _m()
     stream = m.stream(hStream)
     # The address is valid at once; its memory belongs to the stream's order, like the pool's.
-    return CUdeviceptr(m.alloc_device(int(bytesize), stream.ctx.device).base)
+    return CUdeviceptr(m.alloc_device(_n(bytesize), stream.ctx.device).base)
 
 
 @_api()
@@ -301,7 +306,7 @@ def _copy_op(m, dst: int, src: int, nbytes: int, source_bytes: bytes | None = No
 
 def _copy(dst, src, ByteCount, hStream=None, *, need_device_src=False, need_device_dst=False):
     m = _m()
-    nbytes = int(ByteCount)
+    nbytes = _n(ByteCount)
     dst_addr = hostmem.address_of(dst)
     src_addr = hostmem.address_of(src)
     dst_dev = m.resolve(dst_addr, nbytes) is not None
@@ -389,22 +394,22 @@ def _memset(dstDevice, value: int, count: int, width: int, hStream):
 
 @_api()
 def cuMemsetD8(dstDevice, uc, N):
-    _memset(dstDevice, int(uc) & 0xFF, int(N), 1, None)
+    _memset(dstDevice, int(uc) & 0xFF, _n(N), 1, None)
 
 
 @_api()
 def cuMemsetD8Async(dstDevice, uc, N, hStream):
-    _memset(dstDevice, int(uc) & 0xFF, int(N), 1, hStream)
+    _memset(dstDevice, int(uc) & 0xFF, _n(N), 1, hStream)
 
 
 @_api()
 def cuMemsetD32(dstDevice, ui, N):
-    _memset(dstDevice, int(ui) & 0xFFFFFFFF, int(N), 4, None)
+    _memset(dstDevice, int(ui) & 0xFFFFFFFF, _n(N), 4, None)
 
 
 @_api()
 def cuMemsetD32Async(dstDevice, ui, N, hStream):
-    _memset(dstDevice, int(ui) & 0xFFFFFFFF, int(N), 4, hStream)
+    _memset(dstDevice, int(ui) & 0xFFFFFFFF, _n(N), 4, hStream)
 
 
 @_api(2)
@@ -447,7 +452,7 @@ def cuPointerGetAttribute(attribute, ptr):
 
 @_api()
 def cuMemHostRegister(p, bytesize, Flags):
-    _m().register(hostmem.address_of(p), int(bytesize))
+    _m().register(hostmem.address_of(p), _n(bytesize))
 
 
 @_api()
@@ -466,14 +471,14 @@ def cuMemGetAllocationGranularity(prop, option):
 
 @_api(1)
 def cuMemAddressReserve(size, alignment, addr, flags):
-    if int(alignment) not in (0, VMM_GRANULARITY) and int(alignment) % VMM_GRANULARITY:
+    if _n(alignment) not in (0, VMM_GRANULARITY) and _n(alignment) % VMM_GRANULARITY:
         raise CudaFault("CUDA_ERROR_INVALID_VALUE")
-    return CUdeviceptr(_m().reserve(int(size), int(addr)))
+    return CUdeviceptr(_m().reserve(_n(size), int(addr)))
 
 
 @_api()
 def cuMemAddressFree(ptr, size):
-    _m().unreserve(int(ptr), int(size))
+    _m().unreserve(int(ptr), _n(size))
 
 
 @_api(1)
@@ -482,7 +487,7 @@ def cuMemCreate(size, prop, flags):
         raise CudaFault("CUDA_ERROR_INVALID_VALUE")
     if prop.location.type != _real.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE:
         raise CudaFault("CUDA_ERROR_NOT_SUPPORTED")
-    return CUmemGenericAllocationHandle(_m().create_physical(int(size), prop.location.id).handle)
+    return CUmemGenericAllocationHandle(_m().create_physical(_n(size), prop.location.id).handle)
 
 
 @_api()
@@ -492,7 +497,7 @@ def cuMemRelease(handle):
 
 @_api()
 def cuMemMap(ptr, size, offset, handle, flags):
-    _m().map(int(ptr), int(size), int(offset), int(handle))
+    _m().map(int(ptr), _n(size), _n(offset), int(handle))
 
 
 @_api()
@@ -501,18 +506,18 @@ def cuMemUnmap(ptr, size):
     for ctx in list(m.contexts.values()):  # unmapping waits for work that may use the range
         if not ctx.error:
             m.sync_context(ctx)
-    m.unmap(int(ptr), int(size))
+    m.unmap(int(ptr), _n(size))
 
 
 @_api()
 def cuMemSetAccess(ptr, size, desc, count):
-    descs = list(desc or [])[: int(count)]
+    descs = list(desc or [])[: _n(count)]
     if not descs:
         raise CudaFault("CUDA_ERROR_INVALID_VALUE")
     readwrite = _real.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
     if all(d.flags != readwrite for d in descs):
         raise CudaFault("CUDA_ERROR_NOT_SUPPORTED")  # read-only or no access: not modelled
-    _m().set_access(int(ptr), int(size))
+    _m().set_access(int(ptr), _n(size))
 
 
 @_api(1)

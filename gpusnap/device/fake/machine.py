@@ -440,7 +440,10 @@ class Machine:
         for phys in self.physical.values():
             hostmem.unmap(phys.backing, phys.nbytes)
         for address, nbytes in self.registered.items():
-            hostmem.madvise(address, nbytes, hostmem.MADV_DOFORK)
+            try:
+                hostmem.madvise(address, nbytes, hostmem.MADV_DOFORK)
+            except OSError:
+                pass  # the program unmapped it while registered; nothing left to undo
         for base, nbytes in self.reservations.items():
             hostmem.unmap(base, nbytes)
         for dev in self.devices:
