@@ -27,7 +27,6 @@ _HINTS = {
     "cudaErrorInitializationError": _FORKED,
     "CUDA_ERROR_NO_DEVICE": "no CUDA device is visible (CUDA_VISIBLE_DEVICES, container runtime)",
     "cudaErrorNoDevice": "no CUDA device is visible (CUDA_VISIBLE_DEVICES, container runtime)",
-    "CUDA_ERROR_INSUFFICIENT_DRIVER": "the NVIDIA driver is missing or older than cuda-bindings needs",
     "cudaErrorInsufficientDriver": "the NVIDIA driver is missing or older than cuda-bindings needs",
     "CUDA_ERROR_ILLEGAL_ADDRESS": _BROKEN,
     "cudaErrorIllegalAddress": _BROKEN,

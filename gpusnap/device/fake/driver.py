@@ -7,6 +7,7 @@ Functions it does not model raise AttributeError rather than pretend.
 from __future__ import annotations
 
 import ctypes
+import inspect
 import operator
 import sys
 
@@ -545,4 +546,4 @@ def cuGetErrorString(error):
     return error.name.replace("CUDA_ERROR_", "").replace("_", " ").lower().encode()
 
 
-__all__ = [name for name in dir(sys.modules[__name__]) if name.startswith("cu") and not name.startswith("cuda")]
+__all__ = [name for name, value in vars(sys.modules[__name__]).items() if name.startswith("cu") and inspect.isfunction(value)]

@@ -4,6 +4,7 @@ runtime retains and makes current on first use. Returns ``(cudaError_t, outputs.
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 
@@ -201,12 +202,14 @@ def cudaRuntimeGetVersion():
     return RUNTIME_VERSION
 
 
+@_api(1)
 def cudaGetErrorName(error):
-    return (cudaError_t.cudaSuccess, error.name.encode())
+    return error.name.encode()
 
 
+@_api(1)
 def cudaGetErrorString(error):
-    return (cudaError_t.cudaSuccess, error.name.replace("cudaError", "").encode())
+    return error.name.replace("cudaError", "").encode()
 
 
-__all__ = [name for name in dir(sys.modules[__name__]) if name.startswith("cuda") and name[4:5].isupper()]
+__all__ = [name for name, value in vars(sys.modules[__name__]).items() if name.startswith("cuda") and inspect.isfunction(value)]
