@@ -127,7 +127,7 @@ class CaptureError(SnapshotError):
 
 
 class DeviceError(SnapshotError):
-    default_hint = "training goes on; earlier snapshots are intact"
+    pass
 
 
 class NoDevice(DeviceError):
@@ -144,7 +144,7 @@ class CudaCallFailed(DeviceError):
 
 
 class KernelBuildError(DeviceError):
-    default_hint = "install the NVRTC wheel that matches cuda-bindings (pip install nvidia-cuda-nvrtc)"
+    default_hint = "upgrade nvidia-cuda-nvrtc to the driver's CUDA version; if that does not help, report it"
 
 
 class RestoreError(GpusnapError):

@@ -62,10 +62,11 @@ def check(call: str, result):
 
 
 @contextmanager
-def loading(what: str):
+def loading(what: str, hint: str | None = None):
     """Around the first call into a cuda-python module: a library that cannot be loaded becomes
     ``NoDevice`` naming ``what`` (the driver, NVRTC)."""
     try:
         yield
     except (ImportError, OSError, RuntimeError) as exc:
-        raise NoDevice(f"{what} cannot be loaded: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise NoDevice(f"{what} cannot be loaded: {reason}", hint) from exc

@@ -39,7 +39,7 @@ def source(name: str = FINGERPRINT_SOURCE) -> str:
 
 
 def _nvrtc():
-    with loading("NVRTC"):
+    with loading("NVRTC", "install the NVRTC wheel that matches cuda-bindings (pip install nvidia-cuda-nvrtc)"):
         from cuda.bindings import nvrtc
 
         nvrtc.nvrtcVersion()  # loads libnvrtc; a missing library raises here, not mid-compile
