@@ -21,13 +21,6 @@ from gpusnap.device.fake.api import forward, returning
 from gpusnap.device.fake.machine import STREAM_NON_BLOCKING, VMM_GRANULARITY, CudaFault
 
 CUresult = _real.CUresult
-CUdeviceptr = _real.CUdeviceptr
-CUdevice = _real.CUdevice
-CUcontext = _real.CUcontext
-CUstream = _real.CUstream
-CUmemGenericAllocationHandle = _real.CUmemGenericAllocationHandle
-CUpointer_attribute = _real.CUpointer_attribute
-CUdevice_attribute = _real.CUdevice_attribute
 __getattr__ = forward(_real, "cuda.bindings.driver")
 
 DRIVER_VERSION = 13000  # what cuDriverGetVersion reports: CUDA 13.0
@@ -82,7 +75,7 @@ def cuDeviceGetCount():
 
 @_api(1)
 def cuDeviceGet(ordinal):
-    return CUdevice(_m().device(ordinal).ordinal)
+    return _real.CUdevice(_m().device(ordinal).ordinal)
 
 
 @_api(1)
@@ -119,7 +112,7 @@ def cuDeviceGetUuid(dev):
 def cuDevicePrimaryCtxRetain(dev):
     device = _m().device(dev)
     device.primary_refs += 1
-    return CUcontext(device.primary.handle)
+    return _real.CUcontext(device.primary.handle)
 
 
 @_api()
@@ -141,7 +134,7 @@ def cuCtxCreate(ctxCreateParams, flags, dev):
     m = _m()
     ctx = m.create_context(dev)
     m.stack().append(ctx)
-    return CUcontext(ctx.handle)
+    return _real.CUcontext(ctx.handle)
 
 
 @_api()
@@ -160,7 +153,7 @@ def cuCtxDestroy(ctx):
 @_api(1)
 def cuCtxGetCurrent():
     stack = _m().stack()
-    return CUcontext(stack[-1].handle if stack else 0)
+    return _real.CUcontext(stack[-1].handle if stack else 0)
 
 
 @_api()
@@ -189,12 +182,12 @@ def cuCtxPopCurrent():
     stack = _m().stack()
     if not stack:
         raise CudaFault("CUDA_ERROR_INVALID_CONTEXT")
-    return CUcontext(stack.pop().handle)
+    return _real.CUcontext(stack.pop().handle)
 
 
 @_api(1)
 def cuCtxGetDevice():
-    return CUdevice(_m().current().device)
+    return _real.CUdevice(_m().current().device)
 
 
 @_api()
@@ -209,7 +202,7 @@ def cuCtxSynchronize():
 @_api(1)
 def cuStreamCreate(Flags):
     stream = _m().new_stream(blocking=not _n(Flags) & STREAM_NON_BLOCKING)
-    return CUstream(stream.handle)
+    return _real.CUstream(stream.handle)
 
 
 @_api()
@@ -247,7 +240,7 @@ def _enqueue(hStream, op) -> None:
 @_api(1)
 def cuMemAlloc(bytesize):
     m = _m()
-    return CUdeviceptr(m.alloc_device(_n(bytesize), m.current().device).base)
+    return _real.CUdeviceptr(m.alloc_device(_n(bytesize), m.current().device).base)
 
 
 @_api(2)
@@ -256,13 +249,13 @@ def cuMemAllocPitch(WidthInBytes, Height, ElementSizeBytes):
         raise CudaFault("CUDA_ERROR_INVALID_VALUE")
     m = _m()
     pitch = -(-_n(WidthInBytes) // 512) * 512
-    return CUdeviceptr(m.alloc_device(pitch * _n(Height), m.current().device).base), pitch
+    return _real.CUdeviceptr(m.alloc_device(pitch * _n(Height), m.current().device).base), pitch
 
 
 @_api(1)
 def cuMemAllocManaged(bytesize, flags):
     m = _m()
-    return CUdeviceptr(m.alloc_managed(_n(bytesize), m.current().device).base)
+    return _real.CUdeviceptr(m.alloc_managed(_n(bytesize), m.current().device).base)
 
 
 @_api(1)
@@ -270,7 +263,7 @@ def cuMemAllocAsync(bytesize, hStream):
     m = _m()
     stream = m.stream(hStream)
     # The address is valid at once; its memory belongs to the stream's order, like the pool's.
-    return CUdeviceptr(m.alloc_device(_n(bytesize), stream.ctx.device).base)
+    return _real.CUdeviceptr(m.alloc_device(_n(bytesize), stream.ctx.device).base)
 
 
 @_api()
@@ -425,7 +418,7 @@ def cuMemGetAddressRange(dptr):
     alloc = _m().find(int(dptr))
     if alloc is None:
         raise CudaFault("CUDA_ERROR_NOT_FOUND")
-    return CUdeviceptr(alloc.base), alloc.nbytes
+    return _real.CUdeviceptr(alloc.base), alloc.nbytes
 
 
 @_api(1)
@@ -440,7 +433,7 @@ def cuPointerGetAttribute(attribute, ptr):
     if name == "CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL":
         return alloc.device
     if name == "CU_POINTER_ATTRIBUTE_RANGE_START_ADDR":
-        return CUdeviceptr(alloc.base)
+        return _real.CUdeviceptr(alloc.base)
     if name == "CU_POINTER_ATTRIBUTE_RANGE_SIZE":
         return alloc.nbytes
     if name == "CU_POINTER_ATTRIBUTE_MEMORY_TYPE":
@@ -474,7 +467,7 @@ def cuMemGetAllocationGranularity(prop, option):
 def cuMemAddressReserve(size, alignment, addr, flags):
     if _n(alignment) not in (0, VMM_GRANULARITY) and _n(alignment) % VMM_GRANULARITY:
         raise CudaFault("CUDA_ERROR_INVALID_VALUE")
-    return CUdeviceptr(_m().reserve(_n(size), int(addr)))
+    return _real.CUdeviceptr(_m().reserve(_n(size), int(addr)))
 
 
 @_api()
@@ -488,7 +481,7 @@ def cuMemCreate(size, prop, flags):
         raise CudaFault("CUDA_ERROR_INVALID_VALUE")
     if prop.location.type != _real.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE:
         raise CudaFault("CUDA_ERROR_NOT_SUPPORTED")
-    return CUmemGenericAllocationHandle(_m().create_physical(_n(size), prop.location.id).handle)
+    return _real.CUmemGenericAllocationHandle(_m().create_physical(_n(size), prop.location.id).handle)
 
 
 @_api()
@@ -530,7 +523,7 @@ def cuMemRetainAllocationHandle(addr):
     # Retaining keeps the physical memory until the matching cuMemRelease, as in the driver.
     phys = m.physical[alloc.handle]
     phys.refs += 1
-    return CUmemGenericAllocationHandle(phys.handle)
+    return _real.CUmemGenericAllocationHandle(phys.handle)
 
 
 # ---- errors
