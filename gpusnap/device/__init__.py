@@ -4,6 +4,7 @@ Modules, in the order a snapshot meets them:
 
 - ``backend``     the interface (``GpuBackend``, its call order) and its data: ``DeviceInfo``,
                   ``PointerInfo``, ``AllocKind``, ``Allocation`` (a raw-allocation registry entry)
+- ``registry``    raw allocations the program makes through cuda-python (``track`` wraps them)
 - ``cuda``        ``CudaBackend``: cuda-python's driver API (``cuda.bindings.driver``)
 - ``fake``        the strict fake GPU for CI: fake ``cuda.bindings`` modules and ``FakeBackend``
 - ``fingerprint`` the dirty-chunk fingerprint's definition (NumPy reference)

@@ -10,6 +10,7 @@ import threading
 
 from cuda.bindings import runtime as _real
 
+from gpusnap.device.backend import ORIGINAL_ATTR
 from gpusnap.device.fake import driver as _drv
 from gpusnap.device.fake import machine as _machine
 from gpusnap.device.fake.api import forward, returning
@@ -66,8 +67,15 @@ def _retain(m, ordinal: int) -> None:
     if retained is None:
         retained = _tls.retained = set()
     if ordinal not in retained:  # the runtime holds one reference per device
-        _unwrap(_drv.cuDevicePrimaryCtxRetain(ordinal))
+        _call("cuDevicePrimaryCtxRetain", ordinal)
         retained.add(ordinal)
+
+
+def _call(name: str, *args):
+    """Call fake driver function ``name`` as the runtime calls the driver: underneath any
+    tracking wrapper (the real runtime never goes through the Python driver module)."""
+    fn = getattr(_drv, name)
+    return _unwrap(getattr(fn, ORIGINAL_ATTR, fn)(*args))
 
 
 def _unwrap(result):
@@ -103,93 +111,93 @@ def cudaGetDevice():
 @_api(1)
 def cudaMalloc(size):
     _ctx()
-    return int(_unwrap(_drv.cuMemAlloc(size)))
+    return int(_call("cuMemAlloc", size))
 
 
 @_api(2)
 def cudaMallocPitch(width, height):
     _ctx()
-    ptr, pitch = _unwrap(_drv.cuMemAllocPitch(width, height, 4))
+    ptr, pitch = _call("cuMemAllocPitch", width, height, 4)
     return int(ptr), pitch
 
 
 @_api(1)
 def cudaMallocManaged(size, flags):
     _ctx()
-    return int(_unwrap(_drv.cuMemAllocManaged(size, flags)))
+    return int(_call("cuMemAllocManaged", size, flags))
 
 
 @_api(1)
 def cudaMallocAsync(size, hStream):
     _ctx()
-    return int(_unwrap(_drv.cuMemAllocAsync(size, hStream)))
+    return int(_call("cuMemAllocAsync", size, hStream))
 
 
 @_api()
 def cudaFree(devPtr):
     _ctx()
     if int(devPtr) != 0:  # cudaFree(0) is the classic way to initialise the runtime
-        _unwrap(_drv.cuMemFree(devPtr))
+        _call("cuMemFree", devPtr)
 
 
 @_api()
 def cudaFreeAsync(devPtr, hStream):
     _ctx()
-    _unwrap(_drv.cuMemFreeAsync(devPtr, hStream))
+    _call("cuMemFreeAsync", devPtr, hStream)
 
 
 @_api()
 def cudaMemcpy(dst, src, count, kind):
     _ctx()
-    _unwrap(_drv.cuMemcpy(dst, src, count))
+    _call("cuMemcpy", dst, src, count)
 
 
 @_api()
 def cudaMemcpyAsync(dst, src, count, kind, stream):
     _ctx()
-    _unwrap(_drv.cuMemcpyAsync(dst, src, count, stream))
+    _call("cuMemcpyAsync", dst, src, count, stream)
 
 
 @_api()
 def cudaMemset(devPtr, value, count):
     _ctx()
-    _unwrap(_drv.cuMemsetD8(devPtr, value, count))
+    _call("cuMemsetD8", devPtr, value, count)
 
 
 @_api()
 def cudaMemsetAsync(devPtr, value, count, stream):
     _ctx()
-    _unwrap(_drv.cuMemsetD8Async(devPtr, value, count, stream))
+    _call("cuMemsetD8Async", devPtr, value, count, stream)
 
 
 @_api()
 def cudaDeviceSynchronize():
     _ctx()
-    _unwrap(_drv.cuCtxSynchronize())
+    _call("cuCtxSynchronize")
 
 
 @_api(1)
 def cudaStreamCreate():
     _ctx()
-    return cudaStream_t(int(_unwrap(_drv.cuStreamCreate(0))))
+    return cudaStream_t(int(_call("cuStreamCreate", 0)))
 
 
 @_api(1)
 def cudaStreamCreateWithFlags(flags):
     _ctx()
-    return cudaStream_t(int(_unwrap(_drv.cuStreamCreate(flags))))
+    return cudaStream_t(int(_call("cuStreamCreate", flags)))
 
 
 @_api()
 def cudaStreamDestroy(stream):
     _ctx()
-    _unwrap(_drv.cuStreamDestroy(stream))
+    _call("cuStreamDestroy", stream)
 
 
 @_api()
 def cudaStreamSynchronize(stream):
     _ctx()
-    _unwrap(_drv.cuStreamSynchronize(stream))
+    _call("cuStreamSynchronize", stream)
 
 
 @_api(1)
