@@ -4,7 +4,11 @@ convention, and forwarding of types and enums to the real cuda-bindings module."
 from __future__ import annotations
 
 import functools
+import operator
 
+from cuda.bindings import driver as _real_driver
+
+from gpusnap.device.fake import machine as _machine
 from gpusnap.device.fake.machine import CudaFault
 
 
@@ -44,3 +48,18 @@ def forward(real_module, module_name: str):
         return value
 
     return __getattr__
+
+
+# Sizes and counts are C integers in the real bindings: "16" is a TypeError there, and here.
+size = operator.index
+
+
+def driver_api(outputs: int = 0):
+    """``returning`` for the fake driver: CUresult statuses."""
+    status = _real_driver.CUresult
+    return returning(status.CUDA_SUCCESS, lambda name: getattr(status, name), outputs)
+
+
+def machine() -> _machine.Machine:
+    """This process's fake machine (CudaFault in a forked child or before cuInit)."""
+    return _machine.machine()
