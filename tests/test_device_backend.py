@@ -83,6 +83,13 @@ def test_managed_memory_is_readable_in_the_trainee_after_synchronize(gpu):
     program.put(ptr, pattern("counter", 8192))
     backend.synchronize(0)
     assert bytes(backend.managed_view(ptr, 8192)) == pattern("counter", 8192).tobytes()
+    # The parent may also DMA it into the arena like device memory, without touching its pages.
+    region, host = host_buffer(8192)
+    backend.register_host(host.ctypes.data, 8192)
+    backend.copy_to_host(0, ptr, host.ctypes.data, 8192)
+    backend.synchronize(0)
+    assert (host == pattern("counter", 8192)).all()
+    backend.unregister_host(host.ctypes.data)
     with pytest.raises(CudaCallFailed):
         backend.managed_view(program.alloc(4096), 16)  # device memory has no host view
 

@@ -3,25 +3,7 @@
 Staging, dirty tracking and restore are written against this interface only, so the same code
 runs on a real GPU (``cuda.CudaBackend``) and in CI (``fake.FakeBackend``). Every method runs
 in the trainee; a forked writer must never call one (the fake refuses, as CUDA does).
-
-Order of calls in a run::
-
-    devices_in_use()                      which devices the program has contexts on (creates none)
-    device(ordinal)                       name, capability, memory: for the manifest, the device map
-    register_host(address, nbytes)        the staging arena, once (slow: ~1-2 GB/s)
-    per snapshot, after the program's own work is done:
-        synchronize(ordinal)              each device in use
-        pointer(address)                  kind, device, allocation range of a buffer to stage
-        fingerprint(ordinal, ptr, nbytes, chunk_bytes, out)   per range, on the backend's stream
-        synchronize(ordinal)              fingerprints are readable now; compare, pick dirty chunks
-        copy_to_host(ordinal, ptr, dst, nbytes)               per dirty run, on the backend's stream
-        synchronize(ordinal)              the staged bytes are in the arena: fork the writer
-    on restore:
-        copy_to_device(ordinal, ptr, src, nbytes); synchronize(ordinal)
-    close()                               unregisters host memory, drops streams and modules
-
-Asynchronous methods only *enqueue* work on the backend's own stream of that device; nothing
-they write may be read before ``synchronize`` of that device returns.
+The order in which its methods are called is on ``GpuBackend``.
 """
 
 from __future__ import annotations
@@ -85,7 +67,27 @@ class Allocation:
 
 
 class GpuBackend(ABC):
-    """See the module docstring for the order of calls."""
+    """One GPU API, as staging, dirty tracking and restore need it.
+
+    Order of calls in a run::
+
+        devices_in_use()                      which devices the program has contexts on (creates none)
+        device(ordinal)                       name, capability, memory: for the manifest, the device map
+        register_host(address, nbytes)        the staging arena, once (slow: ~1-2 GB/s)
+        per snapshot, after the program's own work is done:
+            synchronize(ordinal)              each device in use
+            pointer(address)                  kind, device, allocation range of a buffer to stage
+            fingerprint(ordinal, ptr, nbytes, chunk_bytes, out)   per range, on the backend's stream
+            synchronize(ordinal)              fingerprints are readable now; compare, pick dirty chunks
+            copy_to_host(ordinal, ptr, dst, nbytes)               per dirty run, on the backend's stream
+            synchronize(ordinal)              the staged bytes are in the arena: fork the writer
+        on restore:
+            copy_to_device(ordinal, ptr, src, nbytes); synchronize(ordinal)
+        close()                               unregisters host memory, drops streams and modules
+
+    Asynchronous methods only *enqueue* work on the backend's own stream of that device; nothing
+    they write may be read before ``synchronize`` of that device returns.
+    """
 
     name: str = "abstract"
 
