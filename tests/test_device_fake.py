@@ -308,3 +308,32 @@ def test_a_cuda_python_program_runs_unchanged_on_the_installed_fake():
         "unmodelled": "the fake cuda.bindings.driver does not model cuCheckpointProcessLock",
         "type": "CUdeviceptr",
     }
+
+
+def test_events_order_work_across_streams_only_when_waited_on(program):
+    data = pattern("mixed", 4096)
+    src, dst = program.alloc(4096), program.alloc(4096)
+    program.put(src, data)
+    producer = check("cuStreamCreate", cu.cuStreamCreate(1))
+    consumer = check("cuStreamCreate", cu.cuStreamCreate(1))
+    ready = check("cuEventCreate", cu.cuEventCreate(0))
+    check("cuMemcpyDtoDAsync", cu.cuMemcpyDtoDAsync(dst, src, 4096, producer))
+    check("cuEventRecord", cu.cuEventRecord(ready, producer))
+    check("cuMemsetD8Async", cu.cuMemsetD8Async(src, 0, 4096, producer))  # after the event
+    region, host = host_buffer(4096)
+    check("cuMemHostRegister", cu.cuMemHostRegister(host.ctypes.data, 4096, 0))
+    check("cuStreamWaitEvent", cu.cuStreamWaitEvent(consumer, ready, 0))
+    check("cuMemcpyDtoHAsync", cu.cuMemcpyDtoHAsync(host.ctypes.data, dst, 4096, consumer))
+    check("cuStreamSynchronize", cu.cuStreamSynchronize(consumer))
+    assert (host == data).all()  # the copy waited for the producer's work up to the event...
+    # A synchronous copy does not wait for a non-blocking stream: the memset has not run yet.
+    assert (program.get(src, 4096) == data).all()
+    check("cuCtxSynchronize", cu.cuCtxSynchronize())
+    assert (program.get(src, 4096) == 0).all()
+    assert cu.cuEventQuery(ready) == (cu.CUresult.CUDA_SUCCESS,)
+    later = check("cuEventCreate", cu.cuEventCreate(0))
+    check("cuMemsetD8Async", cu.cuMemsetD8Async(dst, 1, 4096, producer))
+    check("cuEventRecord", cu.cuEventRecord(later, producer))
+    assert cu.cuEventQuery(later) == (cu.CUresult.CUDA_ERROR_NOT_READY,)
+    check("cuEventSynchronize", cu.cuEventSynchronize(later))
+    assert (program.get(dst, 4096) == 1).all()

@@ -230,6 +230,55 @@ def cuStreamQuery(hStream):
         raise CudaFault("CUDA_ERROR_NOT_READY")
 
 
+def _event(hEvent) -> _machine.Event:
+    event = _m().events.get(int(hEvent))
+    if event is None:
+        raise CudaFault("CUDA_ERROR_INVALID_HANDLE")
+    return event
+
+
+@_api(1)
+def cuEventCreate(Flags):
+    m = _m()
+    m.current()
+    event = _machine.Event(m.new_handle())
+    m.events[event.handle] = event
+    return _real.CUevent(event.handle)
+
+
+@_api()
+def cuEventDestroy(hEvent):
+    del _m().events[_event(hEvent).handle]
+
+
+@_api()
+def cuEventRecord(hEvent, hStream):
+    m = _m()
+    m.record(_event(hEvent), m.stream(hStream))
+
+
+@_api()
+def cuEventSynchronize(hEvent):
+    _m().wait_event(_event(hEvent))
+
+
+@_api()
+def cuEventQuery(hEvent):
+    # As cuStreamQuery: pending work runs now, but the first query still says NOT_READY.
+    event = _event(hEvent)
+    if not event.done:
+        _m().wait_event(event)
+        raise CudaFault("CUDA_ERROR_NOT_READY")
+
+
+@_api()
+def cuStreamWaitEvent(hStream, hEvent, Flags):
+    m = _m()
+    event = _event(hEvent)
+    # The wait itself is stream work: when it runs, the event's work runs first.
+    m.enqueue(m.stream(hStream), lambda: m.wait_event(event))
+
+
 def _enqueue(hStream, op) -> None:
     """gpusnap's own hook, not a CUDA function: run ``op()`` in stream order (the fake
     backend's stand-in for a kernel launch). ``op`` may raise CudaFault."""

@@ -106,6 +106,14 @@ class Stream:
 
 
 @dataclass
+class Event:
+    handle: int
+    stream: Stream | None = None
+    seq: int = 0  # the marker's place in its stream
+    done: bool = True  # never recorded counts as complete, as in CUDA
+
+
+@dataclass
 class Context:
     handle: int
     device: int
@@ -138,6 +146,7 @@ class Machine:
         self.devices: list[Device] = []
         self.contexts: dict[int, Context] = {}
         self.streams: dict[int, Stream] = {}
+        self.events: dict[int, Event] = {}
         self.allocs: dict[int, Alloc] = {}
         self._bases: list[int] = []
         self.physical: dict[int, Physical] = {}
@@ -245,6 +254,26 @@ class Machine:
             ops += stream.pending
             stream.pending = []
         return ops
+
+    def record(self, event: Event, stream: Stream) -> None:
+        self._seq += 1
+        seq = self._seq
+
+        def mark():
+            if event.seq == seq:  # a later record moved the event on
+                event.done = True
+
+        event.stream, event.seq, event.done = stream, seq, False
+        stream.pending.append((seq, mark))
+
+    def wait_event(self, event: Event) -> None:
+        """Run the event's stream up to its marker (the work the event stands for)."""
+        if event.done or event.stream is None:
+            return
+        stream = event.stream
+        ops = [item for item in stream.pending if item[0] <= event.seq]
+        stream.pending = [item for item in stream.pending if item[0] > event.seq]
+        self._run(stream.ctx, ops)
 
     def sync_stream(self, stream: Stream) -> None:
         if stream.handle == 0:  # the legacy stream waits for every blocking stream of its context
