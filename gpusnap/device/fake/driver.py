@@ -148,9 +148,9 @@ def cuCtxDestroy(ctx):
         raise CudaFault("CUDA_ERROR_INVALID_CONTEXT")
     m.sync_context(context)
     del m.contexts[context.handle]
-    for stack in [m.stack()]:
-        while context in stack:
-            stack.remove(context)
+    stack = m.stack()
+    while context in stack:
+        stack.remove(context)
 
 
 @_api(1)

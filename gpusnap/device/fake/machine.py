@@ -152,7 +152,8 @@ class Machine:
         self.physical: dict[int, Physical] = {}
         self.reservations: dict[int, int] = {}  # VMM address reservations: base -> nbytes
         self.registered: dict[int, int] = {}  # host address -> nbytes
-        self.tls = threading.local()
+        self.tls = threading.local()  # per thread: the context stack, the runtime's device
+        self.runtime_devices: set[int] = set()  # primary contexts the runtime has retained
         self.device_bytes = device_bytes
         for ordinal in range(devices):
             ctx = self._context(ordinal, primary=True)

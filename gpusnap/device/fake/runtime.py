@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import inspect
 import sys
-import threading
 
 from cuda.bindings import runtime as _real
 
@@ -48,27 +47,21 @@ def _api(outputs: int = 0):
     return returning(cudaError_t.cudaSuccess, _status, outputs)
 
 
-_tls = threading.local()
-
-
 def _ctx():
     """Make the thread's device's primary context current, as the runtime does implicitly."""
     m = _machine.init()
     stack = m.stack()
     if not stack:
-        ordinal = getattr(_tls, "device", 0)
+        ordinal = getattr(m.tls, "device", 0)
         stack.append(m.device(ordinal).primary)
         _retain(m, ordinal)
     return m.current()
 
 
 def _retain(m, ordinal: int) -> None:
-    retained = getattr(_tls, "retained", None)
-    if retained is None:
-        retained = _tls.retained = set()
-    if ordinal not in retained:  # the runtime holds one reference per device
+    if ordinal not in m.runtime_devices:  # the runtime holds one reference per device
         _call("cuDevicePrimaryCtxRetain", ordinal)
-        retained.add(ordinal)
+        m.runtime_devices.add(ordinal)
 
 
 def _call(name: str, *args):
@@ -93,7 +86,7 @@ def cudaGetDeviceCount():
 def cudaSetDevice(device):
     m = _machine.init()
     ordinal = m.device(device).ordinal
-    _tls.device = ordinal
+    m.tls.device = ordinal  # per thread, as the runtime's current device is
     _retain(m, ordinal)
     stack = m.stack()
     if stack:
@@ -104,8 +97,7 @@ def cudaSetDevice(device):
 
 @_api(1)
 def cudaGetDevice():
-    _machine.init()
-    return getattr(_tls, "device", 0)
+    return getattr(_machine.init().tls, "device", 0)
 
 
 @_api(1)
