@@ -137,3 +137,17 @@ def test_a_forked_child_is_refused_with_one_line_and_a_hint(gpu):
     got = in_child(work)["ok"]
     assert got[0] == "CUDA_ERROR_NOT_INITIALIZED"
     assert "forked child" in got[1] and "\n" not in got[1] and "forked child" in got[2]
+
+
+def test_fingerprints_of_consecutive_ranges_do_not_leak_into_each_other(gpu):
+    # The backend reuses its device scratch between launches: it must start from zero each time.
+    program, backend = gpu
+    first, second = pattern("mixed", 300_000), pattern("counter", 100_000)
+    a, b = program.alloc(len(first)), program.alloc(len(second))
+    program.put(a, first)
+    program.put(b, second)
+    for data, ptr in ((first, a), (second, b), (first, a)):
+        out = np.zeros((fp.chunk_count(len(data), 65536), 16), np.uint8)
+        backend.fingerprint(0, ptr, len(data), 65536, out)
+        backend.synchronize(0)
+        assert (out == fp.reference(data, 65536)).all()

@@ -69,8 +69,8 @@ def test_types_and_enums_are_the_real_ones_and_real_functions_are_never_lent():
     for name in ("CUresult", "CUdeviceptr", "CUstream", "CUmemAllocationProp", "CUmemAccessDesc", "CU_MEMHOSTREGISTER_PORTABLE"):
         assert getattr(fake_driver, name) is getattr(real_driver, name)
     assert fake_runtime.cudaMemcpyKind is real_runtime.cudaMemcpyKind
-    with pytest.raises(AttributeError, match="does not model cuLaunchKernel"):
-        fake_driver.cuLaunchKernel
+    with pytest.raises(AttributeError, match="does not model cuGraphLaunch"):
+        fake_driver.cuGraphLaunch
     with pytest.raises(AttributeError):
         fake_driver.cuNoSuchFunction
 

@@ -16,6 +16,7 @@ import pytest
 
 from device_helpers import SIGSEGV, Program, host_buffer, in_child, pattern
 from gpusnap.device import AllocKind, fake
+from gpusnap.device import fingerprint as fp
 from gpusnap.device.calls import check
 from gpusnap.device.fake import driver as cu
 from gpusnap.device.fake import runtime as rt
@@ -337,3 +338,29 @@ def test_events_order_work_across_streams_only_when_waited_on(program):
     assert cu.cuEventQuery(later) == (cu.CUresult.CUDA_ERROR_NOT_READY,)
     check("cuEventSynchronize", cu.cuEventSynchronize(later))
     assert (program.get(dst, 4096) == 1).all()
+
+
+def test_a_launch_with_too_few_blocks_gives_wrong_fingerprints(program):
+    # The fake runs gpusnap's kernels block by block, so a grid that misses a block is caught.
+    import ctypes as c
+
+    from gpusnap.device.fake.kernels import FINGERPRINT_IMAGE
+
+    data = pattern("mixed", 1 << 17)  # 4 chunks of 32 KiB: two tiles of 256 threads x 8 words each
+    ptr, acc = program.alloc(len(data)), program.alloc(4 * 16)
+    program.put(ptr, data)
+    module = check("cuModuleLoadData", cu.cuModuleLoadData(FINGERPRINT_IMAGE))
+    accumulate = check("cuModuleGetFunction", cu.cuModuleGetFunction(module, b"gpusnap_fp_accumulate"))
+    finalize = check("cuModuleGetFunction", cu.cuModuleGetFunction(module, b"gpusnap_fp_finalize"))
+    assert cu.cuModuleLoadData(b"\x7fELF machine code") == (cu.CUresult.CUDA_ERROR_INVALID_IMAGE, None)
+
+    def prints(blocks: int) -> np.ndarray:
+        check("cuMemsetD8", cu.cuMemsetD8(acc, 0, 4 * 16))
+        args = ((ptr, len(data), 1 << 15, 2, acc), (c.c_void_p, c.c_uint64, c.c_uint64, c.c_uint, c.c_void_p))
+        check("cuLaunchKernel", cu.cuLaunchKernel(accumulate, blocks, 1, 1, 256, 1, 1, 0, 0, args, 0))
+        args = ((len(data), 1 << 15, 4, acc), (c.c_uint64, c.c_uint64, c.c_uint64, c.c_void_p))
+        check("cuLaunchKernel", cu.cuLaunchKernel(finalize, 1, 1, 1, 256, 1, 1, 0, 0, args, 0))
+        return program.get(acc, 4 * 16).reshape(4, 16)
+
+    assert (prints(8) == fp.reference(data, 1 << 15)).all()  # 4 chunks x 2 blocks each
+    assert fp.dirty_chunks(fp.reference(data, 1 << 15), prints(7)).tolist() == [3]

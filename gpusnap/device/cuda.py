@@ -194,10 +194,13 @@ class CudaBackend(GpuBackend):
             self._scratch[ordinal] = (ptr, nbytes)
         return ptr
 
+    def kernel_image(self, ordinal: int) -> bytes:
+        """gpusnap's kernels for ``ordinal``, compiled for its own architecture."""
+        return kernels.compile_kernel(self.device(ordinal).arch).data
+
     def _fingerprint_kernels(self, ordinal: int) -> tuple:
         if ordinal not in self._kernels:
-            image = kernels.compile_kernel(self.device(ordinal).arch)
-            module = self.call("cuModuleLoadData", image.data)
+            module = self.call("cuModuleLoadData", self.kernel_image(ordinal))
             accumulate = self.call("cuModuleGetFunction", module, kernels.FINGERPRINT_ACCUMULATE.encode())
             finalize = self.call("cuModuleGetFunction", module, kernels.FINGERPRINT_FINALIZE.encode())
             self._kernels[ordinal] = (module, accumulate, finalize)

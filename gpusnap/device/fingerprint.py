@@ -67,8 +67,9 @@ def _fin(x: int) -> int:
     return x
 
 
-def _lanes(chunk: np.ndarray) -> tuple[int, int]:
-    """The two 64-bit sums (A, B) of one chunk, before finalisation."""
+def word_terms(chunk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per word of one chunk (uint8 array): its terms of the sums A and B, before summing. The
+    fake GPU's kernel emulation sums them per thread block, as the kernel does."""
     n = len(chunk)
     words = -(-n // 8)
     if n % 8:
@@ -82,19 +83,21 @@ def _lanes(chunk: np.ndarray) -> tuple[int, int]:
         m = (w ^ k) * _U64(C1)
         m ^= m >> _U64(31)
         rot = (m << _U64(27)) | (m >> _U64(37))
-        a = int(m.sum(dtype=_U64))
-        b = int((rot * _U64(C2)).sum(dtype=_U64))
-    return a, b
+        return m, rot * _U64(C2)
+
+
+def finalize(a: int, b: int, n: int) -> bytes:
+    """The 16-byte fingerprint of a chunk of ``n`` bytes from its sums A and B."""
+    lo = _fin((a ^ n) & _MASK)
+    hi = _fin((b + n * K0) & _MASK)
+    return lo.to_bytes(8, "little") + hi.to_bytes(8, "little")
 
 
 def reference_one(chunk) -> bytes:
     """The 16-byte fingerprint of one chunk (any bytes-like object)."""
     data = np.frombuffer(memoryview(chunk).cast("B"), dtype=np.uint8)
-    n = len(data)
-    a, b = _lanes(data)
-    lo = _fin(a ^ n)
-    hi = _fin((b + n * K0) & _MASK)
-    return lo.to_bytes(8, "little") + hi.to_bytes(8, "little")
+    a_terms, b_terms = word_terms(data)
+    return finalize(int(a_terms.sum(dtype=_U64)), int(b_terms.sum(dtype=_U64)), len(data))
 
 
 def reference(data, chunk_bytes: int) -> np.ndarray:

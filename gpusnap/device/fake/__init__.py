@@ -3,18 +3,17 @@
 ``install()`` puts the fake modules where ``from cuda.bindings import driver, runtime`` finds
 them, so a program written for cuda-python runs unchanged on a machine without a GPU (the boot
 of a run under the fake device calls it before the program's imports). ``FakeBackend`` is the
-CUDA backend itself over the fake driver; only its fingerprint runs the NumPy reference (in
-stream order, at synchronize) instead of the NVRTC kernel.
+CUDA backend itself over the fake driver, fingerprint launches included; the launched
+"kernels" are NumPy emulations built on the reference (in stream order, at synchronize).
 """
 
 from __future__ import annotations
 
 import sys
 
-from gpusnap.device import fingerprint as fp
-from gpusnap.device import hostmem
 from gpusnap.device.cuda import CudaBackend
 from gpusnap.device.fake import driver, runtime
+from gpusnap.device.fake.kernels import FINGERPRINT_IMAGE
 from gpusnap.device.fake.machine import reset  # noqa: F401  (tests: a fresh fake machine)
 
 _MODULES = {"cuda.bindings.driver": driver, "cuda.bindings.runtime": runtime}
@@ -48,22 +47,13 @@ def uninstall() -> None:
 
 
 class FakeBackend(CudaBackend):
+    """The CUDA backend over the fake driver, launches included: only the kernel image is the
+    fake's (its launches are NumPy emulations, ``fake/kernels.py``), so no NVRTC is needed."""
+
     name = "fake"
 
     def __init__(self):
         super().__init__(driver)
 
-    def fingerprint(self, ordinal: int, src: int, nbytes: int, chunk_bytes: int, out) -> None:
-        chunks = fp.chunk_count(nbytes, chunk_bytes)
-        if not chunks:
-            return
-        out_address = hostmem.address_of(out)
-
-        def kernel():
-            host = m.device_address(src, nbytes, "CUDA_ERROR_ILLEGAL_ADDRESS")
-            prints = fp.reference(hostmem.view_at(host, nbytes), chunk_bytes)
-            hostmem.view_at(out_address, prints.nbytes)[:] = prints.reshape(-1)
-
-        with self.on(ordinal):
-            m = driver._m()
-            driver._enqueue(self.stream(ordinal), kernel)
+    def kernel_image(self, ordinal: int) -> bytes:
+        return FINGERPRINT_IMAGE

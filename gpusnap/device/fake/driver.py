@@ -33,6 +33,7 @@ from gpusnap.device.fake.copies import (  # noqa: F401  (part of this module's A
     cuMemsetD32,
     cuMemsetD32Async,
 )
+from gpusnap.device.fake.kernels import cuLaunchKernel, cuModuleGetFunction, cuModuleLoadData, cuModuleUnload  # noqa: F401
 from gpusnap.device.fake.machine import STREAM_NON_BLOCKING, VMM_GRANULARITY, CudaFault
 
 CUresult = _real.CUresult
@@ -277,13 +278,6 @@ def cuStreamWaitEvent(hStream, hEvent, Flags):
     event = _event(hEvent)
     # The wait itself is stream work: when it runs, the event's work runs first.
     m.enqueue(m.stream(hStream), lambda: m.wait_event(event))
-
-
-def _enqueue(hStream, op) -> None:
-    """gpusnap's own hook, not a CUDA function: run ``op()`` in stream order (the fake
-    backend's stand-in for a kernel launch). ``op`` may raise CudaFault."""
-    m = _m()
-    m.enqueue(m.stream(hStream), op)
 
 
 # ---- memory
