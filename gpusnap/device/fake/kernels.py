@@ -84,18 +84,20 @@ def cuModuleLoadData(image):
 
 @_api()
 def cuModuleUnload(hmod):
+    _m()
     if _modules.pop(int(hmod), None) is None:
         raise CudaFault("CUDA_ERROR_INVALID_HANDLE")
 
 
 @_api(1)
 def cuModuleGetFunction(hmod, name):
+    m = _m()
     if int(hmod) not in _modules:
         raise CudaFault("CUDA_ERROR_INVALID_HANDLE")
     emulation = _EMULATIONS.get(bytes(name))
     if emulation is None:
         raise CudaFault("CUDA_ERROR_NOT_FOUND")
-    handle = _m().new_handle()
+    handle = m.new_handle()
     _functions[handle] = emulation
     return _real.CUfunction(handle)
 
