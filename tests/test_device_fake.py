@@ -364,3 +364,17 @@ def test_a_launch_with_too_few_blocks_gives_wrong_fingerprints(program):
 
     assert (prints(8) == fp.reference(data, 1 << 15)).all()  # 4 chunks x 2 blocks each
     assert fp.dirty_chunks(fp.reference(data, 1 << 15), prints(7)).tolist() == [3]
+
+
+def test_install_and_uninstall_swap_the_modules_a_program_imports():
+    import importlib
+
+    import cuda.bindings
+
+    real = importlib.import_module("cuda.bindings.driver")
+    fake.install()
+    try:
+        assert importlib.import_module("cuda.bindings.driver") is cu and cuda.bindings.runtime is rt
+    finally:
+        fake.uninstall()
+    assert importlib.import_module("cuda.bindings.driver") is real and cuda.bindings.driver is real

@@ -1,8 +1,8 @@
 """The fake GPU: strict fake ``cuda.bindings.driver``/``runtime`` modules and ``FakeBackend``.
 
 ``install()`` puts the fake modules where ``from cuda.bindings import driver, runtime`` finds
-them, so a program written for cuda-python runs unchanged on a machine without a GPU (the boot
-of a run under the fake device calls it before the program's imports). ``FakeBackend`` is the
+them, so a program written for cuda-python runs unchanged on a machine without a GPU (the entry
+point for the boot of a run on the fake device, to be called before the program's imports). ``FakeBackend`` is the
 CUDA backend itself over the fake driver, fingerprint launches included; the launched
 "kernels" are NumPy emulations built on the reference (in stream order, at synchronize).
 """
