@@ -33,20 +33,18 @@ def _accumulate(m, grid: int, block: int, args) -> None:
     chunks = fp.chunk_count(nbytes, chunk_bytes)
     sums = _u64s(m, acc, 2 * chunks)
     tile_words = block * real_kernels.FINGERPRINT_WORDS_PER_THREAD
-    tiles_of: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    for b in range(grid):
-        chunk, tile = divmod(b, per_chunk)
+    # Block b works on chunk b // per_chunk, tiles b % per_chunk + k * per_chunk: so a chunk gets
+    # the tiles whose (index % per_chunk) is one of the block numbers launched for it.
+    for chunk in range(min(chunks, -(-grid // per_chunk))):
+        launched = min(per_chunk, grid - chunk * per_chunk)
         start = chunk * chunk_bytes
-        if start >= nbytes:
-            continue
-        if chunk not in tiles_of:
-            n = min(chunk_bytes, nbytes - start)
-            data = np.frombuffer(hostmem.view_at(m.device_address(base + start, n, "CUDA_ERROR_ILLEGAL_ADDRESS"), n), np.uint8)
-            tiles_of[chunk] = tuple(_tile_sums(terms, tile_words) for terms in fp.word_terms(data))
-        a_tiles, b_tiles = tiles_of[chunk]
-        with np.errstate(over="ignore"):
-            sums[2 * chunk] += a_tiles[tile::per_chunk].sum(dtype=_U64)
-            sums[2 * chunk + 1] += b_tiles[tile::per_chunk].sum(dtype=_U64)
+        n = min(chunk_bytes, nbytes - start)
+        data = np.frombuffer(hostmem.view_at(m.device_address(base + start, n, "CUDA_ERROR_ILLEGAL_ADDRESS"), n), np.uint8)
+        for lane, terms in enumerate(fp.word_terms(data)):
+            tiles = _tile_sums(terms, tile_words)
+            covered = np.arange(len(tiles)) % per_chunk < launched
+            with np.errstate(over="ignore"):
+                sums[2 * chunk + lane] += tiles[covered].sum(dtype=_U64)
 
 
 def _tile_sums(terms: np.ndarray, tile_words: int) -> np.ndarray:
