@@ -13,6 +13,17 @@ Modules, in the order a snapshot meets them:
 - ``hostmem``     raw host memory: buffer addresses, views, mmap/madvise
 
 Nothing here imports the pipeline (capture, stage, restore): ``stage`` imports this package.
+
+Entry points for the pipeline:
+
+- boot, before the program's imports: ``registry.track(Registry(), driver, runtime)`` on the
+  modules the program will import; ``fake.install()`` first when the run uses the fake GPU;
+- staging, in the trainee: ``open_backend(kind)``, then the call order on ``GpuBackend``;
+  ``fingerprint.chunk_spans`` / ``chunk_count`` cut ranges as the store does, and
+  ``fingerprint.dirty_chunks(previous, current)`` picks what to copy;
+- restore: ``Registry.live()`` entries match by (call_site, ordinal, nbytes, kind);
+  ``copy_to_device`` writes into the replayed program's allocations;
+- tests: ``fake.reset()`` for a fresh fake GPU, ``fake.FakeBackend()``.
 """
 
 from __future__ import annotations
