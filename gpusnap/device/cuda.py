@@ -53,7 +53,7 @@ class CudaBackend(GpuBackend):
         self._streams: dict[int, object] = {}
         self._kernels: dict[int, tuple] = {}  # ordinal -> (module, accumulate, finalize)
         self._scratch: dict[int, tuple[int, int]] = {}  # ordinal -> (device pointer, nbytes)
-        self._registered: list[int] = []
+        self._registered: dict[int, int] = {}  # host address -> the device it was registered on
 
     # ---- plumbing
 
@@ -126,9 +126,11 @@ class CudaBackend(GpuBackend):
 
     def pointer(self, address: int) -> PointerInfo:
         attr = self.cu.CUpointer_attribute
-        base, nbytes = self.call("cuMemGetAddressRange", address)
+        # Attributes need no context; the address range does: the allocation's device's.
         managed = bool(self.call("cuPointerGetAttribute", attr.CU_POINTER_ATTRIBUTE_IS_MANAGED, address))
         device = int(self.call("cuPointerGetAttribute", attr.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address))
+        with self.on(device):
+            base, nbytes = self.call("cuMemGetAddressRange", address)
         kind = AllocKind.MANAGED if managed else AllocKind.DEVICE
         # Only VMM mappings have a physical allocation handle to retain.
         status, handle = self.cu.cuMemRetainAllocationHandle(address)
@@ -151,12 +153,12 @@ class CudaBackend(GpuBackend):
         with self.on(used[0]):
             # Portable: pinned for every context, so one registration serves every device.
             self.call("cuMemHostRegister", address, nbytes, self.cu.CU_MEMHOSTREGISTER_PORTABLE)
-        self._registered.append(address)
+        self._registered[address] = used[0]
 
     def unregister_host(self, address: int) -> None:
-        with self.on(self.devices_in_use()[0]):
+        with self.on(self._registered[address]):
             self.call("cuMemHostUnregister", address)
-        self._registered.remove(address)
+        del self._registered[address]
 
     def managed_view(self, address: int, nbytes: int) -> memoryview:
         info = self.pointer(address)

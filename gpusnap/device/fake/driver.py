@@ -339,7 +339,9 @@ def cuMemGetInfo():
 
 @_api(2)
 def cuMemGetAddressRange(dptr):
-    alloc = _m().find(int(dptr))
+    m = _m()
+    m.current()  # the driver answers in a context only
+    alloc = m.find(int(dptr))
     if alloc is None:
         raise CudaFault("CUDA_ERROR_NOT_FOUND")
     return _real.CUdeviceptr(alloc.base), alloc.nbytes
