@@ -36,6 +36,20 @@ def documented_outputs(fn) -> int:
     return values - 1
 
 
+def documented_types(fn) -> list[str]:
+    """The declared type of each returned value after the status ("CUdeviceptr", "int", ...)."""
+    lines = fn.__doc__.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip() == "Returns" and lines[i + 1].strip().startswith("---"))
+    indent = len(lines[at]) - len(lines[at].lstrip())
+    types = []
+    for line in lines[at + 2 :]:
+        if not line.strip():
+            break
+        if len(line) - len(line.lstrip()) == indent:
+            types.append(line.split(" : ", 1)[-1].strip().replace(":py:obj:`~.", "").rstrip("`"))
+    return types[1:]
+
+
 def libcuda_loads() -> bool:
     try:
         real_driver.cuDriverGetVersion()
@@ -119,3 +133,55 @@ def test_without_a_driver_the_real_driver_raises_and_the_backend_says_no_device(
         CudaBackend()
     assert str(err.value).startswith("the CUDA driver cannot be loaded") and "\n" not in str(err.value)
     assert "nvidia-smi" in err.value.hint
+
+
+def test_what_fake_calls_return_has_the_documented_types():
+    fake_pkg.reset(devices=1, device_bytes=64 << 20)
+    cu, rt = fake_driver, fake_runtime
+    cu.cuInit(0)
+    dev = cu.cuDeviceGet(0)[1]
+    ctx = cu.cuDevicePrimaryCtxRetain(dev)[1]
+    cu.cuCtxPushCurrent(ctx)
+    ptr = cu.cuMemAlloc(4096)[1]
+    prop = cu.CUmemAllocationProp()
+    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    calls = {
+        "cuDeviceGet": (cu, (0,)),
+        "cuDeviceGetCount": (cu, ()),
+        "cuDeviceGetName": (cu, (64, dev)),
+        "cuDeviceTotalMem": (cu, (dev,)),
+        "cuDeviceGetUuid": (cu, (dev,)),
+        "cuDevicePrimaryCtxRetain": (cu, (dev,)),
+        "cuDevicePrimaryCtxGetState": (cu, (dev,)),
+        "cuCtxGetCurrent": (cu, ()),
+        "cuCtxGetDevice": (cu, ()),
+        "cuMemAlloc": (cu, (16,)),
+        "cuMemAllocPitch": (cu, (16, 2, 4)),
+        "cuMemAllocManaged": (cu, (16, 1)),
+        "cuMemGetAddressRange": (cu, (ptr,)),
+        "cuMemGetInfo": (cu, ()),
+        "cuStreamCreate": (cu, (0,)),
+        "cuEventCreate": (cu, (0,)),
+        "cuMemCreate": (cu, (2 << 20, prop, 0)),
+        "cuMemAddressReserve": (cu, (2 << 20, 0, 0, 0)),
+        "cuMemGetAllocationGranularity": (cu, (prop, 0)),
+        "cuDriverGetVersion": (cu, ()),
+        "cuGetErrorName": (cu, (cu.CUresult.CUDA_ERROR_INVALID_VALUE,)),
+        "cudaGetDeviceCount": (rt, ()),
+        "cudaGetDevice": (rt, ()),
+        "cudaStreamCreate": (rt, ()),
+        "cudaMallocPitch": (rt, (16, 2)),
+        "cudaRuntimeGetVersion": (rt, ()),
+    }
+    builtin = {"int": int, "unsigned int": int, "bytes": bytes}
+    for name, (module, args) in calls.items():
+        result = getattr(module, name)(*args)
+        assert int(result[0]) == 0, (name, result[0])
+        real = real_driver if module is cu else real_runtime
+        for value, declared in zip(result[1:], documented_types(getattr(real, name)), strict=True):
+            if declared == "Any":
+                continue
+            expected = builtin.get(declared) or getattr(real, declared)
+            assert isinstance(value, expected), (name, declared, type(value))
+    cu.cuCtxPopCurrent()
