@@ -3,6 +3,8 @@ everywhere and on a real one where there is one (``gpu`` marker)."""
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 
@@ -151,3 +153,23 @@ def test_fingerprints_of_consecutive_ranges_do_not_leak_into_each_other(gpu):
         backend.fingerprint(0, ptr, len(data), 65536, out)
         backend.synchronize(0)
         assert (out == fp.reference(data, 65536)).all()
+
+
+def test_fingerprints_of_random_shapes_equal_the_reference(gpu):
+    # Sizes, chunk sizes (not always multiples of 8) and start offsets drawn at random; the
+    # seed is in the assertion message.
+    program, backend = gpu
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    ptr = program.alloc(1 << 21)
+    for _ in range(12):
+        offset = rng.choice([0, 0, 8, rng.randrange(1, 64)])
+        nbytes = rng.randrange(1, (1 << 21) - offset)
+        least = max(1, nbytes // 1000)  # at most ~1000 chunks: the reference is a loop over them
+        chunk_bytes = rng.choice([rng.randrange(least, least + 4096), rng.randrange(1, 64) * 8192, 1 << 20])
+        data = np.random.default_rng(rng.randrange(1 << 30)).integers(0, 256, nbytes, dtype=np.uint8)
+        program.put(ptr + offset, data)
+        out = np.zeros((fp.chunk_count(nbytes, chunk_bytes), 16), np.uint8)
+        backend.fingerprint(0, ptr + offset, nbytes, chunk_bytes, out)
+        backend.synchronize(0)
+        assert (out == fp.reference(data, chunk_bytes)).all(), f"seed {seed}: {nbytes=} {chunk_bytes=} {offset=}"
