@@ -47,11 +47,17 @@ def _nvrtc():
 
 
 def compile_kernel(arch: str, name: str = FINGERPRINT_SOURCE) -> Image:
-    """Compile kernel source ``name`` for ``arch``: "sm_90" gives a CUBIN, "compute_90" PTX."""
+    """Compile kernel source ``name`` for ``arch``: "sm_90" gives a CUBIN, "compute_90" PTX.
+    Once per (source text, arch) in a process: devices of one architecture share the build."""
     if not (arch.startswith("sm_") or arch.startswith("compute_")):
         raise ValueError(f"arch must be sm_XX or compute_XX, not {arch!r}")
+    return _compile(source(name), name, arch)
+
+
+@cache
+def _compile(text: str, name: str, arch: str) -> Image:
     nvrtc = _nvrtc()
-    prog = check("nvrtcCreateProgram", nvrtc.nvrtcCreateProgram(source(name).encode(), name.encode(), 0, [], []))
+    prog = check("nvrtcCreateProgram", nvrtc.nvrtcCreateProgram(text.encode(), name.encode(), 0, [], []))
     try:
         options = [f"--gpu-architecture={arch}".encode(), b"-default-device", b"--std=c++17"]
         status = nvrtc.nvrtcCompileProgram(prog, len(options), options)[0]
