@@ -43,6 +43,11 @@ _HINTS = {
 }
 
 
+def hint_for(status: str) -> str | None:
+    """The hint for a status name, None for a status without its own."""
+    return _HINTS.get(status)
+
+
 def status_name(status) -> str:
     return getattr(status, "name", None) or str(status)
 
@@ -53,7 +58,7 @@ def check(call: str, result):
     status = result[0]
     if int(status) != 0:
         name = status_name(status)
-        raise CudaCallFailed(f"{call} failed with {name}", _HINTS.get(name), call=call, code=name)
+        raise CudaCallFailed(f"{call} failed with {name}", hint_for(name), call=call, code=name)
     if len(result) == 1:
         return None
     if len(result) == 2:

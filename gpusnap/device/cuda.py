@@ -26,8 +26,8 @@ from contextlib import contextmanager
 from gpusnap.device import fingerprint as fp
 from gpusnap.device import hostmem, kernels
 from gpusnap.device.backend import ORIGINAL_ATTR, AllocKind, DeviceInfo, GpuBackend, PointerInfo
-from gpusnap.device.calls import check, loading
-from gpusnap.errors import CudaCallFailed
+from gpusnap.device.calls import check, hint_for, loading, status_name
+from gpusnap.errors import CudaCallFailed, NoDevice
 
 
 def load_driver():
@@ -35,7 +35,9 @@ def load_driver():
     with loading("the CUDA driver"):
         from cuda.bindings import driver
 
-        check("cuInit", driver.cuInit(0))  # without libcuda this raises instead of returning
+        status = driver.cuInit(0)[0]  # without libcuda this raises instead of returning
+    if int(status) != 0:  # a driver without a usable device (NO_DEVICE, a version mismatch)
+        raise NoDevice(f"cuInit failed with {status_name(status)}", hint_for(status_name(status)))
     return driver
 
 
