@@ -378,3 +378,14 @@ def test_install_and_uninstall_swap_the_modules_a_program_imports():
     finally:
         fake.uninstall()
     assert importlib.import_module("cuda.bindings.driver") is real and cuda.bindings.driver is real
+
+
+def test_a_machine_without_devices_is_no_device_with_a_hint():
+    from gpusnap.errors import NoDevice
+
+    fake.reset(devices=0)
+    assert cu.cuInit(0) == (R.CUDA_ERROR_NO_DEVICE,)
+    with pytest.raises(NoDevice) as err:
+        fake.FakeBackend()
+    assert str(err.value) == "cuInit failed with CUDA_ERROR_NO_DEVICE"
+    assert err.value.hint == "no CUDA device is visible (CUDA_VISIBLE_DEVICES, container runtime)"

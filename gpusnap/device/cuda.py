@@ -35,10 +35,15 @@ def load_driver():
     with loading("the CUDA driver"):
         from cuda.bindings import driver
 
-        status = driver.cuInit(0)[0]  # without libcuda this raises instead of returning
-    if int(status) != 0:  # a driver without a usable device (NO_DEVICE, a version mismatch)
-        raise NoDevice(f"cuInit failed with {status_name(status)}", hint_for(status_name(status)))
+        init(driver)  # without libcuda this raises instead of returning
     return driver
+
+
+def init(driver) -> None:
+    """cuInit; a driver without a usable device (NO_DEVICE, a version mismatch) is ``NoDevice``."""
+    status = driver.cuInit(0)[0]
+    if int(status) != 0:
+        raise NoDevice(f"cuInit failed with {status_name(status)}", hint_for(status_name(status)))
 
 
 class CudaBackend(GpuBackend):
@@ -48,7 +53,7 @@ class CudaBackend(GpuBackend):
         if driver is None:
             driver = load_driver()
         else:
-            check("cuInit", driver.cuInit(0))
+            init(driver)
         self.cu = driver
         self._pid = os.getpid()
         self._contexts: dict[int, object] = {}  # ordinal -> retained primary CUcontext

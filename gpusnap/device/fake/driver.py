@@ -64,7 +64,8 @@ _ATTRIBUTES = {
 def cuInit(Flags):
     if _n(Flags) != 0:
         raise CudaFault("CUDA_ERROR_INVALID_VALUE")
-    _machine.init()
+    if not _machine.init().devices:
+        raise CudaFault("CUDA_ERROR_NO_DEVICE")
 
 
 @_api(1)

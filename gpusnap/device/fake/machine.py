@@ -511,5 +511,6 @@ def reset(devices: int | None = None, device_bytes: int | None = None) -> Machin
     global _machine
     if _machine is not None and _machine.pid == os.getpid():
         _machine.close()
-    _machine = Machine(devices or knobs.FAKE_DEVICES, device_bytes or knobs.FAKE_DEVICE_BYTES)
+    devices = knobs.FAKE_DEVICES if devices is None else devices
+    _machine = Machine(devices, device_bytes or knobs.FAKE_DEVICE_BYTES)
     return _machine
