@@ -228,8 +228,10 @@ class CudaBackend(GpuBackend):
             self.call("cuMemsetD8Async", acc, 0, chunks * fp.FINGERPRINT_NBYTES, stream)
             threads = kernels.FINGERPRINT_THREADS
             tile_bytes = threads * kernels.FINGERPRINT_WORDS_PER_THREAD * 8
-            # Enough blocks per chunk to cover it once, capped so the grid fits its limit.
-            per_chunk = max(1, min(-(-chunk_bytes // tile_bytes), (2**31 - 1) // chunks))
+            # Blocks per chunk: enough for the whole launch to fill the GPU, never more than the
+            # chunk has tiles; each block strides over its chunk, so any count covers it all.
+            wanted = -(-kernels.FINGERPRINT_TARGET_BLOCKS // chunks)
+            per_chunk = max(1, min(-(-chunk_bytes // tile_bytes), wanted))
             args = ((src, nbytes, chunk_bytes, per_chunk, acc), (ptr, u64, u64, uint, ptr))
             self.call("cuLaunchKernel", accumulate, chunks * per_chunk, 1, 1, threads, 1, 1, 0, stream, args, 0)
             args = ((nbytes, chunk_bytes, chunks, acc), (u64, u64, u64, ptr))

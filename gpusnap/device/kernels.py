@@ -21,6 +21,10 @@ FINGERPRINT_FINALIZE = "gpusnap_fp_finalize"
 # per warp). The Python side knows it to size the grid.
 FINGERPRINT_THREADS = 256
 FINGERPRINT_WORDS_PER_THREAD = 8
+# Blocks per fingerprint launch to aim for: a few waves on the largest GPUs (an H100 holds 132
+# SMs x 8 blocks of 256 threads at once). Fewer blocks per chunk mean fewer atomics on the same
+# accumulator; enough blocks keep every SM loading. A starting point, not yet measured.
+FINGERPRINT_TARGET_BLOCKS = 4096
 
 
 @dataclass(frozen=True)
