@@ -389,3 +389,11 @@ def test_a_machine_without_devices_is_no_device_with_a_hint():
         fake.FakeBackend()
     assert str(err.value) == "cuInit failed with CUDA_ERROR_NO_DEVICE"
     assert err.value.hint == "no CUDA device is visible (CUDA_VISIBLE_DEVICES, container runtime)"
+
+
+def test_registering_unmapped_host_memory_is_an_error_status_not_an_exception(program):
+    region, host = host_buffer(1 << 16)
+    address = host.ctypes.data
+    del host
+    region.close()
+    assert cu.cuMemHostRegister(address, 1 << 16, 0) == (R.CUDA_ERROR_INVALID_VALUE,)

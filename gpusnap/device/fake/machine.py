@@ -313,8 +313,7 @@ class Machine:
         if dev.used_bytes + nbytes > dev.total_bytes:
             raise CudaFault("CUDA_ERROR_OUT_OF_MEMORY")
         offset = dev.heap.take(nbytes, ALIGN)
-        backing = hostmem.map_anywhere(nbytes)
-        hostmem.madvise(backing, hostmem.page_up(nbytes), hostmem.MADV_DONTFORK)
+        backing = _host_pages(nbytes)
         dev.used_bytes += nbytes
         return self._add(Alloc(dev.va_base + offset, nbytes, AllocKind.DEVICE, device, backing))
 
@@ -397,8 +396,7 @@ class Machine:
             raise CudaFault("CUDA_ERROR_INVALID_VALUE")
         if dev.used_bytes + nbytes > dev.total_bytes:
             raise CudaFault("CUDA_ERROR_OUT_OF_MEMORY")
-        backing = hostmem.map_anywhere(nbytes)
-        hostmem.madvise(backing, nbytes, hostmem.MADV_DONTFORK)
+        backing = _host_pages(nbytes)
         dev.used_bytes += nbytes
         phys = Physical(self.new_handle(), device, nbytes, backing)
         self.physical[phys.handle] = phys
@@ -453,7 +451,10 @@ class Machine:
         for base, length in self.registered.items():
             if base < address + nbytes and address < base + length:
                 raise CudaFault("CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED")
-        hostmem.madvise(address, nbytes, hostmem.MADV_DONTFORK)
+        try:
+            hostmem.madvise(address, nbytes, hostmem.MADV_DONTFORK)
+        except OSError as exc:  # part of the range is not mapped
+            raise CudaFault("CUDA_ERROR_INVALID_VALUE") from exc
         self.registered[address] = nbytes
 
     def unregister(self, address: int) -> None:
@@ -482,6 +483,16 @@ class Machine:
         self.allocs.clear()
         self.physical.clear()
         self.registered.clear()
+
+
+def _host_pages(nbytes: int) -> int:
+    """Do-not-fork host pages for device bytes; the host running out is the device running out."""
+    try:
+        backing = hostmem.map_anywhere(nbytes)
+    except OSError as exc:
+        raise CudaFault("CUDA_ERROR_OUT_OF_MEMORY") from exc
+    hostmem.madvise(backing, hostmem.page_up(nbytes), hostmem.MADV_DONTFORK)
+    return backing
 
 
 _machine: Machine | None = None
