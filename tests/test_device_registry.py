@@ -4,6 +4,8 @@ own allocations stay out."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from device_helpers import Program
@@ -90,3 +92,45 @@ def test_untrack_puts_the_originals_back(registry):
     untrack(cu, rt)
     assert cu.cuMemAlloc is getattr(wrapper, ORIGINAL_ATTR) and not hasattr(cu.cuMemAlloc, ORIGINAL_ATTR)
     track(registry, cu, rt)  # the fixture untracks again
+
+
+def test_the_real_modules_can_be_tracked_and_untracked():
+    real_driver = pytest.importorskip("cuda.bindings.driver")
+    real_runtime = pytest.importorskip("cuda.bindings.runtime")
+    original = real_driver.cuMemAlloc
+    reg = Registry()
+    track(reg, real_driver, real_runtime)
+    try:
+        assert getattr(real_driver.cuMemAlloc, ORIGINAL_ATTR) is original
+        assert list(inspect.signature(real_driver.cuMemAlloc).parameters) == ["bytesize"]
+        status = real_runtime.cudaMalloc(16)[0]  # fails without a driver: nothing is recorded
+        assert int(status) != 0 or reg.live()
+    finally:
+        untrack(real_driver, real_runtime)
+    assert real_driver.cuMemAlloc is original
+
+
+@pytest.mark.gpu
+def test_real_allocations_are_recorded_once():
+    from gpusnap.device.cuda import load_driver
+    from gpusnap.errors import NoDevice
+
+    try:
+        real_driver = load_driver()
+    except NoDevice as exc:
+        pytest.skip(f"no CUDA here: {exc}")
+    from cuda.bindings import runtime as real_runtime
+
+    reg = Registry()
+    track(reg, real_driver, real_runtime)
+    try:
+        program = Program(real_driver)
+        ptr = program.alloc(1 << 20)
+        rt_ptr = check("cudaMalloc", real_runtime.cudaMalloc(4096))
+        assert [(e.api, e.base, e.nbytes) for e in reg.live()] == [("cuMemAlloc", ptr, 1 << 20), ("cudaMalloc", rt_ptr, 4096)]
+        program.free(ptr)
+        check("cudaFree", real_runtime.cudaFree(rt_ptr))
+        assert reg.live() == []
+        program.close()
+    finally:
+        untrack(real_driver, real_runtime)
