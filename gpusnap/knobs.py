@@ -82,7 +82,7 @@ HUGEPAGES = _choice("HUGEPAGES", "on", ("on", "off"))
 WRITER_WINDOW_BYTES = _int("WRITER_WINDOW_BYTES", 256 << 20)
 
 # Fast-forward proves a consumed loop source by a digest of the last item it reproduced; items
-# holding more data than this are not digested (restart then checks less; see restore/digest.py).
+# holding more data than this are not digested (restart then checks less; see graph/digest.py).
 FF_DIGEST_MAX_BYTES = _int("FF_DIGEST_MAX_BYTES", 64 << 20)
 
 # Fork only when the copy-on-write worst case (the trainee's resident set) is at most this
@@ -93,6 +93,12 @@ HEADROOM_FRACTION = _float("HEADROOM_FRACTION", 0.9)
 SUPERVISOR_TICK_S = _float("SUPERVISOR_TICK_S", 0.2)
 # Default --grace: how long a SIGTERM snapshot may take before the trainee is killed.
 DEFAULT_GRACE_S = _float("DEFAULT_GRACE_S", 120.0)
+# --notices: how often the cloud's metadata service is asked for a spot/preemption notice (AWS
+# asks for every 5 s), and the base URL to ask instead of the clouds' own (a test's fake server).
+NOTICE_POLL_S = _float("NOTICE_POLL_S", 5.0)
+METADATA_URL = _str("METADATA_URL", "")
+# How long before a notice's deadline the grace ends (the trainee is killed if still writing).
+NOTICE_MARGIN_S = _float("NOTICE_MARGIN_S", 5.0)
 
 # Where instrumented code objects are cached, keyed by source hash, transform version and
 # Python version. Empty: $XDG_CACHE_HOME/gpusnap (or ~/.cache/gpusnap); "off": no cache.

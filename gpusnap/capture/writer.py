@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass, field
 
 from gpusnap import knobs
-from gpusnap.capture import paths, roots
+from gpusnap.capture import loopnotes, paths
+from gpusnap.graph import roots
 from gpusnap.capture.pickler import GraphPickler, _storage_key, type_name
-from gpusnap.restore import itemcheck, livecheck
 from gpusnap.stage.drain import Drained, drain
 from gpusnap.stage.pool import address_view
 
@@ -64,7 +64,7 @@ def write_snapshot(job: WriteJob) -> dict:
     sink = rundir.begin_snapshot(job.snap_id)
     try:
         read = _reader(drained)
-        payload = roots.collect(job.frame, job.active_loops, job.rng_states, lambda loop: itemcheck.record(loop, read))
+        payload = roots.collect(job.frame, job.active_loops, job.rng_states, lambda loop: loopnotes.record(loop, read))
         stream = io.BytesIO()
         pickler = GraphPickler(stream, sink, staged=job.staged, drained=drained)
         pickler.dump_graph(payload)
@@ -72,7 +72,7 @@ def write_snapshot(job: WriteJob) -> dict:
         graph["kind"] = "graph"
         if pickler.iterative:
             graph["pickler"] = "iterative"  # the graph was too deep for the C pickler
-        iterators = {id(obj): info for obj, _ in pickler.live_only if (info := livecheck.describe(obj, read))}
+        iterators = {id(obj): info for obj, _ in pickler.live_only if (info := loopnotes.describe(obj, read))}
         manifest = _manifest(job, payload, pickler, graph, stall_s, iterators)
         manifest["write_s"] = time.perf_counter() - started
         manifest["drain"] = {"s": drain_s, "bytes": drained.nbytes}

@@ -66,6 +66,7 @@ from gpusnap import knobs
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from gpusnap.launch.control import Connection, ControlServer
 from gpusnap.launch.events import describe
+from gpusnap.launch.notices import Watcher
 from gpusnap.launch.options import format_duration
 
 TERMINAL_EVENTS = ("committed", "failed", "skipped")
@@ -101,6 +102,7 @@ class Launch:
     instrument: list[str] = field(default_factory=list)
     resume: str | None = None  # snapshot id
     force: bool = False
+    notices: str = "off"  # "off", "auto" or a provider of notices.PROVIDERS
 
     def boot_config(self, control_path: str) -> dict:
         return {
@@ -156,6 +158,8 @@ class Supervisor:
         self.queue: list[dict] = []  # requests made before the trainee said hello
         self.waiters: list[_Waiter] = []
         self.signals: list[int] = []
+        self.notices: list = []  # notices.Notice, or a message when none can be watched
+        self.stop_by_notice = False
         self.term_deadline: float | None = None
         self.committed_after_term = False
         self.last_iteration = None
@@ -200,6 +204,8 @@ class Supervisor:
             self.child = subprocess.Popen(cmd, cwd=L.cwd, env=env)
             self.log({"source": "supervisor", "event": "start", "pid": os.getpid(), "trainee_pid": self.child.pid,
                       "command": cmd, "resume": L.resume})
+            if L.notices != "off":
+                Watcher(L.notices, self._from_watcher, self._from_watcher).start()
             status = self._loop()
             self.log({"source": "supervisor", "event": "exit", "status": status,
                       "trainee_returncode": self.child.returncode})
@@ -259,6 +265,7 @@ class Supervisor:
         drain_until = None
         while True:
             self._handle_signals()
+            self._handle_notices()
             now = time.monotonic()
             if next_timer is not None and now >= next_timer and self.child.poll() is None:
                 self.request("timer")
@@ -285,7 +292,7 @@ class Supervisor:
 
     def _final_status(self) -> int:
         rc = self.child.returncode
-        if self.term_deadline is not None and self.launch.on_term == "snapshot":
+        if self.term_deadline is not None and (self.launch.on_term == "snapshot" or self.stop_by_notice):
             if self.killed:
                 status = EXIT_PREEMPTED if self.committed_after_term else EXIT_PREEMPTED_UNSAVED
             elif rc == EXIT_PREEMPTED or (rc == -signal.SIGTERM and self.committed_after_term):
@@ -364,6 +371,38 @@ class Supervisor:
         self.term_deadline = time.monotonic() + L.grace_s
         self.say(f"SIGTERM: snapshot at the next safe point, then stop (grace {format_duration(L.grace_s)})")
         self.request("term", stop=True)
+
+    def _from_watcher(self, notice_or_message) -> None:
+        """From the watcher's thread: queue it and wake the loop (as a signal does)."""
+        self.notices.append(notice_or_message)
+        try:
+            os.write(self._wake_w, b"n")
+        except OSError:
+            pass  # the pipe is full: the loop is awake anyway, or it has ended
+
+    def _handle_notices(self) -> None:
+        while self.notices:
+            notice = self.notices.pop(0)
+            if isinstance(notice, str):
+                self.say(notice)
+                self.log({"source": "supervisor", "event": "notices_off", "message": notice})
+                continue
+            self.log({"source": "supervisor", "event": "notice", "provider": notice.provider,
+                      "action": notice.action, "deadline": notice.deadline})
+            if self.child.poll() is not None:
+                continue
+            # Stop before the machine goes: the grace ends a little before the cloud's deadline.
+            left = max(1.0, notice.deadline - time.time() - knobs.NOTICE_MARGIN_S)
+            deadline = time.monotonic() + min(self.launch.grace_s, left)
+            if self.term_deadline is not None:
+                self.term_deadline = min(self.term_deadline, deadline)
+                self.say(f"{notice.describe()}; already stopping after the next snapshot")
+                continue
+            self.stop_by_notice = True
+            self.term_deadline = deadline
+            self.say(f"{notice.describe()}: snapshot at the next safe point, then stop "
+                     f"(grace {format_duration(deadline - time.monotonic())})")
+            self.request("notice", stop=True)
 
     def _send_signal(self, sig: int) -> None:
         try:

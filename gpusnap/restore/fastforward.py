@@ -34,7 +34,7 @@ import itertools
 import types
 from collections import deque
 
-from gpusnap.capture import rng
+from gpusnap.graph import rng
 from gpusnap.errors import FastForwardError
 from gpusnap.instrument.loops import _DeferredCall
 

@@ -5,7 +5,7 @@ keeps the one the replayed program built. An iterator that the program advances 
 (``it = iter(loader)`` before a ``for step in range(n)`` loop whose body calls ``next(it)``, as
 the transformers Trainer does) would then sit where the replay left it while the loop around it
 is fast-forwarded: a silent divergence. So the writer records, for each live-only iterator,
-``describe(obj)``, and replay (before the merge) runs ``check``:
+``capture.loopnotes.describe(obj)``, and replay (before the merge) runs ``check``:
 
 - a torch DataLoader iterator: its batch count (``_num_yielded``), the base seed it drew when it
   was made and a fingerprint of its index sampler. The replayed one must have drawn the same
@@ -25,15 +25,10 @@ from __future__ import annotations
 
 import ast
 import inspect
-import io
 import re
-import sys
 import types
-from array import array
 
-import xxhash
-
-from gpusnap.restore.digest import digest
+from gpusnap.graph.digest import MISSING as _MISSING, fingerprint, loader_iter_class
 
 HINT = (
     "replay cannot put an iterator that the program advances by hand back where it stood; iterate "
@@ -41,87 +36,10 @@ HINT = (
     "--snapshot ID, or pass --force to continue anyway"
 )
 
-_MISSING = object()
 _MAX_DEPTH = 8
 _ITER_TYPES = (type(iter([])), type(iter(())), type(iter(range(1))), type(iter(range(1 << 64))))
 
 
-def _loader_iter_class():
-    dataloader = sys.modules.get("torch.utils.data.dataloader")
-    return getattr(dataloader, "_BaseDataLoaderIter", None)
-
-
-# -- writer --------------------------------------------------------------------------------------
-def describe(obj, read=None) -> dict | None:
-    """Where a live-only iterator stands (None: ``obj`` is no iterator)."""
-    try:
-        return _describe(obj, read)
-    except Exception as exc:  # an iterator this cannot read: its position is unknown
-        return {"kind": "iterator", "why": f"{type(exc).__name__} while reading it"}
-
-
-def _describe(obj, read):
-    if isinstance(obj, types.GeneratorType):
-        return {"kind": "generator", "state": inspect.getgeneratorstate(obj), "fingerprint": fingerprint(obj, read, strict=True)}
-    loader_iter = _loader_iter_class()
-    if loader_iter is not None and isinstance(obj, loader_iter):
-        return {
-            "kind": "dataloader_iter",
-            "yielded": obj._num_yielded,
-            "base_seed": getattr(obj, "_base_seed", None),
-            "sampler": fingerprint(obj._sampler_iter, read, strict=False),
-        }
-    if hasattr(type(obj), "__next__") and not isinstance(obj, io.IOBase):
-        return {"kind": "iterator"}
-    return None
-
-
-def fingerprint(obj, read=None, strict: bool = True) -> str | None:
-    """xxh3-128 of a generator's state: its code position and locals, and what it delegates to
-    (generators, list/tuple/range iterators), recursively. ``strict``: every local must be
-    digested (else None); otherwise only plain data (numbers, strings, lists of them) counts."""
-    h = xxhash.xxh3_128()
-    stack = [(obj, 0)]
-    while stack:
-        x, depth = stack.pop()
-        if depth > _MAX_DEPTH:
-            return None
-        if isinstance(x, _ITER_TYPES):
-            _, args, *state = x.__reduce__()
-            h.update(repr((type(x).__name__, state)).encode())
-            x = args[0]
-        if not isinstance(x, types.GeneratorType):
-            value, why = (digest(x, read) if strict or _plain(x) else (None, "opaque"))
-            if value is None and strict:
-                return None
-            h.update((value or f"opaque {type(x).__qualname__}").encode())
-            continue
-        frame = x.gi_frame
-        if frame is None:
-            h.update(b"finished")
-            continue
-        h.update(f"{x.gi_code.co_qualname} {frame.f_lasti}".encode())
-        for name, value in frame.f_locals.items():
-            h.update(name.encode())
-            stack.append((value, depth + 1))
-        if x.gi_yieldfrom is not None:
-            stack.append((x.gi_yieldfrom, depth + 1))
-    return h.hexdigest()
-
-
-def _plain(x) -> bool:
-    if x is None or isinstance(x, (bool, int, float, str, bytes)):
-        return True
-    if isinstance(x, (list, tuple)):
-        try:
-            array("q", x)  # the common case: indices
-            return True
-        except (TypeError, OverflowError):
-            return len(x) < 1000 and all(_plain(v) for v in x)
-    return False
-
-
-# -- replay --------------------------------------------------------------------------------------
 def check(live_only: list, frames: list, modules: dict, positioned: set, say) -> list[str]:
     """Problems with the replayed program's live-only iterators; DataLoader iterators behind
     their saved position are advanced to it first. ``positioned``: ids fast-forward owns."""
@@ -147,7 +65,7 @@ def check(live_only: list, frames: list, modules: dict, positioned: set, say) ->
 
 
 def _loader_iter(live, info: dict, path: str, say) -> str | None:
-    loader_iter = _loader_iter_class()
+    loader_iter = loader_iter_class()
     if live is _MISSING or loader_iter is None or not isinstance(live, loader_iter):
         return f"cannot find the DataLoader iterator that the run that took the snapshot held at {path}"
     if info.get("base_seed") is not None and getattr(live, "_base_seed", None) != info["base_seed"]:

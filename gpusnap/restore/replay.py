@@ -22,7 +22,7 @@ import os
 import sys
 import time
 
-from gpusnap.capture import rng, roots
+from gpusnap.graph import rng, roots
 from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, ReplayDiverged, RestoreError
 from gpusnap.graph.load import LiveOnly
 from gpusnap.instrument import loops
@@ -34,12 +34,13 @@ active = None  # the Replay in progress, until its merge is done
 
 
 class Replay:
-    def __init__(self, rundir, snap_id: str, config: dict, emit):
+    def __init__(self, rundir, snap_id: str, config: dict, emit, on_merged):
         self.rundir = rundir
         self.manifest = rundir.manifest(snap_id)
         self.snap_id = self.manifest["id"]
         self.force = bool(config.get("force"))
         self.emit = emit
+        self.on_merged = on_merged  # the agent counts steps and iterations on from the snapshot's
         frames = self.manifest["roots"]["frames"]
         self.expected = [dict(loop, **frames[loop["frame"]]) for loop in self.manifest["loops"]]
         self.cursor = 0
@@ -178,7 +179,7 @@ class Replay:
                 gc.enable()
         self.merged = True
         active = None
-        loops.on_loop_start = None
+        loops.on_loop_start = loops.replaying = None
 
     def _merge(self, loop) -> None:
         replay_s = time.perf_counter() - self.started_s - self.fastforward_s
@@ -211,9 +212,7 @@ class Replay:
             write_locals(frame, {name: merger.settled(value) for name, value in values.items()})
         self._stage = "restoring the random number generators"
         rng.restore(payload["rng"])
-        from gpusnap.capture import agent
-
-        agent.resumed(self.snap_id, self.manifest.get("steps") or 0, self.manifest.get("iteration"))
+        self.on_merged(self.snap_id, self.manifest.get("steps") or 0, self.manifest.get("iteration"))
         merge_s = time.perf_counter() - started
         _say(
             f"restored snapshot {self.snap_id}: {merger.nbytes / 1e6:.1f} MB into {merger.tensors} tensors; "
@@ -275,9 +274,11 @@ def check_sources(manifest: dict, force: bool) -> None:
             raise ProgramChanged(f"{path} changed since snapshot {manifest['id']} was taken")
 
 
-def install(rundir, snap_id: str, config: dict, emit) -> Replay:
+def install(rundir, snap_id: str, config: dict, emit, on_merged) -> Replay:
+    """Replay snapshot ``snap_id`` of ``rundir``; ``emit(event, **fields)`` reports to the
+    supervisor, ``on_merged(snap_id, steps, iteration)`` runs once the snapshot is merged."""
     global active
-    replay = Replay(rundir, snap_id, config, emit)
+    replay = Replay(rundir, snap_id, config, emit, on_merged)
     it = replay.manifest.get("iteration")
     _say(f"restoring snapshot {replay.snap_id} (iteration {it}): replaying setup")
     try:
@@ -286,6 +287,7 @@ def install(rundir, snap_id: str, config: dict, emit) -> Replay:
         fail(exc)
     active = replay
     loops.on_loop_start = replay.on_loop_start
+    loops.replaying = diverged_by_step
     atexit.register(_check_reached, replay)
     return replay
 

@@ -26,7 +26,7 @@ import psutil
 from gpusnap.errors import StoreError, UsageError
 from gpusnap.store import atomic, index, pack
 from gpusnap.store.check import list_packs
-from gpusnap.store.rundir import utc_now
+from gpusnap.store.info import utc_now
 
 # A temp file older than this is removed even when its pid is alive again (pid reuse).
 _TEMP_MAX_AGE_S = 3600.0
