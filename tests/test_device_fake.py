@@ -397,3 +397,23 @@ def test_registering_unmapped_host_memory_is_an_error_status_not_an_exception(pr
     del host
     region.close()
     assert cu.cuMemHostRegister(address, 1 << 16, 0) == (R.CUDA_ERROR_INVALID_VALUE,)
+
+
+def test_threads_may_call_the_fake_at_once(program):
+    import threading
+
+    ctx = program.ctx
+    errors = []
+
+    def work():
+        check("cuCtxSetCurrent", cu.cuCtxSetCurrent(ctx))  # each thread has its own current context
+        for _ in range(200):
+            status, ptr = cu.cuMemAlloc(4096)
+            errors.append(status) if status != R.CUDA_SUCCESS else cu.cuMemFree(ptr)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and fake.machine.machine().devices[0].used_bytes == 0

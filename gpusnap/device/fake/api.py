@@ -5,12 +5,28 @@ from __future__ import annotations
 
 import functools
 import operator
+import os
+import threading
 
 from cuda.bindings import driver as _real_driver
 
 from gpusnap.device.fake import machine as _machine
 from gpusnap.device.fake.machine import CudaFault
 
+
+
+# One call at a time: the machine's lists are not thread-safe, and the real driver serializes
+# most of these calls too. A forked child gets a fresh lock (a thread of the parent may have
+# held this one at fork), so its calls fail fast with NOT_INITIALIZED instead of hanging.
+_lock = threading.RLock()
+
+
+def _fresh_lock() -> None:
+    global _lock
+    _lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock)
 
 
 def returning(success, status_of, outputs: int):
@@ -22,7 +38,8 @@ def returning(success, status_of, outputs: int):
         @functools.wraps(fn)
         def call(*args, **kwargs):
             try:
-                value = fn(*args, **kwargs)
+                with _lock:
+                    value = fn(*args, **kwargs)
             except CudaFault as fault:
                 return (status_of(fault.status), *([None] * outputs))
             if outputs == 0:
