@@ -8,6 +8,8 @@ import ctypes
 import mmap
 import os
 
+import numpy as np
+
 PAGE = mmap.PAGESIZE
 PROT_NONE = 0
 PROT_RW = mmap.PROT_READ | mmap.PROT_WRITE
@@ -41,13 +43,11 @@ def address_of(buffer) -> int:
     if hasattr(buffer, "getPtr"):
         return int(buffer)
     iface = getattr(buffer, "__array_interface__", None)
-    if iface is not None:
-        return iface["data"][0]
-    if isinstance(buffer, bytes):
-        # Immutable: its contents pointer is stable for the object's life (cuda-python takes
-        # bytes as a source too).
-        return ctypes.cast(ctypes.c_char_p(buffer), ctypes.c_void_p).value
-    return ctypes.addressof(ctypes.c_char.from_buffer(memoryview(buffer)))
+    if iface is None:
+        # Through NumPy, read-only buffers (bytes, a source) have an address too, as in the
+        # real bindings, which take any contiguous buffer.
+        iface = np.frombuffer(memoryview(buffer).cast("B"), dtype=np.uint8).__array_interface__
+    return iface["data"][0]
 
 
 def view_at(address: int, nbytes: int) -> memoryview:
