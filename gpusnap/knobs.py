@@ -104,3 +104,8 @@ NOTICE_MARGIN_S = _float("NOTICE_MARGIN_S", 5.0)
 # Python version. Empty: $XDG_CACHE_HOME/gpusnap (or ~/.cache/gpusnap); "off": no cache.
 # Never the user's __pycache__: a later plain `python` run must not load instrumented code.
 CACHE_DIR = _str("CACHE_DIR", "")
+
+# The fake GPU (gpusnap/device/fake/), which CI runs device code on: how many devices it has and
+# how many bytes each can allocate (address space reserved up front; pages only as written).
+FAKE_DEVICES = _int("FAKE_DEVICES", 2)
+FAKE_DEVICE_BYTES = _int("FAKE_DEVICE_BYTES", 1 << 30)

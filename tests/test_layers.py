@@ -23,6 +23,7 @@ ALLOWED = {
     "restore": {"store", "instrument", "graph"},
     "graph": {"instrument"},
     "stage": {"device"},
+    "device": set(),  # the GPU backends: below the pipeline, beside store
     "store": set(),
     "instrument": set(),
 }
