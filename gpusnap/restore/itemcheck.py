@@ -1,17 +1,8 @@
 """The check replay makes of the items fast-forward reproduced.
 
-The writer (``capture.loopnotes.record``) keeps, for each loop, these manifest fields:
-
-- ``resume``: its note (``fastforward.describe``), JSON;
-- ``rng_at``: the global RNG states at the start of its current iteration (loops that enclose
-  a step loop: ``loops.EnclosingLoop``);
-- ``check``: ``{"index": n, "items": [{"at": [..], "digest": hex | null, "why": ...}]}``: for
-  each part of the source that fast-forward will consume (``consumed_paths``), the digest of that
-  part of the last item the loop handed to its body (item n - 1), read from the loop's
-  ``_iterate`` generator.
-
-Here ``verify`` compares the items fast-forward reproduced with those digests. A part
-without a digest is accepted only if consuming it left the global RNG states untouched.
+``verify`` compares them with the digests the writer kept of the original run's items (each
+loop's ``check``: ``capture.loopnotes.record`` describes it). A part without a digest is
+accepted only if consuming it left the global RNG states untouched.
 """
 
 from __future__ import annotations
