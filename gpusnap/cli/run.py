@@ -51,6 +51,8 @@ def _schedule_options(f):
         click.option("--grace", metavar="DURATION", default=None,
                      help=f"How long a SIGTERM snapshot may take before the program is killed (exit 76). Default {opt.format_duration(knobs.DEFAULT_GRACE_S)} (GPUSNAP_DEFAULT_GRACE_S)."),
         click.option("--keep", metavar="N", default=None, help="Keep only the N newest snapshots (older ones are pruned after each commit)."),
+        click.option("-q", "--quiet", "verbosity", flag_value=0, help="Say only what goes wrong, and why the run stops."),
+        click.option("-v", "--verbose", "verbosity", flag_value=2, help="Also say every snapshot request and connection."),
         click.option("--notices", type=click.Choice(["off", "auto", "aws", "gcp", "azure"]), default="off", show_default=True,
                      help="Watch the cloud's metadata service for a spot/preemption notice (auto: whichever answers); "
                           "on one, snapshot and stop with exit 75 before the machine goes, as on SIGTERM."),
@@ -67,7 +69,7 @@ def _schedule_options(f):
 @click.option("--resume", default="auto", show_default=True, metavar="auto|never|ID",
               help="auto: continue from the newest intact snapshot in DIR, if any; never: start fresh (snapshots go on into DIR); ID: continue from that snapshot.")
 @click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT|-m MODULE [ARGS]...")
-def run(run_dir, every, signal_name, on_term, grace, keep, notices, instrument, at, resume, program):
+def run(run_dir, every, signal_name, on_term, grace, keep, verbosity, notices, instrument, at, resume, program):
     """Run a Python program under gpusnap, unmodified.
 
     \b
@@ -114,7 +116,7 @@ def run(run_dir, every, signal_name, on_term, grace, keep, notices, instrument, 
         kind = "script"
         default_name = os.path.splitext(os.path.basename(target))[0]
     launch = Launch(kind=kind, target=given, args=args, cwd=cwd, run_dir="")
-    _apply_schedule(launch, every, signal_name, on_term, grace, keep, notices)
+    _apply_schedule(launch, every, signal_name, on_term, grace, keep, notices, verbosity)
     launch.at = opt.resolve_at(at, cwd)
     launch.instrument = opt.resolve_instrument(instrument, cwd)
     if resume not in ("auto", "never") and not resume.strip():
@@ -140,7 +142,7 @@ def run(run_dir, every, signal_name, on_term, grace, keep, notices, instrument, 
 @click.option("--snapshot", "snapshot_id", metavar="ID", help="Continue from this snapshot (default: the newest that verifies).")
 @click.option("--force", is_flag=True, help="Restore even where the program changed in ways that can be overridden.")
 @_schedule_options
-def restart(run_dir, snapshot_id, force, every, signal_name, on_term, grace, keep, notices):
+def restart(run_dir, snapshot_id, force, every, signal_name, on_term, grace, keep, verbosity, notices):
     """Continue the program of run directory DIR from a snapshot.
 
     Runs the same command, in the same working directory, as the `gpusnap run` that made DIR,
@@ -177,13 +179,14 @@ def restart(run_dir, snapshot_id, force, every, signal_name, on_term, grace, kee
         raise SnapshotNotFound(f"{path} has no snapshot to restart from",
                                hint="run the program with `gpusnap run` and take a snapshot (SIGUSR1, --every, `gpusnap snap`)")
     launch = Launch(kind=kind, target=given, args=args, cwd=cwd, run_dir=path, force=force)
-    _apply_schedule(launch, every, signal_name, on_term, grace, keep, notices)
+    _apply_schedule(launch, every, signal_name, on_term, grace, keep, notices, verbosity)
     launch.at = ident.get("at")
     launch.instrument = list(ident.get("instrument") or [])
     _supervise(launch, None, snapshot_id or "auto", rd=rd, require_snapshot=True)
 
 
-def _apply_schedule(launch, every, signal_name, on_term, grace, keep, notices) -> None:
+def _apply_schedule(launch, every, signal_name, on_term, grace, keep, notices, verbosity) -> None:
+    global _verbosity
     if knobs.PROBLEMS:  # the trainee and its writers read the same environment
         raise UsageError(knobs.PROBLEMS[0], hint="fix or unset it; gpusnap/knobs.py lists every GPUSNAP_ setting")
     launch.every_s = opt.parse_duration(every, "--every") if every is not None else None
@@ -192,6 +195,7 @@ def _apply_schedule(launch, every, signal_name, on_term, grace, keep, notices) -
     launch.grace_s = opt.parse_duration(grace, "--grace") if grace is not None else knobs.DEFAULT_GRACE_S
     launch.keep = opt.parse_keep(keep)
     launch.notices = notices
+    launch.verbosity = _verbosity = 1 if verbosity is None else verbosity
 
 
 def _supervise(launch, identity, resume: str, rd=None, require_snapshot: bool = False) -> None:
@@ -216,7 +220,7 @@ def _choose_snapshot(rd, resume: str, require: bool) -> str | None:
         if resume not in rd.snapshot_ids():
             raise SnapshotNotFound(f"no snapshot {resume} in {rd.path}")
         rd.load_manifest(resume)  # a damaged manifest is refused here, not in the trainee
-        _say(f"resuming from snapshot {resume}")
+        _say(f"resuming from snapshot {resume}", level=1)
         return resume
     if not rd.snapshot_ids():
         if require:
@@ -229,16 +233,20 @@ def _choose_snapshot(rd, resume: str, require: bool) -> str | None:
         if require:
             raise SnapshotNotFound(f"{rd.path} has no intact snapshot to restart from",
                                    hint="see `gpusnap verify DIR`; start over with `gpusnap run --resume never`")
-        _say("no intact snapshot to resume from: starting from the beginning")
+        _say("no intact snapshot to resume from: starting from the beginning", level=1)
         return None
     at = f" (iteration {info.iteration})" if getattr(info, "iteration", None) is not None else ""
     newest = " (the newest)" if not skipped else ""
-    _say(f"resuming from snapshot {info.id}{at}{newest}")
+    _say(f"resuming from snapshot {info.id}{at}{newest}", level=1)
     return info.id
 
 
-def _say(line: str) -> None:
-    click.echo(f"gpusnap: {line}", err=True)
+_verbosity = 1  # run/restart: --quiet 0, --verbose 2
+
+
+def _say(line: str, level: int = 0) -> None:
+    if level <= _verbosity:
+        click.echo(f"gpusnap: {line}", err=True)
 
 
 @cli.command()

@@ -103,6 +103,7 @@ class Launch:
     resume: str | None = None  # snapshot id
     force: bool = False
     notices: str = "off"  # "off", "auto" or a provider of notices.PROVIDERS
+    verbosity: int = 1  # 0 --quiet: problems and stops only; 1: every snapshot; 2 --verbose: requests too
 
     def boot_config(self, control_path: str) -> dict:
         return {
@@ -115,6 +116,7 @@ class Launch:
             "instrument": list(self.instrument),
             "resume": {"snapshot": self.resume} if self.resume else None,
             "force": self.force,
+            "verbosity": self.verbosity,
         }
 
 
@@ -171,7 +173,11 @@ class Supervisor:
 
     # -- output ---------------------------------------------------------------------------
 
-    def say(self, line: str) -> None:
+    def say(self, line: str, level: int = 0) -> None:
+        """One ``gpusnap:`` line on stderr, when ``--quiet``/``--verbose`` let lines of ``level``
+        through (0: problems and stops, always; 1: snapshots; 2: requests and connections)."""
+        if level > self.launch.verbosity:
+            return
         try:
             self.err.write(f"gpusnap: {line}\n")
             self.err.flush()
@@ -429,6 +435,8 @@ class Supervisor:
         msg = {"op": "snapshot", "reason": reason, "stop": stop}
         self.log({"source": "supervisor", "event": "request", "reason": reason, "stop": stop,
                   "queued": self.trainee is None})
+        self.say(f"asking for a snapshot ({reason}{', then stop' if stop else ''})"
+                 f"{'' if self.trainee is not None else ': queued until the program connects'}", level=2)
         if self.trainee is not None and self.trainee.send(msg):
             return True
         if msg not in self.queue:  # a trainee that never connects must not grow the queue
@@ -465,6 +473,7 @@ class Supervisor:
         if self.trainee is None and self._is_trainee(conn.pid):
             self.trainee = conn
             self.log({"source": "supervisor", "event": "connected", "pid": conn.pid})
+            self.say(f"the program connected (pid {conn.pid})", level=2)
             queued, self.queue = self.queue, []
             for m in queued:
                 if not conn.send(m):
@@ -485,7 +494,7 @@ class Supervisor:
             self.last_iteration = ev["iteration"]
         line = describe(ev, self.last_iteration)
         if line is not None:
-            self.say(line)
+            self.say(line, level=0 if name in ("failed", "skipped") else 1)
         self.log({"source": "trainee", **ev})
         if name == "committed" and self.term_deadline is not None:
             self.committed_after_term = True

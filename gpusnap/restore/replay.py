@@ -76,7 +76,7 @@ class Replay:
         spent = time.perf_counter() - started
         self.fastforward_s += spent
         self.fastforwards.append({"loop": loop.where(), "to": skip, "how": how, "s": spent})
-        _say(f"fast-forward {_short(loop.where())} to iteration {skip} {how} ({spent:.3f} s)")
+        _say(f"fast-forward {_short(loop.where())} to iteration {skip} {how} ({spent:.3f} s)", level=1)
         return it
 
     def _fast_forward(self, loop, iterable, skip: int, want: dict, innermost: bool):
@@ -184,7 +184,7 @@ class Replay:
     def _merge(self, loop) -> None:
         replay_s = time.perf_counter() - self.started_s - self.fastforward_s
         started = time.perf_counter()
-        _say(f"merging snapshot {self.snap_id} at {_short(loop.where())}")
+        _say(f"merging snapshot {self.snap_id} at {_short(loop.where())}", level=1)
         check_sources(self.manifest, self.force)
         _, payload = load(self.rundir, self.snap_id)
         live_frames = roots.frames_on_path(loop.frame)
@@ -216,7 +216,8 @@ class Replay:
         merge_s = time.perf_counter() - started
         _say(
             f"restored snapshot {self.snap_id}: {merger.nbytes / 1e6:.1f} MB into {merger.tensors} tensors; "
-            f"replay {replay_s:.2f} s, fast-forward {self.fastforward_s:.2f} s, merge {merge_s:.2f} s"
+            f"replay {replay_s:.2f} s, fast-forward {self.fastforward_s:.2f} s, merge {merge_s:.2f} s",
+            level=1,
         )
         self.emit(
             "restored",
@@ -277,10 +278,11 @@ def check_sources(manifest: dict, force: bool) -> None:
 def install(rundir, snap_id: str, config: dict, emit, on_merged) -> Replay:
     """Replay snapshot ``snap_id`` of ``rundir``; ``emit(event, **fields)`` reports to the
     supervisor, ``on_merged(snap_id, steps, iteration)`` runs once the snapshot is merged."""
-    global active
+    global active, _verbosity
+    _verbosity = int(config.get("verbosity", 1))
     replay = Replay(rundir, snap_id, config, emit, on_merged)
     it = replay.manifest.get("iteration")
-    _say(f"restoring snapshot {replay.snap_id} (iteration {it}): replaying setup")
+    _say(f"restoring snapshot {replay.snap_id} (iteration {it}): replaying setup", level=1)
     try:
         check_sources(replay.manifest, replay.force)
     except GpusnapError as exc:
@@ -329,8 +331,13 @@ def fail(exc: GpusnapError) -> None:
     os._exit(exc.exit_code)
 
 
-def _say(text: str) -> None:
-    print(f"gpusnap: {text}", file=sys.stderr, flush=True)
+_verbosity = 1  # the run's --quiet (0) / --verbose (2), from the boot configuration
+
+
+def _say(text: str, level: int = 0) -> None:
+    """A ``gpusnap:`` line; ``level`` as the supervisor's (0: warnings, always)."""
+    if level <= _verbosity:
+        print(f"gpusnap: {text}", file=sys.stderr, flush=True)
 
 
 def _short(path: str) -> str:
