@@ -45,8 +45,8 @@ KINDS = ("kill-trainee", "kill-writer", "kill-supervisor", "kill-job", "kill-gc"
 
 
 class Chaos:
-    def __init__(self, work: Path, seed: int, steps: int, state_mb: int):
-        self.work, self.rng, self.steps, self.state_mb = work, random.Random(seed), steps, state_mb
+    def __init__(self, work: Path, seed: int, steps: int, state_mb: int, kinds=KINDS):
+        self.work, self.rng, self.steps, self.state_mb, self.kinds = work, random.Random(seed), steps, state_mb, kinds
         self.fault = work / "fault"
         self.env = dict(os.environ)
         self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(INJECT), str(HERE.parent), self.env.get("PYTHONPATH")]))
@@ -251,7 +251,7 @@ class Chaos:
         self.reference = (ref / "final.json").read_text()
         self.new_episode()
         for n in range(events):
-            kind = self.rng.choice(KINDS)
+            kind = self.rng.choice(self.kinds)
             started = time.monotonic()
             what = self.strike(kind)
             self.check(kind, pruned=kind == "kill-gc")
@@ -282,12 +282,17 @@ def main() -> int:
     ap.add_argument("--dir", type=Path, default=None, help="work directory (default: a new temporary one, removed on success)")
     ap.add_argument("--steps", type=int, default=300, help="training steps of the workload")
     ap.add_argument("--state-mb", type=int, default=48, help="the workload's state")
+    ap.add_argument("--kinds", default=",".join(KINDS), help="the events to choose from, comma-separated (default: all)")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else time.time_ns() % 1_000_000
     work = (args.dir or Path(tempfile.mkdtemp(prefix="gpusnap-chaos-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
     print(f"chaos: seed {seed} (--seed {seed} replays it), working in {work}", flush=True)
-    status = Chaos(work, seed, args.steps, args.state_mb).run(args.events)
+    kinds = tuple(args.kinds.split(","))
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        ap.error(f"unknown event kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
+    status = Chaos(work, seed, args.steps, args.state_mb, kinds).run(args.events)
     if status == 0 and args.dir is None:
         shutil.rmtree(work, ignore_errors=True)
     return status
