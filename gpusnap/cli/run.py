@@ -98,7 +98,7 @@ def run(run_dir, every, signal_name, on_term, grace, keep, instrument, at, resum
     elif program and program[0].startswith("-") and program[0] != "-":
         raise UsageError(f"no such option: {program[0]}", hint="gpusnap options go before SCRIPT; see gpusnap run --help")
     if module is not None:
-        kind, target, args = "module", opt.check_module(module), list(program)
+        kind, target, args = "module", opt.check_module(module, cwd), list(program)
         given = module
         default_name = module
     else:
@@ -167,7 +167,7 @@ def restart(run_dir, snapshot_id, force, every, signal_name, on_term, grace, kee
         rel = os.path.relpath(target, cwd)
         given = target if rel.startswith("..") else rel
     else:
-        given = target
+        given = opt.check_module(target, cwd)
     if not rd.snapshot_ids():
         raise SnapshotNotFound(f"{path} has no snapshot to restart from",
                                hint="run the program with `gpusnap run` and take a snapshot (SIGUSR1, --every, `gpusnap snap`)")
