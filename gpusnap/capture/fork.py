@@ -42,7 +42,7 @@ class Writer:
             how = f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.waitstatus_to_exitcode(status)}"
             result = {"event": "failed", "message": f"writer process {self.pid} died ({how}); earlier snapshots are intact"}
         result.setdefault("id", self.snap_id)
-        if result.get("event") == "failed":
+        if result.get("event") == "failed" and not control.connected():  # else the supervisor says it
             print(f"gpusnap: snapshot {self.snap_id} failed: {result.get('message')}", file=sys.stderr, flush=True)
         session.last_result = result
         session.writer = None

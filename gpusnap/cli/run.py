@@ -250,6 +250,7 @@ def snap(run_dir, no_wait, timeout):
       gpusnap snap ./gpusnap-runs/train
     """
     from gpusnap.launch import control
+    from gpusnap.launch.events import warning
     from gpusnap.launch.supervisor import SUPERVISOR_FILE, describe
 
     timeout_s = opt.parse_duration(timeout, "--timeout") if timeout is not None else None
@@ -291,6 +292,10 @@ def snap(run_dir, no_wait, timeout):
     ev = {k: v for k, v in result.items() if k != "op"}
     if ev.get("event") == "committed":
         _say(describe(ev))
+        warned = warning(ev)
+        if warned is not None:
+            _say(warned[0])
+            click.echo(f"hint: {warned[1]}", err=True)
         return
     raise SnapshotError(describe(ev))
 

@@ -65,7 +65,7 @@ import psutil
 from gpusnap import knobs
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from gpusnap.launch.control import Connection, ControlServer
-from gpusnap.launch.events import describe
+from gpusnap.launch.events import describe, warning
 from gpusnap.launch.options import format_duration
 
 TERMINAL_EVENTS = ("committed", "failed", "skipped")
@@ -168,8 +168,11 @@ class Supervisor:
     # -- output ---------------------------------------------------------------------------
 
     def say(self, line: str) -> None:
+        self._write(f"gpusnap: {line}\n")
+
+    def _write(self, text: str) -> None:
         try:
-            self.err.write(f"gpusnap: {line}\n")
+            self.err.write(text)
             self.err.flush()
         except (OSError, ValueError):
             pass
@@ -447,6 +450,10 @@ class Supervisor:
         line = describe(ev, self.last_iteration)
         if line is not None:
             self.say(line)
+        warned = warning(ev)
+        if warned is not None:
+            self.say(warned[0])
+            self._write(f"hint: {warned[1]}\n")
         self.log({"source": "trainee", **ev})
         if name == "committed" and self.term_deadline is not None:
             self.committed_after_term = True
