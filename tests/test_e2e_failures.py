@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 
-from harness import Run, copy_programs, gpusnap, plain, progress, request_snapshot, wait_for
+import psutil
+import harness
+from harness import Run, committed_ids, copy_programs, gpusnap, plain, progress, request_snapshot
 
 from gpusnap.errors import EXIT_PREEMPTED
 
@@ -62,3 +65,74 @@ def test_a_retention_failure_after_the_commit_is_a_warning_and_sigterm_still_exi
     ref.mkdir()
     plain(counters, ref, steps, cwd=tmp_path)
     assert (out / "final.json").read_text() == (ref / "final.json").read_text()
+
+
+def _gone(proc: psutil.Process) -> bool:
+    """Dead: exited, or a zombie nobody reaps (an orphan's new parent may be a PID 1 that never
+    waits)."""
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_for(predicate, what: str, timeout: float = 120, proc=None, cleanup=()):
+    """harness.wait_for; on a timeout, first kills the processes in ``cleanup`` (orphans that
+    nothing else would stop)."""
+    try:
+        return harness.wait_for(predicate, what, timeout=timeout, proc=proc)
+    except AssertionError:
+        for p in cleanup:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        raise
+
+
+def test_a_supervisor_killed_with_sigkill_takes_its_trainee_with_it(tmp_path):
+    counters, out = _counters(tmp_path)
+    run = Run("run", "--dir", "snaps", counters, out, 100_000, cwd=tmp_path)
+    wait_for(lambda: progress(out) >= 3, "step 3", proc=run)
+    trainee = psutil.Process(run.proc.pid).children()[0]
+    run.proc.kill()  # SIGKILL to the supervisor alone: it cannot clean up
+    run.proc.wait(timeout=30)
+    wait_for(lambda: _gone(trainee), "the orphaned trainee to die", timeout=10, cleanup=[trainee])
+    reached = progress(out)
+    time.sleep(0.5)
+    assert progress(out) == reached  # nothing trains on unsupervised
+    # Nobody holds the run directory any more: the job can be run again.
+    assert gpusnap("gc", "snaps", cwd=tmp_path).returncode == 0
+
+
+def test_a_writer_orphaned_mid_write_dies_and_its_snapshot_is_never_committed(tmp_path):
+    programs = copy_programs(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    snaps = tmp_path / "snaps"
+    run = Run("run", "--dir", "snaps", programs / "big_state.py", out, 100_000, 400, cwd=tmp_path,
+              env={"TEST_STEP_SLEEP_S": "0.02"})
+    wait_for(lambda: progress(out) >= 3, "step 3", proc=run)
+    trainee = psutil.Process(run.proc.pid).children()[0]
+    run.signal(signal.SIGUSR1)
+    writer = wait_for(lambda: trainee.children(), "the writer", proc=run)[0]
+    # Mid-write: its first pack is on disk, its manifest is not.
+    wait_for(lambda: list((snaps / "packs").glob("*/*.pack")) and not committed_ids(snaps), "a pack of the snapshot")
+    run.proc.kill()
+    run.proc.wait(timeout=30)
+    wait_for(lambda: _gone(trainee) and _gone(writer), "the trainee and its writer to die", timeout=10,
+             cleanup=[trainee, writer])
+    packs = list((snaps / "packs").glob("*/*.pack"))
+    time.sleep(0.5)
+    assert list((snaps / "packs").glob("*/*.pack")) == packs  # nothing writes on
+
+    # What the writer left is debris, never a snapshot: nothing is committed, nothing is damage,
+    # and gc removes it.
+    assert committed_ids(snaps) == set()
+    verified = gpusnap("verify", "snaps", "--json", cwd=tmp_path)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    report = json.loads(verified.stdout)
+    assert report["findings"] == [] and {x["kind"] for x in report["leftovers"]} <= {"unindexed_pack", "temp_file"}
+    assert report["leftovers"], "the writer was killed before it wrote anything"
+    assert gpusnap("gc", "snaps", cwd=tmp_path).returncode == 0
+    assert list((snaps / "packs").glob("*/*.pack")) == []

@@ -16,7 +16,7 @@ import threading
 import time
 import warnings
 
-from gpusnap import stage
+from gpusnap import lifeline, stage
 from gpusnap.capture import control, session
 
 
@@ -53,12 +53,14 @@ class Writer:
 
 def start_writer(job) -> Writer:
     read_fd, write_fd = os.pipe()
+    trainee = os.getpid()
     with warnings.catch_warnings():
         # Python >= 3.12 warns about fork() in a threaded process. The child runs only
         # fork-safe code (no CUDA, no torch operators, no locks other threads may hold).
         warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*fork.*")
         pid = os.fork()
     if pid == 0:
+        lifeline.die_with_parent(trainee)  # an orphaned writer's snapshot would never be reported
         os.close(read_fd)
         _child_main(job, write_fd)
     os.close(write_fd)

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from gpusnap import knobs
+from gpusnap import knobs, lifeline
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from gpusnap.launch.control import Connection, ControlServer
 from gpusnap.launch.events import describe, warning
@@ -200,7 +200,10 @@ class Supervisor:
             env = dict(os.environ)
             env["GPUSNAP_BOOT"] = json.dumps(L.boot_config(self.server.path))
             cmd = _trainee_command(L.kind, L.target, L.args)
-            self.child = subprocess.Popen(cmd, cwd=L.cwd, env=env)
+            lifeline.arm()
+            me = os.getpid()
+            # The trainee dies with us, even when we are killed with SIGKILL (gpusnap/lifeline.py).
+            self.child = subprocess.Popen(cmd, cwd=L.cwd, env=env, preexec_fn=lambda: lifeline.die_with_parent(me))
             self.log({"source": "supervisor", "event": "start", "pid": os.getpid(), "trainee_pid": self.child.pid,
                       "command": cmd, "resume": L.resume})
             status = self._loop()
