@@ -136,3 +136,44 @@ def test_a_writer_orphaned_mid_write_dies_and_its_snapshot_is_never_committed(tm
     assert report["leftovers"], "the writer was killed before it wrote anything"
     assert gpusnap("gc", "snaps", cwd=tmp_path).returncode == 0
     assert list((snaps / "packs").glob("*/*.pack")) == []
+
+
+def test_a_hung_writer_is_killed_after_the_timeout_and_training_goes_on(tmp_path):
+    """A writer that stops (SIGSTOP, as a debugger or a job-control mishap does) makes no
+    progress: after GPUSNAP_WRITER_TIMEOUT_S the trainee kills it, the snapshot fails with one
+    line, training goes on, and the next snapshot commits."""
+    programs = copy_programs(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    snaps = tmp_path / "snaps"
+    run = Run("run", "--dir", "snaps", programs / "big_state.py", out, 100_000, 200, cwd=tmp_path,
+              env={"TEST_STEP_SLEEP_S": "0.02", "GPUSNAP_WRITER_TIMEOUT_S": "3"})
+    try:
+        wait_for(lambda: progress(out) >= 3, "step 3", proc=run)
+        trainee = psutil.Process(run.proc.pid).children()[0]
+        run.signal(signal.SIGUSR1)
+        writer = wait_for(lambda: trainee.children(), "the writer", proc=run)[0]
+        writer.suspend()
+        stopped_at = time.time()
+        failed = wait_for(lambda: [e for e in _log(tmp_path) if e["event"] == "failed"], "the snapshot to fail",
+                          timeout=60, proc=run)[0]
+        assert failed["id"] == "000001"
+        assert failed["message"] == (
+            f"the writer (pid {writer.pid}) made no progress for 3 s (stopped) and was killed; earlier snapshots "
+            "are intact, training goes on (GPUSNAP_WRITER_TIMEOUT_S sets the limit)")
+        assert failed["t"] - stopped_at >= 3  # the timeout, not anything sooner
+        assert _gone(writer)
+        reached = progress(out)
+        wait_for(lambda: progress(out) > reached + 3, "training to go on", proc=run)
+
+        later = request_snapshot(run, snaps)  # the next snapshot works (it takes the free id)
+        assert later == "000001"
+        run.signal(signal.SIGTERM)
+        code, _, err = run.wait()
+    finally:
+        if run.proc.poll() is None:
+            run.kill_group()
+    assert code == EXIT_PREEMPTED, err
+    assert f"gpusnap: snapshot 000001 failed: {failed['message']}" in err.splitlines()
+    verified = gpusnap("verify", "snaps", cwd=tmp_path)
+    assert verified.returncode == 0, verified.stdout + verified.stderr

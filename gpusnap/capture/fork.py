@@ -3,7 +3,9 @@
 The child runs ``writer.write_snapshot`` on its copy-on-write image of the trainee and reports
 one JSON object on a pipe; a waiter thread in the parent reads it, reaps the child, and reports
 to the supervisor. A child that dies without a report (killed, out of memory) is reported as
-failed: earlier snapshots are intact, and training goes on.
+failed, unless its manifest was committed; one that makes no progress for too long is killed
+by the waiter (``watchdog``) and reported as failed. Earlier snapshots are intact, and training
+goes on.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import time
 import warnings
 
 from gpusnap import lifeline, stage
-from gpusnap.capture import control, session
+from gpusnap.capture import control, session, watchdog
 
 
 class Writer:
@@ -26,21 +28,18 @@ class Writer:
         self.thread = threading.Thread(target=self._wait, name="gpusnap-writer-wait", daemon=True)
 
     def _wait(self) -> None:
-        chunks = []
-        while True:
-            data = os.read(self.read_fd, 65536)
-            if not data:
-                break
-            chunks.append(data)
+        import psutil  # imported at install
+
+        timeout_s = watchdog.timeout_for(psutil.Process().memory_info().rss)
+        report, hung = watchdog.read_report(self.read_fd, self.pid, timeout_s)
         os.close(self.read_fd)
         _, status = os.waitpid(self.pid, 0)
         try:
-            result = json.loads(b"".join(chunks) or b"{}")
+            result = json.loads(report or b"{}")
         except ValueError:
             result = {}
         if not result:
-            how = f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.waitstatus_to_exitcode(status)}"
-            result = {"event": "failed", "message": f"writer process {self.pid} died ({how}); earlier snapshots are intact"}
+            result = _committed_anyway(self.snap_id) or {"event": "failed", "message": hung or _died(self.pid, status)}
         result.setdefault("id", self.snap_id)
         if result.get("event") == "failed" and not control.connected():  # else the supervisor says it
             print(f"gpusnap: snapshot {self.snap_id} failed: {result.get('message')}", file=sys.stderr, flush=True)
@@ -49,6 +48,24 @@ class Writer:
         stage.writer_done()
         session.prepared = False  # the next optimizer step readies memory for the next snapshot
         control.emit(**result)
+
+
+def _died(pid: int, status: int) -> str:
+    how = f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.waitstatus_to_exitcode(status)}"
+    return f"writer process {pid} died ({how}); earlier snapshots are intact"
+
+
+def _committed_anyway(snap_id: str) -> dict | None:
+    """The report of a writer that died after its manifest's rename, from the manifest: a
+    commit is a commit, however its writer ended."""
+    try:
+        m = session.rundir.load_manifest(snap_id)
+    except Exception:  # noqa: BLE001 - absent or unreadable: not committed
+        return None
+    stats = m.get("stats") or {}
+    return {"event": "committed", "id": snap_id, "iteration": m.get("iteration"), "stall_s": m.get("stall_s") or 0.0,
+            "write_s": m.get("write_s") or 0.0, "bytes_written": stats.get("bytes_written", 0),
+            "bytes_total": stats.get("bytes_total", 0)}
 
 
 def start_writer(job) -> Writer:
