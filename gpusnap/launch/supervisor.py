@@ -6,6 +6,9 @@ Process model::
       └─ python -m gpusnap.boot SCRIPT ARGS...    the trainee, same cwd, stdio and process group
            └─ writer                              fork of the trainee, one per snapshot
 
+The trainee dies with the supervisor, even one killed with SIGKILL, and a writer with its
+trainee (``gpusnap.lifeline``): nothing goes on running without the run directory's lock.
+
 The supervisor owns the schedule (signals, ``--every`` timer, ``gpusnap snap`` requests), the
 run log (``DIR/log.jsonl``) and the exit status. It starts the trainee with ``GPUSNAP_BOOT``
 set to a JSON object::
@@ -28,7 +31,8 @@ trainee → supervisor
       ``skipped``    no snapshot this time: ``message`` (e.g. not enough host memory)
       ``forked``     writer started: ``id``, ``stall_s``
       ``committed``  ``id``, ``stall_s``, ``write_s``, ``bytes_written``, ``bytes_total``
-                     (``iteration`` optional)
+                     (``iteration`` optional; ``warning`` and ``hint`` when retention failed
+                     after the commit: shown as a warning, the snapshot stays committed)
       ``failed``     ``id`` (optional), ``message``
 supervisor → trainee
     ``{"op": "snapshot", "reason": "signal" | "timer" | "term" | "request", "stop": bool}``;
