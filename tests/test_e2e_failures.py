@@ -9,6 +9,7 @@ import signal
 import time
 
 import psutil
+import pytest
 import harness
 from harness import Run, committed_ids, copy_programs, gpusnap, plain, progress, request_snapshot
 
@@ -138,34 +139,46 @@ def test_a_writer_orphaned_mid_write_dies_and_its_snapshot_is_never_committed(tm
     assert list((snaps / "packs").glob("*/*.pack")) == []
 
 
-def test_a_hung_writer_is_killed_after_the_timeout_and_training_goes_on(tmp_path):
-    """A writer that stops (SIGSTOP, as a debugger or a job-control mishap does) makes no
-    progress: after GPUSNAP_WRITER_TIMEOUT_S the trainee kills it, the snapshot fails with one
-    line, training goes on, and the next snapshot commits."""
+# How a writer hangs for real: (program and arguments after OUT, what the test does to the
+# writer, the state the message names, the step after which a snapshot can commit again).
+HANGS = {
+    # SIGSTOP, as a debugger or a job-control mishap does.
+    "stopped": (["big_state.py", 100_000, 200], "stop", "stopped", 0),
+    # Pickling waits for a lock that another thread of the trainee held at fork.
+    "deadlocked": (["notorch/held_lock.py", 100_000, 5, 250], None, "blocked", 250),
+}
+
+
+@pytest.mark.parametrize("cause", HANGS)
+def test_a_hung_writer_is_killed_after_the_timeout_and_training_goes_on(tmp_path, cause):
+    """A writer that makes no progress is killed by the trainee after GPUSNAP_WRITER_TIMEOUT_S:
+    the snapshot fails with one line, training goes on, and the next snapshot commits."""
+    (program, *args), action, state, free_after = HANGS[cause]
     programs = copy_programs(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
     snaps = tmp_path / "snaps"
-    run = Run("run", "--dir", "snaps", programs / "big_state.py", out, 100_000, 200, cwd=tmp_path,
+    run = Run("run", "--dir", "snaps", programs / program, out, *args, cwd=tmp_path,
               env={"TEST_STEP_SLEEP_S": "0.02", "GPUSNAP_WRITER_TIMEOUT_S": "3"})
     try:
-        wait_for(lambda: progress(out) >= 3, "step 3", proc=run)
+        wait_for(lambda: progress(out) >= 7, "step 7", proc=run)
         trainee = psutil.Process(run.proc.pid).children()[0]
         run.signal(signal.SIGUSR1)
         writer = wait_for(lambda: trainee.children(), "the writer", proc=run)[0]
-        writer.suspend()
-        stopped_at = time.time()
+        if action == "stop":
+            writer.suspend()
+        hung_at = time.time()
         failed = wait_for(lambda: [e for e in _log(tmp_path) if e["event"] == "failed"], "the snapshot to fail",
                           timeout=60, proc=run)[0]
         assert failed["id"] == "000001"
         assert failed["message"] == (
-            f"the writer (pid {writer.pid}) made no progress for 3 s (stopped) and was killed; earlier snapshots "
+            f"the writer (pid {writer.pid}) made no progress for 3 s ({state}) and was killed; earlier snapshots "
             "are intact, training goes on (GPUSNAP_WRITER_TIMEOUT_S sets the limit)")
         # The timeout, not anything sooner: it counts from the last progress seen, which is at
-        # most one sample (a quarter of the timeout) before the stop.
-        assert failed["t"] - stopped_at >= 3 * 0.75
+        # most one sample (a quarter of the timeout) before the hang.
+        assert failed["t"] - hung_at >= 3 * 0.75
         assert _gone(writer)
-        reached = progress(out)
+        reached = max(progress(out), free_after)
         wait_for(lambda: progress(out) > reached + 3, "training to go on", proc=run)
 
         later = request_snapshot(run, snaps)  # the next snapshot works (it takes the free id)

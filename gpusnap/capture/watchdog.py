@@ -19,7 +19,7 @@ import time
 
 from gpusnap import knobs
 
-_STATES = {"S": "sleeping", "D": "waiting on the disk", "T": "stopped", "t": "stopped by a tracer"}
+_STATES = {"S": "blocked", "D": "blocked on I/O", "T": "stopped", "t": "stopped by a tracer"}
 
 
 def timeout_for(image_nbytes: int) -> float:
