@@ -39,7 +39,12 @@ class Writer:
         except ValueError:
             result = {}
         if not result:
-            result = _committed_anyway(self.snap_id) or {"event": "failed", "message": hung or _died(self.pid, status)}
+            why = hung or _died(self.pid, status)
+            result = _committed_anyway(self.snap_id)
+            if result is not None:  # it ended in retention, after the commit
+                result.update(warning=f"after the commit, {why}", hint="`gpusnap gc DIR` removes what it left")
+            else:
+                result = {"event": "failed", "message": why}
         result.setdefault("id", self.snap_id)
         if result.get("event") == "failed" and not control.connected():  # else the supervisor says it
             print(f"gpusnap: snapshot {self.snap_id} failed: {result.get('message')}", file=sys.stderr, flush=True)
