@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import xxhash
@@ -20,7 +21,10 @@ from gpusnap.store import RunDir, index
 from gpusnap.store.pack import PACK_HEADER, PACK_MAGIC, pack_path
 from test_store_helpers import make_run, only_in
 
-ENV = {**os.environ, "GPUSNAP_SUPERVISOR_TICK_S": "0.05"}
+REPO = Path(__file__).resolve().parent.parent
+# This checkout's gpusnap in every subprocess (an editable install may be another checkout's).
+ENV = {**os.environ, "GPUSNAP_SUPERVISOR_TICK_S": "0.05",
+       "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
 # argv: FAULT CLI-ARGS...; FAULT names what the swapped call does before (or instead of) the real one.
 WRAPPER = textwrap.dedent("""
