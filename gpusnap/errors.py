@@ -8,8 +8,9 @@ and exits with the class's ``exit_code``::
     ├── RunDirError                   3  the run directory is wrong for this command
     │   ├── RunDirMismatch               ... it belongs to a different command line
     │   ├── RunDirLocked                 ... another live process holds its lock
-    │   ├── RunDirPermission             ... not writable / owned by someone else
-    │   ├── FormatVersionError           ... written by a format this gpusnap does not know
+    │   ├── RunDirPermission             ... not writable / owned by someone else / read-only mount
+    │   ├── FormatVersionError           ... a file (run.json, manifest, index, pack) of a version
+    │   │                                    this gpusnap does not know
     │   └── NoActiveRun                  ... `gpusnap snap`: no supervisor is running in it
     ├── StoreError                    4  reading or writing snapshot data failed
     │   ├── ChunkCorrupt                 ... a chunk's bytes do not match its name

@@ -36,6 +36,12 @@ def _float(name: str, default: float) -> float:
     return _parsed(name, default, float, "a number")
 
 
+def _non_negative(value: float) -> float:
+    if not value >= 0:  # also refuses nan
+        raise ValueError(value)
+    return value
+
+
 def _str(name: str, default: str) -> str:
     return os.environ.get(f"GPUSNAP_{name}", default)
 
@@ -84,6 +90,11 @@ WRITER_WINDOW_BYTES = _int("WRITER_WINDOW_BYTES", 256 << 20)
 # Fast-forward proves a consumed loop source by a digest of the last item it reproduced; items
 # holding more data than this are not digested (restart then checks less; see graph/digest.py).
 FF_DIGEST_MAX_BYTES = _int("FF_DIGEST_MAX_BYTES", 64 << 20)
+
+# A writer that makes no progress (spends no CPU time and is not waiting for a core) for this long
+# is hung: the trainee kills it and reports the snapshot failed (capture/watchdog.py). 0 (default):
+# a minute plus one second per 50 MB of the trainee's memory.
+WRITER_TIMEOUT_S = _parsed("WRITER_TIMEOUT_S", 0.0, lambda raw: _non_negative(float(raw)), "a number of seconds >= 0")
 
 # Fork only when the copy-on-write worst case (the trainee's resident set) is at most this
 # fraction of the host memory still available; otherwise skip the snapshot with a warning.

@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-from gpusnap import knobs, stage
+from gpusnap import knobs, lifeline, stage
 from gpusnap.capture import control, fork, session, steploop
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from gpusnap.graph import rng
@@ -46,6 +46,7 @@ def install(config: dict, note_source) -> None:
     from gpusnap.store import RunDir, preload
 
     preload()
+    lifeline.arm()  # each writer dies with the trainee (fork.start_writer)
     session.rundir = RunDir.open(session.config["run_dir"], trusted=True)
     session.resumed_from = (session.config.get("resume") or {}).get("snapshot")
     loops.on_boundary = _on_boundary

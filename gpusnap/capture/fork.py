@@ -3,7 +3,9 @@
 The child runs ``writer.write_snapshot`` on its copy-on-write image of the trainee and reports
 one JSON object on a pipe; a waiter thread in the parent reads it, reaps the child, and reports
 to the supervisor. A child that dies without a report (killed, out of memory) is reported as
-failed: earlier snapshots are intact, and training goes on.
+failed, unless its manifest was committed; one that makes no progress for too long is killed
+by the waiter (``watchdog``) and reported as failed. Earlier snapshots are intact, and training
+goes on.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import threading
 import time
 import warnings
 
-from gpusnap import stage
-from gpusnap.capture import control, session
+from gpusnap import lifeline, stage
+from gpusnap.capture import control, session, watchdog
 
 
 class Writer:
@@ -26,23 +28,25 @@ class Writer:
         self.thread = threading.Thread(target=self._wait, name="gpusnap-writer-wait", daemon=True)
 
     def _wait(self) -> None:
-        chunks = []
-        while True:
-            data = os.read(self.read_fd, 65536)
-            if not data:
-                break
-            chunks.append(data)
+        import psutil  # imported at install
+
+        timeout_s = watchdog.timeout_for(psutil.Process().memory_info().rss)
+        report, hung = watchdog.read_report(self.read_fd, self.pid, timeout_s)
         os.close(self.read_fd)
         _, status = os.waitpid(self.pid, 0)
         try:
-            result = json.loads(b"".join(chunks) or b"{}")
+            result = json.loads(report or b"{}")
         except ValueError:
             result = {}
         if not result:
-            how = f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.waitstatus_to_exitcode(status)}"
-            result = {"event": "failed", "message": f"writer process {self.pid} died ({how}); earlier snapshots are intact"}
+            why = hung or _died(self.pid, status)
+            result = _committed_anyway(self.snap_id)
+            if result is not None:  # it ended in retention, after the commit
+                result.update(warning=f"after the commit, {why}", hint="`gpusnap gc DIR` removes what it left")
+            else:
+                result = {"event": "failed", "message": why}
         result.setdefault("id", self.snap_id)
-        if result.get("event") == "failed":
+        if result.get("event") == "failed" and not control.connected():  # else the supervisor says it
             print(f"gpusnap: snapshot {self.snap_id} failed: {result.get('message')}", file=sys.stderr, flush=True)
         session.last_result = result
         session.writer = None
@@ -51,14 +55,34 @@ class Writer:
         control.emit(**result)
 
 
+def _died(pid: int, status: int) -> str:
+    how = f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.waitstatus_to_exitcode(status)}"
+    return f"writer process {pid} died ({how}); earlier snapshots are intact"
+
+
+def _committed_anyway(snap_id: str) -> dict | None:
+    """The report of a writer that died after its manifest's rename, from the manifest: a
+    commit is a commit, however its writer ended."""
+    try:
+        m = session.rundir.load_manifest(snap_id)
+    except Exception:  # noqa: BLE001 - absent or unreadable: not committed
+        return None
+    stats = m.get("stats") or {}
+    return {"event": "committed", "id": snap_id, "iteration": m.get("iteration"), "stall_s": m.get("stall_s") or 0.0,
+            "write_s": m.get("write_s") or 0.0, "bytes_written": stats.get("bytes_written", 0),
+            "bytes_total": stats.get("bytes_total", 0)}
+
+
 def start_writer(job) -> Writer:
     read_fd, write_fd = os.pipe()
+    trainee = os.getpid()
     with warnings.catch_warnings():
         # Python >= 3.12 warns about fork() in a threaded process. The child runs only
         # fork-safe code (no CUDA, no torch operators, no locks other threads may hold).
         warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*fork.*")
         pid = os.fork()
     if pid == 0:
+        lifeline.die_with_parent(trainee)  # an orphaned writer's snapshot would never be reported
         os.close(read_fd)
         _child_main(job, write_fd)
     os.close(write_fd)

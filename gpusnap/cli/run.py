@@ -105,7 +105,7 @@ def run(run_dir, every, signal_name, on_term, grace, keep, verbosity, notices, i
     elif program and program[0].startswith("-") and program[0] != "-":
         raise UsageError(f"no such option: {program[0]}", hint="gpusnap options go before SCRIPT; see gpusnap run --help")
     if module is not None:
-        kind, target, args = "module", opt.check_module(module), list(program)
+        kind, target, args = "module", opt.check_module(module, cwd), list(program)
         given = module
         default_name = module
     else:
@@ -174,7 +174,7 @@ def restart(run_dir, snapshot_id, force, every, signal_name, on_term, grace, kee
         rel = os.path.relpath(target, cwd)
         given = target if rel.startswith("..") else rel
     else:
-        given = target
+        given = opt.check_module(target, cwd)
     if not rd.snapshot_ids():
         raise SnapshotNotFound(f"{path} has no snapshot to restart from",
                                hint="run the program with `gpusnap run` and take a snapshot (SIGUSR1, --every, `gpusnap snap`)")
@@ -264,6 +264,7 @@ def snap(run_dir, no_wait, timeout):
       gpusnap snap ./gpusnap-runs/train
     """
     from gpusnap.launch import control
+    from gpusnap.launch.events import warning
     from gpusnap.launch.supervisor import SUPERVISOR_FILE, describe
 
     timeout_s = opt.parse_duration(timeout, "--timeout") if timeout is not None else None
@@ -305,6 +306,10 @@ def snap(run_dir, no_wait, timeout):
     ev = {k: v for k, v in result.items() if k != "op"}
     if ev.get("event") == "committed":
         _say(describe(ev))
+        warned = warning(ev)
+        if warned is not None:
+            _say(warned[0])
+            click.echo(f"hint: {warned[1]}", err=True)
         return
     raise SnapshotError(describe(ev))
 

@@ -6,6 +6,9 @@ Process model::
       └─ python -m gpusnap.boot SCRIPT ARGS...    the trainee, same cwd, stdio and process group
            └─ writer                              fork of the trainee, one per snapshot
 
+The trainee dies with the supervisor, even one killed with SIGKILL, and a writer with its
+trainee (``gpusnap.lifeline``): nothing goes on running without the run directory's lock.
+
 The supervisor owns the schedule (signals, ``--every`` timer, ``gpusnap snap`` requests), the
 run log (``DIR/log.jsonl``) and the exit status. It starts the trainee with ``GPUSNAP_BOOT``
 set to a JSON object::
@@ -28,7 +31,8 @@ trainee → supervisor
       ``skipped``    no snapshot this time: ``message`` (e.g. not enough host memory)
       ``forked``     writer started: ``id``, ``stall_s``
       ``committed``  ``id``, ``stall_s``, ``write_s``, ``bytes_written``, ``bytes_total``
-                     (``iteration`` optional)
+                     (``iteration`` optional; ``warning`` and ``hint`` when retention failed
+                     after the commit: shown as a warning, the snapshot stays committed)
       ``failed``     ``id`` (optional), ``message``
 supervisor → trainee
     ``{"op": "snapshot", "reason": "signal" | "timer" | "term" | "request", "stop": bool}``;
@@ -62,10 +66,10 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from gpusnap import knobs
+from gpusnap import knobs, lifeline
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from gpusnap.launch.control import Connection, ControlServer
-from gpusnap.launch.events import describe
+from gpusnap.launch.events import describe, warning
 from gpusnap.launch.notices import Watcher
 from gpusnap.launch.options import format_duration
 
@@ -176,10 +180,12 @@ class Supervisor:
     def say(self, line: str, level: int = 0) -> None:
         """One ``gpusnap:`` line on stderr, when ``--quiet``/``--verbose`` let lines of ``level``
         through (0: problems and stops, always; 1: snapshots; 2: requests and connections)."""
-        if level > self.launch.verbosity:
-            return
+        if level <= self.launch.verbosity:
+            self._write(f"gpusnap: {line}\n")
+
+    def _write(self, text: str) -> None:
         try:
-            self.err.write(f"gpusnap: {line}\n")
+            self.err.write(text)
             self.err.flush()
         except (OSError, ValueError):
             pass
@@ -207,7 +213,10 @@ class Supervisor:
             env = dict(os.environ)
             env["GPUSNAP_BOOT"] = json.dumps(L.boot_config(self.server.path))
             cmd = _trainee_command(L.kind, L.target, L.args)
-            self.child = subprocess.Popen(cmd, cwd=L.cwd, env=env)
+            lifeline.arm()
+            me = os.getpid()
+            # The trainee dies with us, even when we are killed with SIGKILL (gpusnap/lifeline.py).
+            self.child = subprocess.Popen(cmd, cwd=L.cwd, env=env, preexec_fn=lambda: lifeline.die_with_parent(me))
             self.log({"source": "supervisor", "event": "start", "pid": os.getpid(), "trainee_pid": self.child.pid,
                       "command": cmd, "resume": L.resume})
             if L.notices != "off":
@@ -495,6 +504,10 @@ class Supervisor:
         line = describe(ev, self.last_iteration)
         if line is not None:
             self.say(line, level=0 if name in ("failed", "skipped") else 1)
+        warned = warning(ev)
+        if warned is not None:
+            self.say(warned[0])
+            self._write(f"hint: {warned[1]}\n")
         self.log({"source": "trainee", **ev})
         if name == "committed" and self.term_deadline is not None:
             self.committed_after_term = True

@@ -8,7 +8,7 @@ import pathlib
 from dataclasses import asdict, dataclass
 
 from gpusnap.errors import FormatVersionError, SnapshotNotFound, StoreError
-from gpusnap.store import atomic, index
+from gpusnap.store import atomic, index, pack
 from gpusnap.store.pack import PackReader
 from gpusnap.store.info import SnapshotInfo
 from gpusnap.store.reader import ChunkProblem, load_chunk
@@ -132,7 +132,7 @@ def leftovers(rd) -> list[Leftover]:
                 out.append(Leftover("temp_file", str(pathlib.Path(dirpath, name).relative_to(root))))
     idx = index.load(root)
     for pack_id, path in list_packs(root):
-        if pack_id not in idx.packs:
+        if pack_id not in idx.packs and pack.unknown_version(path) is None:
             out.append(Leftover("unindexed_pack", str(path.relative_to(root))))
     return out
 
