@@ -11,7 +11,7 @@ import psutil
 import pytest
 import torch
 from harness import (
-    Run, assert_same, copy_programs, gpusnap, load_final, plain, programs_and_out, progress, snapshot_now, snapshots, wait_for,
+    Run, assert_same, committed_ids, copy_programs, gpusnap, load_final, plain, programs_and_out, progress, snapshot_now, snapshots, wait_for,
 )
 
 from gpusnap.errors import EXIT_PREEMPTED
@@ -149,6 +149,28 @@ def test_a_program_holding_cuda_memory_is_refused_before_the_fork(tmp_path):
     assert code == 0 and progress(out) == 400
     assert "snapshot skipped: the program holds CUDA memory (cuda:0 " in err
     assert snapshots(tmp_path / "snaps", tmp_path) == []
+
+
+def test_a_restarted_run_takes_snapshot_after_snapshot(tmp_path):
+    """A restarted trainee decompressed its snapshot with blosc2. Had it used blosc2's thread
+    pool, its forked writers would inherit a pool fork broke, and about one multi-threaded write
+    in five hung until the watchdog killed it. Eight snapshots in a row must each commit fast."""
+    programs, out = programs_and_out(tmp_path)
+    snaps = tmp_path / "snaps"
+    run = Run("run", "--dir", "snaps", programs / "big_state.py", out, 100_000, 48, cwd=tmp_path)
+    wait_for(lambda: progress(out) >= 3, "step 3", proc=run)
+    snapshot_now(run, snaps, tmp_path)
+    run.kill_group()
+    (out / "progress").unlink()
+    run = Run("restart", "snaps", cwd=tmp_path)
+    wait_for(lambda: progress(out), "the restarted run's first step", proc=run)
+    try:
+        for k in range(8):
+            before = committed_ids(snaps)
+            run.signal(signal.SIGUSR1)
+            wait_for(lambda: committed_ids(snaps) - before, f"snapshot {k + 1} of the restarted run", timeout=30, proc=run)
+    finally:
+        run.kill_group()
 
 
 def trainee_pid(run: Run) -> int:

@@ -43,9 +43,10 @@ def install(config: dict, note_source) -> None:
     import psutil  # noqa: F401  (the headroom check runs inside the stall)
 
     from gpusnap.capture import writer  # noqa: F401  (every forked writer would import it again)
-    from gpusnap.store import RunDir, preload
+    from gpusnap.store import RunDir, codec, preload
 
     preload()
+    codec.decode_on_one_thread()  # this process forks writers: blosc2's pool must never run here
     lifeline.arm()  # each writer dies with the trainee (fork.start_writer)
     session.rundir = RunDir.open(session.config["run_dir"], trusted=True)
     session.resumed_from = (session.config.get("resume") or {}).get("snapshot")
