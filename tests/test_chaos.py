@@ -23,9 +23,9 @@ def test_faults_at_random_moments_lose_nothing_committed(tmp_path):
     )
     print(done.stdout)
     summary = re.search(r"summary: (\d+) events, .*?(\d+) runs finished and compared, (\d+) snapshots committed; "
-                        r"lost (\d+), wrong restores (\d+), last restart refused (\d+)", done.stdout)
+                        r"lost (\d+), wrong restores (\d+), last restart refused (\d+), stuck after a fault (\d+)", done.stdout)
     assert summary, done.stdout + done.stderr
-    events, finished, committed, lost, wrong, refused = map(int, summary.groups())
-    assert (lost, wrong, refused) == (0, 0, 0), f"seed={seed}\n{done.stdout}"
+    events, finished, committed, lost, wrong, refused, stuck = map(int, summary.groups())
+    assert (lost, wrong, refused, stuck) == (0, 0, 0, 0), f"seed={seed}\n{done.stdout}"
     assert events == 8 and finished >= 1 and committed >= 1, f"seed={seed}: the chaos did not exercise a restart"
     assert done.returncode == 0

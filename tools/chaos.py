@@ -16,7 +16,8 @@ Episodes run the workload (tools/chaos/train.py: a numpy program with STATE_MB o
                    system remounted read-only; tools/chaos/inject/sitecustomize.py), then heals
 
 After every event `gpusnap verify` must find every committed snapshot intact, and every snapshot
-committed before stays committed (unless gc was asked to remove it). A run that was killed goes
+committed before stays committed (unless gc was asked to remove it); after a fault heals, the
+next snapshot must commit. A run that was killed goes
 on with `gpusnap restart`; when it ends, its final state must equal an uninterrupted run's.
 Prints every event with the seed, and a summary; exit 0 only when nothing was lost and no
 restore was wrong.
@@ -54,7 +55,7 @@ class Chaos:
         self.reference = None
         self.job: subprocess.Popen | None = None
         self.episode = 0
-        self.counts = {"events": 0, "runs": 0, "finished": 0, "committed": 0, "lost": 0, "wrong": 0, "refused": 0}
+        self.counts = {"events": 0, "runs": 0, "finished": 0, "committed": 0, "lost": 0, "wrong": 0, "refused": 0, "stuck": 0}
         self.committed: set[str] = set()
 
     # -- processes ---------------------------------------------------------------------------
@@ -235,8 +236,8 @@ class Chaos:
         os.kill(self.job.pid, signal.SIGUSR1)
         committed = self.wait(lambda: len(self.listed() - after) > 0 or not self.alive(), 60)
         if not committed and self.alive():
-            self.counts["lost"] += 1
-            self.say(f"after {name} healed, no snapshot committed any more")
+            self.counts["stuck"] += 1
+            self.say(f"STUCK: after {name} healed, no snapshot committed within 60 s")
         return f"{name} mid-write; {'the next snapshot committed' if committed else 'the run ended'}"
 
     # -- main ---------------------------------------------------------------------------------
@@ -271,8 +272,9 @@ class Chaos:
             self.say(f"the last run ended with {self.job.returncode}: {' | '.join(log[-3:])}")
         c = self.counts
         self.say(f"summary: {c['events']} events, {c['runs']} runs and restarts, {c['finished']} runs finished and compared, "
-                 f"{c['committed']} snapshots committed; lost {c['lost']}, wrong restores {c['wrong']}, last restart refused {c['refused']}")
-        return 0 if c["lost"] == c["wrong"] == c["refused"] == 0 else 1
+                 f"{c['committed']} snapshots committed; lost {c['lost']}, wrong restores {c['wrong']}, last restart refused {c['refused']}, "
+                 f"stuck after a fault {c['stuck']}")
+        return 0 if c["lost"] == c["wrong"] == c["refused"] == c["stuck"] == 0 else 1
 
 
 def main() -> int:
