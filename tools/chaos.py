@@ -64,6 +64,9 @@ class Chaos:
 
     def start(self, *args) -> None:
         self.counts["runs"] += 1
+        # The progress file counts this run's steps from its first (a restarted run's may be lower
+        # than the killed one's last); signals wait for it, as gpusnap's handlers are in place then.
+        (self.work / "out" / "progress").unlink(missing_ok=True)
         # gpusnap's own lines go to a file: a pipe nobody reads would fill and stall the supervisor.
         with open(self.work / f"gpusnap-{self.counts['runs']}.log", "w") as log:
             self.job = subprocess.Popen(self.gpusnap(*args), cwd=self.work, env=self.env, start_new_session=True,
@@ -205,6 +208,7 @@ class Chaos:
                     self.kill_job()
             return "struck mid-write"
         if kind == "kill-gc":
+            self.snapshots_at_least(3)
             self.kill_job()
             if len(self.listed()) < 3:
                 return "fewer than 3 snapshots: nothing for gc to remove"
@@ -215,6 +219,7 @@ class Chaos:
             gc.wait()
             return f"gc killed (exit {gc.returncode})"
         # kill-restore
+        self.snapshots_at_least(1)
         self.kill_job()
         if not self.listed():
             return "no snapshot to restore"
@@ -222,6 +227,17 @@ class Chaos:
         time.sleep(self.rng.uniform(0.2, 3.0))
         self.kill_job()
         return "restart killed"
+
+    def snapshots_at_least(self, n: int) -> None:
+        """Take snapshots until ``n`` are committed (or the run ends)."""
+        self.ensure_running()
+        self.wait(lambda: self.step() > 2 or not self.alive(), 60)
+        while len(self.listed()) < n and self.alive():
+            before = self.listed()
+            os.kill(self.job.pid, signal.SIGUSR1)
+            if not self.wait(lambda: self.listed() - before or not self.alive(), 60):
+                return
+        self.check("snapshots for the next event")
 
     def inject(self, name: str) -> str:
         if self.mid_write() is None:
