@@ -11,7 +11,8 @@ object to ``gpusnap.capture.agent.install``. In order, boot:
    installs the import hook (``instrument.importer``), rooted at the script's directory;
 3. compiles the main code, instrumented, and makes a fresh ``__main__`` module;
 4. records ``loops.MAIN_CODE`` / ``loops.MAIN_GLOBALS`` for the capture side;
-5. calls ``capture.agent.install(config)``;
+5. calls ``capture.agent.install(config)``, then, on a restart, ``restore.replay.install``
+   (capture never imports restore: boot hands each what it needs of the other);
 6. runs the main code.
 
 Nothing heavy is imported before the user's code (no torch): start-up cost is the hook itself.
@@ -192,7 +193,7 @@ def main(argv=None) -> None:
     from gpusnap import frameworks
 
     frameworks.load()  # before any import of the program's: they name modules to instrument
-    importer.install(roots=[root], instrument=instrument)
+    importer.install(roots=[root], instrument=[*instrument, *frameworks.loop_modules()])
     compile_main, extra, filename, cached = make(target, args)
     try:
         code = compile_main()
@@ -220,8 +221,14 @@ def main(argv=None) -> None:
     atexit.register(_exit_by_sigint)
 
     from gpusnap.capture import agent
+    from gpusnap.restore import fastforward
 
-    agent.install(config)
+    agent.install(config, note_source=fastforward.part)
+    resuming = agent.resuming()
+    if resuming is not None:
+        from gpusnap.restore import replay
+
+        replay.install(*resuming, config, agent.emit, agent.resumed)
     _run(code, namespace)
 
 

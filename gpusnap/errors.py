@@ -8,8 +8,9 @@ and exits with the class's ``exit_code``::
     ├── RunDirError                   3  the run directory is wrong for this command
     │   ├── RunDirMismatch               ... it belongs to a different command line
     │   ├── RunDirLocked                 ... another live process holds its lock
-    │   ├── RunDirPermission             ... not writable / owned by someone else
-    │   ├── FormatVersionError           ... written by a format this gpusnap does not know
+    │   ├── RunDirPermission             ... not writable / owned by someone else / read-only mount
+    │   ├── FormatVersionError           ... a file (run.json, manifest, index, pack) of a version
+    │   │                                    this gpusnap does not know
     │   └── NoActiveRun                  ... `gpusnap snap`: no supervisor is running in it
     ├── StoreError                    4  reading or writing snapshot data failed
     │   ├── ChunkCorrupt                 ... a chunk's bytes do not match its name
@@ -20,7 +21,11 @@ and exits with the class's ``exit_code``::
     │   └── ExportError                  ... a tensor cannot be written as safetensors
     ├── SnapshotError                 5  one snapshot could not be taken (training goes on)
     │   ├── HeadroomError                ... copy-on-write worst case would not fit in RAM
-    │   └── CaptureError                 ... the object graph could not be captured
+    │   ├── CaptureError                 ... the object graph could not be captured
+    │   └── DeviceError                  ... the GPU side (gpusnap/device/) failed
+    │       ├── NoDevice                     ... no driver, no CUDA device, bindings missing
+    │       ├── CudaCallFailed               ... a driver/runtime call returned an error code
+    │       └── KernelBuildError             ... NVRTC could not compile a gpusnap kernel
     └── RestoreError                  6  restart refused rather than restore wrong state
         ├── ReplayDiverged               ... replay never reached the saved loop position
         ├── StateMismatch                ... shape / dtype / tying differs at an object path
@@ -120,6 +125,27 @@ class HeadroomError(SnapshotError):
 
 class CaptureError(SnapshotError):
     pass
+
+
+class DeviceError(SnapshotError):
+    pass
+
+
+class NoDevice(DeviceError):
+    default_hint = "check `nvidia-smi` and that cuda-bindings matches the driver's CUDA major version"
+
+
+class CudaCallFailed(DeviceError):
+    """``call`` returned ``code`` (its enum name, e.g. ``CUDA_ERROR_OUT_OF_MEMORY``)."""
+
+    def __init__(self, message: str, hint: str | None = None, *, call: str = "", code: str = ""):
+        super().__init__(message, hint)
+        self.call = call
+        self.code = code
+
+
+class KernelBuildError(DeviceError):
+    default_hint = "upgrade nvidia-cuda-nvrtc to the driver's CUDA version; if that does not help, report it"
 
 
 class RestoreError(GpusnapError):

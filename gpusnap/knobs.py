@@ -36,6 +36,12 @@ def _float(name: str, default: float) -> float:
     return _parsed(name, default, float, "a number")
 
 
+def _non_negative(value: float) -> float:
+    if not value >= 0:  # also refuses nan
+        raise ValueError(value)
+    return value
+
+
 def _str(name: str, default: str) -> str:
     return os.environ.get(f"GPUSNAP_{name}", default)
 
@@ -82,8 +88,13 @@ HUGEPAGES = _choice("HUGEPAGES", "on", ("on", "off"))
 WRITER_WINDOW_BYTES = _int("WRITER_WINDOW_BYTES", 256 << 20)
 
 # Fast-forward proves a consumed loop source by a digest of the last item it reproduced; items
-# holding more data than this are not digested (restart then checks less; see restore/digest.py).
+# holding more data than this are not digested (restart then checks less; see graph/digest.py).
 FF_DIGEST_MAX_BYTES = _int("FF_DIGEST_MAX_BYTES", 64 << 20)
+
+# A writer that makes no progress (spends no CPU time and is not waiting for a core) for this long
+# is hung: the trainee kills it and reports the snapshot failed (capture/watchdog.py). 0 (default):
+# a minute plus one second per 50 MB of the trainee's memory.
+WRITER_TIMEOUT_S = _parsed("WRITER_TIMEOUT_S", 0.0, lambda raw: _non_negative(float(raw)), "a number of seconds >= 0")
 
 # Fork only when the copy-on-write worst case (the trainee's resident set) is at most this
 # fraction of the host memory still available; otherwise skip the snapshot with a warning.
@@ -93,8 +104,19 @@ HEADROOM_FRACTION = _float("HEADROOM_FRACTION", 0.9)
 SUPERVISOR_TICK_S = _float("SUPERVISOR_TICK_S", 0.2)
 # Default --grace: how long a SIGTERM snapshot may take before the trainee is killed.
 DEFAULT_GRACE_S = _float("DEFAULT_GRACE_S", 120.0)
+# --notices: how often the cloud's metadata service is asked for a spot/preemption notice (AWS
+# asks for every 5 s), and the base URL to ask instead of the clouds' own (a test's fake server).
+NOTICE_POLL_S = _float("NOTICE_POLL_S", 5.0)
+METADATA_URL = _str("METADATA_URL", "")
+# How long before a notice's deadline the grace ends (the trainee is killed if still writing).
+NOTICE_MARGIN_S = _float("NOTICE_MARGIN_S", 5.0)
 
 # Where instrumented code objects are cached, keyed by source hash, transform version and
 # Python version. Empty: $XDG_CACHE_HOME/gpusnap (or ~/.cache/gpusnap); "off": no cache.
 # Never the user's __pycache__: a later plain `python` run must not load instrumented code.
 CACHE_DIR = _str("CACHE_DIR", "")
+
+# The fake GPU (gpusnap/device/fake/), which CI runs device code on: how many devices it has and
+# how many bytes each can allocate (address space reserved up front; pages only as written).
+FAKE_DEVICES = _int("FAKE_DEVICES", 2)
+FAKE_DEVICE_BYTES = _int("FAKE_DEVICE_BYTES", 1 << 30)

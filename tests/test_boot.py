@@ -163,7 +163,7 @@ import json, os, sys
 from gpusnap.capture import agent
 from gpusnap.instrument import importer, loops
 calls = []
-def fake_install(config):
+def fake_install(config, note_source):
     calls.append({
         "config": config,
         "argv": sys.argv,
@@ -174,6 +174,7 @@ def fake_install(config):
         "user_code_ran": "ran" in loops.MAIN_GLOBALS,
     })
 agent.install = fake_install
+agent.resuming = lambda: None
 import gpusnap.boot
 try:
     gpusnap.boot.main(sys.argv[1:])

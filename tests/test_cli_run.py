@@ -27,6 +27,8 @@ def first_line(r) -> str:
 @pytest.fixture
 def work(tmp_path):
     (tmp_path / "ok.py").write_text("print('ok')\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
     return tmp_path
 
 
@@ -62,8 +64,6 @@ def test_argv_cwd_and_stdio_are_the_programs(work):
 
 
 def test_module_runs_with_its_args(work):
-    (work / "pkg").mkdir()
-    (work / "pkg" / "__init__.py").write_text("")
     (work / "pkg" / "train.py").write_text("import sys\nprint(sys.argv[1:])\nsys.exit(7)\n")
     r = gpusnap("run", "-m", "pkg.train", "--dir", "q", cwd=work)
     assert r.returncode == 7, r.stderr
@@ -88,6 +88,13 @@ BAD_INPUT = [
     (["run"], 2, "gpusnap: no script to run"),
     (["run", "--bogus", "ok.py"], 2, "gpusnap: no such option: --bogus"),
     (["run", "-m", "not a module"], 2, "gpusnap: not a module name: 'not a module'"),
+    (["run", "-m", "nosuch.module"], 2,
+     "gpusnap: no module named nosuch.module ('nosuch' is not in the working directory or on sys.path)"),
+    (["run", "-m", "pkg.nope"], 2, "gpusnap: no module named pkg.nope (package 'pkg' has no 'nope')"),
+    (["run", "-m", "pkg"], 2, "gpusnap: pkg is a package without a __main__ module: python -m cannot run it"),
+    (["run", "--dir", "d", "-m", "nosuch"], 2,
+     "gpusnap: no module named nosuch ('nosuch' is not in the working directory or on sys.path)"),
+    (["run", "--dir", "d", "nope.py"], 2, "gpusnap: no such script: nope.py"),
     (["run", "--signal", "FOO", "ok.py"], 2, "gpusnap: unknown signal name 'FOO' for --signal"),
     (["run", "--signal", "KILL", "ok.py"], 2, "gpusnap: --signal cannot be KILL: it already means something"),
     (["run", "--every", "10x", "ok.py"], 2, "gpusnap: malformed duration '10x' for --every"),
@@ -119,6 +126,7 @@ BAD_KNOBS = [
     ({"GPUSNAP_CHUNK_BYTES": "4M"}, "gpusnap: GPUSNAP_CHUNK_BYTES='4M' is not an integer"),
     ({"GPUSNAP_WRITER_PRIORITY": "low"}, "gpusnap: GPUSNAP_WRITER_PRIORITY='low' is not idle or a nice value"),
     ({"GPUSNAP_HUGEPAGES": "yes"}, "gpusnap: GPUSNAP_HUGEPAGES='yes' is not one of on, off"),
+    ({"GPUSNAP_WRITER_TIMEOUT_S": "-5"}, "gpusnap: GPUSNAP_WRITER_TIMEOUT_S='-5' is not a number of seconds >= 0"),
 ]
 
 

@@ -11,7 +11,7 @@ import psutil
 import pytest
 import torch
 from harness import (
-    Run, assert_same, copy_programs, gpusnap, load_final, plain, programs_and_out, progress, snapshot_now, snapshots, wait_for,
+    Run, assert_same, committed_ids, copy_programs, gpusnap, load_final, plain, programs_and_out, progress, snapshot_now, snapshots, wait_for,
 )
 
 from gpusnap.errors import EXIT_PREEMPTED
@@ -33,6 +33,8 @@ def test_snapshot_holds_the_bytes_of_its_iteration(tmp_path, workers):
     assert main["step"] == manifest["iteration"] == snap["iteration"]
     assert_same(expected["model"], main["model"].state_dict(), "model")
     assert_same(expected["optimizer"], main["optimizer"].state_dict(), "optimizer")
+    tensors = [b for b in manifest["buffers"].values() if b["kind"] == "torch"]
+    assert tensors and all(b["device"] == "cpu" and b["device_index"] is None for b in tensors)
 
 
 def test_timer_snapshots_do_not_change_what_the_program_computes(tmp_path):
@@ -132,6 +134,43 @@ def test_a_snapshot_that_would_not_fit_in_memory_is_skipped(tmp_path):
     assert code == 0
     assert "snapshot skipped" in err and "copy-on-write worst case" in err
     assert snapshots(tmp_path / "snaps", tmp_path) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_program_holding_cuda_memory_is_refused_before_the_fork(tmp_path):
+    """Until device memory is staged, a snapshot of a program that holds CUDA memory is skipped
+    in the parent, with one line naming the memory, and training goes on."""
+    programs, out = programs_and_out(tmp_path)
+    run = Run("run", "--dir", "snaps", programs / "on_cuda.py", out, 400, cwd=tmp_path, env={"TEST_STEP_SLEEP_S": "0.01"})
+    wait_for(lambda: progress(out) >= 3, "step 3", proc=run)
+    run.signal(signal.SIGUSR1)
+    code, _, err = run.wait()
+    assert code == 0 and progress(out) == 400
+    assert "snapshot skipped: the program holds CUDA memory (cuda:0 " in err
+    assert snapshots(tmp_path / "snaps", tmp_path) == []
+
+
+def test_a_restarted_run_takes_snapshot_after_snapshot(tmp_path):
+    """A restarted trainee decompressed its snapshot with blosc2. Had it used blosc2's thread
+    pool, its forked writers would inherit a pool fork broke, and about one multi-threaded write
+    in five hung until the watchdog killed it. Eight snapshots in a row must each commit fast."""
+    programs, out = programs_and_out(tmp_path)
+    snaps = tmp_path / "snaps"
+    run = Run("run", "--dir", "snaps", programs / "big_state.py", out, 100_000, 48, cwd=tmp_path)
+    wait_for(lambda: progress(out) >= 3, "step 3", proc=run)
+    snapshot_now(run, snaps, tmp_path)
+    run.kill_group()
+    (out / "progress").unlink()
+    run = Run("restart", "snaps", cwd=tmp_path)
+    wait_for(lambda: progress(out), "the restarted run's first step", proc=run)
+    try:
+        for k in range(8):
+            before = committed_ids(snaps)
+            run.signal(signal.SIGUSR1)
+            wait_for(lambda: committed_ids(snaps) - before, f"snapshot {k + 1} of the restarted run", timeout=30, proc=run)
+    finally:
+        run.kill_group()
 
 
 def trainee_pid(run: Run) -> int:

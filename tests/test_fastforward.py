@@ -26,7 +26,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 from tqdm import tqdm
 
-from gpusnap.capture import agent, rng
+from gpusnap.capture import loopnotes, steploop
+from gpusnap.graph import digest, rng
 from gpusnap.instrument import loops
 from gpusnap.instrument.loops import _DeferredCall
 from gpusnap.restore import fastforward, itemcheck, livecheck
@@ -98,7 +99,7 @@ def _original(loader):
     """The uninterrupted run: note, batches, RNG state after each batch (and at the end)."""
     torch.manual_seed(1234)
     torch.rand(3)
-    note = json.loads(json.dumps(itemcheck.note_json(fastforward.describe(loader))))  # snapshots keep it as JSON
+    note = json.loads(json.dumps(loopnotes.note_json(fastforward.describe(loader))))  # snapshots keep it as JSON
     it = iter(loader)
     batches, rng_after = [], []
     for batch in it:
@@ -170,7 +171,7 @@ def test_dataloader_with_its_own_generator(tmp_path, workers):
 
 def _deferred_original(call):
     torch.manual_seed(77)
-    note = json.loads(json.dumps(itemcheck.note_json(fastforward.describe(call))))
+    note = json.loads(json.dumps(loopnotes.note_json(fastforward.describe(call))))
     return note, list(iter(call))
 
 
@@ -265,7 +266,7 @@ def test_persistent_workers_epoch_after_the_first(tmp_path):
     loader = make()
     torch.manual_seed(3)
     list(loader)  # epoch 0
-    note = json.loads(json.dumps(itemcheck.note_json(fastforward.describe(loader))))
+    note = json.loads(json.dumps(loopnotes.note_json(fastforward.describe(loader))))
     epoch1, epoch2 = list(loader), list(loader)
     restarted = make()
     torch.rand(7)
@@ -340,9 +341,9 @@ def test_pure_sources_need_no_note_and_others_record_the_rng_states():
     for source in pure:
         assert fastforward.describe(source) is None, type(source)
     note = fastforward.describe(x for x in range(3))
-    assert note["kind"] == "iter" and set(itemcheck.note_json(note)["rng"]) >= {"random", "torch"}
+    assert note["kind"] == "iter" and set(loopnotes.note_json(note)["rng"]) >= {"random", "torch"}
     zipped = fastforward.describe(_DeferredCall(builtins.zip, ([1], (x for x in "a")), {}))
-    assert itemcheck.consumed_paths(zipped) == [(1,)]
+    assert loopnotes.consumed_paths(zipped) == [(1,)]
 
 
 def test_consumption_is_checked_against_the_snapshots_digest():
@@ -351,12 +352,12 @@ def test_consumption_is_checked_against_the_snapshots_digest():
             yield torch.randn(3)
 
     torch.manual_seed(5)
-    note = itemcheck.note_json(fastforward.describe(draws(6)))
+    note = loopnotes.note_json(fastforward.describe(draws(6)))
     original = []
     for item in draws(6):  # the body draws too: consuming cannot reproduce item 2
         original.append(item)
         torch.rand(1)
-    digest_of = {"index": 3, "items": [{"at": [], "digest": itemcheck.digest(original[2])[0]}]}
+    digest_of = {"index": 3, "items": [{"at": [], "digest": digest.digest(original[2])[0]}]}
     ctx = fastforward.Context()
     fastforward.iterator_at(draws(6), 3, note, ctx)
     assert ctx.consumed[0].draws
@@ -365,6 +366,62 @@ def test_consumption_is_checked_against_the_snapshots_digest():
     ctx = fastforward.Context()
     fastforward.iterator_at(iter(original), 3, None, ctx)  # a source that replays the same items
     assert itemcheck.verify(ctx.consumed, digest_of) == []
+
+
+OWNED = {
+    "random.Random": lambda: random.Random(3),
+    "numpy default_rng (PCG64)": lambda: np.random.default_rng(3),
+    "numpy MT19937": lambda: np.random.Generator(np.random.MT19937(3)),
+    "numpy Philox": lambda: np.random.Generator(np.random.Philox(3)),
+    "numpy RandomState": lambda: np.random.RandomState(3),
+    "torch.Generator": lambda: torch.Generator().manual_seed(3),
+}
+
+
+def _draw(gen):
+    if isinstance(gen, random.Random):
+        return gen.random()
+    if isinstance(gen, torch.Generator):
+        return float(torch.rand(1, generator=gen))
+    return float(gen.random())
+
+
+class OwnStream:
+    """An iterable whose ``__iter__`` draws from a generator it keeps as an attribute."""
+
+    def __init__(self, gen, n):
+        self.gen, self.n = gen, n
+
+    def __iter__(self):
+        return (_draw(self.gen) for _ in range(self.n))
+
+
+def _own_generator(gen, n):
+    for _ in range(n):
+        yield _draw(gen)
+
+
+@pytest.mark.parametrize("style", ["generator function", "iterable attribute"])
+@pytest.mark.parametrize("kind", OWNED)
+def test_a_source_with_its_own_generator_is_consumed_from_the_state_its_loop_started_with(kind, style):
+    """An epoch after the first: the source's generator has moved on from its seed. Replay's
+    stands at the seed; fast-forward gives it the loop-start state before consuming."""
+    make = _own_generator if style == "generator function" else OwnStream
+    gen = OWNED[kind]()
+    for _ in range(7):  # earlier epochs
+        _draw(gen)
+    source = make(gen, 10)
+    note = json.loads(json.dumps(loopnotes.note_json(fastforward.describe(source))))
+    assert list(note["owned"]) == ["gen"]
+    original = list(source)
+
+    replayed = OWNED[kind]()
+    ctx = fastforward.Context()
+    it, how = fastforward.iterator_at(make(replayed, 10), 4, note, ctx)
+    assert how == "by consuming 4 items"
+    assert ctx.consumed[0].last == original[3] and list(it) == original[4:]
+    with pytest.raises(fastforward.FastForwardError, match="generator 'gen' is not the"):
+        fastforward.iterator_at(make(object(), 10), 4, note)
 
 
 def test_a_source_shorter_than_the_saved_position_is_refused():
@@ -405,7 +462,7 @@ def test_a_dataloader_iterator_advanced_by_hand_is_put_back(tmp_path):
     torch.manual_seed(2)
     it = iter(_make_loader(log, True, 0, False, 4))
     seen = [next(it) for _ in range(3)]
-    info = json.loads(json.dumps(livecheck.describe(it)))
+    info = json.loads(json.dumps(loopnotes.describe(it)))
     rest = list(it)
     entries = [{"path": "globals[m].it", "type": "x", "iterator": info}]
 
@@ -429,13 +486,13 @@ def test_generators_held_in_state_must_stand_where_they_stood():
 
     advanced, fresh = gen(), gen()
     next(advanced)
-    entries = [{"path": "frame[0].locals.g", "type": "generator", "iterator": livecheck.describe(advanced)}]
+    entries = [{"path": "frame[0].locals.g", "type": "generator", "iterator": loopnotes.describe(advanced)}]
     frame = type("Frame", (), {})()
     frame.f_locals = {"g": fresh}
     assert "cannot position the generator at frame[0].locals.g" in livecheck.check(entries, [frame], {}, set(), print)[0]
     next(fresh)
     assert livecheck.check(entries, [frame], {}, set(), print) == []  # the same state: nothing to do
-    created = [{"path": "frame[0].locals.g", "type": "generator", "iterator": livecheck.describe(gen())}]
+    created = [{"path": "frame[0].locals.g", "type": "generator", "iterator": loopnotes.describe(gen())}]
     frame.f_locals = {"g": gen()}
     assert livecheck.check(created, [frame], {}, set(), print) == []
 
@@ -467,7 +524,7 @@ def test_a_batch_sampler_that_draws_for_every_batch_cannot_be_skipped_silently(t
     def make():
         return DataLoader(LoggedDataset(N_ITEMS, str(tmp_path / "loads")), batch_sampler=DrawingBatches(6))
 
-    note = json.loads(json.dumps(itemcheck.note_json(fastforward.describe(make()))))
+    note = json.loads(json.dumps(loopnotes.note_json(fastforward.describe(make()))))
     ctx = fastforward.Context()
     it, how = fastforward.iterator_at(make(), 3, note, ctx)
     assert how == "by batch sampler" and [c.draws for c in ctx.consumed] == [True]
@@ -480,14 +537,15 @@ def test_a_batch_sampler_that_draws_for_every_batch_cannot_be_skipped_silently(t
 def test_loops_started_inside_a_running_step_loop_take_no_note(monkeypatch):
     here = sys._getframe()
     step = loops.ActiveLoop("1:0", here, "for")
-    monkeypatch.setattr(agent, "_step_loops", {(id(here.f_code), "1:0"): here.f_code})
+    monkeypatch.setattr(steploop, "_step_loops", {(id(here.f_code), "1:0"): here.f_code})
+    monkeypatch.setattr(steploop, "_note_source", fastforward.part)
     monkeypatch.setattr(loops, "ACTIVE", [])
     inner = loops.ActiveLoop("2:0", here, "for")
-    assert agent._describe_source(inner, iter([1]))["kind"] == "iter"  # no step loop running
+    assert steploop.describe_source(inner, iter([1]))["kind"] == "iter"  # no step loop running
     loops.ACTIVE.append(step)
-    assert agent._describe_source(inner, iter([1])) is None  # ends before the step loop's boundary
-    assert agent._describe_source(loops.ActiveLoop("1:0", here, "for"), iter([1])) is not None  # a step loop itself
-    assert agent._describe_source(inner, [1]) is None
+    assert steploop.describe_source(inner, iter([1])) is None  # ends before the step loop's boundary
+    assert steploop.describe_source(loops.ActiveLoop("1:0", here, "for"), iter([1])) is not None  # a step loop itself
+    assert steploop.describe_source(inner, [1]) is None
 
 
 def _replace_in_caller(path: str, old, new):

@@ -43,8 +43,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from common import read_json, wait_for
 
-from gpusnap.capture import rng
-from gpusnap.restore import fastforward, itemcheck
+from gpusnap.capture import loopnotes
+from gpusnap.graph import rng
+from gpusnap.restore import fastforward
 
 BATCH = 32
 PREFETCH_FACTOR = 2  # torch's default, named here because the worker count below depends on it
@@ -86,7 +87,7 @@ def bench_in_process(out, items: int, at: int, fetch: int, naive: int) -> list[d
         kwargs = {"prefetch_factor": PREFETCH_FACTOR} if workers else {}
         loader = DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=workers, **kwargs)
         torch.manual_seed(0)
-        note = json.loads(json.dumps(itemcheck.note_json(fastforward.describe(loader))))
+        note = json.loads(json.dumps(loopnotes.note_json(fastforward.describe(loader))))
 
         # What batch `at` must be: the sampler's own sequence from the same RNG state
         # (iter() draws the workers' base seed first, then RandomSampler its seed).

@@ -162,7 +162,11 @@ def run(n, source, step=None):
 def bench_loop_starts(n: int, repeats: int) -> None:
     import numpy.random  # noqa: F401  (its global generator is then part of every RNG capture)
 
-    from gpusnap.capture import agent, rng
+    from gpusnap.capture import steploop
+    from gpusnap.graph import rng
+    from gpusnap.restore import fastforward
+
+    steploop._note_source = fastforward.part  # as boot hands it over
 
     def gen():
         yield 1
@@ -171,9 +175,9 @@ def bench_loop_starts(n: int, repeats: int) -> None:
     optimizer = type("Optimizer", (), {})()
     cases = [
         ("over a list, no note taken", lambda: one, None, None),
-        ("over a list (pure)", lambda: one, agent._describe_source, None),
-        ("over a generator (RNG states)", gen, agent._describe_source, None),
-        ("over a generator, in a step loop", gen, agent._describe_source, lambda: agent._after_optimizer_step(optimizer)),
+        ("over a list (pure)", lambda: one, steploop.describe_source, None),
+        ("over a generator (RNG states)", gen, steploop.describe_source, None),
+        ("over a generator, in a step loop", gen, steploop.describe_source, lambda: steploop._after_optimizer_step(optimizer)),
     ]
     plain_run = _compile(LOOP_STARTS, False)
     instr_run = _compile(LOOP_STARTS, True)
@@ -187,7 +191,7 @@ def bench_loop_starts(n: int, repeats: int) -> None:
             i = min(_best_ns_per_iter(lambda k: instr_run(k, source, step), n, 1) for _ in range(repeats))
         finally:
             loops.describe_source = None
-            agent._step_loops.clear()
+            steploop._step_loops.clear()
         print(f"  {name:34s} {p:10.1f} {i:10.1f} {i - p:12.1f}")
     loop = loops.EnclosingLoop("1:0", None, "for")
     t0 = time.perf_counter_ns()

@@ -211,7 +211,7 @@ class GraphPickler(pickle.Pickler):
                 record = {"nbytes": nbytes, "dtype": dtype, "chunks": []}
             else:
                 record = self.sink.put_buffer(view, dtype=dtype, typesize=typesize)
-            record.update(kind="torch", device=device)
+            record.update(kind="torch", device=device, device_index=storage.device.index)
             self.buffers[name] = record
         return _load_storage, (name, key[0])
 

@@ -3,7 +3,7 @@
 Order: drain large CPU tensors into the staging pool -> drop to idle priority -> collect roots
 (with what fast-forward will need of each loop: its note, RNG states, a digest of its last item)
 -> pickle the graph (buffers stream into the store as they are met) -> put the pickle stream
-itself as the buffer "graph" -> name objects by path -> commit the manifest -> apply retention.
+itself as the buffer "graph" -> name objects by path -> commit the manifest -> apply retention (a failure there is a warning: the snapshot is committed).
 The trainee has resumed training before any of this starts.
 """
 
@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass, field
 
 from gpusnap import knobs
-from gpusnap.capture import paths, roots
+from gpusnap.capture import loopnotes, paths
+from gpusnap.graph import roots
 from gpusnap.capture.pickler import GraphPickler, _storage_key, type_name
-from gpusnap.restore import itemcheck, livecheck
 from gpusnap.stage.drain import Drained, drain
 from gpusnap.stage.pool import address_view
 
@@ -64,7 +64,7 @@ def write_snapshot(job: WriteJob) -> dict:
     sink = rundir.begin_snapshot(job.snap_id)
     try:
         read = _reader(drained)
-        payload = roots.collect(job.frame, job.active_loops, job.rng_states, lambda loop: itemcheck.record(loop, read))
+        payload = roots.collect(job.frame, job.active_loops, job.rng_states, lambda loop: loopnotes.record(loop, read))
         stream = io.BytesIO()
         pickler = GraphPickler(stream, sink, staged=job.staged, drained=drained)
         pickler.dump_graph(payload)
@@ -72,7 +72,7 @@ def write_snapshot(job: WriteJob) -> dict:
         graph["kind"] = "graph"
         if pickler.iterative:
             graph["pickler"] = "iterative"  # the graph was too deep for the C pickler
-        iterators = {id(obj): info for obj, _ in pickler.live_only if (info := livecheck.describe(obj, read))}
+        iterators = {id(obj): info for obj, _ in pickler.live_only if (info := loopnotes.describe(obj, read))}
         manifest = _manifest(job, payload, pickler, graph, stall_s, iterators)
         manifest["write_s"] = time.perf_counter() - started
         manifest["drain"] = {"s": drain_s, "bytes": drained.nbytes}
@@ -83,9 +83,9 @@ def write_snapshot(job: WriteJob) -> dict:
     finally:
         if job.pool is not None and knobs.DRAIN == "release":
             job.pool.trim(0)
-    if job.keep:
-        rundir.prune(job.keep)
+    retention = _apply_retention(rundir, job.keep) if job.keep else {}
     return {
+        **retention,
         "event": "committed",
         "id": info.id,
         "iteration": job.iteration,
@@ -97,6 +97,21 @@ def write_snapshot(job: WriteJob) -> dict:
         "bytes_total": info.bytes_total,
         "live_only": len(pickler.live_only),
     }
+
+
+def _apply_retention(rundir, keep: int) -> dict:
+    """Prune to the newest ``keep`` snapshots. The snapshot is committed before this runs, and a
+    commit is a commit: a failure here is a warning beside it (``warning``, ``hint``), never the
+    snapshot's failure (which would turn a SIGTERM's exit 75 into 76)."""
+    try:
+        rundir.prune(keep)
+    except Exception as exc:  # noqa: BLE001 - whatever it is, the snapshot stays committed
+        message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+        return {
+            "warning": f"retention (--keep {keep}) failed after the commit: {message}",
+            "hint": getattr(exc, "hint", None) or "run `gpusnap gc DIR --keep N` once the cause is fixed",
+        }
+    return {}
 
 
 def _reader(drained: Drained):

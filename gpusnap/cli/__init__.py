@@ -30,12 +30,14 @@ def cli():
       gpusnap run train.py --epochs 3      run it; SIGUSR1, SIGTERM or --every snapshot it
       gpusnap restart DIR                  continue from the newest snapshot in DIR
       gpusnap ls DIR                       list the snapshots
+      gpusnap demo                         watch one run snapshotted, killed and restarted
     """
 
 
 def _register() -> None:
     from gpusnap.cli import run as _run  # noqa: F401  (commands register themselves)
     from gpusnap.cli import store as _store  # noqa: F401
+    from gpusnap.cli import demo as _demo  # noqa: F401
 
 
 def main() -> None:

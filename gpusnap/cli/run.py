@@ -19,9 +19,11 @@ _PASSTHROUGH = {"ignore_unknown_options": True, "allow_interspersed_args": False
 EXIT_CODES_HELP = """\b
 Exit status:
   the program's own       it exited by itself (killed by signal N: 128+N)
-  75                      stopped by SIGTERM after a committed snapshot: requeue the job and
-                          it continues (`gpusnap run` again resumes, or `gpusnap restart DIR`)
-  76                      stopped by SIGTERM, but no snapshot was committed within --grace
+  75                      stopped by SIGTERM or a spot notice (--notices) after a committed
+                          snapshot: requeue the job and it continues (`gpusnap run` again
+                          resumes, or `gpusnap restart DIR`)
+  76                      stopped by SIGTERM or a spot notice, but no snapshot was committed
+                          within --grace (or before the notice's deadline)
   1..6                    gpusnap refused before starting the program (2: bad arguments,
                           3: run directory, 4: snapshot store, 6: restart refused); the
                           message says why"""
@@ -35,8 +37,8 @@ program: the main thread's frames and their locals, the globals of the script an
 modules under its directory (and --instrument), every CPU tensor, numpy array and RNG state
 they reach, and where each loop stands. Open files, sockets, threads and DataLoader workers are
 not saved; a restart re-creates them by running the setup code again. CUDA memory is not
-captured yet: a snapshot of a program that holds CUDA tensors fails with a message that says
-so, and training goes on."""
+captured yet: a snapshot of a program that holds CUDA memory is skipped with a message that
+says so, and training goes on."""
 
 
 def _schedule_options(f):
@@ -49,6 +51,11 @@ def _schedule_options(f):
         click.option("--grace", metavar="DURATION", default=None,
                      help=f"How long a SIGTERM snapshot may take before the program is killed (exit 76). Default {opt.format_duration(knobs.DEFAULT_GRACE_S)} (GPUSNAP_DEFAULT_GRACE_S)."),
         click.option("--keep", metavar="N", default=None, help="Keep only the N newest snapshots (older ones are pruned after each commit)."),
+        click.option("-q", "--quiet", "verbosity", flag_value=0, help="Say only what goes wrong, and why the run stops."),
+        click.option("-v", "--verbose", "verbosity", flag_value=2, help="Also say every snapshot request and connection."),
+        click.option("--notices", type=click.Choice(["off", "auto", "aws", "gcp", "azure"]), default="off", show_default=True,
+                     help="Watch the cloud's metadata service for a spot/preemption notice (auto: whichever answers); "
+                          "on one, snapshot and stop with exit 75 before the machine goes, as on SIGTERM."),
     ]):
         f = deco(f)
     return f
@@ -62,7 +69,7 @@ def _schedule_options(f):
 @click.option("--resume", default="auto", show_default=True, metavar="auto|never|ID",
               help="auto: continue from the newest intact snapshot in DIR, if any; never: start fresh (snapshots go on into DIR); ID: continue from that snapshot.")
 @click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT|-m MODULE [ARGS]...")
-def run(run_dir, every, signal_name, on_term, grace, keep, instrument, at, resume, program):
+def run(run_dir, every, signal_name, on_term, grace, keep, verbosity, notices, instrument, at, resume, program):
     """Run a Python program under gpusnap, unmodified.
 
     \b
@@ -98,7 +105,7 @@ def run(run_dir, every, signal_name, on_term, grace, keep, instrument, at, resum
     elif program and program[0].startswith("-") and program[0] != "-":
         raise UsageError(f"no such option: {program[0]}", hint="gpusnap options go before SCRIPT; see gpusnap run --help")
     if module is not None:
-        kind, target, args = "module", opt.check_module(module), list(program)
+        kind, target, args = "module", opt.check_module(module, cwd), list(program)
         given = module
         default_name = module
     else:
@@ -109,7 +116,7 @@ def run(run_dir, every, signal_name, on_term, grace, keep, instrument, at, resum
         kind = "script"
         default_name = os.path.splitext(os.path.basename(target))[0]
     launch = Launch(kind=kind, target=given, args=args, cwd=cwd, run_dir="")
-    _apply_schedule(launch, every, signal_name, on_term, grace, keep)
+    _apply_schedule(launch, every, signal_name, on_term, grace, keep, notices, verbosity)
     launch.at = opt.resolve_at(at, cwd)
     launch.instrument = opt.resolve_instrument(instrument, cwd)
     if resume not in ("auto", "never") and not resume.strip():
@@ -135,7 +142,7 @@ def run(run_dir, every, signal_name, on_term, grace, keep, instrument, at, resum
 @click.option("--snapshot", "snapshot_id", metavar="ID", help="Continue from this snapshot (default: the newest that verifies).")
 @click.option("--force", is_flag=True, help="Restore even where the program changed in ways that can be overridden.")
 @_schedule_options
-def restart(run_dir, snapshot_id, force, every, signal_name, on_term, grace, keep):
+def restart(run_dir, snapshot_id, force, every, signal_name, on_term, grace, keep, verbosity, notices):
     """Continue the program of run directory DIR from a snapshot.
 
     Runs the same command, in the same working directory, as the `gpusnap run` that made DIR,
@@ -167,18 +174,19 @@ def restart(run_dir, snapshot_id, force, every, signal_name, on_term, grace, kee
         rel = os.path.relpath(target, cwd)
         given = target if rel.startswith("..") else rel
     else:
-        given = target
+        given = opt.check_module(target, cwd)
     if not rd.snapshot_ids():
         raise SnapshotNotFound(f"{path} has no snapshot to restart from",
                                hint="run the program with `gpusnap run` and take a snapshot (SIGUSR1, --every, `gpusnap snap`)")
     launch = Launch(kind=kind, target=given, args=args, cwd=cwd, run_dir=path, force=force)
-    _apply_schedule(launch, every, signal_name, on_term, grace, keep)
+    _apply_schedule(launch, every, signal_name, on_term, grace, keep, notices, verbosity)
     launch.at = ident.get("at")
     launch.instrument = list(ident.get("instrument") or [])
     _supervise(launch, None, snapshot_id or "auto", rd=rd, require_snapshot=True)
 
 
-def _apply_schedule(launch, every, signal_name, on_term, grace, keep) -> None:
+def _apply_schedule(launch, every, signal_name, on_term, grace, keep, notices, verbosity) -> None:
+    global _verbosity
     if knobs.PROBLEMS:  # the trainee and its writers read the same environment
         raise UsageError(knobs.PROBLEMS[0], hint="fix or unset it; gpusnap/knobs.py lists every GPUSNAP_ setting")
     launch.every_s = opt.parse_duration(every, "--every") if every is not None else None
@@ -186,6 +194,8 @@ def _apply_schedule(launch, every, signal_name, on_term, grace, keep) -> None:
     launch.on_term = on_term
     launch.grace_s = opt.parse_duration(grace, "--grace") if grace is not None else knobs.DEFAULT_GRACE_S
     launch.keep = opt.parse_keep(keep)
+    launch.notices = notices
+    launch.verbosity = _verbosity = 1 if verbosity is None else verbosity
 
 
 def _supervise(launch, identity, resume: str, rd=None, require_snapshot: bool = False) -> None:
@@ -210,7 +220,7 @@ def _choose_snapshot(rd, resume: str, require: bool) -> str | None:
         if resume not in rd.snapshot_ids():
             raise SnapshotNotFound(f"no snapshot {resume} in {rd.path}")
         rd.load_manifest(resume)  # a damaged manifest is refused here, not in the trainee
-        _say(f"resuming from snapshot {resume}")
+        _say(f"resuming from snapshot {resume}", level=1)
         return resume
     if not rd.snapshot_ids():
         if require:
@@ -223,16 +233,20 @@ def _choose_snapshot(rd, resume: str, require: bool) -> str | None:
         if require:
             raise SnapshotNotFound(f"{rd.path} has no intact snapshot to restart from",
                                    hint="see `gpusnap verify DIR`; start over with `gpusnap run --resume never`")
-        _say("no intact snapshot to resume from: starting from the beginning")
+        _say("no intact snapshot to resume from: starting from the beginning", level=1)
         return None
     at = f" (iteration {info.iteration})" if getattr(info, "iteration", None) is not None else ""
     newest = " (the newest)" if not skipped else ""
-    _say(f"resuming from snapshot {info.id}{at}{newest}")
+    _say(f"resuming from snapshot {info.id}{at}{newest}", level=1)
     return info.id
 
 
-def _say(line: str) -> None:
-    click.echo(f"gpusnap: {line}", err=True)
+_verbosity = 1  # run/restart: --quiet 0, --verbose 2
+
+
+def _say(line: str, level: int = 0) -> None:
+    if level <= _verbosity:
+        click.echo(f"gpusnap: {line}", err=True)
 
 
 @cli.command()
@@ -250,6 +264,7 @@ def snap(run_dir, no_wait, timeout):
       gpusnap snap ./gpusnap-runs/train
     """
     from gpusnap.launch import control
+    from gpusnap.launch.events import warning
     from gpusnap.launch.supervisor import SUPERVISOR_FILE, describe
 
     timeout_s = opt.parse_duration(timeout, "--timeout") if timeout is not None else None
@@ -291,6 +306,10 @@ def snap(run_dir, no_wait, timeout):
     ev = {k: v for k, v in result.items() if k != "op"}
     if ev.get("event") == "committed":
         _say(describe(ev))
+        warned = warning(ev)
+        if warned is not None:
+            _say(warned[0])
+            click.echo(f"hint: {warned[1]}", err=True)
         return
     raise SnapshotError(describe(ev))
 

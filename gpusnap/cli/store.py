@@ -197,6 +197,9 @@ def gc_cmd(run_dir, keep, as_json):
     )
     if report["reindexed_chunks"]:
         click.echo(f"re-indexed {report['reindexed_chunks']} chunks found in packs no index named")
+    for kept in report["kept_unknown"]:
+        click.echo(f"kept {kept['path']}: pack version {kept['version']}, which this gpusnap cannot read "
+                   "(a newer gpusnap wrote it; gc with that version removes it when nothing needs it)")
 
 
 @cli.command("export")

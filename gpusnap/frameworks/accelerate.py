@@ -25,7 +25,8 @@ import functools
 import inspect
 import weakref
 
-from gpusnap.capture import agent, rng
+from gpusnap.capture import loopnotes, steploop
+from gpusnap.graph import iterators, rng
 from gpusnap.restore import fastforward, livecheck
 
 SHARD = "accelerate.data_loader.DataLoaderShard"
@@ -83,7 +84,7 @@ class ShardLoop:
 
 
 class ShardIterator:
-    """A ``DataLoaderShard``'s generator that the program advances itself (``livecheck.ADAPTERS``).
+    """A ``DataLoaderShard``'s generator that the program advances itself (``graph.iterators.ADAPTERS``).
 
     The replay made its own in the same place, and may have advanced it from the wrong start
     already (the body of the loop whose iteration the snapshot was in took batches again, with
@@ -109,7 +110,7 @@ class ShardIterator:
             "yielded": _yielded(gen),
             "iteration": shard.iteration,
             "ended": bool(shard.end_of_dataloader),
-            "inner": livecheck.describe(local["dataloader_iter"], read),
+            "inner": loopnotes.describe(local["dataloader_iter"], read),
             "rng": rng.to_json(_made_with[gen], read) if gen in _made_with else None,
         }
 
@@ -155,6 +156,6 @@ def _yielded(gen) -> int:
     return _base(gen)._num_yielded - (0 if gen.gi_frame.f_locals["self"].end_of_dataloader else 1)
 
 
-agent.after_import("accelerate.data_loader", _note_rng_at_iter)
+steploop.after_import("accelerate.data_loader", _note_rng_at_iter)
 fastforward.ADAPTERS[SHARD] = ShardLoop()
-livecheck.ADAPTERS[f"{SHARD}.__iter__"] = ShardIterator()
+iterators.ADAPTERS[f"{SHARD}.__iter__"] = ShardIterator()

@@ -24,7 +24,6 @@ from importlib.machinery import PathFinder, SourceFileLoader
 
 import xxhash
 
-from gpusnap.frameworks import LOOP_MODULES
 from gpusnap.instrument import cache, loops, transform
 
 SOURCES: dict[str, str] = {}
@@ -125,7 +124,7 @@ class Policy:
         return cls(roots=roots, paths=paths, names=names)
 
     def wants(self, fullname: str, filename: str) -> bool:
-        for name in (*self.names, *(m for modules in LOOP_MODULES.values() for m in modules)):
+        for name in self.names:
             if fullname == name or fullname.startswith(name + "."):
                 return True
         real = _real(filename)

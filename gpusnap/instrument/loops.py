@@ -47,6 +47,10 @@ on_loop_start = None
 describe_source = None
 # capture_rng() -> raw RNG states; installed by the capture agent, called by EnclosingLoop.
 capture_rng = None
+# replaying() -> None while a restore has not merged its snapshot (installed and cleared by
+# restore's replay): the capture agent calls it at an optimizer step (replay must not train) and
+# takes no snapshot meanwhile. Capture never imports restore: this is what it knows of one.
+replaying = None
 # The local of ``_iterate`` that holds the last item handed to the body.
 LAST_ITEM = "item"
 

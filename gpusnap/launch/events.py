@@ -44,3 +44,11 @@ def describe(ev: dict, iteration=None) -> str | None:
         return f"{snap} failed: {ev.get('message', 'no reason given')}"
     rest = {k: v for k, v in ev.items() if k not in ("op", "event", "t")}
     return f"{name}: {json.dumps(rest)}"
+
+
+def warning(ev: dict) -> tuple[str, str] | None:
+    """(message, hint) of a warning that comes with an event (retention that failed after a
+    commit), without the ``gpusnap: `` prefix; None when there is none."""
+    if not ev.get("warning"):
+        return None
+    return f"warning: {ev['warning']}", str(ev.get("hint") or "see DIR/log.jsonl")

@@ -10,6 +10,8 @@ import keyword
 import os
 import re
 import signal
+import sys
+from importlib.machinery import PathFinder
 
 from gpusnap.errors import UsageError
 
@@ -104,11 +106,58 @@ def resolve_script(script: str, cwd: str) -> str:
     return path
 
 
-def check_module(module: str) -> str:
-    # The module is not imported here: the supervisor must not import the user's code (or torch).
+def check_module(module: str, cwd: str) -> str:
+    """The module must be one that ``python -m`` in ``cwd`` would find: looked up on the path the
+    trainee will have, without importing anything (the supervisor must not run the user's code,
+    nor import torch)."""
     if not is_module_name(module):
         raise UsageError(f"not a module name: {module!r}", hint="pass a dotted name, e.g. -m mypkg.train")
+    problem = _module_problem(module, [cwd, *sys.path[1:]])
+    if problem is not None:
+        raise UsageError(problem, hint="check the name, the working directory and PYTHONPATH; run a file with gpusnap run SCRIPT")
     return module
+
+
+def _module_problem(name: str, search: list[str]) -> str | None:
+    """Why ``python -m name`` would not find it, or None. Only what is certain is reported: a
+    package whose submodules cannot be listed without running it is given the benefit of the
+    doubt (the trainee then fails as python would)."""
+    parts = name.split(".")
+    spec = _find_top(parts[0], search)
+    if spec is None:
+        return f"no module named {name} ({parts[0]!r} is not in the working directory or on sys.path)"
+    try:
+        for depth, part in enumerate(parts[1:], 1):
+            if spec.submodule_search_locations is None:
+                return None  # not a package on disk (a module that makes its own submodules)
+            parent = ".".join(parts[:depth])
+            spec = PathFinder.find_spec(f"{parent}.{part}", list(spec.submodule_search_locations))
+            if spec is None:
+                return f"no module named {name} (package {parent!r} has no {part!r})"
+        if spec.submodule_search_locations is not None and parts[-1] != "__main__":
+            if PathFinder.find_spec(f"{name}.__main__", list(spec.submodule_search_locations)) is None:
+                return f"{name} is a package without a __main__ module: python -m cannot run it"
+    except (ImportError, KeyError, ValueError, TypeError, AttributeError):
+        return None  # a namespace package lists its parts only once imported
+    return None
+
+
+def _find_top(top: str, search: list[str]):
+    spec = PathFinder.find_spec(top, search)
+    if spec is not None:
+        return spec
+    # The other finders (built-in and frozen modules, editable installs) look a top-level name up
+    # without importing anything.
+    for finder in sys.meta_path:
+        if finder is PathFinder or not hasattr(finder, "find_spec"):
+            continue
+        try:
+            spec = finder.find_spec(top, None)
+        except (ImportError, ValueError, TypeError, AttributeError):
+            spec = None
+        if spec is not None:
+            return spec
+    return None
 
 
 def resolve_at(text: str | None, cwd: str) -> str | None:

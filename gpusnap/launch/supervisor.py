@@ -6,6 +6,9 @@ Process model::
       └─ python -m gpusnap.boot SCRIPT ARGS...    the trainee, same cwd, stdio and process group
            └─ writer                              fork of the trainee, one per snapshot
 
+The trainee dies with the supervisor, even one killed with SIGKILL, and a writer with its
+trainee (``gpusnap.lifeline``): nothing goes on running without the run directory's lock.
+
 The supervisor owns the schedule (signals, ``--every`` timer, ``gpusnap snap`` requests), the
 run log (``DIR/log.jsonl``) and the exit status. It starts the trainee with ``GPUSNAP_BOOT``
 set to a JSON object::
@@ -28,7 +31,8 @@ trainee → supervisor
       ``skipped``    no snapshot this time: ``message`` (e.g. not enough host memory)
       ``forked``     writer started: ``id``, ``stall_s``
       ``committed``  ``id``, ``stall_s``, ``write_s``, ``bytes_written``, ``bytes_total``
-                     (``iteration`` optional)
+                     (``iteration`` optional; ``warning`` and ``hint`` when retention failed
+                     after the commit: shown as a warning, the snapshot stays committed)
       ``failed``     ``id`` (optional), ``message``
 supervisor → trainee
     ``{"op": "snapshot", "reason": "signal" | "timer" | "term" | "request", "stop": bool}``;
@@ -62,10 +66,11 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from gpusnap import knobs
+from gpusnap import knobs, lifeline
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from gpusnap.launch.control import Connection, ControlServer
-from gpusnap.launch.events import describe
+from gpusnap.launch.events import describe, warning
+from gpusnap.launch.notices import Watcher
 from gpusnap.launch.options import format_duration
 
 TERMINAL_EVENTS = ("committed", "failed", "skipped")
@@ -101,6 +106,8 @@ class Launch:
     instrument: list[str] = field(default_factory=list)
     resume: str | None = None  # snapshot id
     force: bool = False
+    notices: str = "off"  # "off", "auto" or a provider of notices.PROVIDERS
+    verbosity: int = 1  # 0 --quiet: problems and stops only; 1: every snapshot; 2 --verbose: requests too
 
     def boot_config(self, control_path: str) -> dict:
         return {
@@ -113,6 +120,7 @@ class Launch:
             "instrument": list(self.instrument),
             "resume": {"snapshot": self.resume} if self.resume else None,
             "force": self.force,
+            "verbosity": self.verbosity,
         }
 
 
@@ -156,6 +164,8 @@ class Supervisor:
         self.queue: list[dict] = []  # requests made before the trainee said hello
         self.waiters: list[_Waiter] = []
         self.signals: list[int] = []
+        self.notices: list = []  # notices.Notice, or a message when none can be watched
+        self.stop_by_notice = False
         self.term_deadline: float | None = None
         self.committed_after_term = False
         self.last_iteration = None
@@ -167,9 +177,15 @@ class Supervisor:
 
     # -- output ---------------------------------------------------------------------------
 
-    def say(self, line: str) -> None:
+    def say(self, line: str, level: int = 0) -> None:
+        """One ``gpusnap:`` line on stderr, when ``--quiet``/``--verbose`` let lines of ``level``
+        through (0: problems and stops, always; 1: snapshots; 2: requests and connections)."""
+        if level <= self.launch.verbosity:
+            self._write(f"gpusnap: {line}\n")
+
+    def _write(self, text: str) -> None:
         try:
-            self.err.write(f"gpusnap: {line}\n")
+            self.err.write(text)
             self.err.flush()
         except (OSError, ValueError):
             pass
@@ -197,9 +213,14 @@ class Supervisor:
             env = dict(os.environ)
             env["GPUSNAP_BOOT"] = json.dumps(L.boot_config(self.server.path))
             cmd = _trainee_command(L.kind, L.target, L.args)
-            self.child = subprocess.Popen(cmd, cwd=L.cwd, env=env)
+            lifeline.arm()
+            me = os.getpid()
+            # The trainee dies with us, even when we are killed with SIGKILL (gpusnap/lifeline.py).
+            self.child = subprocess.Popen(cmd, cwd=L.cwd, env=env, preexec_fn=lambda: lifeline.die_with_parent(me))
             self.log({"source": "supervisor", "event": "start", "pid": os.getpid(), "trainee_pid": self.child.pid,
                       "command": cmd, "resume": L.resume})
+            if L.notices != "off":
+                Watcher(L.notices, self._from_watcher, self._from_watcher).start()
             status = self._loop()
             self.log({"source": "supervisor", "event": "exit", "status": status,
                       "trainee_returncode": self.child.returncode})
@@ -259,6 +280,7 @@ class Supervisor:
         drain_until = None
         while True:
             self._handle_signals()
+            self._handle_notices()
             now = time.monotonic()
             if next_timer is not None and now >= next_timer and self.child.poll() is None:
                 self.request("timer")
@@ -285,7 +307,7 @@ class Supervisor:
 
     def _final_status(self) -> int:
         rc = self.child.returncode
-        if self.term_deadline is not None and self.launch.on_term == "snapshot":
+        if self.term_deadline is not None and (self.launch.on_term == "snapshot" or self.stop_by_notice):
             if self.killed:
                 status = EXIT_PREEMPTED if self.committed_after_term else EXIT_PREEMPTED_UNSAVED
             elif rc == EXIT_PREEMPTED or (rc == -signal.SIGTERM and self.committed_after_term):
@@ -365,6 +387,38 @@ class Supervisor:
         self.say(f"SIGTERM: snapshot at the next safe point, then stop (grace {format_duration(L.grace_s)})")
         self.request("term", stop=True)
 
+    def _from_watcher(self, notice_or_message) -> None:
+        """From the watcher's thread: queue it and wake the loop (as a signal does)."""
+        self.notices.append(notice_or_message)
+        try:
+            os.write(self._wake_w, b"n")
+        except OSError:
+            pass  # the pipe is full: the loop is awake anyway, or it has ended
+
+    def _handle_notices(self) -> None:
+        while self.notices:
+            notice = self.notices.pop(0)
+            if isinstance(notice, str):
+                self.say(notice)
+                self.log({"source": "supervisor", "event": "notices_off", "message": notice})
+                continue
+            self.log({"source": "supervisor", "event": "notice", "provider": notice.provider,
+                      "action": notice.action, "deadline": notice.deadline})
+            if self.child.poll() is not None:
+                continue
+            # Stop before the machine goes: the grace ends a little before the cloud's deadline.
+            left = max(1.0, notice.deadline - time.time() - knobs.NOTICE_MARGIN_S)
+            deadline = time.monotonic() + min(self.launch.grace_s, left)
+            if self.term_deadline is not None:
+                self.term_deadline = min(self.term_deadline, deadline)
+                self.say(f"{notice.describe()}; already stopping after the next snapshot")
+                continue
+            self.stop_by_notice = True
+            self.term_deadline = deadline
+            self.say(f"{notice.describe()}: snapshot at the next safe point, then stop "
+                     f"(grace {format_duration(deadline - time.monotonic())})")
+            self.request("notice", stop=True)
+
     def _send_signal(self, sig: int) -> None:
         try:
             os.kill(self.child.pid, sig)
@@ -390,6 +444,8 @@ class Supervisor:
         msg = {"op": "snapshot", "reason": reason, "stop": stop}
         self.log({"source": "supervisor", "event": "request", "reason": reason, "stop": stop,
                   "queued": self.trainee is None})
+        self.say(f"asking for a snapshot ({reason}{', then stop' if stop else ''})"
+                 f"{'' if self.trainee is not None else ': queued until the program connects'}", level=2)
         if self.trainee is not None and self.trainee.send(msg):
             return True
         if msg not in self.queue:  # a trainee that never connects must not grow the queue
@@ -426,6 +482,7 @@ class Supervisor:
         if self.trainee is None and self._is_trainee(conn.pid):
             self.trainee = conn
             self.log({"source": "supervisor", "event": "connected", "pid": conn.pid})
+            self.say(f"the program connected (pid {conn.pid})", level=2)
             queued, self.queue = self.queue, []
             for m in queued:
                 if not conn.send(m):
@@ -446,7 +503,11 @@ class Supervisor:
             self.last_iteration = ev["iteration"]
         line = describe(ev, self.last_iteration)
         if line is not None:
-            self.say(line)
+            self.say(line, level=0 if name in ("failed", "skipped") else 1)
+        warned = warning(ev)
+        if warned is not None:
+            self.say(warned[0])
+            self._write(f"hint: {warned[1]}\n")
         self.log({"source": "trainee", **ev})
         if name == "committed" and self.term_deadline is not None:
             self.committed_after_term = True

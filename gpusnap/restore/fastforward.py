@@ -32,9 +32,10 @@ from __future__ import annotations
 import builtins
 import contextlib
 import itertools
+import types
 from collections import deque
 
-from gpusnap.capture import rng
+from gpusnap.graph import rng
 from gpusnap.errors import FastForwardError
 from gpusnap.instrument.loops import _DeferredCall
 
@@ -80,7 +81,19 @@ def part(source) -> dict | None:
         return None
     if adapter is not None:
         return adapter.describe(source)
-    return {"kind": "iter"}
+    note = {"kind": "iter"}
+    owned = rng.owned_states(_holders(source))
+    if owned:
+        note["owned"] = owned
+    return note
+
+
+def _holders(source) -> dict:
+    """Where a source keeps generators of its own: a generator's locals (its arguments, before
+    it starts), or an iterable's attributes (its ``__iter__`` reads them)."""
+    if isinstance(source, types.GeneratorType):
+        return source.gi_frame.f_locals if source.gi_frame is not None else {}
+    return getattr(source, "__dict__", None) or {}
 
 
 def with_rng(note: dict) -> dict:
@@ -136,10 +149,13 @@ def _position(source, skip: int, note: dict | None, ctx: Context, at: tuple):
     adapter = _adapter(type(source))
     if adapter is not None and adapter is not _PURE:
         return adapter.position(source, skip, note, ctx, at)
-    return consume(source, skip, ctx, at, pure=adapter is _PURE or type(source) in _PURE_TYPES)
+    return consume(source, skip, ctx, at, pure=adapter is _PURE or type(source) in _PURE_TYPES, note=note)
 
 
-def consume(source, skip: int, ctx: Context, at: tuple, pure: bool):
+def consume(source, skip: int, ctx: Context, at: tuple, pure: bool, note: dict | None = None):
+    owned = (note or {}).get("owned")
+    if owned:
+        _restore_owned(source, owned)
     it = iter(source)
     ctx.touched.append(it)
     if skip:
@@ -198,6 +214,14 @@ def _islice_at(call: _DeferredCall, skip: int, note: dict | None, ctx: Context, 
         raise FastForwardError(f"its islice yields fewer than the {skip} items the run that took the snapshot had taken")
     it, how = _position(source, last + 1, inner, ctx, at)
     return itertools.islice(it, step - 1, None if stop is None else max(stop - last - 1, 0), step), how
+
+
+def _restore_owned(source, owned: dict) -> None:
+    """The source's own generators, back to their states when the original loop started."""
+    holders = _holders(source)
+    for name, saved in owned.items():
+        if not rng.restore_owned(holders.get(name), saved):
+            raise FastForwardError(f"its source's generator {name!r} is not the {saved.get('kind')} the run that took the snapshot had")
 
 
 # -- adapters: sources seen through, keyed by class --------------------------------------------

@@ -5,7 +5,7 @@ keeps the one the replayed program built. An iterator that the program advances 
 (``it = iter(loader)`` before a ``for step in range(n)`` loop whose body calls ``next(it)``, as
 the transformers Trainer does) would then sit where the replay left it while the loop around it
 is fast-forwarded: a silent divergence. So the writer records, for each live-only iterator,
-``describe(obj)``, and replay (before the merge) runs ``check``:
+``capture.loopnotes.describe(obj)``, and replay (before the merge) runs ``check``:
 
 - a torch DataLoader iterator: its batch count (``_num_yielded``), the base seed it drew when it
   was made and a fingerprint of its index sampler. The replayed one must have drawn the same
@@ -26,15 +26,11 @@ from __future__ import annotations
 import ast
 import gc
 import inspect
-import io
 import re
-import sys
 import types
-from array import array
 
-import xxhash
-
-from gpusnap.restore.digest import digest
+from gpusnap.graph.digest import MISSING as _MISSING, fingerprint, loader_iter_class
+from gpusnap.graph.iterators import adapter_of_kind
 from gpusnap.restore.frames import write_locals
 
 HINT = (
@@ -43,107 +39,6 @@ HINT = (
     "--snapshot ID, or pass --force to continue anyway"
 )
 
-_MISSING = object()
-_MAX_DEPTH = 8
-_ITER_TYPES = (type(iter([])), type(iter(())), type(iter(range(1))), type(iter(range(1 << 64))))
-
-
-def _loader_iter_class():
-    dataloader = sys.modules.get("torch.utils.data.dataloader")
-    return getattr(dataloader, "_BaseDataLoaderIter", None)
-
-
-# -- writer --------------------------------------------------------------------------------------
-def describe(obj, read=None) -> dict | None:
-    """Where a live-only iterator stands (None: ``obj`` is no iterator)."""
-    try:
-        return _describe(obj, read)
-    except Exception as exc:  # an iterator this cannot read: its position is unknown
-        return {"kind": "iterator", "why": f"{type(exc).__name__} while reading it"}
-
-
-# A framework's iterator that an adapter can position, by the name of its generator function
-# (``module.qualname``) or of a class on its MRO. An adapter has ``kind`` (the note's),
-# ``describe(obj, read) -> dict | None`` (None: the generic description) and
-# ``check(live, info, path, say) -> problem | None``. gpusnap.frameworks fills it.
-ADAPTERS: dict = {}
-
-
-def _adapter(obj):
-    if isinstance(obj, types.GeneratorType):
-        frame = obj.gi_frame
-        names = [f"{frame.f_globals.get('__name__')}.{obj.__qualname__}"] if frame is not None else []
-    else:
-        names = [f"{cls.__module__}.{cls.__qualname__}" for cls in type(obj).__mro__]
-    return next((ADAPTERS[name] for name in names if name in ADAPTERS), None)
-
-
-def _describe(obj, read):
-    adapter = _adapter(obj)
-    info = adapter.describe(obj, read) if adapter is not None else None
-    if info is not None:
-        return info
-    if isinstance(obj, types.GeneratorType):
-        return {"kind": "generator", "state": inspect.getgeneratorstate(obj), "fingerprint": fingerprint(obj, read, strict=True)}
-    iter_class = _loader_iter_class()
-    if iter_class is not None and isinstance(obj, iter_class):
-        return {
-            "kind": "dataloader_iter",
-            "yielded": obj._num_yielded,
-            "base_seed": getattr(obj, "_base_seed", None),
-            "sampler": fingerprint(obj._sampler_iter, read, strict=False),
-        }
-    if hasattr(type(obj), "__next__") and not isinstance(obj, io.IOBase):
-        return {"kind": "iterator"}
-    return None
-
-
-def fingerprint(obj, read=None, strict: bool = True) -> str | None:
-    """xxh3-128 of a generator's state: its code position and locals, and what it delegates to
-    (generators, list/tuple/range iterators), recursively. ``strict``: every local must be
-    digested (else None); otherwise only plain data (numbers, strings, lists of them) counts."""
-    h = xxhash.xxh3_128()
-    stack = [(obj, 0)]
-    while stack:
-        x, depth = stack.pop()
-        if depth > _MAX_DEPTH:
-            return None
-        if isinstance(x, _ITER_TYPES):
-            _, args, *state = x.__reduce__()
-            h.update(repr((type(x).__name__, state)).encode())
-            x = args[0]
-        if not isinstance(x, types.GeneratorType):
-            value, why = (digest(x, read) if strict or _plain(x) else (None, "opaque"))
-            if value is None and strict:
-                return None
-            h.update((value or f"opaque {type(x).__qualname__}").encode())
-            continue
-        frame = x.gi_frame
-        if frame is None:
-            h.update(b"finished")
-            continue
-        h.update(f"{x.gi_code.co_qualname} {frame.f_lasti}".encode())
-        for name, value in frame.f_locals.items():
-            h.update(name.encode())
-            stack.append((value, depth + 1))
-        if x.gi_yieldfrom is not None:
-            stack.append((x.gi_yieldfrom, depth + 1))
-    return h.hexdigest()
-
-
-def _plain(x) -> bool:
-    if x is None or isinstance(x, (bool, int, float, str, bytes)):
-        return True
-    if isinstance(x, (list, tuple)):
-        try:
-            array("q", x)  # the common case: indices
-            return True
-        except (TypeError, OverflowError):
-            return len(x) < 1000 and all(_plain(v) for v in x)
-    return False
-
-
-# -- replay --------------------------------------------------------------------------------------
 class Scene:
     """What an adapter may use to put a replayed iterator back: ``say``; ``rng_states``, the
     global RNG states (JSON) that the snapshot recorded where loops and their iterations started,
@@ -189,7 +84,7 @@ def check(live_only: list, frames: list, modules: dict, positioned: set, say, rn
         if live is not _MISSING and id(live) in positioned:
             continue
         kind = info.get("kind")
-        adapter = next((a for a in ADAPTERS.values() if a.kind == kind), None)
+        adapter = adapter_of_kind(kind)
         if adapter is not None:
             scene = Scene(say, list(rng_states), path, frames, modules)
             problem = adapter.check(None if live is _MISSING else live, info, path, scene)
@@ -206,7 +101,7 @@ def check(live_only: list, frames: list, modules: dict, positioned: set, say, rn
 
 def loader_iter(live, info: dict, path: str, say) -> str | None:
     """A DataLoader iterator advanced to its saved position and checked there, or a problem."""
-    iter_class = _loader_iter_class()
+    iter_class = loader_iter_class()
     if live is _MISSING or iter_class is None or not isinstance(live, iter_class):
         return f"cannot find the DataLoader iterator that the run that took the snapshot held at {path}"
     if info.get("base_seed") is not None and getattr(live, "_base_seed", None) != info["base_seed"]:

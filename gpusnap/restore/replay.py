@@ -22,7 +22,7 @@ import os
 import sys
 import time
 
-from gpusnap.capture import rng, roots
+from gpusnap.graph import rng, roots
 from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, ReplayDiverged, RestoreError
 from gpusnap.graph.load import LiveOnly
 from gpusnap.instrument import loops
@@ -34,12 +34,13 @@ active = None  # the Replay in progress, until its merge is done
 
 
 class Replay:
-    def __init__(self, rundir, snap_id: str, config: dict, emit):
+    def __init__(self, rundir, snap_id: str, config: dict, emit, on_merged):
         self.rundir = rundir
         self.manifest = rundir.manifest(snap_id)
         self.snap_id = self.manifest["id"]
         self.force = bool(config.get("force"))
         self.emit = emit
+        self.on_merged = on_merged  # the agent counts steps and iterations on from the snapshot's
         frames = self.manifest["roots"]["frames"]
         self.expected = [dict(loop, **frames[loop["frame"]]) for loop in self.manifest["loops"]]
         self.cursor = 0
@@ -75,7 +76,7 @@ class Replay:
         spent = time.perf_counter() - started
         self.fastforward_s += spent
         self.fastforwards.append({"loop": loop.where(), "to": skip, "how": how, "s": spent})
-        _say(f"fast-forward {_short(loop.where())} to iteration {skip} {how} ({spent:.3f} s)")
+        _say(f"fast-forward {_short(loop.where())} to iteration {skip} {how} ({spent:.3f} s)", level=1)
         return it
 
     def _fast_forward(self, loop, iterable, skip: int, want: dict, innermost: bool):
@@ -183,12 +184,12 @@ class Replay:
                 gc.enable()
         self.merged = True
         active = None
-        loops.on_loop_start = None
+        loops.on_loop_start = loops.replaying = None
 
     def _merge(self, loop) -> None:
         replay_s = time.perf_counter() - self.started_s - self.fastforward_s
         started = time.perf_counter()
-        _say(f"merging snapshot {self.snap_id} at {_short(loop.where())}")
+        _say(f"merging snapshot {self.snap_id} at {_short(loop.where())}", level=1)
         check_sources(self.manifest, self.force)
         _, payload = load(self.rundir, self.snap_id)
         live_frames = roots.frames_on_path(loop.frame)
@@ -216,13 +217,12 @@ class Replay:
             write_locals(frame, {name: merger.settled(value) for name, value in values.items()})
         self._stage = "restoring the random number generators"
         rng.restore(payload["rng"])
-        from gpusnap.capture import agent
-
-        agent.resumed(self.snap_id, self.manifest.get("steps") or 0, self.manifest.get("iteration"))
+        self.on_merged(self.snap_id, self.manifest.get("steps") or 0, self.manifest.get("iteration"))
         merge_s = time.perf_counter() - started
         _say(
             f"restored snapshot {self.snap_id}: {merger.nbytes / 1e6:.1f} MB into {merger.tensors} tensors; "
-            f"replay {replay_s:.2f} s, fast-forward {self.fastforward_s:.2f} s, merge {merge_s:.2f} s"
+            f"replay {replay_s:.2f} s, fast-forward {self.fastforward_s:.2f} s, merge {merge_s:.2f} s",
+            level=1,
         )
         self.emit(
             "restored",
@@ -280,17 +280,21 @@ def check_sources(manifest: dict, force: bool) -> None:
             raise ProgramChanged(f"{path} changed since snapshot {manifest['id']} was taken")
 
 
-def install(rundir, snap_id: str, config: dict, emit) -> Replay:
-    global active
-    replay = Replay(rundir, snap_id, config, emit)
+def install(rundir, snap_id: str, config: dict, emit, on_merged) -> Replay:
+    """Replay snapshot ``snap_id`` of ``rundir``; ``emit(event, **fields)`` reports to the
+    supervisor, ``on_merged(snap_id, steps, iteration)`` runs once the snapshot is merged."""
+    global active, _verbosity
+    _verbosity = int(config.get("verbosity", 1))
+    replay = Replay(rundir, snap_id, config, emit, on_merged)
     it = replay.manifest.get("iteration")
-    _say(f"restoring snapshot {replay.snap_id} (iteration {it}): replaying setup")
+    _say(f"restoring snapshot {replay.snap_id} (iteration {it}): replaying setup", level=1)
     try:
         check_sources(replay.manifest, replay.force)
     except GpusnapError as exc:
         fail(exc)
     active = replay
     loops.on_loop_start = replay.on_loop_start
+    loops.replaying = diverged_by_step
     atexit.register(_check_reached, replay)
     return replay
 
@@ -332,8 +336,13 @@ def fail(exc: GpusnapError) -> None:
     os._exit(exc.exit_code)
 
 
-def _say(text: str) -> None:
-    print(f"gpusnap: {text}", file=sys.stderr, flush=True)
+_verbosity = 1  # the run's --quiet (0) / --verbose (2), from the boot configuration
+
+
+def _say(text: str, level: int = 0) -> None:
+    """A ``gpusnap:`` line; ``level`` as the supervisor's (0: warnings, always)."""
+    if level <= _verbosity:
+        print(f"gpusnap: {text}", file=sys.stderr, flush=True)
 
 
 def _short(path: str) -> str:

@@ -14,7 +14,8 @@ so that the trainee's next writes to them are not copy-on-write copies (``drain`
 snapshots, the trainee readies the pool and collapses those tensors into huge pages
 (``prepare``, ``hugepages``). A device storage met by the pickler without a staged copy fails
 the snapshot with a ``CaptureError`` (restoring replayed device tensors would be a silent
-partial restore).
+partial restore); so that this is known before the fork, ``unstaged_device_memory()`` refuses
+the snapshot in the parent when the program holds device memory that nothing stages.
 """
 
 from __future__ import annotations
@@ -34,3 +35,17 @@ def quiesce() -> None:
 
 def stage() -> dict:
     return {}
+
+
+def unstaged_device_memory() -> str | None:
+    """Why a snapshot cannot be taken, when the program holds CUDA memory that this build does
+    not stage (asked in the parent, before the fork; training goes on)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    held = {device: torch.cuda.memory_allocated(device) for device in range(torch.cuda.device_count())}
+    held = {device: nbytes for device, nbytes in held.items() if nbytes}
+    if not held:
+        return None
+    where = ", ".join(f"cuda:{device} {nbytes:,} bytes" for device, nbytes in held.items())
+    return f"the program holds CUDA memory ({where}), which this version of gpusnap cannot stage yet"

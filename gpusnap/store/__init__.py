@@ -12,7 +12,8 @@ Importing this package never imports torch or numpy.
 from __future__ import annotations
 
 from gpusnap.store.check import Finding
-from gpusnap.store.rundir import FORMAT_VERSION, RunDir, SnapshotInfo
+from gpusnap.store.info import FORMAT_VERSION, SnapshotInfo
+from gpusnap.store.rundir import RunDir
 from gpusnap.store.writer import SnapshotWriter
 
 __all__ = ["FORMAT_VERSION", "Finding", "RunDir", "SnapshotInfo", "SnapshotWriter", "preload"]

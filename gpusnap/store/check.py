@@ -8,8 +8,9 @@ import pathlib
 from dataclasses import asdict, dataclass
 
 from gpusnap.errors import FormatVersionError, SnapshotNotFound, StoreError
-from gpusnap.store import atomic, index
+from gpusnap.store import atomic, index, pack
 from gpusnap.store.pack import PackReader
+from gpusnap.store.info import SnapshotInfo
 from gpusnap.store.reader import ChunkProblem, load_chunk
 
 # Finding kinds, worst first when one snapshot has several.
@@ -108,8 +109,6 @@ def newest_intact(rd):
         found = [f for f in verify(rd, sid) if f.snapshot == sid]
         if not found:
             m = rd.load_manifest(sid)
-            from gpusnap.store.rundir import SnapshotInfo
-
             return SnapshotInfo.from_manifest(m), skipped
         more = f" (and {len(found) - 1} more problems)" if len(found) > 1 else ""
         skipped.append((sid, f"{found[0].kind}: {found[0].message}{more}"))
@@ -133,7 +132,7 @@ def leftovers(rd) -> list[Leftover]:
                 out.append(Leftover("temp_file", str(pathlib.Path(dirpath, name).relative_to(root))))
     idx = index.load(root)
     for pack_id, path in list_packs(root):
-        if pack_id not in idx.packs:
+        if pack_id not in idx.packs and pack.unknown_version(path) is None:
             out.append(Leftover("unindexed_pack", str(path.relative_to(root))))
     return out
 

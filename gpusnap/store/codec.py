@@ -110,6 +110,17 @@ def parse_header(header: bytes) -> tuple[int, int, int, str]:
     return codec, raw_nbytes, stored_nbytes, digest.hex()
 
 
+# blosc2's thread pool does not survive fork: a writer forked from a process whose pool has run
+# (a restarted trainee decompressed its snapshot) hung in 9 of 40 multi-threaded compressions
+# here, even after free_resources() on either side. A process that forks writers decodes on one
+# thread (``decode_on_one_thread``), so it never starts the pool; others use blosc2's default.
+_decode_threads: dict = {}
+
+
+def decode_on_one_thread() -> None:
+    _decode_threads["nthreads"] = 1
+
+
 def decode_into(codec: int, stored, out: memoryview) -> None:
     """Decode stored bytes into ``out`` (exactly raw_nbytes long)."""
     if codec == CODEC_RAW:
@@ -120,7 +131,7 @@ def decode_into(codec: int, stored, out: memoryview) -> None:
     import blosc2
 
     try:
-        n = blosc2.decompress2(stored, dst=out)
+        n = blosc2.decompress2(stored, dst=out, **_decode_threads)
     except Exception as exc:  # blosc2 raises RuntimeError/ValueError on damaged frames
         raise EntryError(f"blosc2 cannot decode the chunk: {exc}") from exc
     if n is not None and n != len(out):

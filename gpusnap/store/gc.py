@@ -26,7 +26,7 @@ import psutil
 from gpusnap.errors import StoreError, UsageError
 from gpusnap.store import atomic, index, pack
 from gpusnap.store.check import list_packs
-from gpusnap.store.rundir import utc_now
+from gpusnap.store.info import utc_now
 
 # A temp file older than this is removed even when its pid is alive again (pid reuse).
 _TEMP_MAX_AGE_S = 3600.0
@@ -41,7 +41,7 @@ def prune(rd, keep: int | None) -> dict:
     root = pathlib.Path(rd.path)
     rd.check_writable()
     report = {"removed_snapshots": [], "removed_packs": 0, "removed_bytes": 0, "removed_temp": 0,
-              "reindexed_chunks": 0, "kept_packs": 0}
+              "reindexed_chunks": 0, "kept_packs": 0, "kept_unknown": []}
 
     # 1. retention
     ids = rd.snapshot_ids()
@@ -85,6 +85,12 @@ def prune(rd, keep: int | None) -> dict:
     for cid, loc in sorted(where.items()):
         keep_packs.setdefault(loc.pack, []).append((cid, loc))
     doomed = [pid for pid in on_disk if pid not in keep_packs]
+    # Never remove what this gpusnap cannot read: a newer one may know what such a pack holds.
+    unknown = {pid: v for pid in doomed if (v := pack.unknown_version(on_disk[pid])) is not None}
+    doomed = [pid for pid in doomed if pid not in unknown]
+    report["kept_unknown"] = [
+        {"path": str(on_disk[pid].relative_to(root)), "version": v} for pid, v in sorted(unknown.items())
+    ]
     entries_now = sum(1 for loc in idx.chunks.values())
     changed = bool(doomed) or bool(idx.unreadable) or report["reindexed_chunks"] or entries_now != len(where) \
         or any(p not in on_disk for p in idx.packs) or len(idx.files) > 1

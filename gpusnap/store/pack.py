@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import xxhash
 
+from gpusnap.errors import FormatVersionError
 from gpusnap.store import atomic, codec
 
 PACK_MAGIC = b"GSNPACK\x00"
@@ -115,6 +116,12 @@ class PackReader:
         self._fd = os.open(pack_path(self._root, pack_id), os.O_RDONLY | os.O_CLOEXEC)
         self.size = os.fstat(self._fd).st_size
         self._pack = pack_id
+        version = _version(os.pread(self._fd, PACK_HEADER_NBYTES, 0))
+        if version is not None and version != PACK_VERSION:
+            self.close()
+            raise FormatVersionError(
+                f"pack {pack_id} has pack version {version}; this gpusnap knows pack version {PACK_VERSION}"
+            )
 
     def read_entry(self, loc: Location) -> tuple[bytes, bytes]:
         """Return (entry header, stored bytes). Raises FileNotFoundError when the pack is gone
@@ -127,16 +134,32 @@ class PackReader:
         return buf[: codec.ENTRY_NBYTES], buf[codec.ENTRY_NBYTES :]
 
 
+def _version(head: bytes) -> int | None:
+    """The version a pack header names; None when it is no pack header (damage, which the
+    entries' own checks report chunk by chunk)."""
+    if len(head) != PACK_HEADER_NBYTES:
+        return None
+    magic, version, _ = PACK_HEADER.unpack(head)
+    return version if magic == PACK_MAGIC else None
+
+
+def unknown_version(path: pathlib.Path) -> int | None:
+    """The pack's version when it is a pack of a version this gpusnap does not know (written by
+    a newer one), else None. gc keeps such a pack: it cannot tell what it holds."""
+    try:
+        with open(path, "rb") as f:
+            version = _version(f.read(PACK_HEADER_NBYTES))
+    except OSError:
+        return None
+    return version if version is not None and version != PACK_VERSION else None
+
+
 def scan(path: pathlib.Path):
     """Yield (chunk id, offset, stored_nbytes, raw_nbytes, codec) for every well-formed entry of
     a pack, reading headers only; stops at the first damaged header. Used by gc to re-index
     packs whose index file was lost."""
     with open(path, "rb") as f:
-        head = f.read(PACK_HEADER_NBYTES)
-        if len(head) != PACK_HEADER_NBYTES:
-            return
-        magic, version, _ = PACK_HEADER.unpack(head)
-        if magic != PACK_MAGIC or version != PACK_VERSION:
+        if _version(f.read(PACK_HEADER_NBYTES)) != PACK_VERSION:
             return
         size = os.fstat(f.fileno()).st_size
         offset = PACK_HEADER_NBYTES

@@ -11,12 +11,10 @@ Order of calls for a snapshot (see docs/FORMAT.md, "Write order")::
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import pathlib
 import stat
-from dataclasses import asdict, dataclass
 
 from gpusnap.errors import (
     FormatVersionError,
@@ -27,42 +25,11 @@ from gpusnap.errors import (
     StoreError,
 )
 from gpusnap.store import atomic
+from gpusnap.store.info import FORMAT_VERSION, SnapshotInfo, utc_now  # noqa: F401  (re-exported)
 from gpusnap.store.lock import RunLock
 
-FORMAT_VERSION = 1
 RUN_JSON = "run.json"
 SNAP_DIGITS = 6
-
-
-def utc_now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
-@dataclass
-class SnapshotInfo:
-    id: str
-    created: str
-    iteration: int | None
-    stall_s: float | None
-    bytes_written: int
-    bytes_total: int
-    resumed_from: str | None
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_manifest(cls, m: dict) -> "SnapshotInfo":
-        stats = m.get("stats") or {}
-        return cls(
-            id=m["id"],
-            created=m.get("created", ""),
-            iteration=m.get("iteration"),
-            stall_s=m.get("stall_s"),
-            bytes_written=int(stats.get("bytes_written", 0)),
-            bytes_total=int(stats.get("bytes_total", 0)),
-            resumed_from=m.get("resumed_from"),
-        )
 
 
 def _describe_command_difference(old: dict, new: dict) -> str:

@@ -17,7 +17,7 @@ from gpusnap import knobs
 from gpusnap.errors import StoreError
 from gpusnap.store import atomic, codec, index
 from gpusnap.store.pack import Location, PackBuilder, pack_path
-from gpusnap.store.rundir import FORMAT_VERSION, SnapshotInfo, utc_now
+from gpusnap.store.info import FORMAT_VERSION, SnapshotInfo, utc_now
 
 # A chunk length must fit the entry header (u32) and one blosc2 chunk (< 2 GiB).
 _MAX_CHUNK_BYTES = 1 << 30

@@ -15,6 +15,7 @@ the same function on the items it reproduced, reading memory in place.
 
 from __future__ import annotations
 
+import ctypes
 import struct
 import sys
 import types
@@ -23,11 +24,15 @@ from array import array
 import xxhash
 
 from gpusnap import knobs
-from gpusnap.stage.pool import address_view
 
 MAX_NODES = 100_000
 _OPAQUE = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
            types.GeneratorType, types.CodeType, types.FrameType)
+
+
+def _view_at(address: int, nbytes: int) -> memoryview:
+    """Memory in place (replay, outside the writer)."""
+    return memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B") if nbytes else memoryview(b"")
 
 
 class _Undigestible(Exception):
@@ -42,7 +47,7 @@ def _type_name(obj) -> bytes:
 class _Walk:
     def __init__(self, read, max_bytes: int):
         self.h = xxhash.xxh3_128()
-        self.read = read or address_view
+        self.read = read or _view_at
         self.bytes_left = self.max_bytes = max_bytes
         self.nodes_left = MAX_NODES
         self.torch = sys.modules.get("torch")
@@ -183,3 +188,67 @@ def digest(obj, read=None, max_bytes: int | None = None) -> tuple[str | None, st
     except Exception as exc:  # a property that raises, a buffer numpy cannot read
         return None, f"{type(exc).__name__} while reading it"
     return walk.h.hexdigest(), None
+
+
+# -- shared by the writer's notes and replay's checks -------------------------------------------
+MISSING = object()  # a part of an item, or an object at a path, that is not there
+_FINGERPRINT_DEPTH = 8
+_ITER_TYPES = (type(iter([])), type(iter(())), type(iter(range(1))), type(iter(range(1 << 64))))
+
+
+def part_of(item, at: tuple):
+    for i in at:
+        if not isinstance(item, (tuple, list)) or i >= len(item):
+            return MISSING
+        item = item[i]
+    return item
+
+
+def loader_iter_class():
+    dataloader = sys.modules.get("torch.utils.data.dataloader")
+    return getattr(dataloader, "_BaseDataLoaderIter", None)
+
+
+def fingerprint(obj, read=None, strict: bool = True) -> str | None:
+    """xxh3-128 of a generator's state: its code position and locals, and what it delegates to
+    (generators, list/tuple/range iterators), recursively. ``strict``: every local must be
+    digested (else None); otherwise only plain data (numbers, strings, lists of them) counts."""
+    h = xxhash.xxh3_128()
+    stack = [(obj, 0)]
+    while stack:
+        x, depth = stack.pop()
+        if depth > _FINGERPRINT_DEPTH:
+            return None
+        if isinstance(x, _ITER_TYPES):
+            _, args, *state = x.__reduce__()
+            h.update(repr((type(x).__name__, state)).encode())
+            x = args[0]
+        if not isinstance(x, types.GeneratorType):
+            value, why = (digest(x, read) if strict or _plain(x) else (None, "opaque"))
+            if value is None and strict:
+                return None
+            h.update((value or f"opaque {type(x).__qualname__}").encode())
+            continue
+        frame = x.gi_frame
+        if frame is None:
+            h.update(b"finished")
+            continue
+        h.update(f"{x.gi_code.co_qualname} {frame.f_lasti}".encode())
+        for name, value in frame.f_locals.items():
+            h.update(name.encode())
+            stack.append((value, depth + 1))
+        if x.gi_yieldfrom is not None:
+            stack.append((x.gi_yieldfrom, depth + 1))
+    return h.hexdigest()
+
+
+def _plain(x) -> bool:
+    if x is None or isinstance(x, (bool, int, float, str, bytes)):
+        return True
+    if isinstance(x, (list, tuple)):
+        try:
+            array("q", x)  # the common case: indices
+            return True
+        except (TypeError, OverflowError):
+            return len(x) < 1000 and all(_plain(v) for v in x)
+    return False

@@ -219,3 +219,95 @@ def same(a: tuple, b: tuple) -> bool:
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
+
+
+# -- generators the program owns ---------------------------------------------------------------
+#
+# A data source that draws from a generator of its own (``def batches(rng): ... rng.normal()``)
+# is consumed by fast-forward from that generator as replay left it: at its seeded start, not
+# where the original loop found it after earlier epochs. Fast-forward notes the states of the
+# generators a source holds when its loop starts, and gives them back before consuming.
+
+_MAX_HOLDERS = 64  # a source's locals or attributes looked at; beyond, nothing is noted
+
+
+def owned_state(obj):
+    """The raw state of a program-owned ``random.Random``, numpy ``Generator`` or
+    ``RandomState``, or ``torch.Generator``; None for anything else."""
+    if isinstance(obj, random.Random):
+        return ("random", obj.getstate()) if type(obj).getstate is random.Random.getstate else None
+    np = sys.modules.get("numpy")
+    if np is not None:
+        if isinstance(obj, np.random.Generator):
+            return ("numpy.Generator", obj.bit_generator.state)
+        if isinstance(obj, np.random.RandomState):
+            return ("numpy.RandomState", obj.get_state(legacy=False))
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Generator):
+        return ("torch.Generator", obj.get_state())
+    return None
+
+
+def owned_states(holders: dict) -> dict:
+    """``{name: raw state}`` of the generators among ``holders`` (a frame's locals, an object's
+    attributes)."""
+    if len(holders) > _MAX_HOLDERS:
+        return {}
+    found = {}
+    for name, value in holders.items():
+        state = owned_state(value)
+        if state is not None:
+            found[name] = state
+    return found
+
+
+def owned_json(raw: tuple, read=None) -> dict:
+    kind, state = raw
+    if kind == "torch.Generator":
+        return {"kind": kind, "state": _b64(_tensor_bytes(state, read))}
+    return {"kind": kind, "state": _plain_json(state)}
+
+
+def restore_owned(obj, saved: dict) -> bool:
+    """Put ``obj`` back to a state ``owned_json`` wrote; False when ``obj`` is not a generator
+    of that kind."""
+    current = owned_state(obj)
+    if current is None or current[0] != saved.get("kind"):
+        return False
+    kind, state = saved["kind"], _from_plain_json(saved["state"])
+    if kind == "random":
+        version, words, gauss = state
+        obj.setstate((version, tuple(words), gauss))
+    elif kind == "numpy.Generator":
+        obj.bit_generator.state = state
+    elif kind == "numpy.RandomState":
+        obj.set_state(state)
+    else:
+        obj.set_state(tensor_b64(state))
+    return True
+
+
+def _plain_json(value):
+    """numpy generator states hold arrays: as ``{"ndarray": dtype, "b64": bytes}``."""
+    if isinstance(value, dict):
+        return {key: _plain_json(v) for key, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_plain_json(v) for v in value]
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(value, np.ndarray):
+        return {"ndarray": value.dtype.str, "b64": _b64(value.tobytes())}
+    if np is not None and isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _from_plain_json(value):
+    if isinstance(value, dict):
+        if set(value) == {"ndarray", "b64"}:
+            import numpy as np
+
+            return np.frombuffer(base64.b64decode(value["b64"]), dtype=value["ndarray"]).copy()
+        return {key: _from_plain_json(v) for key, v in value.items()}
+    if isinstance(value, list):
+        return [_from_plain_json(v) for v in value]
+    return value

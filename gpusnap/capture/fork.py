@@ -1,0 +1,132 @@
+"""The writer process: fork, the child's life, and the parent's wait for its report.
+
+The child runs ``writer.write_snapshot`` on its copy-on-write image of the trainee and reports
+one JSON object on a pipe; a waiter thread in the parent reads it, reaps the child, and reports
+to the supervisor. A child that dies without a report (killed, out of memory) is reported as
+failed, unless its manifest was committed; one that makes no progress for too long is killed
+by the waiter (``watchdog``) and reported as failed. Earlier snapshots are intact, and training
+goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import warnings
+
+from gpusnap import lifeline, stage
+from gpusnap.capture import control, session, watchdog
+
+
+class Writer:
+    def __init__(self, pid: int, snap_id: str, read_fd: int, stall_s: float):
+        self.pid, self.snap_id, self.read_fd, self.stall_s = pid, snap_id, read_fd, stall_s
+        self.thread = threading.Thread(target=self._wait, name="gpusnap-writer-wait", daemon=True)
+
+    def _wait(self) -> None:
+        import psutil  # imported at install
+
+        timeout_s = watchdog.timeout_for(psutil.Process().memory_info().rss)
+        report, hung = watchdog.read_report(self.read_fd, self.pid, timeout_s)
+        os.close(self.read_fd)
+        _, status = os.waitpid(self.pid, 0)
+        try:
+            result = json.loads(report or b"{}")
+        except ValueError:
+            result = {}
+        if not result:
+            why = hung or _died(self.pid, status)
+            result = _committed_anyway(self.snap_id)
+            if result is not None:  # it ended in retention, after the commit
+                result.update(warning=f"after the commit, {why}", hint="`gpusnap gc DIR` removes what it left")
+            else:
+                result = {"event": "failed", "message": why}
+        result.setdefault("id", self.snap_id)
+        if result.get("event") == "failed" and not control.connected():  # else the supervisor says it
+            print(f"gpusnap: snapshot {self.snap_id} failed: {result.get('message')}", file=sys.stderr, flush=True)
+        session.last_result = result
+        session.writer = None
+        stage.writer_done()
+        session.prepared = False  # the next optimizer step readies memory for the next snapshot
+        control.emit(**result)
+
+
+def _died(pid: int, status: int) -> str:
+    how = f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.waitstatus_to_exitcode(status)}"
+    return f"writer process {pid} died ({how}); earlier snapshots are intact"
+
+
+def _committed_anyway(snap_id: str) -> dict | None:
+    """The report of a writer that died after its manifest's rename, from the manifest: a
+    commit is a commit, however its writer ended."""
+    try:
+        m = session.rundir.load_manifest(snap_id)
+    except Exception:  # noqa: BLE001 - absent or unreadable: not committed
+        return None
+    stats = m.get("stats") or {}
+    return {"event": "committed", "id": snap_id, "iteration": m.get("iteration"), "stall_s": m.get("stall_s") or 0.0,
+            "write_s": m.get("write_s") or 0.0, "bytes_written": stats.get("bytes_written", 0),
+            "bytes_total": stats.get("bytes_total", 0)}
+
+
+def start_writer(job) -> Writer:
+    read_fd, write_fd = os.pipe()
+    trainee = os.getpid()
+    with warnings.catch_warnings():
+        # Python >= 3.12 warns about fork() in a threaded process. The child runs only
+        # fork-safe code (no CUDA, no torch operators, no locks other threads may hold).
+        warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*fork.*")
+        pid = os.fork()
+    if pid == 0:
+        lifeline.die_with_parent(trainee)  # an orphaned writer's snapshot would never be reported
+        os.close(read_fd)
+        _child_main(job, write_fd)
+    os.close(write_fd)
+    stall_s = time.perf_counter() - job.requested_s
+    writer = session.writer = Writer(pid, job.snap_id, read_fd, stall_s)
+    control.emit("forked", id=job.snap_id, stall_s=stall_s, iteration=job.iteration)
+    writer.thread.start()
+    return writer
+
+
+def _child_main(job, write_fd: int) -> None:
+    code = 1
+    try:
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(signum, signal.SIG_IGN)  # finish the write; the supervisor kills on --grace
+        if "blosc2" in sys.modules:
+            sys.modules["blosc2"].free_resources()  # its thread pool did not survive fork
+        from gpusnap.capture.writer import write_snapshot
+
+        result = write_snapshot(job)
+        code = 0
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes a report
+        result = {"event": "failed", "id": job.snap_id, "message": _describe(exc)}
+    try:
+        os.write(write_fd, json.dumps(result, default=str).encode())
+    finally:
+        os._exit(code)
+
+
+def _describe(exc: BaseException) -> str:
+    message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {message}"
+
+
+def wait_for_writer_at_exit() -> None:
+    writer = session.writer
+    if writer is not None:
+        writer.thread.join()
+
+
+def exit_now(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)

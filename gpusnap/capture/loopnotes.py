@@ -1,0 +1,119 @@
+"""What the writer keeps of each running loop and of each iterator it cannot hold, so that
+replay can position them or refuse (restore's ``fastforward``, ``itemcheck``, ``livecheck``).
+
+``record(loop, read)`` gives a loop's manifest fields:
+
+- ``resume``: its fast-forward note, taken when the loop started, JSON (``note_json``);
+- ``rng_at``: the global RNG states at the start of its current iteration (loops that enclose
+  a step loop: ``loops.EnclosingLoop``);
+- ``check``: ``{"index": n, "items": [{"at": [..], "digest": hex | null, "why": ...}]}``: for
+  each part of the source that fast-forward will consume (``consumed_paths``), the digest of that
+  part of the last item the loop handed to its body (item n - 1), read from the loop's
+  ``_iterate`` generator.
+
+``describe(obj, read)`` says where a live-only iterator stood (``live_only[].iterator``): a
+DataLoader iterator's batch count, base seed and sampler fingerprint, a generator's state and
+fingerprint. Everything here runs in the forked writer: ``read(address, nbytes)`` reads tensor
+memory, no torch operator runs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import io
+import types
+
+from gpusnap.graph import rng
+from gpusnap.graph.digest import MISSING, digest, fingerprint, loader_iter_class, part_of
+from gpusnap.graph.iterators import adapter_for
+from gpusnap.instrument import loops
+
+
+def note_json(note, read=None):
+    """A note with its raw RNG states encoded (already-JSON notes pass through)."""
+    if not isinstance(note, dict):
+        return note
+    out = {}
+    for key, value in note.items():
+        if key == "rng":
+            value = rng.to_json(value, read)
+        elif key == "generator_rng" and value is not None and not isinstance(value, str):
+            value = rng.to_json((b"", None, None, value, None), read)["torch"]
+        elif key == "args":
+            value = [note_json(arg, read) for arg in value]
+        elif key == "owned":
+            value = {name: rng.owned_json(raw, read) for name, raw in value.items()}
+        elif key == "inner":
+            value = note_json(value, read)
+        out[key] = value
+    return out
+
+
+def consumed_paths(note, at: tuple = ()) -> list[tuple]:
+    """Where, in a loop's item, the parts that fast-forward consumes sit (tuple indexes)."""
+    if not note:
+        return []
+    kind = note.get("kind")
+    if kind == "iter" or (kind == "dataloader" and note.get("consumed")):
+        return [at]
+    if kind == "tqdm":
+        return consumed_paths(note.get("inner"), at)
+    if kind == "call":
+        func, args = note.get("func"), note.get("args") or []
+        if func == "zip":
+            return [p for j, arg in enumerate(args) for p in consumed_paths(arg, at + (j,))]
+        if func == "enumerate" and args:
+            return consumed_paths(args[0], at + (1,))
+        if func == "islice" and args:
+            return consumed_paths(args[0], at)
+    return []
+
+
+def record(loop, read=None) -> dict:
+    out = {"resume": note_json(loop.resume, read)}
+    rng_at = getattr(loop, "rng_at", None)
+    if rng_at is not None:
+        out["rng_at"] = rng.to_json(rng_at, read)
+    paths = consumed_paths(loop.resume)
+    if paths and loop.index > 0:
+        ref = getattr(loop, "gen", None)
+        gen = ref() if ref is not None else None
+        frame = gen.gi_frame if gen is not None else None
+        item = frame.f_locals.get(loops.LAST_ITEM, MISSING) if frame is not None else MISSING
+        out["check"] = {"index": loop.index, "items": [_digest_entry(part_of(item, at), at, read) for at in paths]}
+    return out
+
+
+def _digest_entry(value, at: tuple, read) -> dict:
+    if value is MISSING:
+        return {"at": list(at), "digest": None, "why": "the item was not found"}
+    hexdigest, why = digest(value, read)
+    return {"at": list(at), "digest": hexdigest, "why": why}
+
+
+def describe(obj, read=None) -> dict | None:
+    """Where a live-only iterator stands (None: ``obj`` is no iterator)."""
+    try:
+        return _describe(obj, read)
+    except Exception as exc:  # an iterator this cannot read: its position is unknown
+        return {"kind": "iterator", "why": f"{type(exc).__name__} while reading it"}
+
+
+def _describe(obj, read):
+    adapter = adapter_for(obj)
+    info = adapter.describe(obj, read) if adapter is not None else None
+    if info is not None:
+        return info
+    if isinstance(obj, types.GeneratorType):
+        return {"kind": "generator", "state": inspect.getgeneratorstate(obj), "fingerprint": fingerprint(obj, read, strict=True)}
+    iter_class = loader_iter_class()
+    if iter_class is not None and isinstance(obj, iter_class):
+        return {
+            "kind": "dataloader_iter",
+            "yielded": obj._num_yielded,
+            "base_seed": getattr(obj, "_base_seed", None),
+            "sampler": fingerprint(obj._sampler_iter, read, strict=False),
+        }
+    if hasattr(type(obj), "__next__") and not isinstance(obj, io.IOBase):
+        return {"kind": "iterator"}
+    return None

@@ -1,0 +1,178 @@
+"""Which loop is the step loop, and which boundaries are safe points.
+
+The step loop is the innermost loop running when an optimizer step starts (learned at torch's
+pre-step hook, so that LBFGS's closure, which runs the model from inside ``step()``, never makes
+a loop in ``forward`` look like it), or the loop ``--at`` names. While it runs, only its own
+boundaries are safe points; while none runs (setup, evaluation) any main-thread boundary serves.
+Either way a safe point must be a place replay can return to (``safepoints.returnable``).
+
+The optimizer hooks also count steps and iterations, ready the staging memory after a writer
+(``stage.prepare``), and, at the first step, say once when the step loop is in code gpusnap does
+not instrument. Loops start with a fast-forward note (``describe_source``), except inside a
+running step loop's body, where no snapshot can be taken before they end.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+
+from gpusnap import knobs, stage
+from gpusnap.capture import safepoints, session
+from gpusnap.graph import rng
+from gpusnap.instrument import loops
+
+# (id(code), loop_id) -> code: ids hash in nanoseconds, a code object's hash is recomputed (about
+# 1 us) at every lookup; holding the code keeps its id its own.
+_step_loops: dict = {}
+_last_stepping = (lambda: None, -1)  # (weak ActiveLoop, index) of the last iteration counted
+_note_source = None  # restore's fastforward.part, handed over by boot through the agent
+_stepper_checked = False  # the first optimizer step looked for a step loop gpusnap cannot reach
+
+
+def install(note_source) -> None:
+    global _note_source
+    _note_source = note_source
+    loops.describe_source = describe_source
+    loops.capture_rng = rng.compact
+    after_import("torch.optim.optimizer", _hook_optimizers)
+
+
+def after_import(name: str, callback) -> None:
+    """``callback(module)`` once module ``name`` is imported (now, if it is)."""
+    if name in sys.modules:
+        callback(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, callback))
+
+
+def _hook_optimizers(module) -> None:
+    module.register_optimizer_step_pre_hook(_before_optimizer_step)
+    module.register_optimizer_step_post_hook(_after_optimizer_step)
+
+
+def _before_optimizer_step(optimizer, *_):
+    """Before the step runs (LBFGS's closure calls the model from inside it): know the step loop,
+    so that no boundary inside the step is taken for a safe point."""
+    global _last_stepping
+    if loops.replaying is not None:
+        loops.replaying()
+    for i in range(len(loops.ACTIVE) - 1, -1, -1):
+        loop = loops.ACTIVE[i]
+        if loop.frame.f_back is not None:  # a suspended generator's frame has no caller
+            code = loop.frame.f_code
+            _step_loops[(id(code), loop.loop_id)] = code
+            mark_enclosing(i)
+            if _last_stepping[0]() is not loop or _last_stepping[1] != loop.index:
+                session.iterations += 1  # the GAN's second optimizer in the same iteration does not count
+                _last_stepping = (weakref.ref(loop), loop.index)  # never keeps a frame alive
+            break
+    if not _stepper_checked:
+        _check_stepper(sys._getframe(1))
+
+
+def _after_optimizer_step(optimizer, *_):
+    session.steps += 1
+    if optimizer not in session.optimizers:
+        session.optimizers.add(optimizer)
+        session.prepared = False  # its state exists from its first step on
+    if not session.prepared and session.writer is None and session.config.get("run_dir") and knobs.DRAIN != "off":
+        session.prepared = True  # until a new optimizer steps or a writer has finished
+        stage.prepare(list(session.optimizers))
+
+
+def mark_enclosing(i: int) -> None:
+    """The running loops outside ``ACTIVE[i]`` record their RNG states at each iteration start
+    from now on (fast-forward gives them back to the body prefix it reruns)."""
+    for loop in loops.ACTIVE[:i]:
+        if type(loop) is loops.ActiveLoop and loop.frame.f_back is not None:
+            loop.__class__ = loops.EnclosingLoop
+
+
+def describe_source(loop, source):
+    """``loops.describe_source``: the fast-forward note of a loop that may be on a snapshot's
+    path. A loop that starts inside a running step loop's body ends before that loop's next
+    boundary, the only safe point while it runs, so it needs none (unless it is a step loop
+    itself): this keeps the cost of taking RNG states out of training steps."""
+    try:
+        part = _note_source(source)
+    except Exception:  # an adapter that cannot read this source: consumed, and checked, on replay
+        part = {"kind": "iter"}
+    if part is None or _inside_step_body(loop):
+        return None
+    return {**part, "rng": rng.compact()}
+
+
+def _inside_step_body(loop) -> bool:
+    if not _step_loops and not session.config.get("at"):
+        return False
+    if is_step_loop(loop):
+        return False
+    for other in loops.ACTIVE:
+        if is_step_loop(other) and other.frame.f_back is not None:
+            return True
+    return False
+
+
+class _AfterImport:
+    """A meta path entry that runs ``callback(module)`` right after ``name`` is imported."""
+
+    def __init__(self, name: str, callback):
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util
+
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module, callback = spec.loader.exec_module, self.callback
+
+        def exec_then_hook(module):
+            exec_module(module)
+            callback(module)
+
+        spec.loader.exec_module = exec_then_hook
+        return spec
+
+
+def _at_matches(loop) -> bool:
+    at = session.config.get("at")
+    if not at:
+        return False
+    file, _, line = at.rpartition(":")
+    code_file = loop.frame.f_code.co_filename
+    return loop.loop_id.split(":")[0] == line and (code_file == file or code_file.endswith("/" + file.lstrip("./")))
+
+
+def _check_stepper(frame) -> None:
+    """Once, at the first optimizer step: if a loop in code gpusnap does not instrument (a
+    framework's trainer) runs the steps, say so now, not when a snapshot never comes."""
+    global _stepper_checked
+    _stepper_checked = True
+    found = safepoints.uninstrumented_step_loop(frame)
+    if found is not None:
+        where, modules = found
+        option = " ".join(f"--instrument {module}" for module in modules)
+        print(
+            f"gpusnap: the optimizer steps inside a loop at {where}, which gpusnap does not instrument: "
+            f"a snapshot waits for a loop boundary of your own code ({option} instruments the way there)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def is_step_loop(loop) -> bool:
+    return (id(loop.frame.f_code), loop.loop_id) in _step_loops or _at_matches(loop)
+
+
+def is_safe_point(loop) -> bool:
+    if not safepoints.returnable(loop.frame):
+        return False
+    if is_step_loop(loop):
+        return True
+    # A step loop further out is running: wait for its own boundary.
+    return not any(is_step_loop(other) and other.frame.f_back is not None for other in loops.ACTIVE)

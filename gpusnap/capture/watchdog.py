@@ -1,0 +1,80 @@
+"""The writer's watchdog, in the trainee: a writer that makes no progress for too long is hung,
+and is killed so that the snapshot fails and the next one can run.
+
+A forked writer can hang for reasons it cannot report: stopped (SIGSTOP, a debugger), blocked
+forever on a lock that another trainee thread held at fork time (the classic hazard of forking
+a threaded process), stuck on a file system that stopped answering. Progress is read from the
+outside, so a hung writer needs no cooperation: CPU time spent (``/proc/PID/schedstat``, else
+``/proc/PID/stat``), or being runnable (a writer at idle priority waits for a core while the
+trainee keeps them busy: slow, not hung). A writer that computes forever is busy by this
+measure; ``--grace`` bounds a SIGTERM snapshot.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+
+from gpusnap import knobs
+
+_STATES = {"S": "blocked", "D": "blocked on I/O", "T": "stopped", "t": "stopped by a tracer"}
+
+
+def timeout_for(image_nbytes: int) -> float:
+    """Seconds without progress after which the writer counts as hung: GPUSNAP_WRITER_TIMEOUT_S,
+    or by default a minute plus one second per 50 MB of the trainee's memory (the image the
+    writer reads: paging it in from swap, or writing it to a slow disk, can block the writer
+    without a tick of CPU for longer when it is larger)."""
+    if knobs.WRITER_TIMEOUT_S > 0:
+        return knobs.WRITER_TIMEOUT_S
+    return 60.0 + image_nbytes / 50e6
+
+
+def _sample(pid: int) -> tuple[str, int] | None:
+    """(state letter, CPU time in the kernel's finest unit), None once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        state = fields[0].decode()
+        try:
+            with open(f"/proc/{pid}/schedstat", "rb") as f:
+                cpu = int(f.read().split()[0])  # nanoseconds on a CPU
+        except (OSError, ValueError, IndexError):
+            cpu = int(fields[11]) + int(fields[12])  # utime + stime, clock ticks
+    except (OSError, ValueError, IndexError):
+        return None
+    return state, cpu
+
+
+def read_report(read_fd: int, pid: int, timeout_s: float) -> tuple[bytes, str | None]:
+    """Everything the writer ``pid`` sends on ``read_fd`` until it closes it, and why it was
+    killed (None when it was not): after ``timeout_s`` with no progress it is sent SIGKILL,
+    which closes the pipe."""
+    chunks: list[bytes] = []
+    hung = None
+    sample_s = min(1.0, timeout_s / 4)
+    last_cpu = None
+    quiet_since = time.monotonic()
+    while True:
+        ready, _, _ = select.select([read_fd], [], [], sample_s)
+        now = time.monotonic()
+        if ready:
+            data = os.read(read_fd, 65536)
+            if not data:
+                return b"".join(chunks), hung
+            chunks.append(data)
+            quiet_since = now
+            continue
+        sample = _sample(pid)
+        if sample is None or hung is not None:
+            continue  # gone or killed: the end of the pipe follows
+        state, cpu = sample
+        if state == "R" or cpu != last_cpu:
+            last_cpu, quiet_since = cpu, now
+        elif now - quiet_since >= timeout_s:
+            os.kill(pid, signal.SIGKILL)
+            hung = (f"the writer (pid {pid}) made no progress for {timeout_s:g} s "
+                    f"({_STATES.get(state, state)}) and was killed; earlier snapshots are intact, training goes on "
+                    "(GPUSNAP_WRITER_TIMEOUT_S sets the limit)")

@@ -1,0 +1,59 @@
+"""The fake GPU: strict fake ``cuda.bindings.driver``/``runtime`` modules and ``FakeBackend``.
+
+``install()`` puts the fake modules where ``from cuda.bindings import driver, runtime`` finds
+them, so a program written for cuda-python runs unchanged on a machine without a GPU (the entry
+point for the boot of a run on the fake device, to be called before the program's imports). ``FakeBackend`` is the
+CUDA backend itself over the fake driver, fingerprint launches included; the launched
+"kernels" are NumPy emulations built on the reference (in stream order, at synchronize).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from gpusnap.device.cuda import CudaBackend
+from gpusnap.device.fake import driver, runtime
+from gpusnap.device.fake.kernels import FINGERPRINT_IMAGE
+from gpusnap.device.fake.machine import reset  # noqa: F401  (tests: a fresh fake machine)
+
+_MODULES = {"cuda.bindings.driver": driver, "cuda.bindings.runtime": runtime}
+_saved: dict[str, object] = {}
+
+
+def install() -> None:
+    """Make ``cuda.bindings.driver`` and ``runtime`` the fake ones in this process."""
+    import cuda.bindings
+
+    for name, module in _MODULES.items():
+        if name not in _saved:
+            _saved[name] = sys.modules.get(name)
+        sys.modules[name] = module
+        setattr(cuda.bindings, name.rsplit(".", 1)[1], module)
+
+
+def uninstall() -> None:
+    import cuda.bindings
+
+    for name, module in _saved.items():
+        attr = name.rsplit(".", 1)[1]
+        if module is None:
+            sys.modules.pop(name, None)
+            if hasattr(cuda.bindings, attr):
+                delattr(cuda.bindings, attr)
+        else:
+            sys.modules[name] = module
+            setattr(cuda.bindings, attr, module)
+    _saved.clear()
+
+
+class FakeBackend(CudaBackend):
+    """The CUDA backend over the fake driver, launches included: only the kernel image is the
+    fake's (its launches are NumPy emulations, ``fake/kernels.py``), so no NVRTC is needed."""
+
+    name = "fake"
+
+    def __init__(self):
+        super().__init__(driver)
+
+    def kernel_image(self, ordinal: int) -> bytes:
+        return FINGERPRINT_IMAGE

@@ -1,0 +1,27 @@
+"""Framework iterators that an adapter can put back where they stood (accelerate's
+``DataLoaderShard`` generator, Lightning's fetchers): the table both halves read.
+
+Keyed by the name of an iterator's generator function (``module.qualname``) or of a class on
+its MRO. An adapter has ``kind`` (the note's), ``describe(obj, read) -> dict | None`` (the writer,
+``capture.loopnotes``; None: the generic description) and ``check(live, info, path, scene) ->
+problem | None`` (replay, ``restore.livecheck``). ``gpusnap.frameworks`` fills it.
+"""
+
+from __future__ import annotations
+
+import types
+
+ADAPTERS: dict = {}
+
+
+def adapter_for(obj):
+    if isinstance(obj, types.GeneratorType):
+        frame = obj.gi_frame
+        names = [f"{frame.f_globals.get('__name__')}.{obj.__qualname__}"] if frame is not None else []
+    else:
+        names = [f"{cls.__module__}.{cls.__qualname__}" for cls in type(obj).__mro__]
+    return next((ADAPTERS[name] for name in names if name in ADAPTERS), None)
+
+
+def adapter_of_kind(kind):
+    return next((adapter for adapter in ADAPTERS.values() if adapter.kind == kind), None)

@@ -1,0 +1,41 @@
+"""The leaf of the store: the format version and what a committed snapshot is, with no imports
+of the store's other modules (the run directory calls the writer, checker and collector, which
+need these)."""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import asdict, dataclass
+
+FORMAT_VERSION = 1
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+@dataclass
+class SnapshotInfo:
+    id: str
+    created: str
+    iteration: int | None
+    stall_s: float | None
+    bytes_written: int
+    bytes_total: int
+    resumed_from: str | None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_manifest(cls, m: dict) -> "SnapshotInfo":
+        stats = m.get("stats") or {}
+        return cls(
+            id=m["id"],
+            created=m.get("created", ""),
+            iteration=m.get("iteration"),
+            stall_s=m.get("stall_s"),
+            bytes_written=int(stats.get("bytes_written", 0)),
+            bytes_total=int(stats.get("bytes_total", 0)),
+            resumed_from=m.get("resumed_from"),
+        )
