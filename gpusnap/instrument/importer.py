@@ -6,8 +6,8 @@ precedence). It asks ``PathFinder`` for the spec and, when the module is the use
 spec's ``SourceFileLoader`` for an ``InstrumentingLoader``; any other spec is returned as found,
 so uninstrumented imports cost one lookup, as without the hook.
 
-A module is the user's when its name is, or is inside, a module named by ``--instrument`` or by
-a framework's ``gpusnap.frameworks.LOOP_MODULES`` (its step loop); or
+A module is the user's when its name is, or is inside, a module named by ``--instrument`` (boot
+adds the known frameworks' step-loop modules, ``gpusnap.frameworks.loop_modules()``); or
 its file is under a path named by ``--instrument``; or its file is under a root (the main
 script's directory) and not in site-packages / dist-packages, the standard library or gpusnap.
 
