@@ -74,6 +74,24 @@ _ALWAYS_LIVE = (
 )
 
 
+# Classes named "module.Qualname" (any class in the MRO; gpusnap.frameworks adds them):
+# LIVE_NAMES are kept live-only (a framework's iterators, whose pickled state would be wrong);
+# WHOLE_STATE are pickled with their whole __dict__, not what their __getstate__ returns, which
+# leaves out what a process that goes on needs (a LightningModule's trainer) because it was
+# written for sending a copy elsewhere.
+LIVE_NAMES: set[str] = set()
+WHOLE_STATE: set[str] = set()
+_named: dict[tuple[type, int], bool] = {}
+
+
+def _is_named(cls, names: set[str]) -> bool:
+    key = (cls, id(names))
+    found = _named.get(key)
+    if found is None:
+        found = _named[key] = any(f"{k.__module__}.{k.__qualname__}" in names for k in cls.__mro__)
+    return found
+
+
 def type_name(obj) -> str:
     cls = type(obj)
     return f"{cls.__module__}.{cls.__qualname__}"
@@ -145,7 +163,7 @@ class GraphPickler(pickle.Pickler):
         np = self._np
         if np is not None and type(obj) is np.ndarray and not obj.dtype.hasobject and obj.dtype.names is None:
             return self._reduce_ndarray(obj)
-        if isinstance(obj, self._live_types):
+        if isinstance(obj, self._live_types) or (LIVE_NAMES and _is_named(type(obj), LIVE_NAMES)):
             return self._live(obj)
         if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
             return NotImplemented if _findable(obj) else self._live(obj)
@@ -153,7 +171,10 @@ class GraphPickler(pickle.Pickler):
             return self._live(obj)
         try:
             reducer = copyreg.dispatch_table.get(type(obj))
-            return _guarded(obj, reducer(obj) if reducer is not None else obj.__reduce_ex__(PROTOCOL))
+            rv = reducer(obj) if reducer is not None else obj.__reduce_ex__(PROTOCOL)
+            if WHOLE_STATE and _is_named(type(obj), WHOLE_STATE) and isinstance(rv, tuple) and len(rv) > 2 and isinstance(rv[2], dict):
+                rv = (*rv[:2], dict(vars(obj)), *rv[3:])
+            return _guarded(obj, rv)
         except Exception:
             return self._live(obj)
 

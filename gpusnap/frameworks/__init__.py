@@ -8,4 +8,11 @@ step loop and the calls on the way there: they are instrumented by default, as i
 
 from __future__ import annotations
 
-LOOP_MODULES: dict[str, tuple[str, ...]] = {}
+_LIGHTNING_LOOPS = ("trainer.trainer", "trainer.call", "loops.fit_loop", "loops.training_epoch_loop")
+
+LOOP_MODULES: dict[str, tuple[str, ...]] = {
+    # Trainer.fit -> call._call_and_handle_interrupt -> Trainer._run_stage -> FitLoop.run (epochs)
+    # -> _TrainingEpochLoop.run, whose `while not self.done` steps the optimizer. Both packages.
+    "lightning": tuple(f"lightning.pytorch.{m}" for m in _LIGHTNING_LOOPS),
+    "pytorch_lightning": tuple(f"pytorch_lightning.{m}" for m in _LIGHTNING_LOOPS),
+}

@@ -23,6 +23,7 @@ from importlib.machinery import PathFinder, SourceFileLoader
 
 import xxhash
 
+from gpusnap.frameworks import LOOP_MODULES
 from gpusnap.instrument import cache, loops, transform
 
 SOURCES: dict[str, str] = {}
@@ -113,6 +114,8 @@ class Policy:
         """``instrument`` entries are paths (they contain a separator, end in ``.py`` or exist)
         or dotted module names; an entry that is both counts as both."""
         paths, names = [], []
+        # Framework trainers' loop modules are instrumented whenever the program imports them.
+        instrument = [*instrument, *(m for modules in LOOP_MODULES.values() for m in modules)]
         for entry in instrument:
             entry = str(entry)
             is_name = not entry.endswith(".py") and all(p.isidentifier() for p in entry.split("."))

@@ -15,6 +15,8 @@ is fast-forwarded: a silent divergence. So the writer records, for each live-onl
 - a generator: created or finished, the replayed one must be too; suspended, the replayed one
   must have the same fingerprint (position, and every local digested): else it cannot be
   positioned.
+- an iterator whose class has an entry in ``ADAPTERS`` (a framework's, added by
+  ``gpusnap.frameworks``): what the adapter's ``describe`` says, checked by its ``check``.
 - any other iterator: its position is unknown.
 
 Iterators that fast-forward positioned itself (a loop's source) are left alone. What fails is
@@ -29,6 +31,7 @@ import io
 import re
 import sys
 import types
+import weakref
 from array import array
 
 import xxhash
@@ -44,6 +47,14 @@ HINT = (
 _MISSING = object()
 _MAX_DEPTH = 8
 _ITER_TYPES = (type(iter([])), type(iter(())), type(iter(range(1))), type(iter(range(1 << 64))))
+# A proxy's type has every slot, __next__ included, whatever its referent is.
+_PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
+
+# Class name ("module.Qualname", looked up along the MRO) -> adapter for a framework's iterator
+# that the snapshot keeps live-only: ``KIND`` (the ``kind`` its descriptions carry),
+# ``describe(obj, read) -> dict`` (writer) and ``check(live, info, path, say) -> problem | None``
+# (replay: put the live one where ``info`` says, or say why not).
+ADAPTERS: dict[str, object] = {}
 
 
 def _loader_iter_class():
@@ -61,6 +72,11 @@ def describe(obj, read=None) -> dict | None:
 
 
 def _describe(obj, read):
+    if isinstance(obj, _PROXIES):
+        return None
+    adapter = adapter_for(type(obj))
+    if adapter is not None:
+        return {**adapter.describe(obj, read), "kind": adapter.KIND}
     if isinstance(obj, types.GeneratorType):
         return {"kind": "generator", "state": inspect.getgeneratorstate(obj), "fingerprint": fingerprint(obj, read, strict=True)}
     loader_iter = _loader_iter_class()
@@ -73,6 +89,14 @@ def _describe(obj, read):
         }
     if hasattr(type(obj), "__next__") and not isinstance(obj, io.IOBase):
         return {"kind": "iterator"}
+    return None
+
+
+def adapter_for(cls):
+    for klass in cls.__mro__:
+        adapter = ADAPTERS.get(f"{klass.__module__}.{klass.__qualname__}")
+        if adapter is not None:
+            return adapter
     return None
 
 
@@ -135,10 +159,13 @@ def check(live_only: list, frames: list, modules: dict, positioned: set, say) ->
         if live is not _MISSING and id(live) in positioned:
             continue
         kind = info.get("kind")
+        adapter = next((a for a in ADAPTERS.values() if a.KIND == kind), None)
         if kind == "dataloader_iter":
-            problem = _loader_iter(live, info, path, say)
+            problem = position_loader_iter(live, info, path, say)
         elif kind == "generator":
             problem = _generator(live, info, path)
+        elif adapter is not None:
+            problem = adapter.check(live, info, path, say) if live is not _MISSING else f"cannot find the {entry.get('type')} that the run that took the snapshot held at {path}"
         else:
             problem = f"cannot position the iterator at {path} ({entry.get('type')}): a snapshot cannot record where it stood"
         if problem:
@@ -146,7 +173,8 @@ def check(live_only: list, frames: list, modules: dict, positioned: set, say) ->
     return problems
 
 
-def _loader_iter(live, info: dict, path: str, say) -> str | None:
+def position_loader_iter(live, info: dict, path: str, say) -> str | None:
+    """Advance the DataLoader iterator ``live`` to where ``info`` says; a problem, or None."""
     loader_iter = _loader_iter_class()
     if live is _MISSING or loader_iter is None or not isinstance(live, loader_iter):
         return f"cannot find the DataLoader iterator that the run that took the snapshot held at {path}"

@@ -1,0 +1,83 @@
+"""Lightning (``lightning.pytorch`` and ``pytorch_lightning``, tested with 2.6).
+
+``Trainer.fit`` steps the optimizer in ``_TrainingEpochLoop.run``'s ``while not self.done``,
+reached through ``trainer.trainer``, ``trainer.call`` and ``FitLoop.run``'s ``while`` over epochs:
+those modules are in ``LOOP_MODULES`` (instrumented when imported), so that ``while`` is the step
+loop and its boundary the safe point. Everything the trainer holds (its loops' progress
+counters, callbacks, LR scheduler configs, loggers, the module and its optimizers) is ordinary
+state that the snapshot keeps and the merge writes into the replayed trainer.
+
+What it cannot keep is where the batches come from. The epoch loop calls ``next()`` by hand on a
+data fetcher, over a ``CombinedLoader`` whose ``_ModeIterator`` holds one iterator per
+DataLoader; ``_ModeIterator.__getstate__`` even writes None for DataLoader iterators. So the
+``_ModeIterator`` is live-only, and ``ModeIteratorAdapter`` records and restores its position:
+each DataLoader iterator's (livecheck's ``dataloader_iter``: batches taken, base seed, index
+sampler fingerprint) and its own counters.
+"""
+
+from __future__ import annotations
+
+from gpusnap.capture import pickler
+from gpusnap.restore import livecheck
+
+_PACKAGES = ("lightning.pytorch", "pytorch_lightning")
+_MODE_ITERATOR = "utilities.combined_loader._ModeIterator"
+# Their __getstate__ drops what the running trainer needs: the module's trainer, the strategy's
+# LightningOptimizers (live-only: their class is made at run time, so the replay's are kept),
+# the signal connector's original handlers.
+_WHOLE_STATE = ("core.module.LightningModule", "strategies.strategy.Strategy", "trainer.connectors.signal_connector._SignalConnector")
+# Plain counters of _ModeIterator and its subclasses (_MaxSizeCycle, _MinSize, _MaxSize,
+# _Sequential); "iterables" and "iterators" are the replayed program's own.
+_COUNTERS = ("_idx", "_consumed", "_iterator_idx")
+
+
+class ModeIteratorAdapter:
+    """``CombinedLoader``'s iterator (``_ModeIterator``): its counters and its DataLoader iterators."""
+
+    KIND = "lightning_mode_iterator"
+
+    def describe(self, it, read=None) -> dict:
+        return {
+            "class": type(it).__qualname__,
+            "counters": {name: getattr(it, name) for name in _COUNTERS if name in vars(it)},
+            "limits": repr(it.limits),  # batches per loader: inf where a loader has no length
+            "iterators": [livecheck.describe(sub, read) for sub in it.iterators],
+        }
+
+    def check(self, live, info: dict, path: str, say) -> str | None:
+        if type(live).__qualname__ != info["class"]:
+            return f"found a {type(live).__qualname__} at {path}, the run that took the snapshot had a {info['class']}"
+        saved = info["iterators"]
+        if len(live.iterators) != len(saved) or info["limits"] != repr(live.limits):
+            return f"found the combined loader at {path} over other data loaders than in the run that took the snapshot"
+        if any(not sub or sub.get("kind") != "dataloader_iter" for sub in saved):
+            return f"cannot position the combined loader at {path}: it iterates something other than DataLoaders"
+        if any(_seed_differs(it, sub) for it, sub in zip(live.iterators, saved)):
+            # Past its first epoch the original made this epoch's iterators in
+            # _TrainingEpochLoop.on_run_start, just before the step loop; the replay, whose epoch
+            # counter reads 0 until the merge, kept the first epoch's. Its epoch started from the
+            # RNG states the original's had and ran the same code up to here, so making them
+            # now draws the same base seeds, which position_loader_iter then checks.
+            iter(live)
+            say(f"made the data loader iterators of {path} again, as the epoch that took the snapshot did")
+        for i, (it, sub) in enumerate(zip(live.iterators, saved)):
+            problem = livecheck.position_loader_iter(it, sub, f"{path}.iterators[{i}]", say)
+            if problem:
+                return problem
+        for name, value in info["counters"].items():
+            setattr(live, name, value)
+        return None
+
+
+def _seed_differs(it, info: dict) -> bool:
+    return info.get("base_seed") is not None and getattr(it, "_base_seed", None) != info["base_seed"]
+
+
+def register() -> None:
+    """Tell the pickler and the replay's iterator check about Lightning's iterators."""
+    adapter = ModeIteratorAdapter()
+    for package in _PACKAGES:
+        name = f"{package}.{_MODE_ITERATOR}"
+        pickler.LIVE_NAMES.add(name)
+        livecheck.ADAPTERS[name] = adapter
+        pickler.WHOLE_STATE.update(f"{package}.{cls}" for cls in _WHOLE_STATE)
