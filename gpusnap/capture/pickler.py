@@ -165,8 +165,19 @@ class GraphPickler(pickle.Pickler):
             return self._reduce_ndarray(obj)
         if isinstance(obj, self._live_types) or (LIVE_NAMES and _is_named(type(obj), LIVE_NAMES)):
             return self._live(obj)
-        if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
-            return NotImplemented if _findable(obj) else self._live(obj)
+        if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)) and _findable(obj):
+            return NotImplemented
+        if type(obj) in (types.MethodType, types.BuiltinFunctionType):
+            # getattr(owner, name) (torch.mean is torch._C._VariableFunctionsClass's): the
+            # owner goes into the graph, so restore can bind a method to the live counterpart
+            # of a snapshot object (merge).
+            try:
+                rv = obj.__reduce_ex__(PROTOCOL)
+            except Exception:
+                return self._live(obj)
+            return _guarded(obj, rv) if isinstance(rv, tuple) else self._live(obj)
+        if isinstance(obj, (type, types.FunctionType)):
+            return self._live(obj)
         if not _findable(type(obj)):
             return self._live(obj)
         try:
