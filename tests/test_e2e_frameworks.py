@@ -1,11 +1,32 @@
-"""Framework trainers run their step loops in site-packages, which gpusnap does not instrument.
-Until their loops are supported, a run must say so at the first optimizer step, naming the loop
-and the modules on the way to it, instead of waiting silently for a safe point that never comes."""
+"""Framework trainers run their step loops in site-packages. Lightning's loop modules are
+instrumented by default (gpusnap.frameworks): a `Trainer.fit` run snapshots in its step loop and
+restarts to the same bytes. For a trainer whose loop is not instrumented, a run must say so at the
+first optimizer step, naming the loop and the modules on the way to it, instead of waiting
+silently for a safe point that never comes."""
 
 from __future__ import annotations
 
+import os
+import random
+import time
+
 import pytest
-from harness import Run, gpusnap, programs_and_out, progress, snapshot_now, wait_for
+from harness import (
+    Run,
+    assert_same,
+    gpusnap,
+    interrupt,
+    load_final,
+    plain,
+    programs_and_out,
+    progress,
+    ref_and_out,
+    copy_programs,
+    snapshot_now,
+    wait_for,
+)
+
+SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")]
 
 FRAMEWORKS = {
     # name: (module to import, program, the loop the notice names, modules it names)
@@ -14,12 +35,6 @@ FRAMEWORKS = {
         "hf_trainer.py",
         "transformers/trainer.py:",
         ["transformers.trainer"],
-    ),
-    "lightning": (
-        "lightning",
-        "lightning_fit.py",
-        "lightning/pytorch/loops/training_epoch_loop.py:",
-        ["lightning.pytorch.trainer.trainer", "lightning.pytorch.loops.fit_loop", "lightning.pytorch.loops.training_epoch_loop"],
     ),
 }
 
@@ -57,3 +72,35 @@ def test_an_instrumented_trainer_refuses_rather_than_restart_its_epoch_iterator_
     assert refused.returncode == 6, refused.stderr
     assert "locals.epoch_iterator holds a generator that the program advances itself" in refused.stderr
     assert not (out / "final.pt").exists()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_lightning_fit_restarts_to_the_same_bytes(tmp_path, seed):
+    """The plain command: a snapshot at a random step past the first epoch lands in Lightning's
+    step loop; after kill -9, restart positions the shuffled DataLoader's iterator inside the
+    trainer's CombinedLoader by its index sampler (no skipped batch loaded) and merges the
+    trainer's state (loop progress, optimizer, LR schedule, logged metrics, logger, callback)."""
+    pytest.importorskip("lightning")
+    started = time.monotonic()
+    rnd = random.Random(f"lightning/{seed}")
+    print(f"seed {seed}")
+    program = copy_programs(tmp_path) / "frameworks" / "lightning_fit.py"
+    ref, out = ref_and_out(tmp_path)
+    env = {"OMP_NUM_THREADS": "1"}
+    plain(program, ref, cwd=tmp_path, env=env)
+    total = progress(ref)
+    per_epoch = total // 3  # 320 samples in batches of 16, 3 epochs
+    print(f"reference: {total} steps in {time.monotonic() - started:.1f} s")
+
+    run = Run("run", "--dir", "snaps", program, out, cwd=tmp_path, env={**env, "TEST_STEP_SLEEP_S": "0.05"})
+    snap = interrupt(run, out, tmp_path / "snaps", tmp_path, rnd, total, floor=per_epoch)
+    print(f"snapshot {snap['id']} at iteration {snap['iteration']}, killed at step {progress(out)}")
+    assert per_epoch < snap["iteration"] <= progress(out)
+
+    restarted = gpusnap("restart", "snaps", cwd=tmp_path, env=env)
+    print(*[line for line in restarted.stderr.splitlines() if line.startswith("gpusnap:")], sep="\n")
+    assert restarted.returncode == 0, restarted.stderr
+    assert f"restored snapshot {snap['id']}" in restarted.stderr
+    assert "batches through its index sampler" in restarted.stderr
+    assert_same(load_final(ref), load_final(out))
+    print(f"lightning: {time.monotonic() - started:.1f} s")
