@@ -114,8 +114,6 @@ class Policy:
         """``instrument`` entries are paths (they contain a separator, end in ``.py`` or exist)
         or dotted module names; an entry that is both counts as both."""
         paths, names = [], []
-        # Framework trainers' loop modules are instrumented whenever the program imports them.
-        instrument = [*instrument, *(m for modules in LOOP_MODULES.values() for m in modules)]
         for entry in instrument:
             entry = str(entry)
             is_name = not entry.endswith(".py") and all(p.isidentifier() for p in entry.split("."))
@@ -156,6 +154,8 @@ class InstrumentFinder:
 def install(roots=(), instrument=()) -> InstrumentFinder:
     """Install the hook (once; a second call replaces the first)."""
     uninstall()
+    # Framework trainers' loop modules are instrumented whenever the program imports them.
+    instrument = [*instrument, *(m for modules in LOOP_MODULES.values() for m in modules)]
     finder = InstrumentFinder(Policy.from_config(roots, instrument))
     try:
         at = sys.meta_path.index(PathFinder)
