@@ -77,8 +77,9 @@ def test_an_instrumented_trainer_refuses_rather_than_restart_its_epoch_iterator_
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_lightning_fit_restarts_to_the_same_bytes(tmp_path, seed):
     """The plain command: a snapshot at a random step past the first epoch lands in Lightning's
-    step loop; after kill -9, restart positions the shuffled DataLoader's iterator inside the
-    trainer's CombinedLoader by its index sampler (no skipped batch loaded) and merges the
+    step loop; after kill -9, restart makes the shuffled DataLoader's iterator inside the
+    trainer's CombinedLoader again, at its batch, by its index sampler (no skipped batch
+    loaded), and merges the
     trainer's state (loop progress, optimizer, LR schedule, logged metrics, logger, callback)."""
     pytest.importorskip("lightning")
     started = time.monotonic()
@@ -101,6 +102,6 @@ def test_a_lightning_fit_restarts_to_the_same_bytes(tmp_path, seed):
     print(*[line for line in restarted.stderr.splitlines() if line.startswith("gpusnap:")], sep="\n")
     assert restarted.returncode == 0, restarted.stderr
     assert f"restored snapshot {snap['id']}" in restarted.stderr
-    assert "batches through its index sampler" in restarted.stderr
+    assert "again at their saved batches (by batch sampler)" in restarted.stderr
     assert_same(load_final(ref), load_final(out))
     print(f"lightning: {time.monotonic() - started:.1f} s")

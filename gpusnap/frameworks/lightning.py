@@ -18,7 +18,7 @@ sampler fingerprint) and its own counters.
 from __future__ import annotations
 
 from gpusnap.capture import pickler
-from gpusnap.restore import livecheck
+from gpusnap.restore import fastforward, livecheck
 
 _PACKAGES = ("lightning.pytorch", "pytorch_lightning")
 _MODE_ITERATOR = "utilities.combined_loader._ModeIterator"
@@ -56,17 +56,41 @@ class ModeIteratorAdapter:
             # Past its first epoch the original made this epoch's iterators in
             # _TrainingEpochLoop.on_run_start, just before the step loop; the replay, whose epoch
             # counter reads 0 until the merge, kept the first epoch's. Its epoch started from the
-            # RNG states the original's had and ran the same code up to here, so making them
-            # now draws the same base seeds, which position_loader_iter then checks.
-            iter(live)
-            say(f"made the data loader iterators of {path} again, as the epoch that took the snapshot did")
+            # RNG states the original's had and ran the same code up to here, so iterators made
+            # now draw the same base seeds (checked below, with where their samplers stand).
+            problem = _make_again(live, saved, path, say)
+        else:
+            problem = None
+            for i, (it, sub) in enumerate(zip(live.iterators, saved)):
+                problem = problem or livecheck.position_loader_iter(it, sub, f"{path}.iterators[{i}]", say)
+        if problem:
+            return problem
+        for name, value in info["counters"].items():
+            setattr(live, name, value)
+        return None
+
+
+def _make_again(live, saved: list, path: str, say) -> str | None:
+    if not all(map(fastforward.skips_by_sampler, live.iterables)):  # iterable-style: take batches
+        iter(live)
+        say(f"made the DataLoader iterators of {path} again, as the epoch that took the snapshot did")
         for i, (it, sub) in enumerate(zip(live.iterators, saved)):
             problem = livecheck.position_loader_iter(it, sub, f"{path}.iterators[{i}]", say)
             if problem:
                 return problem
-        for name, value in info["counters"].items():
-            setattr(live, name, value)
         return None
+    # As the original: every iter() (base seeds), then each sampler's first draw, in order.
+    made = [fastforward.loader_iterator_at(loader, sub["yielded"]) for loader, sub in zip(live.iterables, saved)]
+    samplers = [fastforward.start(it) for it in made]
+    live.iterators = made
+    for i, (it, sampler, sub) in enumerate(zip(made, samplers, saved)):
+        where = f"{path}.iterators[{i}]"
+        if _seed_differs(it, sub):
+            return f"found the DataLoader iterator at {where} made from other random numbers than in the run that took the snapshot"
+        if sub.get("sampler") and livecheck.fingerprint(sampler, strict=False) != sub["sampler"]:
+            return f"found the DataLoader iterator at {where} with its sampler elsewhere than in the run that took the snapshot"
+    say(f"made the DataLoader iterators of {path} again at their saved batches (by batch sampler), as the epoch that took the snapshot made them")
+    return None
 
 
 def _seed_differs(it, info: dict) -> bool:

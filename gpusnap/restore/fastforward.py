@@ -371,6 +371,25 @@ def _dataloader_at(loader, skip: int, note: dict, restore_torch: bool = True, st
     return it
 
 
+def skips_by_sampler(loader) -> bool:
+    """Can ``loader_iterator_at`` make ``loader``'s iterator?"""
+    return isinstance(_adapter(type(loader)), DataLoaderAdapter) and _samples_by_index(loader)
+
+
+def loader_iterator_at(loader, skip: int):
+    """``iter(loader)`` (``skips_by_sampler``), made now from the RNG states as they are, whose
+    index sampler skips ``skip`` batches once ``start``ed: no skipped sample is loaded, by
+    workers either."""
+    return _dataloader_at(loader, skip, {}, restore_torch=False, start=False)
+
+
+def start(it):
+    """Skip what ``loader_iterator_at`` made it skip; the underlying index sampler iterator."""
+    _start(it)
+    sampler_iter = it._sampler_iter
+    return sampler_iter._it if isinstance(sampler_iter, _SkipIter) else sampler_iter
+
+
 def _start(it, ctx: Context | None = None, at: tuple = ()) -> None:
     sampler_iter = getattr(it, "_sampler_iter", None)
     if isinstance(sampler_iter, _SkipIter):
