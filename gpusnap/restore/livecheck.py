@@ -164,8 +164,10 @@ def check(live_only: list, frames: list, modules: dict, positioned: set, say) ->
             problem = position_loader_iter(live, info, path, say)
         elif kind == "generator":
             problem = _generator(live, info, path)
+        elif adapter is not None and live is _MISSING:
+            problem = f"cannot find the {entry.get('type')} that the run that took the snapshot held at {path}"
         elif adapter is not None:
-            problem = adapter.check(live, info, path, say) if live is not _MISSING else f"cannot find the {entry.get('type')} that the run that took the snapshot held at {path}"
+            problem = adapter.check(live, info, path, say)
         else:
             problem = f"cannot position the iterator at {path} ({entry.get('type')}): a snapshot cannot record where it stood"
         if problem:

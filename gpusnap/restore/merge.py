@@ -347,6 +347,8 @@ class Merger:
                 func = resolve(item.func, path + ".func")
                 args = tuple(resolve(a, path + f".args[{i}]") for i, a in enumerate(item.args))
                 kwargs = {k: resolve(v, path + f".keywords[{k!r}]") for k, v in item.keywords.items()}
+                if func is item.func and all(a is b for a, b in zip(args, item.args)) and kwargs == item.keywords:
+                    return item
                 return functools.partial(func, *args, **kwargs)
             if type(item) is tuple:
                 rebuilt = tuple(resolve(x, path + f"[{i}]") for i, x in enumerate(item))
