@@ -18,6 +18,7 @@ sampler fingerprint) and its own counters.
 from __future__ import annotations
 
 from gpusnap.capture import pickler
+from gpusnap.instrument import loops
 from gpusnap.restore import fastforward, livecheck
 
 _PACKAGES = ("lightning.pytorch", "pytorch_lightning")
@@ -48,6 +49,10 @@ class ModeIteratorAdapter:
         if type(live).__qualname__ != info["class"]:
             return f"found a {type(live).__qualname__} at {path}, the run that took the snapshot had a {info['class']}"
         saved = info["iterators"]
+        if not _advanced_by_step_loop(live):
+            # An evaluation loop's (validation during fit): every evaluation run makes its
+            # iterators anew (EvaluationLoop.setup_data), and none is on a snapshot's path.
+            return None
         if len(live.iterators) != len(saved) or info["limits"] != repr(live.limits):
             return f"found the combined loader at {path} over other data loaders than in the run that took the snapshot"
         if any(not sub or sub.get("kind") != "dataloader_iter" for sub in saved):
@@ -65,9 +70,22 @@ class ModeIteratorAdapter:
                 problem = problem or livecheck.position_loader_iter(it, sub, f"{path}.iterators[{i}]", say)
         if problem:
             return problem
-        for name, value in info["counters"].items():
-            setattr(live, name, value)
+        _set_counters(live, info)
         return None
+
+
+def _advanced_by_step_loop(live) -> bool:
+    """Is ``live`` the iterator of the data fetcher that the running epoch loop (the innermost
+    loop: replay checks at its start) takes its batches from?"""
+    running = loops.ACTIVE[-1].frame.f_locals.get("data_fetcher") if loops.ACTIVE else None
+    if running is None:
+        return True  # not Lightning's epoch loop: position it
+    return getattr(getattr(running, "iterator", None), "_iterator", None) is live
+
+
+def _set_counters(live, info: dict) -> None:
+    for name, value in info["counters"].items():
+        setattr(live, name, value)
 
 
 def _make_again(live, saved: list, path: str, say) -> str | None:
