@@ -79,8 +79,9 @@ def test_a_lightning_fit_restarts_to_the_same_bytes(tmp_path, seed):
     """The plain command: a snapshot at a random step past the first epoch lands in Lightning's
     step loop; after kill -9, restart makes the shuffled DataLoader's iterator inside the
     trainer's CombinedLoader again, at its batch, by its index sampler (no skipped batch
-    loaded), and merges the
-    trainer's state (loop progress, optimizer, LR schedule, logged metrics, logger, callback)."""
+    loaded), and merges the trainer's state (loop progress, optimizer, LR schedule, logged
+    metrics, logger, callback). A validation run in the middle of each epoch leaves its own
+    CombinedLoader iterator behind, which restart must leave alone."""
     pytest.importorskip("lightning")
     started = time.monotonic()
     rnd = random.Random(f"lightning/{seed}")

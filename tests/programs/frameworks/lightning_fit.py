@@ -1,5 +1,6 @@
 """A LightningModule fit by Lightning's Trainer on generated data, shuffled: Adam with a per-step
-LR schedule, metrics logged to CSV, a callback that reports progress and keeps the losses.
+LR schedule, validation twice per epoch, metrics logged to CSV, a callback that reports progress
+and keeps the losses.
 usage: lightning_fit.py OUT [--epochs N]"""
 import argparse
 import os
@@ -22,6 +23,10 @@ class Regressor(L.LightningModule):
         loss = torch.nn.functional.mse_loss(self.net(x), y)
         self.log("loss", loss)
         return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
 
     def configure_optimizers(self):
         optimizer = torch.optim.Adam(self.parameters(), lr=1e-2)
@@ -53,13 +58,15 @@ def main():
         accelerator="cpu",
         logger=CSVLogger(args.out, name="logs"),
         log_every_n_steps=3,
+        val_check_interval=0.5,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         callbacks=[progress_callback],
         default_root_dir=args.out,
     )
-    trainer.fit(model, loader)
+    val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1)), batch_size=16)
+    trainer.fit(model, loader, val)
     finish(
         model=model.state_dict(),
         optimizer=trainer.optimizers[0].state_dict(),
