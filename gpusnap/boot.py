@@ -216,9 +216,7 @@ def main(argv=None) -> None:
     atexit.register(_exit_by_sigint)
 
     from gpusnap.capture import agent
-    from gpusnap.frameworks import lightning
 
-    lightning.register()
     agent.install(config)
     _run(code, namespace)
 

@@ -78,3 +78,19 @@ def test_the_adapter_is_found_for_every_mode():
         loader = combined.CombinedLoader([_loader()], mode)
         iter(loader)
         assert livecheck.describe(loader._iterator)["kind"] == "lightning_mode_iterator"
+
+
+def test_importing_a_loop_module_registers_the_framework():
+    """The import hook calls frameworks.on_import for what it instruments; the first Lightning
+    loop module registers Lightning's support, which a program without Lightning never loads."""
+    from gpusnap import frameworks
+    from gpusnap.capture import pickler
+
+    name = "lightning.pytorch.utilities.combined_loader._ModeIterator"
+    pickler.LIVE_NAMES.discard(name)
+    livecheck.ADAPTERS.pop(name, None)
+    frameworks._registered.discard("lightning")
+    frameworks.on_import("lightning.pytorch.utilities.data")  # not a loop module
+    assert name not in pickler.LIVE_NAMES
+    frameworks.on_import("lightning.pytorch.loops.fit_loop")
+    assert name in pickler.LIVE_NAMES and name in livecheck.ADAPTERS

@@ -23,7 +23,7 @@ from importlib.machinery import PathFinder, SourceFileLoader
 
 import xxhash
 
-from gpusnap.frameworks import LOOP_MODULES
+from gpusnap import frameworks
 from gpusnap.instrument import cache, loops, transform
 
 SOURCES: dict[str, str] = {}
@@ -145,6 +145,7 @@ class InstrumentFinder:
         if spec is not None and type(spec.loader) is SourceFileLoader and spec.origin:
             if self.policy.wants(fullname, spec.origin):
                 spec.loader = InstrumentingLoader(fullname, spec.origin)
+                frameworks.on_import(fullname)
         return spec
 
     def invalidate_caches(self):
@@ -155,7 +156,7 @@ def install(roots=(), instrument=()) -> InstrumentFinder:
     """Install the hook (once; a second call replaces the first)."""
     uninstall()
     # Framework trainers' loop modules are instrumented whenever the program imports them.
-    instrument = [*instrument, *(m for modules in LOOP_MODULES.values() for m in modules)]
+    instrument = [*instrument, *(m for modules in frameworks.LOOP_MODULES.values() for m in modules)]
     finder = InstrumentFinder(Policy.from_config(roots, instrument))
     try:
         at = sys.meta_path.index(PathFinder)
