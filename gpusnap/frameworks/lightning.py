@@ -1,18 +1,20 @@
-"""Lightning (``lightning.pytorch`` and ``pytorch_lightning``, tested with 2.6).
+"""Lightning (``lightning.pytorch`` and ``pytorch_lightning``; tested with lightning 2.6.6).
 
 ``Trainer.fit`` steps the optimizer in ``_TrainingEpochLoop.run``'s ``while not self.done``,
 reached through ``trainer.trainer``, ``trainer.call`` and ``FitLoop.run``'s ``while`` over epochs:
-those modules are in ``LOOP_MODULES`` (instrumented when imported), so that ``while`` is the step
-loop and its boundary the safe point. Everything the trainer holds (its loops' progress
-counters, callbacks, LR scheduler configs, loggers, the module and its optimizers) is ordinary
-state that the snapshot keeps and the merge writes into the replayed trainer.
+those modules are in ``LOOP_MODULES`` (instrumented when imported, which also calls
+``register``), so that ``while`` is the step loop and its boundary the safe point. Everything
+the trainer holds (its loops' progress counters, callbacks, LR scheduler configs, loggers, the
+module and its optimizers) is ordinary state that the snapshot keeps and the merge writes into
+the replayed trainer; a few classes whose ``__getstate__`` leaves out what a running trainer
+needs are pickled whole (``_WHOLE_STATE``).
 
 What it cannot keep is where the batches come from. The epoch loop calls ``next()`` by hand on a
 data fetcher, over a ``CombinedLoader`` whose ``_ModeIterator`` holds one iterator per
-DataLoader; ``_ModeIterator.__getstate__`` even writes None for DataLoader iterators. So the
-``_ModeIterator`` is live-only, and ``ModeIteratorAdapter`` records and restores its position:
-each DataLoader iterator's (livecheck's ``dataloader_iter``: batches taken, base seed, index
-sampler fingerprint) and its own counters.
+DataLoader (and whose ``__getstate__`` writes None for those). So the ``_ModeIterator`` is
+live-only, and ``ModeIteratorAdapter`` records its counters and each DataLoader iterator's
+position (livecheck's ``dataloader_iter``: batches taken, base seed, index sampler fingerprint),
+and at replay puts the running epoch's back there (see ``check``) or refuses.
 """
 
 from __future__ import annotations
