@@ -1,8 +1,9 @@
 """Framework trainers run their step loops in site-packages. Lightning's loop modules are
 instrumented by default (gpusnap.frameworks): a `Trainer.fit` run snapshots in its step loop and
-restarts to the same bytes. For a trainer whose loop is not instrumented, a run must say so at the
-first optimizer step, naming the loop and the modules on the way to it, instead of waiting
-silently for a safe point that never comes."""
+restarts to the same bytes. For a trainer whose loop is not instrumented (transformers', or one
+gpusnap knows nothing of: tests/programs/frameworks/site-packages/minitrainer.py), a run must say
+so at the first optimizer step, naming the loop and the modules on the way to it, instead of
+waiting silently for a safe point that never comes."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")]
 
 FRAMEWORKS = {
     # name: (module to import, program, the loop the notice names, modules it names)
+    "unknown": ("torch", "unknown_trainer.py", "site-packages/minitrainer.py:", ["minitrainer"]),
     "transformers": (
         "transformers",
         "hf_trainer.py",
