@@ -255,6 +255,8 @@ def test_methods_of_an_object_born_mid_run_call_the_live_owner(tmp_path):
     owner = Reducer()
     meta = Obj()
     meta.fn, meta.call, meta.reduce_fx = owner.reduce, functools.partial(owner.reduce, 1), torch.mean
+    # methods of a module's own generator: the live module's, never a copy of the generator
+    meta.draw, meta.uniform, meta.noise = random.randint, random.random, np.random.rand
     snap, _ = snapshot_and_load(tmp_path, {"owner": owner, "meta": meta})
     live_owner = Reducer()
     merger = Merger()
@@ -264,6 +266,8 @@ def test_methods_of_an_object_born_mid_run_call_the_live_owner(tmp_path):
     assert made.fn == live_owner.reduce and made.fn.__self__ is live_owner
     assert made.call.func.__self__ is live_owner and made.call() == 1
     assert made.reduce_fx is torch.mean
+    assert made.draw == random.randint and made.draw.__self__ is random._inst
+    assert made.uniform == random.random and made.noise == np.random.rand
 
 
 class Forwarding:

@@ -42,6 +42,7 @@ from gpusnap.graph.load import (  # noqa: F401  (re-exported: older snapshots na
     _construct,
     _live_only,
     _load_storage,
+    _module_attribute,
     _rebuild_ndarray,
     _rebuild_tensor,
     _set_state,
@@ -168,14 +169,7 @@ class GraphPickler(pickle.Pickler):
         if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)) and _findable(obj):
             return NotImplemented
         if type(obj) in (types.MethodType, types.BuiltinFunctionType):
-            # getattr(owner, name) (torch.mean is torch._C._VariableFunctionsClass's): the
-            # owner goes into the graph, so restore can bind a method to the live counterpart
-            # of a snapshot object (merge).
-            try:
-                rv = obj.__reduce_ex__(PROTOCOL)
-            except Exception:
-                return self._live(obj)
-            return _guarded(obj, rv) if isinstance(rv, tuple) else self._live(obj)
+            return self._reduce_method(obj)
         if isinstance(obj, (type, types.FunctionType)):
             return self._live(obj)
         if not _findable(type(obj)):
@@ -188,6 +182,25 @@ class GraphPickler(pickle.Pickler):
             return _guarded(obj, rv)
         except Exception:
             return self._live(obj)
+
+    def _reduce_method(self, obj):
+        """A module's own (``random.randint``, a method of its generator) by name; a method of
+        a Python object as getattr(owner, name), the owner in the graph, so restore binds it to
+        the owner's live counterpart (merge); a builtin as getattr(its class or module, name)
+        (``torch.mean``). A builtin bound to an instance stays live-only: a copy of that
+        instance would take its place."""
+        name, owner = getattr(obj, "__name__", None), getattr(obj, "__self__", None)
+        # A builtin's __module__ is None: random.random is found through its owner's class.
+        for module in (getattr(obj, "__module__", None), type(owner).__module__):
+            if module in sys.modules and name and getattr(sys.modules[module], name, None) == obj:
+                return _module_attribute, (module, name)
+        if type(obj) is types.BuiltinFunctionType and not (owner is None or isinstance(owner, (type, types.ModuleType))):
+            return self._live(obj)
+        try:
+            rv = obj.__reduce_ex__(PROTOCOL)
+        except Exception:
+            return self._live(obj)
+        return _guarded(obj, rv) if isinstance(rv, tuple) else self._live(obj)
 
     def _live(self, obj):
         serial = len(self.live_only)
