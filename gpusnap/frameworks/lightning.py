@@ -19,6 +19,8 @@ and at replay puts the running epoch's back there (see ``check``) or refuses.
 
 from __future__ import annotations
 
+import torch
+
 from gpusnap.capture import pickler
 from gpusnap.instrument import loops
 from gpusnap.restore import fastforward, livecheck
@@ -59,6 +61,7 @@ class ModeIteratorAdapter:
             return f"found the combined loader at {path} over other data loaders than in the run that took the snapshot"
         if any(not sub or sub.get("kind") != "dataloader_iter" for sub in saved):
             return f"cannot position the combined loader at {path}: it iterates something other than DataLoaders"
+        before = torch.get_rng_state()
         if any(_seed_differs(it, sub) for it, sub in zip(live.iterators, saved)):
             # Past its first epoch the original made this epoch's iterators in
             # _TrainingEpochLoop.on_run_start, just before the step loop; the replay, whose epoch
@@ -67,9 +70,15 @@ class ModeIteratorAdapter:
             # now draw the same base seeds (checked below, with where their samplers stand).
             problem = _make_again(live, saved, path, say)
         else:
-            problem = None
-            for i, (it, sub) in enumerate(zip(live.iterators, saved)):
-                problem = problem or livecheck.position_loader_iter(it, sub, f"{path}.iterators[{i}]", say)
+            problem = _position_each(live, saved, path, say)
+        if problem and any(getattr(loader, "persistent_workers", False) for loader in live.iterables):
+            # A persistent-workers iterator keeps its base seed across epochs, and reset at this
+            # epoch's start, it drew its order then. Its replay, never reset, drew it at setup:
+            # reset it now, from the RNG state it had before this attempt, and check again.
+            torch.set_rng_state(before)
+            iter(live)
+            say(f"reset the persistent-workers DataLoader iterators of {path}, as the epoch that took the snapshot did")
+            problem = _position_each(live, saved, path, say)
         if problem:
             return problem
         _set_counters(live, info)
@@ -90,15 +99,19 @@ def _set_counters(live, info: dict) -> None:
         setattr(live, name, value)
 
 
+def _position_each(live, saved: list, path: str, say) -> str | None:
+    for i, (it, sub) in enumerate(zip(live.iterators, saved)):
+        problem = livecheck.position_loader_iter(it, sub, f"{path}.iterators[{i}]", say)
+        if problem:
+            return problem
+    return None
+
+
 def _make_again(live, saved: list, path: str, say) -> str | None:
     if not all(map(fastforward.skips_by_sampler, live.iterables)):  # iterable-style: take batches
         iter(live)
         say(f"made the DataLoader iterators of {path} again, as the epoch that took the snapshot did")
-        for i, (it, sub) in enumerate(zip(live.iterators, saved)):
-            problem = livecheck.position_loader_iter(it, sub, f"{path}.iterators[{i}]", say)
-            if problem:
-                return problem
-        return None
+        return _position_each(live, saved, path, say)
     # As the original: every iter() (base seeds), then each sampler's first draw, in order.
     made = [fastforward.loader_iterator_at(loader, sub["yielded"]) for loader, sub in zip(live.iterables, saved)]
     samplers = [fastforward.start(it) for it in made]
