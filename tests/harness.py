@@ -66,6 +66,14 @@ def plain(
     return result
 
 
+def start_plain(program: Path, *args, cwd: Path, env: dict | None = None, python: str = sys.executable) -> subprocess.Popen:
+    """``plain`` in the background, for a reference run beside the run under test (the caller
+    waits for it: ``communicate()``)."""
+    return subprocess.Popen(
+        [python, str(program), *map(str, args)], cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(env)
+    )
+
+
 def _env(extra: dict | None = None) -> dict:
     env = dict(os.environ)
     env.setdefault("TEST_STEP_SLEEP_S", "0.01")

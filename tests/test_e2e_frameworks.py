@@ -1,7 +1,7 @@
-"""Framework trainers under the plain `gpusnap run`. The transformers Trainer's step loop lives in
-site-packages (transformers.trainer), which gpusnap instruments by default
-(gpusnap/frameworks); an Accelerate loop is the program's own, over a DataLoader wrapper that
-fast-forward positions by its batch sampler. Each is run uninterrupted, and again under
+"""Framework trainers under the plain `gpusnap run`. The step loops of the transformers Trainer
+(transformers.trainer) and of Lightning's `Trainer.fit` (lightning.pytorch.loops) live in
+site-packages, which gpusnap instruments by default (gpusnap/frameworks); an Accelerate loop is
+the program's own, over a DataLoader wrapper that fast-forward positions by its batch sampler. Each is run uninterrupted, and again under
 `gpusnap run` with SIGUSR1 at a random step, kill -9 of the whole group a few steps later, then
 `gpusnap restart`: the final bytes must be the uninterrupted run's. One seed per program by
 default (printed); GPUSNAP_TEST_SEEDS=1,2,3 runs more.
@@ -16,7 +16,21 @@ import random
 import time
 
 import pytest
-from harness import Run, assert_same, kill_and_restart, load_final, plain, programs_and_out, progress, wait_for
+from harness import (
+    Run,
+    assert_same,
+    copy_programs,
+    gpusnap,
+    interrupt,
+    kill_and_restart,
+    load_final,
+    plain,
+    programs_and_out,
+    progress,
+    ref_and_out,
+    start_plain,
+    wait_for,
+)
 
 SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")]
 ENV = {"OMP_NUM_THREADS": "1"}
@@ -65,13 +79,7 @@ def test_a_framework_trainer_restarts_to_the_same_bytes(tmp_path, name, seed):
 
 # name: (module to import, program, the loop the notice names, modules it names)
 UNKNOWN = {
-    "a library's trainer": (None, "unknown_trainer.py", "trainerlib.py:", ["trainerlib"]),
-    "lightning": (
-        "lightning",
-        "lightning_fit.py",
-        "lightning/pytorch/loops/training_epoch_loop.py:",
-        ["lightning.pytorch.trainer.trainer", "lightning.pytorch.loops.fit_loop", "lightning.pytorch.loops.training_epoch_loop"],
-    ),
+    "a library's trainer": (None, "unknown_trainer.py", "site-packages/minitrainer.py:", ["minitrainer"]),
 }
 
 
@@ -90,3 +98,36 @@ def test_a_step_loop_gpusnap_does_not_instrument_is_named_at_the_first_step(tmp_
     assert loop in notices[0] and "which gpusnap does not instrument" in notices[0]
     for needed in modules:
         assert f"--instrument {needed}" in notices[0]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_lightning_fit_restarts_to_the_same_bytes(tmp_path, seed):
+    """The plain command: a snapshot at a random step past the first epoch lands in Lightning's
+    step loop; after kill -9, restart makes the shuffled DataLoader's iterator inside the
+    trainer's CombinedLoader again, at its batch, by its index sampler (no skipped batch
+    loaded), and merges the trainer's state (loop progress, optimizer, LR schedule, logged
+    metrics, logger, callback). A validation run in the middle of each epoch leaves its own
+    CombinedLoader iterator behind, which restart must leave alone."""
+    pytest.importorskip("lightning")
+    started = time.monotonic()
+    rnd = random.Random(f"lightning/{seed}")
+    print(f"seed {seed}")
+    program = copy_programs(tmp_path) / "frameworks" / "lightning_fit.py"
+    ref, out = ref_and_out(tmp_path)
+    reference = start_plain(program, ref, cwd=tmp_path, env=ENV)  # beside the run: most of each is start-up
+    per_epoch, total = 20, 60  # 320 samples in batches of 16, 3 epochs
+
+    run = Run("run", "--dir", "snaps", program, out, cwd=tmp_path, env={**ENV, "TEST_STEP_SLEEP_S": "0.05"})
+    snap = interrupt(run, out, tmp_path / "snaps", tmp_path, rnd, total, floor=per_epoch)
+    print(f"snapshot {snap['id']} at iteration {snap['iteration']}, killed at step {progress(out)}")
+    assert per_epoch < snap["iteration"] <= progress(out)
+
+    restarted = gpusnap("restart", "snaps", cwd=tmp_path, env=ENV)
+    print(*[line for line in restarted.stderr.splitlines() if line.startswith("gpusnap:")], sep="\n")
+    assert restarted.returncode == 0, restarted.stderr
+    assert f"restored snapshot {snap['id']}" in restarted.stderr
+    assert "again at their saved batches (by batch sampler)" in restarted.stderr
+    _, err = reference.communicate(timeout=240)
+    assert reference.returncode == 0 and progress(ref) == total, err
+    assert_same(load_final(ref), load_final(out))
+    print(f"lightning: {time.monotonic() - started:.1f} s")

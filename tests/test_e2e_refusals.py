@@ -62,3 +62,21 @@ def test_other_arguments_are_refused_before_anything_runs(tmp_path):
     assert refused.stderr.startswith("gpusnap: ")
     assert "argument" in refused.stderr.splitlines()[0]
     assert not (out / "final.pt").exists()
+
+
+def test_an_exception_in_the_first_iteration_after_the_merge_is_a_refusal(tmp_path):
+    """The state a class's __getstate__ leaves out comes back as None: the program fails at once
+    after the merge. That is gpusnap's failure to restore, not the program's: exit 6."""
+    programs, out = programs_and_out(tmp_path)
+    run = Run("run", "--dir", "snaps", programs / "drops_state.py", out, cwd=tmp_path, env={"TEST_STEP_SLEEP_S": "0.03"})
+    wait_for(lambda: progress(out) >= 5, "step 5", proc=run)
+    snap = snapshot_now(run, tmp_path / "snaps", tmp_path)
+    run.kill_group()
+    refused = gpusnap("restart", "snaps", cwd=tmp_path)
+    assert refused.returncode == 6, refused.stderr
+    assert (
+        f"gpusnap: restore refused: the program stopped with TypeError: 'NoneType' object is not subscriptable "
+        f"in its first iteration after snapshot {snap['id']} was merged at"
+    ) in refused.stderr
+    assert "hint: the restored state may lack something the program needs" in refused.stderr
+    assert not (out / "final.json").exists()

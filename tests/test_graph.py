@@ -242,6 +242,34 @@ def test_an_object_born_mid_run_at_a_root_place_follows_the_live_objects(tmp_pat
     assert values["tracker"].weights is live_w
 
 
+class Reducer:
+    def reduce(self, value):
+        return value
+
+
+def test_methods_of_an_object_born_mid_run_call_the_live_owner(tmp_path):
+    """Metadata made during training (Lightning's logged metrics) holds a bound method of a
+    long-lived object, a partial of it and a builtin reached by attribute (torch.mean): after the
+    merge they must call the live object, not a snapshot copy, and compare equal to the live
+    program's own (Lightning checks that)."""
+    owner = Reducer()
+    meta = Obj()
+    meta.fn, meta.call, meta.reduce_fx = owner.reduce, functools.partial(owner.reduce, 1), torch.mean
+    # methods of a module's own generator: the live module's, never a copy of the generator
+    meta.draw, meta.uniform, meta.noise = random.randint, random.random, np.random.rand
+    snap, _ = snapshot_and_load(tmp_path, {"owner": owner, "meta": meta})
+    live_owner = Reducer()
+    merger = Merger()
+    values = {name: merger.value({"owner": live_owner}.get(name), value, f"locals.{name}") for name, value in snap.items()}
+    merger.finish()
+    made = merger.settled(values["meta"])
+    assert made.fn == live_owner.reduce and made.fn.__self__ is live_owner
+    assert made.call.func.__self__ is live_owner and made.call() == 1
+    assert made.reduce_fx is torch.mean
+    assert made.draw == random.randint and made.draw.__self__ is random._inst
+    assert made.uniform == random.random and made.noise == np.random.rand
+
+
 class Forwarding:
     """A wrapper in the style of tqdm's: unknown attributes are read from the wrapped object."""
 

@@ -582,6 +582,18 @@ def test_hook_sits_before_pathfinder(hooked):
     assert isinstance(kinds[-2], importer.InstrumentFinder) and kinds[-1] is PathFinder
 
 
+def test_framework_loop_modules_are_instrumented_by_default():
+    from gpusnap import frameworks
+
+    frameworks.load()
+    finder = importer.install(roots=["/proj"], instrument=frameworks.loop_modules())  # as boot does
+    try:
+        assert finder.policy.wants("lightning.pytorch.loops.training_epoch_loop", "/v/site-packages/lightning/pytorch/loops/training_epoch_loop.py")
+        assert not finder.policy.wants("lightning.pytorch.loops.utilities", "/v/site-packages/lightning/pytorch/loops/utilities.py")
+    finally:
+        importer.uninstall()
+
+
 def test_policy():
     import os
 

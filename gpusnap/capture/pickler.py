@@ -42,6 +42,7 @@ from gpusnap.graph.load import (  # noqa: F401  (re-exported: older snapshots na
     _construct,
     _live_only,
     _load_storage,
+    _module_attribute,
     _rebuild_ndarray,
     _rebuild_tensor,
     _set_state,
@@ -72,6 +73,24 @@ _ALWAYS_LIVE = (
     threading.Barrier,
     io.IOBase,
 )
+
+
+# Classes named "module.Qualname" (any class in the MRO; gpusnap.frameworks adds them):
+# LIVE_NAMES are kept live-only (a framework's iterators, whose pickled state would be wrong);
+# WHOLE_STATE are pickled with their whole __dict__, not what their __getstate__ returns, which
+# leaves out what a process that goes on needs (a LightningModule's trainer) because it was
+# written for sending a copy elsewhere.
+LIVE_NAMES: set[str] = set()
+WHOLE_STATE: set[str] = set()
+_named: dict[tuple[type, int], bool] = {}
+
+
+def _is_named(cls, names: set[str]) -> bool:
+    key = (cls, id(names))
+    found = _named.get(key)
+    if found is None:
+        found = _named[key] = any(f"{k.__module__}.{k.__qualname__}" in names for k in cls.__mro__)
+    return found
 
 
 def type_name(obj) -> str:
@@ -145,17 +164,43 @@ class GraphPickler(pickle.Pickler):
         np = self._np
         if np is not None and type(obj) is np.ndarray and not obj.dtype.hasobject and obj.dtype.names is None:
             return self._reduce_ndarray(obj)
-        if isinstance(obj, self._live_types):
+        if isinstance(obj, self._live_types) or (LIVE_NAMES and _is_named(type(obj), LIVE_NAMES)):
             return self._live(obj)
-        if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
-            return NotImplemented if _findable(obj) else self._live(obj)
+        if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)) and _findable(obj):
+            return NotImplemented
+        if type(obj) in (types.MethodType, types.BuiltinFunctionType):
+            return self._reduce_method(obj)
+        if isinstance(obj, (type, types.FunctionType)):
+            return self._live(obj)
         if not _findable(type(obj)):
             return self._live(obj)
         try:
             reducer = copyreg.dispatch_table.get(type(obj))
-            return _guarded(obj, reducer(obj) if reducer is not None else obj.__reduce_ex__(PROTOCOL))
+            rv = reducer(obj) if reducer is not None else obj.__reduce_ex__(PROTOCOL)
+            if WHOLE_STATE and _is_named(type(obj), WHOLE_STATE) and isinstance(rv, tuple) and len(rv) > 2 and isinstance(rv[2], dict):
+                rv = (*rv[:2], dict(vars(obj)), *rv[3:])
+            return _guarded(obj, rv)
         except Exception:
             return self._live(obj)
+
+    def _reduce_method(self, obj):
+        """A module's own (``random.randint``, a method of its generator) by name; a method of
+        a Python object as getattr(owner, name), the owner in the graph, so restore binds it to
+        the owner's live counterpart (merge); a builtin as getattr(its class or module, name)
+        (``torch.mean``). A builtin bound to an instance stays live-only: a copy of that
+        instance would take its place."""
+        name, owner = getattr(obj, "__name__", None), getattr(obj, "__self__", None)
+        # A builtin's __module__ is None: random.random is found through its owner's class.
+        for module in (getattr(obj, "__module__", None), type(owner).__module__):
+            if module in sys.modules and name and getattr(sys.modules[module], name, None) == obj:
+                return _module_attribute, (module, name)
+        if type(obj) is types.BuiltinFunctionType and not (owner is None or isinstance(owner, (type, types.ModuleType))):
+            return self._live(obj)
+        try:
+            rv = obj.__reduce_ex__(PROTOCOL)
+        except Exception:
+            return self._live(obj)
+        return _guarded(obj, rv) if isinstance(rv, tuple) else self._live(obj)
 
     def _live(self, obj):
         serial = len(self.live_only)

@@ -143,7 +143,7 @@ class ShardIterator:
         if bool(shard.end_of_dataloader) != info["ended"]:
             where = "at" if shard.end_of_dataloader else "before"
             return f"found the DataLoaderShard iterator at {path} {where} its end, unlike the run that took the snapshot"
-        return livecheck.loader_iter(_base(gen), inner, f"{path} (its DataLoader's)", scene.say)
+        return livecheck.position_loader_iter(_base(gen), inner, f"{path} (its DataLoader's)", scene.say)
 
 
 def _base(gen):

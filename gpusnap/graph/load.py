@@ -12,6 +12,7 @@ importable by both sides: restore must never import capture. Placeholders:
 
 from __future__ import annotations
 
+import importlib
 import pickle
 import threading
 
@@ -66,6 +67,12 @@ def _construct(func, args, type_name):
         return func(*args)
     except Exception as exc:  # noqa: BLE001 - any failure: the merge decides what it means
         return Unbuilt(type_name, f"{type(exc).__name__}: {exc}")
+
+
+def _module_attribute(module, name):
+    """``module.name`` in this process (``random.randint``: a method of the module's own
+    generator, which restore must not replace by a copy)."""
+    return getattr(importlib.import_module(module), name)
 
 
 def _set_state(obj, state):

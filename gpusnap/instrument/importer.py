@@ -154,6 +154,7 @@ class InstrumentFinder:
 def install(roots=(), instrument=()) -> InstrumentFinder:
     """Install the hook (once; a second call replaces the first)."""
     uninstall()
+    # Framework trainers' loop modules are instrumented whenever the program imports them.
     finder = InstrumentFinder(Policy.from_config(roots, instrument))
     try:
         at = sys.meta_path.index(PathFinder)

@@ -412,6 +412,24 @@ def skipping(loader, skip: int, note: dict, restore_torch: bool = True):
             it._num_yielded += skip
 
 
+def skips_by_sampler(loader) -> bool:
+    """Can ``loader_iterator_at`` make ``loader``'s iterator?"""
+    return isinstance(_adapter(type(loader)), DataLoaderAdapter) and samples_by_index(loader)
+
+
+def loader_iterator_at(loader, skip: int):
+    """``iter(loader)`` (``skips_by_sampler``), made now from the RNG states as they are, whose
+    index sampler skips ``skip`` batches once ``start``ed: no skipped sample is loaded, by
+    workers either."""
+    return _dataloader_at(loader, skip, {}, restore_torch=False, start=False)
+
+
+def start(it):
+    """Skip what ``loader_iterator_at`` made it skip; the underlying index sampler iterator."""
+    start_skipping(it)
+    return it._sampler_iter
+
+
 def start_skipping(it, ctx: Context | None = None, at: tuple = ()) -> None:
     sampler_iter = getattr(it, "_sampler_iter", None)
     if isinstance(sampler_iter, _SkipIter):

@@ -89,7 +89,7 @@ def check(live_only: list, frames: list, modules: dict, positioned: set, say, rn
             scene = Scene(say, list(rng_states), path, frames, modules)
             problem = adapter.check(None if live is _MISSING else live, info, path, scene)
         elif kind == "dataloader_iter":
-            problem = loader_iter(live, info, path, say)
+            problem = position_loader_iter(live, info, path, say)
         elif kind == "generator":
             problem = _generator(live, info, path)
         else:
@@ -99,7 +99,7 @@ def check(live_only: list, frames: list, modules: dict, positioned: set, say, rn
     return problems
 
 
-def loader_iter(live, info: dict, path: str, say) -> str | None:
+def position_loader_iter(live, info: dict, path: str, say) -> str | None:
     """A DataLoader iterator advanced to its saved position and checked there, or a problem."""
     iter_class = loader_iter_class()
     if live is _MISSING or iter_class is None or not isinstance(live, iter_class):

@@ -29,8 +29,10 @@ step is a generator that yields the child places it needs), so depth costs memor
 from __future__ import annotations
 
 import enum
+import functools
 import random
 import sys
+import types
 
 from gpusnap.errors import StateMismatch
 from gpusnap.graph.load import LiveOnly, Unbuilt
@@ -343,6 +345,18 @@ class Merger:
                 return item
             if id(item) in self.aligned:
                 return self.aligned[id(item)]
+            # A bound method or partial made during training (Lightning's logged-metric metadata
+            # holds strategy.reduce) must call the live object, not the snapshot's copy of it.
+            if type(item) is types.MethodType:
+                owner = resolve(item.__self__, path + ".__self__")
+                return item if owner is item.__self__ else types.MethodType(item.__func__, owner)
+            if type(item) is functools.partial:
+                func = resolve(item.func, path + ".func")
+                args = tuple(resolve(a, path + f".args[{i}]") for i, a in enumerate(item.args))
+                kwargs = {k: resolve(v, path + f".keywords[{k!r}]") for k, v in item.keywords.items()}
+                if func is item.func and all(a is b for a, b in zip(args, item.args)) and kwargs == item.keywords:
+                    return item
+                return functools.partial(func, *args, **kwargs)
             if type(item) is tuple:
                 rebuilt = tuple(resolve(x, path + f"[{i}]") for i, x in enumerate(item))
                 return item if all(a is b for a, b in zip(rebuilt, item)) else rebuilt

@@ -45,6 +45,7 @@ class Replay:
         self.expected = [dict(loop, **frames[loop["frame"]]) for loop in self.manifest["loops"]]
         self.cursor = 0
         self.merged = False
+        self.merged_at = None  # (loop, its index) at the merge
         self.started_s = time.perf_counter()
         self.fastforward_s = 0.0
         self.fastforwards: list[dict] = []
@@ -183,6 +184,7 @@ class Replay:
             if collecting:
                 gc.enable()
         self.merged = True
+        self.merged_at = (loop, loop.index)
         active = None
         loops.on_loop_start = loops.replaying = None
 
@@ -306,14 +308,32 @@ def diverged_by_step() -> None:
 
 
 def _check_reached(replay: Replay) -> None:
-    if replay.merged:
-        return
     escaped = getattr(sys, "last_value", None)  # set by boot when an exception left the program
+    if replay.merged:
+        _check_first_iteration(replay, escaped)
+        return
     if escaped is not None and not isinstance(escaped, SystemExit):
         how = f"stopped with {_one_line(escaped)}"
     else:
         how = "ended"
     fail(ReplayDiverged(f"the program {how} before reaching the saved position at {replay.not_reached()}"))
+
+
+def _check_first_iteration(replay: Replay, escaped) -> None:
+    """An exception that ends the program before the resumed loop's next boundary is blamed on
+    the restore (a class whose pickled state leaves out what the program needs, as Lightning's
+    CombinedLoader iterator did): the restart refuses (exit 6) instead of passing it off as the
+    program's own failure."""
+    if escaped is None or isinstance(escaped, (SystemExit, KeyboardInterrupt)) or replay.merged_at is None:
+        return
+    loop, index = replay.merged_at
+    if loop.index <= index + 1:  # still in the first iteration after the merge
+        fail(RestoreError(
+            f"the program stopped with {_one_line(escaped)} in its first iteration after snapshot {replay.snap_id} "
+            f"was merged at {_short(loop.where())}",
+            "the restored state may lack something the program needs (please report this); `gpusnap inspect DIR` "
+            "shows what the snapshot holds, --snapshot ID restores an earlier one",
+        ))
 
 
 _BUG_HINT = (

@@ -1,15 +1,14 @@
-"""A program whose step loop is a library's that gpusnap knows nothing of (../trainerlib.py).
+"""A model fit by a trainer that gpusnap knows nothing of (site-packages/minitrainer.py).
 usage: unknown_trainer.py OUT"""
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(here, ".."), os.path.join(here, "site-packages")]
 import torch
-import trainerlib
-from common import finish
+from common import finish, progress
+from minitrainer import fit
 
-torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
-batches = [(torch.randn(8, 4), torch.randn(8, 1)) for _ in range(10)]
-trainerlib.fit(model, torch.optim.SGD(model.parameters(), lr=0.1), batches, epochs=50)
+fit(model, torch.optim.SGD(model.parameters(), lr=0.01), steps=400, report=progress)
 finish(model=model.state_dict())
