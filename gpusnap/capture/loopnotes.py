@@ -22,11 +22,14 @@ from __future__ import annotations
 import inspect
 import io
 import types
+import weakref
 
 from gpusnap.graph import rng
 from gpusnap.graph.digest import MISSING, digest, fingerprint, loader_iter_class, part_of
 from gpusnap.graph.iterators import adapter_for
 from gpusnap.instrument import loops
+
+_PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
 
 
 def note_json(note, read=None):
@@ -100,6 +103,8 @@ def describe(obj, read=None) -> dict | None:
 
 
 def _describe(obj, read):
+    if isinstance(obj, _PROXIES):
+        return None  # a weak proxy's type has every slot, __next__ included, whatever it refers to
     adapter = adapter_for(obj)
     info = adapter.describe(obj, read) if adapter is not None else None
     if info is not None:
