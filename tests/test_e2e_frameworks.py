@@ -66,6 +66,7 @@ def test_a_framework_trainer_restarts_to_the_same_bytes(tmp_path, name, seed):
 # name: (module to import, program, the loop the notice names, modules it names)
 UNKNOWN = {
     "a library's trainer": (None, "unknown_trainer.py", "trainerlib.py:", ["trainerlib"]),
+    "a library's wrapper": (None, "wrapped_loop.py", "wrapped_loop.py:18 (train), called through", ["trainerlib"]),
     "lightning": (
         "lightning",
         "lightning_fit.py",

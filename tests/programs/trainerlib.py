@@ -13,3 +13,14 @@ def fit(model, optimizer, batches, epochs):
             optimizer.step()
             progress(getattr(fit, "steps", 0) + 1)
             fit.steps = getattr(fit, "steps", 0) + 1
+
+
+def retrying(function, *args, attempts=3):
+    """Calls ``function`` again when it raises, as a library's retry decorator does."""
+    while True:
+        try:
+            return function(*args)
+        except RuntimeError:
+            attempts -= 1
+            if not attempts:
+                raise
