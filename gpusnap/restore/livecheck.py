@@ -15,6 +15,9 @@ is fast-forwarded: a silent divergence. So the writer records, for each live-onl
 - a generator: created or finished, the replayed one must be too; suspended, the replayed one
   must have the same fingerprint (position, and every local digested): else it cannot be
   positioned.
+- a framework's iterator with an adapter in ``ADAPTERS`` (an Accelerate ``DataLoaderShard``'s
+  generator): the adapter describes it, and positions the replayed one or replaces it with one it
+  positioned (``Scene.replace``);
 - any other iterator: its position is unknown.
 
 Iterators that fast-forward positioned itself (a loop's source) are left alone. What fails is
@@ -65,7 +68,8 @@ def describe(obj, read=None) -> dict | None:
 # A framework's iterator that an adapter can position, by the name of its generator function
 # (``module.qualname``) or of a class on its MRO. An adapter has ``kind`` (the note's),
 # ``describe(obj, read) -> dict | None`` (None: the generic description) and
-# ``check(live, info, path, say) -> problem | None``. gpusnap.frameworks fills it.
+# ``check(live, info, path, scene) -> problem | None`` (``scene``: a ``Scene``; ``live``: None
+# where the replay holds nothing at ``path``). gpusnap.frameworks fills it.
 ADAPTERS: dict = {}
 
 
@@ -171,7 +175,14 @@ class Scene:
                 if value is old:
                     namespace[name] = new
         gc.collect()
-        if any(not isinstance(holder, types.FrameType) for holder in gc.get_referrers(old)):
+        # Frames on the stack (replay's own, the path's) may still name it; any other holder
+        # (a container, an object, a suspended generator's frame) would go on with it.
+        running = set()
+        frame = sys._getframe()
+        while frame is not None:
+            running.add(id(frame))
+            frame = frame.f_back
+        if any(id(holder) not in running for holder in gc.get_referrers(old)):
             return f"cannot replace the iterator at {self._path}: the replayed program holds it in another place too"
         return None
 
