@@ -6,8 +6,8 @@ the program's own, over a DataLoader wrapper that fast-forward positions by its 
 `gpusnap restart`: the final bytes must be the uninterrupted run's. One seed per program by
 default (printed); GPUSNAP_TEST_SEEDS=1,2,3 runs more.
 
-A trainer gpusnap does not know still says, at the first optimizer step, which loop steps the
-optimizer and which `--instrument` modules would make its boundaries safe points."""
+A trainer gpusnap does not know, or a step loop reached through a library's wrapper, still says, at the first optimizer step, which loop steps the optimizer and which
+`--instrument` modules would make its boundaries safe points."""
 
 from __future__ import annotations
 
@@ -80,6 +80,8 @@ def test_a_framework_trainer_restarts_to_the_same_bytes(tmp_path, name, seed):
 # name: (module to import, program, the loop the notice names, modules it names)
 UNKNOWN = {
     "a library's trainer": (None, "unknown_trainer.py", "site-packages/minitrainer.py:", ["minitrainer"]),
+    # (a library's own step loop, the program's: test_e2e_stepper.py)
+    "a library's wrapper": (None, "wrapped_loop.py", "wrapped_loop.py:18 (train), called through", ["trainerlib"]),
 }
 
 

@@ -567,3 +567,17 @@ def test_a_replaced_iterator_takes_every_place_of_the_old_one_on_the_path_or_is_
     problem = _replace_in_caller("frame[0].locals.it", it, batches())
     assert problem == "cannot replace the iterator at frame[0].locals.it: the replayed program holds it in another place too"
     assert kept[0] is not it
+
+
+def test_a_replaced_iterator_that_another_generator_wraps_is_refused():
+    def batches():
+        yield from range(3)
+
+    def wrapped(source):
+        yield from source
+
+    it = batches()
+    outer = wrapped(it)
+    next(outer)  # suspended: its frame holds the old iterator
+    problem = _replace_in_caller("frame[0].locals.it", it, batches())
+    assert problem == "cannot replace the iterator at frame[0].locals.it: the replayed program holds it in another place too"

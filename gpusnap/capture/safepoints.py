@@ -42,9 +42,9 @@ def returnable(frame) -> bool:
 
 def uninstrumented_step_loop(frame) -> tuple[str, list[str]] | None:
     """Where the optimizer step called from ``frame`` sits inside a loop of code that is not
-    instrumented (below the innermost instrumented frame): ("file:line (function)", the modules
-    that would have to be instrumented for that loop's boundaries to be safe points, outermost
-    first)."""
+    instrumented (below the innermost instrumented frame), or is reached through such code:
+    ("file:line (function)", the modules that would have to be instrumented for that loop's
+    boundaries to be safe points, outermost first)."""
     torch_dir = _torch_dir()
     where = None
     modules: list[str] = []
@@ -61,7 +61,26 @@ def uninstrumented_step_loop(frame) -> tuple[str, list[str]] | None:
             if module not in modules:
                 modules.insert(0, module)
         frame = frame.f_back
+    if where is None and frame is not None:
+        return _uninstrumented_caller(frame)
     return (where, modules) if where is not None and frame is not None else None
+
+
+def _uninstrumented_caller(frame) -> tuple[str, list[str]] | None:
+    """The step loop's own code is instrumented, but a call on the way to it from the main
+    module is not (a library's wrapper, a retry loop): its boundaries are no safe points either.
+    ("file:line (function)" of the outermost such call, the modules that would cover them)."""
+    step_at = f"{os.path.normpath(frame.f_code.co_filename)}:{frame.f_lineno} ({frame.f_code.co_qualname})"
+    where, modules = None, []
+    while frame is not None and frame.f_code is not loops.MAIN_CODE:
+        code = frame.f_code
+        if not _instrumented(code) and not code.co_filename.startswith(_GPUSNAP_DIR):
+            where = f"{os.path.normpath(code.co_filename)}:{frame.f_lineno} ({code.co_qualname})"
+            module = frame.f_globals.get("__name__") or os.path.splitext(os.path.basename(code.co_filename))[0]
+            if module not in modules:
+                modules.insert(0, module)
+        frame = frame.f_back
+    return (f"{step_at}, called through {where}", modules) if where is not None and frame is not None else None
 
 
 def _torch_dir() -> str | None:

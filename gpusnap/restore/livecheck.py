@@ -15,6 +15,9 @@ is fast-forwarded: a silent divergence. So the writer records, for each live-onl
 - a generator: created or finished, the replayed one must be too; suspended, the replayed one
   must have the same fingerprint (position, and every local digested): else it cannot be
   positioned.
+- a framework's iterator with an adapter in ``graph.iterators.ADAPTERS`` (an Accelerate
+  ``DataLoaderShard``'s generator, Lightning's ``CombinedLoader`` iterator): the adapter describes
+  it, and positions the replayed one or replaces it with one it positioned (``Scene.replace``);
 - any other iterator: its position is unknown.
 
 Iterators that fast-forward positioned itself (a loop's source) are left alone. What fails is
@@ -27,6 +30,7 @@ import ast
 import gc
 import inspect
 import re
+import sys
 import types
 
 from gpusnap.graph.digest import MISSING as _MISSING, fingerprint, loader_iter_class
@@ -66,7 +70,14 @@ class Scene:
                 if value is old:
                     namespace[name] = new
         gc.collect()
-        if any(not isinstance(holder, types.FrameType) for holder in gc.get_referrers(old)):
+        # Frames on the stack (replay's own, the path's) may still name it; any other holder
+        # (a container, an object, a suspended generator's frame) would go on with it.
+        running = set()
+        frame = sys._getframe()
+        while frame is not None:
+            running.add(id(frame))
+            frame = frame.f_back
+        if any(id(holder) not in running for holder in gc.get_referrers(old)):
             return f"cannot replace the iterator at {self._path}: the replayed program holds it in another place too"
         return None
 
