@@ -3,6 +3,7 @@ buffers, and running a function in a forked child."""
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import mmap
 import os
@@ -61,6 +62,7 @@ def in_child(work) -> dict:
     pid = os.fork()
     if pid == 0:
         os.close(read_fd)
+        faulthandler.disable()  # a fault is what some tests expect: no traceback dump on stderr
         try:
             result = {"ok": work()}
         except BaseException as exc:  # noqa: BLE001 - reported to the test
