@@ -2,19 +2,24 @@
 
 After an optimizer's first step, and again on the first step after each snapshot, ``prepare``
 lists the large CPU tensors the optimizers step (a few microseconds a tensor, in the training
-thread) and hands the work to one thread of the trainee that runs at idle priority, so that it
-uses only a core training leaves idle:
+thread), reserves the next snapshot's drain region of the arena for them (``drain_region``
+hands it to the snapshot), and gives the work to one thread of the trainee that runs at idle
+priority, so that it uses only a core training leaves idle:
 
 1. collapse those tensors into huge pages (``hugepages``): after a drain, the trainee's next
    write then costs one fault per 2 MiB instead of one per 4 KiB page;
-2. allocate the staging pool up to their size (``HostPool.allocate``), with ``GPUSNAP_DRAIN=keep``:
-   no drain then pays for fresh pages while it races the trainee.
+2. allocate the drain region's pages (``Arena.populate``), with ``GPUSNAP_DRAIN=keep``: no
+   drain then pays for fresh pages while it races the trainee.
 
-Both are done in steps of at most a few milliseconds, and never while a writer runs: the stall
-calls ``writer_starting`` before it forks, which waits for the step in progress and drops the
-rest. Each pass skips what is done already, so the pass after the snapshot does only what the
-snapshot undid (a huge page the trainee wrote before the drain reached it is split in two
-copies; a smaller state's pool was trimmed).
+Both are done in steps of a few milliseconds, and none starts while a writer runs. A snapshot
+never waits for this thread: ``writer_starting`` only raises a flag, and a step still in flight
+at the fork is harmless (a collapse copies 2 MiB of the trainee's own pages; populating never
+overwrites a page that exists). Waiting for it was a priority inversion: the thread runs at
+SCHED_IDLE, so on a machine whose cores are busy it can sit preempted for a long time in the
+middle of a step, and a stall that waited for the step waited for that
+(tools/results/bench_snapshot-cpu-2026-11-24-*: the first snapshot of a run, which lands while
+the thread is at work, stalled up to 0.86 s against 0.04 s for later ones). Each pass skips
+what is done already, so the pass after a snapshot does only what the snapshot undid.
 """
 
 from __future__ import annotations
@@ -25,14 +30,13 @@ import threading
 from collections.abc import Iterator
 
 from gpusnap import knobs
+from gpusnap.errors import ArenaFull
 from gpusnap.stage import hugepages
-from gpusnap.stage.pool import host_pool
+from gpusnap.stage.arena import Region, trainee_arena
 
 
 class _Worker:
     def __init__(self):
-        # Held for each step of work, so writer_starting returns only once none is running.
-        self._lock = threading.Lock()
         self._writer_running = False
         self._work: Iterator | None = None
         self._new_work = threading.Condition()
@@ -51,8 +55,8 @@ class _Worker:
             self._new_work.notify()
 
     def writer_starting(self) -> None:
-        with self._lock:
-            self._writer_running = True
+        """No step starts from now on (the one in flight, if any, ends on its own)."""
+        self._writer_running = True
 
     def writer_done(self) -> None:
         self._writer_running = False
@@ -68,42 +72,94 @@ class _Worker:
                     self.idle.set()
                     self._new_work.wait()
                 work, self._pending = self._work, False
-            while work is not None:
-                with self._lock:
-                    if self._writer_running or work is not self._work:
-                        break
-                    try:
-                        next(work)
-                    except StopIteration:
-                        break
-                    except Exception:  # noqa: BLE001 - best effort: a failed step costs speed only
-                        break
+            while work is not None and not self._writer_running and work is self._work:
+                try:
+                    next(work)
+                except StopIteration:
+                    break
+                except Exception:  # noqa: BLE001 - best effort: a failed step costs speed only
+                    break
 
 
 _worker = _Worker()
+_drain_bytes = 0  # what the next drain is expected to copy: the optimizers' storages, or more
+_drain: Region | None = None  # the next snapshot's drain region, reserved ahead
 
 
 def prepare(optimizers) -> None:
     """In the trainee, after an optimizer step: start readying the memory the next drain
     copies first (the optimizers' large CPU tensors)."""
-    import psutil
-
+    global _drain, _drain_bytes
     from gpusnap.stage.drain import optimizer_storages
 
     storages = optimizer_storages(optimizers, knobs.DRAIN_MIN_BYTES)
     steps = []
     if knobs.HUGEPAGES == "on":
         steps.append(hugepages.collapse(storages.items()))
-    wanted = sum(storages.values())
-    if knobs.DRAIN == "keep" and wanted <= psutil.virtual_memory().available * 0.5:  # never crowd out the trainee
-        steps.append(host_pool().allocate(wanted))
+    _drain_bytes = max(_drain_bytes, sum(storages.values()))
+    if knobs.DRAIN == "keep":
+        try:
+            _drain = _reserve(_drain_bytes)
+            steps.append(trainee_arena().populate(_drain))
+        except ArenaFull:  # said by the snapshot, which reserves again
+            _drain = None
     _worker.start(itertools.chain(*steps))
 
 
-def writer_starting() -> None:
-    """In the stall, before fork: from here until ``writer_done`` nothing is prepared."""
+def drain_region() -> Region:
+    """The drain region of the snapshot being taken (in the stall): the one reserved ahead when
+    it is large enough, else a new one. Raises ``ArenaFull``."""
+    global _drain
+    region, _drain = _drain, None
+    if region is not None and region.nbytes >= _drain_bytes and region.generation == trainee_arena().pending:
+        return region
+    if not _drain_bytes:  # no optimizer has stepped and no drain has run: nothing is known
+        return _first_guess()
+    _drain = region
+    return _reserve(_drain_bytes)
+
+
+def _first_guess() -> Region:
+    """A drain region for a program that gpusnap knows nothing of yet: its resident set, when
+    that fits, or none worth the name (this snapshot drains nothing; its writer says how much
+    the next one should hold)."""
+    import psutil
+
+    try:
+        return trainee_arena().reserve(psutil.Process().memory_info().rss, "drain")
+    except ArenaFull:
+        return trainee_arena().reserve(1, "drain")
+
+
+def _reserve(nbytes: int) -> Region:
+    arena = trainee_arena()
+    if _drain is not None and _drain.generation == arena.pending:
+        arena.free(_drain)  # replaced by a larger one, maybe at the same offset
+    return arena.reserve(max(nbytes, 1), "drain")
+
+
+def drained(wanted_bytes: int) -> None:
+    """A writer's report: its drain wanted ``wanted_bytes`` (what the next region must hold)."""
+    global _drain_bytes
+    _drain_bytes = max(wanted_bytes, 0) or _drain_bytes
+
+
+def writer_starting() -> int:
+    """In the stall, just before fork: nothing is prepared from here until ``writer_done``;
+    the arena's pending regions become a generation, whose number the writer is given."""
     _worker.writer_starting()
+    return trainee_arena().seal()
 
 
-def writer_done() -> None:
+def writer_done(generation: int | None) -> None:
+    """The writer of ``generation`` has exited (or never started): its regions may be reused."""
+    if generation is not None:
+        trainee_arena().release(generation)
     _worker.writer_done()
+
+
+def snapshot_skipped() -> None:
+    """The snapshot reserved regions but is not taken: give them back."""
+    global _drain
+    _drain = None
+    trainee_arena().discard()
