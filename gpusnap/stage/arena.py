@@ -104,9 +104,10 @@ class Arena:
             offset = self._first_fit(size)
             if offset is None:
                 held = sum(r.nbytes for r in self._regions)
+                busy = f", {held:,} of them held by snapshots in progress" if held else ""
                 raise ArenaFull(
-                    f"the staging arena cannot hold {nbytes:,} bytes for {_NAMES[use]}: "
-                    f"{held:,} of its {self.capacity:,} bytes ({self.capacity_limit}) are held by snapshots in progress",
+                    f"the staging arena cannot hold {nbytes:,} bytes for {_NAMES[use]}: it may grow to "
+                    f"{self.capacity:,} bytes ({self.capacity_limit}){busy}",
                     hint=_HINT,
                 )
             growth = size - self.populated(offset, size)

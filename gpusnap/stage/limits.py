@@ -91,9 +91,23 @@ def _limits_up(mount_dir: str, group: str, files: tuple[str, str]) -> list[Limit
         nbytes = _read_bytes(limit_file)
         if nbytes is None or nbytes >= UNLIMITED_V1:
             continue
-        used = _read_bytes(usage_file) or 0
+        used = max(0, (_read_bytes(usage_file) or 0) - _inactive_file(os.path.join(where, "memory.stat")))
         limits.append(Limit(nbytes, used, f"the memory cgroup limit ({limit_file})"))
     return limits
+
+
+def _inactive_file(stat_path: str) -> int:
+    """Page cache the kernel drops before it would kill anything: counted in the group's usage
+    (the snapshots' own pack writes fill it), not in what it holds (``docker stats`` does the same)."""
+    fields = {}
+    try:
+        with open(stat_path) as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                fields[name] = int(value)
+    except (OSError, ValueError):
+        return 0
+    return fields.get("total_inactive_file", fields.get("inactive_file", 0))  # v1 (with subgroups), v2
 
 
 def _read_bytes(path: str) -> int | None:

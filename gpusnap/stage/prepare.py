@@ -82,24 +82,27 @@ class _Worker:
 
 
 _worker = _Worker()
-_drain_bytes = 0  # what the next drain is expected to copy: the optimizers' storages, or more
+# What the next drain is expected to copy: the storages the optimizers step (known from the
+# last ``prepare``) and what the last drain's scan found besides them.
+_optimizer_bytes = 0
+_other_bytes = 0
 _drain: Region | None = None  # the next snapshot's drain region, reserved ahead
 
 
 def prepare(optimizers) -> None:
     """In the trainee, after an optimizer step: start readying the memory the next drain
     copies first (the optimizers' large CPU tensors)."""
-    global _drain, _drain_bytes
+    global _drain, _optimizer_bytes
     from gpusnap.stage.drain import optimizer_storages
 
     storages = optimizer_storages(optimizers, knobs.DRAIN_MIN_BYTES)
     steps = []
     if knobs.HUGEPAGES == "on":
         steps.append(hugepages.collapse(storages.items()))
-    _drain_bytes = max(_drain_bytes, sum(storages.values()))
+    _optimizer_bytes = sum(storages.values())
     if knobs.DRAIN == "keep":
         try:
-            _drain = _reserve(_drain_bytes)
+            _drain = _reserve(_drain_bytes())
             steps.append(trainee_arena().populate(_drain))
         except ArenaFull:  # said by the snapshot, which reserves again
             _drain = None
@@ -111,12 +114,24 @@ def drain_region() -> Region:
     it is large enough, else a new one. Raises ``ArenaFull``."""
     global _drain
     region, _drain = _drain, None
-    if region is not None and region.nbytes >= _drain_bytes and region.generation == trainee_arena().pending:
+    wanted = _drain_bytes()
+    if region is not None and region.nbytes >= wanted and region.generation == trainee_arena().pending:
         return region
-    if not _drain_bytes:  # no optimizer has stepped and no drain has run: nothing is known
+    if not wanted:  # no optimizer has stepped and no drain has run: nothing is known
         return _first_guess()
     _drain = region
-    return _reserve(_drain_bytes)
+    try:
+        return _reserve(wanted)
+    except ArenaFull:
+        if not _other_bytes:
+            raise
+    # What the last scan found besides the optimizers' state may be gone by now; what the
+    # optimizers step is what the drain races the trainee for, and what this snapshot needs.
+    return _reserve(_optimizer_bytes)
+
+
+def _drain_bytes() -> int:
+    return _optimizer_bytes + _other_bytes
 
 
 def _first_guess() -> Region:
@@ -139,9 +154,10 @@ def _reserve(nbytes: int) -> Region:
 
 
 def drained(wanted_bytes: int) -> None:
-    """A writer's report: its drain wanted ``wanted_bytes`` (what the next region must hold)."""
-    global _drain_bytes
-    _drain_bytes = max(wanted_bytes, 0) or _drain_bytes
+    """A writer's report: its drain wanted ``wanted_bytes`` (with room enough it would have
+    copied that much), of which what the optimizers do not step is the scan's share."""
+    global _other_bytes
+    _other_bytes = max(0, wanted_bytes - _optimizer_bytes)
 
 
 def writer_starting() -> int:
