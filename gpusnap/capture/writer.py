@@ -115,7 +115,7 @@ def _apply_retention(rundir, keep: int) -> dict:
 
 
 def _reader(drained: Drained):
-    """Reads CPU memory as it was at fork: a drained range from the pool, the rest in place."""
+    """Reads CPU memory as it was at fork: a drained range from the drain region, the rest in place."""
 
     def read(address: int, nbytes: int) -> memoryview:
         view = drained.view(address, nbytes) if nbytes else None

@@ -54,7 +54,7 @@ class Drained:
         self.used = 0  # region bytes taken (extents padded to the alignment)
 
     def locate(self, lo: int, hi: int) -> tuple[int, int] | None:
-        """(extent start, its pool offset) when [lo, hi) was drained; None when it was not.
+        """(extent start, its region offset) when [lo, hi) was drained; None when it was not.
 
         A range that is only partly drained cannot be read consistently: that raises."""
         i = bisect.bisect_right(self._extents, (lo, float("inf"))) - 1

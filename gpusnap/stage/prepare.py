@@ -103,9 +103,13 @@ def prepare(optimizers) -> None:
     if knobs.DRAIN == "keep":
         try:
             _drain = _reserve(_drain_bytes())
-            steps.append(trainee_arena().populate(_drain))
         except ArenaFull:  # said by the snapshot, which reserves again
             _drain = None
+        else:
+            arena = trainee_arena()
+            adds = _drain.nbytes - arena.populated(_drain.offset, _drain.nbytes)
+            if adds <= arena.tightest_room().room_bytes * 0.5:  # never crowd out the trainee
+                steps.append(arena.populate(_drain))
     _worker.start(itertools.chain(*steps))
 
 
