@@ -146,7 +146,7 @@ def _snapshot(loop) -> None:
         steps=session.steps,
         sources=_sources(),
         staged=staged,
-        arena_fd=stage.trainee_arena().fd,
+        arena_fd=stage.arena_fd(),
         drain=drain,
         optimizers=list(session.optimizers),
     )

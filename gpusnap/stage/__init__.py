@@ -38,6 +38,7 @@ import sys
 
 from gpusnap.stage.arena import trainee_arena  # noqa: F401  (the trainee's arena, created on first use)
 from gpusnap.stage.prepare import (  # noqa: F401  (between snapshots, and the arena's generations)
+    arena_fd,
     drain_region,
     drained,
     prepare,

@@ -39,7 +39,7 @@ import threading
 from dataclasses import dataclass
 
 from gpusnap import knobs
-from gpusnap.errors import ArenaFull
+from gpusnap.errors import ArenaFull, StageError
 from gpusnap.stage import limits
 from gpusnap.stage.memory import MADV_POPULATE_WRITE, PAGE, madvise, page_up, punch_hole
 
@@ -254,10 +254,19 @@ _arena: Arena | None = None
 _arena_lock = threading.Lock()
 
 
+def made_arena() -> Arena | None:
+    """The trainee's arena if anything has made it yet (a snapshot that stages nothing needs none)."""
+    return _arena
+
+
 def trainee_arena() -> Arena:
     """The trainee's arena, made on first use (a few system calls, no memory)."""
     global _arena
     with _arena_lock:
         if _arena is None:
-            _arena = Arena()
+            try:
+                _arena = Arena()
+            except OSError as exc:  # no memfd (an old kernel, a seccomp filter), no address space
+                raise StageError(f"the staging arena could not be made: {exc.strerror or exc}",
+                                 hint="GPUSNAP_DRAIN=off takes CPU snapshots without it") from exc
         return _arena

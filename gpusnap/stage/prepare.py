@@ -14,12 +14,14 @@ priority, so that it uses only a core training leaves idle:
 Both are done in steps of a few milliseconds, and none starts while a writer runs. A snapshot
 never waits for this thread: ``writer_starting`` only raises a flag, and a step still in flight
 at the fork is harmless (a collapse copies 2 MiB of the trainee's own pages; populating never
-overwrites a page that exists). Waiting for it was a priority inversion: the thread runs at
-SCHED_IDLE, so on a machine whose cores are busy it can sit preempted for a long time in the
-middle of a step, and a stall that waited for the step waited for that
-(tools/results/bench_snapshot-cpu-2026-11-24-*: the first snapshot of a run, which lands while
-the thread is at work, stalled up to 0.86 s against 0.04 s for later ones). Each pass skips
-what is done already, so the pass after a snapshot does only what the snapshot undid.
+overwrites a page that exists). Waiting for it was a priority inversion. The thread runs at
+SCHED_IDLE, so when every core is busy (training on all of them, or other jobs) it can sit
+preempted for long while it holds the step's lock, and the stall waited for it: the first
+snapshot of a run, which lands while the thread is at work, stalled 0.64 s, of which 0.61 s
+waiting for that lock and 25 ms on the CPU, where the snapshots after it, once the thread is
+done, stalled 0.01-0.06 s (tools/results/bench_snapshot-cpu-2026-11-24-exp-first-stall.txt).
+Each pass skips what is done already, so the pass after a snapshot does only what the snapshot
+undid.
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ import threading
 from collections.abc import Iterator
 
 from gpusnap import knobs
-from gpusnap.errors import ArenaFull
+from gpusnap.errors import ArenaFull, StageError
 from gpusnap.stage import hugepages
-from gpusnap.stage.arena import Region, trainee_arena
+from gpusnap.stage.arena import Region, made_arena, trainee_arena
 
 
 class _Worker:
@@ -103,7 +105,7 @@ def prepare(optimizers) -> None:
     if knobs.DRAIN == "keep":
         try:
             _drain = _reserve(_drain_bytes())
-        except ArenaFull:  # said by the snapshot, which reserves again
+        except StageError:  # said by the snapshot, which reserves again
             _drain = None
         else:
             arena = trainee_arena()
@@ -164,17 +166,20 @@ def drained(wanted_bytes: int) -> None:
     _other_bytes = max(0, wanted_bytes - _optimizer_bytes)
 
 
-def writer_starting() -> int:
+def writer_starting() -> int | None:
     """In the stall, just before fork: nothing is prepared from here until ``writer_done``;
-    the arena's pending regions become a generation, whose number the writer is given."""
+    the arena's pending regions become a generation, whose number the writer is given (None
+    when no arena was made: the snapshot stages nothing)."""
     _worker.writer_starting()
-    return trainee_arena().seal()
+    arena = made_arena()
+    return arena.seal() if arena is not None else None
 
 
 def writer_done(generation: int | None) -> None:
     """The writer of ``generation`` has exited (or never started): its regions may be reused."""
-    if generation is not None:
-        trainee_arena().release(generation)
+    arena = made_arena()
+    if generation is not None and arena is not None:
+        arena.release(generation)
     _worker.writer_done()
 
 
@@ -182,4 +187,12 @@ def snapshot_skipped() -> None:
     """The snapshot reserved regions but is not taken: give them back."""
     global _drain
     _drain = None
-    trainee_arena().discard()
+    arena = made_arena()
+    if arena is not None:
+        arena.discard()
+
+
+def arena_fd() -> int:
+    """The arena's memfd for the writer to map its regions from; -1 when there is no arena."""
+    arena = made_arena()
+    return arena.fd if arena is not None else -1
