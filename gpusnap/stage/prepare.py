@@ -12,9 +12,10 @@ priority, so that it uses only a core training leaves idle:
    drain then pays for fresh pages while it races the trainee.
 
 Both are done in steps of a few milliseconds, and none starts while a writer runs. A snapshot
-never waits for this thread: ``writer_starting`` only raises a flag, and a step still in flight
-at the fork is harmless (a collapse copies 2 MiB of the trainee's own pages; populating never
-overwrites a page that exists). Waiting for it was a priority inversion. The thread runs at
+never waits long for this thread: ``writer_starting`` raises a flag and gives a step in flight
+a few milliseconds to end, then forks anyway; a step still in flight at the fork is harmless (a
+collapse copies 2 MiB of the trainee's own pages; populating never overwrites a page that
+exists). Waiting for the step to end, however long, was a priority inversion. The thread runs at
 SCHED_IDLE, so when every core is busy (training on all of them, or other jobs) it can sit
 preempted for long while it holds the step's lock, and the stall waited for it: the first
 snapshot of a run, which lands while the thread is at work, stalled 0.64 s, of which 0.61 s
@@ -37,9 +38,17 @@ from gpusnap.stage import hugepages
 from gpusnap.stage.arena import Region, made_arena, trainee_arena
 
 
+# How long the stall lets a step in flight finish before it forks anyway: a step takes a few
+# milliseconds when the thread runs, and a step that is done holds no kernel lock (mmap_lock,
+# for a collapse or a populate) that fork would queue behind; past this the thread is preempted.
+_STEP_GRACE_S = 0.005
+
+
 class _Worker:
     def __init__(self):
         self._writer_running = False
+        self._between_steps = threading.Event()
+        self._between_steps.set()
         self._work: Iterator | None = None
         self._new_work = threading.Condition()
         self._pending = False
@@ -57,8 +66,10 @@ class _Worker:
             self._new_work.notify()
 
     def writer_starting(self) -> None:
-        """No step starts from now on (the one in flight, if any, ends on its own)."""
+        """No step starts from now on; a step in flight gets ``_STEP_GRACE_S`` to end, then
+        ends on its own."""
         self._writer_running = True
+        self._between_steps.wait(_STEP_GRACE_S)
 
     def writer_done(self) -> None:
         self._writer_running = False
@@ -75,12 +86,15 @@ class _Worker:
                     self._new_work.wait()
                 work, self._pending = self._work, False
             while work is not None and not self._writer_running and work is self._work:
+                self._between_steps.clear()
                 try:
                     next(work)
                 except StopIteration:
                     break
                 except Exception:  # noqa: BLE001 - best effort: a failed step costs speed only
                     break
+                finally:
+                    self._between_steps.set()
 
 
 _worker = _Worker()
