@@ -22,6 +22,8 @@ and exits with the class's ``exit_code``::
     ├── SnapshotError                 5  one snapshot could not be taken (training goes on)
     │   ├── HeadroomError                ... copy-on-write worst case would not fit in RAM
     │   ├── CaptureError                 ... the object graph could not be captured
+    │   ├── StageError                   ... host staging (gpusnap/stage/) failed
+    │   │   └── ArenaFull                    ... the staging arena cannot hold what is staged
     │   └── DeviceError                  ... the GPU side (gpusnap/device/) failed
     │       ├── NoDevice                     ... no driver, no CUDA device, bindings missing
     │       ├── CudaCallFailed               ... a driver/runtime call returned an error code
@@ -125,6 +127,14 @@ class HeadroomError(SnapshotError):
 
 class CaptureError(SnapshotError):
     pass
+
+
+class StageError(SnapshotError):
+    pass
+
+
+class ArenaFull(StageError):
+    default_hint = "raise the job's memory limit or GPUSNAP_ARENA_BYTES; this snapshot is skipped, training goes on"
 
 
 class DeviceError(SnapshotError):

@@ -73,12 +73,16 @@ WRITER_PRIORITY = _parsed(
     "WRITER_PRIORITY", "idle", lambda raw: raw if raw == "idle" else str(int(raw)), "idle or a nice value"
 )
 # Drain (gpusnap/stage/drain.py): the writer first copies every CPU tensor storage of at least
-# DRAIN_MIN_BYTES into a staging pool shared with the trainee and drops its own copy-on-write
-# mapping, so the trainee's next writes to those pages are not copies. "keep": the pool is
-# allocated ahead (after each optimizer's first step) and stays for the run, so drains copy at
-# memcpy speed (costs host memory the size of the drained tensors); "release": allocated by each
-# drain, emptied after each snapshot; "off": no drain.
+# DRAIN_MIN_BYTES into its region of the staging arena, shared with the trainee, and drops its own
+# copy-on-write mapping, so the trainee's next writes to those pages are not copies. "keep": the
+# region is allocated ahead (after each optimizer's first step) and its pages stay for the run, so
+# drains copy at memcpy speed (costs host memory the size of the drained tensors); "release":
+# allocated by each drain, emptied when its writer is done; "off": no drain.
 DRAIN = _choice("DRAIN", "keep", ("keep", "release", "off"))
+# The staging arena (gpusnap/stage/arena.py) that the drain and device staging share may grow to
+# the host's RAM or the job's memory cgroup limit, whichever is less; a size here caps it lower
+# (0: no cap of its own). A snapshot whose staging does not fit is skipped (ArenaFull).
+ARENA_BYTES = _int("ARENA_BYTES", 0)
 DRAIN_MIN_BYTES = _int("DRAIN_MIN_BYTES", 256 << 10)
 # Between snapshots, collapse the optimizers' large CPU tensors into huge pages (stage/hugepages.py):
 # after a drain, the trainee's next write costs one fault per 2 MiB, not one per 4 KiB. "off"

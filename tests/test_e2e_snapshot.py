@@ -177,12 +177,12 @@ def trainee_pid(run: Run) -> int:
     return psutil.Process(run.proc.pid).children()[0].pid
 
 
-def staging_pool_bytes(run: Run) -> int:
-    """Bytes allocated in the trainee's staging pool (its memfd), 0 when it has none."""
+def staging_arena_bytes(run: Run) -> int:
+    """Bytes allocated in the trainee's staging arena (its memfd), 0 when it has none."""
     fds = f"/proc/{trainee_pid(run)}/fd"
     for fd in os.listdir(fds):
         try:
-            if os.readlink(f"{fds}/{fd}").startswith("/memfd:gpusnap-stage"):
+            if os.readlink(f"{fds}/{fd}").startswith("/memfd:gpusnap-arena"):
                 return os.stat(f"{fds}/{fd}").st_blocks * 512
         except FileNotFoundError:
             continue
@@ -230,26 +230,27 @@ DRAIN_MODES = {
     "no huge pages": {"GPUSNAP_HUGEPAGES": "off"},
     "no drain": {"GPUSNAP_DRAIN": "off"},
 }
-POOL_KEPT = ("large tensors drained", "every tensor drained", "no huge pages")
+REGION_KEPT = ("large tensors drained", "every tensor drained", "no huge pages")
 
 
 @pytest.mark.parametrize("mode", DRAIN_MODES)
 def test_buffers_written_right_after_the_boundary_hold_the_bytes_of_their_iteration(tmp_path, mode):
     """The trainee writes its large buffers first thing after fork while the writer drains them
-    to the staging pool, and numpy arrays alias a tensor (one strided, one under a tensor):
-    the snapshot holds the boundary's bytes, whoever reached each page first. Two snapshots, so
-    the second drain reuses the pool the first one filled."""
+    to its region of the staging arena, and numpy arrays alias a tensor (one strided, one under
+    a tensor): the snapshot holds the boundary's bytes, whoever reached each page first. Two
+    snapshots, so the second drain reuses the region pages the first one filled."""
     programs, out = programs_and_out(tmp_path)
     run = Run("run", "--dir", "snaps", programs / "shared_views.py", out, 400, cwd=tmp_path,
               env={"TEST_STEP_SLEEP_S": "0.02", **DRAIN_MODES[mode]})
     wait_for(lambda: progress(out) >= 5, "step 5", proc=run)
     # Before any snapshot, the trainee has readied what Adam steps (first weight 4 MiB,
-    # exp_avg, exp_avg_sq; the rest is under 256 KiB): room in the pool, unless the pool is not
-    # kept, and huge pages under them (one whole huge page at least in each), unless off.
-    if mode in POOL_KEPT:
-        wait_for(lambda: staging_pool_bytes(run) >= 3 * (4 << 20), "the pool allocated ahead", proc=run)
+    # exp_avg, exp_avg_sq; the rest is under 256 KiB): their drain region in the arena, unless
+    # its pages are not kept, and huge pages under them (one whole huge page at least in each),
+    # unless off.
+    if mode in REGION_KEPT:
+        wait_for(lambda: staging_arena_bytes(run) >= 3 * (4 << 20), "the drain region allocated ahead", proc=run)
     else:
-        assert staging_pool_bytes(run) == 0
+        assert staging_arena_bytes(run) == 0
     adam = json.loads((out / "adam_storages.json").read_text())
     if mode not in ("no huge pages", "no drain") and kernel_collapses_huge_pages():
         wait_for(lambda: in_huge_pages(run, adam) == [True] * 3, "huge pages under Adam's tensors", proc=run)

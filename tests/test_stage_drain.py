@@ -1,5 +1,5 @@
-"""The drain, in a real forked child: what lands in the staging pool, what the child lets go of,
-and what it must leave alone."""
+"""The drain, in a real forked child: what lands in its region of the staging arena, what the
+child lets go of, and what it must leave alone."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import json
 import os
 
 import numpy as np
-import psutil
 import pytest
 import torch
 
 from gpusnap.errors import CaptureError
 from gpusnap.stage.drain import Drained, drain
-from gpusnap.stage.pool import HostPool, address_view
+from gpusnap.stage.arena import Arena
+from gpusnap.stage.memory import address_view
 
 MIN = 256 << 10
 
@@ -40,6 +40,14 @@ def in_child(work) -> dict:
     return result["ok"]
 
 
+def drain_region(nbytes: int):
+    """(arena, its drain region of ``nbytes``, sealed as the writer's generation)."""
+    arena = Arena(capacity=nbytes + (1 << 20))
+    region = arena.reserve(nbytes, "drain")
+    arena.seal()
+    return arena, region
+
+
 def digest(view) -> str:
     return hashlib.sha256(bytes(view)).hexdigest()
 
@@ -49,16 +57,16 @@ def span(t: torch.Tensor) -> tuple[int, int]:
     return storage.data_ptr(), storage.nbytes()
 
 
-def test_the_pool_holds_fork_time_bytes_and_the_child_lets_go_of_the_pages():
+def test_the_region_holds_fork_time_bytes_and_the_child_lets_go_of_the_pages():
     big = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB
     small = torch.arange(100, dtype=torch.float32)
     before = digest(address_view(*span(big)))
-    pool = HostPool(64 << 20)
+    arena, region = drain_region(64 << 20)
 
     def work():
-        drained = drain(pool, MIN)
+        drained = drain(arena.fd, region, MIN)
         return {
-            "pool": digest(drained.view(*span(big))),
+            "region": digest(drained.view(*span(big))),
             "small drained": drained.view(*span(small)) is not None,
             # the child's own mapping of big now reads as fresh zero pages
             "child middle": float(np.frombuffer(address_view(*span(big)), np.float32)[1 << 19]),
@@ -66,7 +74,7 @@ def test_the_pool_holds_fork_time_bytes_and_the_child_lets_go_of_the_pages():
         }
 
     got = in_child(work)
-    assert got["pool"] == before
+    assert got["region"] == before
     assert not got["small drained"]
     assert got["child middle"] == 0.0
     assert got["bytes"] >= big.untyped_storage().nbytes()
@@ -76,12 +84,12 @@ def test_the_pool_holds_fork_time_bytes_and_the_child_lets_go_of_the_pages():
 def test_a_page_the_parent_writes_first_is_still_drained_with_its_fork_time_bytes():
     big = torch.zeros(1 << 21)  # 8 MiB
     before = digest(address_view(*span(big)))
-    pool = HostPool(64 << 20)
+    arena, region = drain_region(64 << 20)
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.read(read_fd, 1)  # wait until the parent has rewritten big
-        drained = drain(pool, MIN)
+        drained = drain(arena.fd, region, MIN)
         os._exit(0 if digest(drained.view(*span(big))) == before else 3)
     big.fill_(7.0)
     os.write(write_fd, b"x")
@@ -94,10 +102,10 @@ def test_storages_that_alias_one_memory_become_one_extent():
     arr = np.arange(1 << 18, dtype=np.float64)  # 2 MiB of numpy memory under two tensors
     whole, tail = torch.from_numpy(arr), torch.from_numpy(arr[1000:])
     expected = digest(memoryview(arr[1000:]).cast("B"))
-    pool = HostPool(64 << 20)
+    arena, region = drain_region(64 << 20)
 
     def work():
-        drained = drain(pool, MIN)
+        drained = drain(arena.fd, region, MIN)
         return {"tail": digest(drained.view(*span(tail))), "whole": drained.view(*span(whole)) is not None}
 
     got = in_child(work)
@@ -110,43 +118,57 @@ def test_a_private_file_mapping_is_not_drained(tmp_path):
     mapped = np.memmap(path, dtype=np.float64, mode="c")  # MAP_PRIVATE over a file
     mapped[:10] = -1.0
     tensor = torch.from_numpy(mapped)
-    pool = HostPool(64 << 20)
-    got = in_child(lambda: drain(pool, MIN).view(*span(tensor)) is None)
+    arena, region = drain_region(64 << 20)
+    got = in_child(lambda: drain(arena.fd, region, MIN).view(*span(tensor)) is None)
     assert got, "dropping a private file mapping's pages would bring back the file's bytes"
     assert float(tensor[0]) == -1.0
 
 
-def test_release_gives_the_pages_back():
-    pool = HostPool(8 << 20)
-    pool.view(0, 4096)[:] = b"\x01" * 4096
-    pool.trim(0)
-    assert bytes(pool.view(0, 4096)) == b"\x00" * 4096
-    pool.view(4096, 4)[:] = b"abcd"
-    pool.trim(4097)  # keeps the page holding byte 4096
-    assert bytes(pool.view(4096, 4)) == b"abcd"
+def test_a_drain_region_too_small_for_everything_drains_what_fits_and_says_what_it_wanted():
+    first = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB each
+    second = torch.arange(1 << 20, dtype=torch.float32) * 2
+    before = digest(address_view(*span(first)))
+    arena, region = drain_region(5 << 20)  # room for one of them only
+
+    def work():
+        drained = drain(arena.fd, region, MIN)
+        views = [drained.view(*span(t)) for t in (first, second)]
+        return {"drained": [v is not None for v in views], "wanted": drained.wanted, "bytes": drained.nbytes,
+                "digests": [digest(v) for v in views if v is not None]}
+
+    got = in_child(work)
+    assert got["drained"].count(True) == 1 and got["bytes"] <= region.nbytes
+    assert got["wanted"] >= 8 << 20  # the next region is sized for both
+    if got["drained"][0]:
+        assert got["digests"] == [before]
+    assert float(first[100]) == 100.0 and float(second[100]) == 200.0  # the rest stayed copy-on-write
+
+
+def test_a_drain_gives_back_the_region_pages_it_did_not_use():
+    arena, region = drain_region(64 << 20)
+    list(arena.populate(region))
+    assert arena.populated(region.offset, region.nbytes) == region.nbytes
+    big = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB
+
+    def work():
+        return drain(arena.fd, region, MIN).used
+
+    used = in_child(work)
+    assert used >= big.untyped_storage().nbytes()
+    assert arena.populated(region.offset, region.nbytes) <= used + (4 << 20)  # a page or so of rounding
 
 
 def test_a_range_only_partly_drained_is_refused():
-    pool = HostPool(1 << 20)
-    drained = Drained(pool)
+    arena, region = drain_region(1 << 20)
+    arena.view(0x10, 4)[:] = b"abcd"
+    drained = Drained(arena.fd, region)
     drained._extents = [(0x10000, 0x20000, 0)]  # bookkeeping only: nothing at these addresses
-    assert bytes(drained.view(0x10010, 4)) == bytes(pool.view(0x10, 4))
+    assert bytes(drained.view(0x10010, 4)) == b"abcd"
     assert drained.view(0x30000, 16) is None
     with pytest.raises(CaptureError, match="GPUSNAP_DRAIN=off"):
         drained.locate(0x1FFF0, 0x20010)
     with pytest.raises(CaptureError):
         drained.locate(0x0FFF0, 0x10010)
-
-
-def test_pool_pages_are_shared_with_the_child():
-    pool = HostPool(1 << 20)
-
-    def work():
-        pool.view(0, 5)[:] = b"hello"
-        return True
-
-    in_child(work)
-    assert bytes(pool.view(0, 5)) == b"hello"
 
 
 def test_what_the_optimizer_steps_is_drained_first_in_step_order_then_the_rest():
@@ -163,18 +185,11 @@ def test_what_the_optimizer_steps_is_drained_first_in_step_order_then_the_rest()
 
     loose = torch.arange(1 << 18, dtype=torch.float32)  # no optimizer holds it: found by the scan
     before = {name: digest(address_view(*span(t))) for name, t in [("weight", first), ("exp_avg_sq", optimizer.state[first]["exp_avg_sq"]), ("loose", loose)]}
-    pool = HostPool(64 << 20)
+    arena, region = drain_region(64 << 20)
 
     def work():
-        drained = drain(pool, MIN, [optimizer])
+        drained = drain(arena.fd, region, MIN, [optimizer])
         tensors = {"weight": first, "exp_avg_sq": optimizer.state[first]["exp_avg_sq"], "loose": loose}
         return {name: digest(drained.view(*span(t))) for name, t in tensors.items()}
 
     assert in_child(work) == before
-
-
-def test_a_write_past_the_pool_is_refused_not_truncated():
-    pool = HostPool(1 << 20)
-    assert pool.write(100, b"abcd") and bytes(pool.view(100, 4)) == b"abcd"
-    assert not pool.write((1 << 20) - 2, b"abcd")
-    assert bytes(pool.view((1 << 20) - 2, 2)) == b"\x00\x00"

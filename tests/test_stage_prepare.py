@@ -1,5 +1,6 @@
-"""Between snapshots, in the trainee: the staging pool allocated ahead, tensors collapsed into
-huge pages, and the thread that does both only while no writer runs."""
+"""Between snapshots, in the trainee: the drain region of the arena populated ahead, tensors
+collapsed into huge pages, and the thread that does both only while no writer runs and that a
+snapshot never waits for."""
 
 from __future__ import annotations
 
@@ -13,29 +14,30 @@ import pytest
 import torch
 
 from gpusnap.stage import hugepages
-from gpusnap.stage.pool import HostPool, address_view
+from gpusnap.stage.arena import Arena
+from gpusnap.stage.memory import address_view
 from gpusnap.stage.prepare import _Worker
 
 MiB = 1 << 20
 HUGE = hugepages.HUGE_PAGE
 
 
-def allocated(pool: HostPool) -> int:
-    return os.fstat(pool._fd).st_blocks * 512
-
-
-def test_allocate_fills_the_pool_outside_the_resident_set_and_only_where_it_is_empty():
-    pool = HostPool(64 * MiB)
+def test_populate_fills_a_region_outside_the_resident_set_and_never_over_what_is_there():
+    arena = Arena(capacity=64 * MiB)
+    other = arena.reserve(8 * MiB, "device")
+    region = arena.reserve(24 * MiB, "drain")
     rss = psutil.Process().memory_info().rss
-    assert len(list(pool.allocate(16 * MiB))) == 2  # 8 MiB a step
-    assert allocated(pool) >= 16 * MiB
-    assert psutil.Process().memory_info().rss - rss < 8 * MiB  # through the file, not the mapping
+    assert len(list(arena.populate(region))) == 3  # 8 MiB a step
+    assert arena.populated(region.offset, region.nbytes) == region.nbytes
+    assert arena.populated(other.offset, other.nbytes) == 0  # only the region asked for
+    assert psutil.Process().memory_info().rss - rss < 8 * MiB  # through a mapping made per step
 
-    assert pool.write(20 * MiB, b"x" * MiB)  # what a drain wrote ...
-    list(pool.allocate(24 * MiB))
-    assert bytes(pool.view(20 * MiB, MiB)) == b"x" * MiB  # ... is never zeroed over
-    assert allocated(pool) >= 24 * MiB
-    assert list(pool.allocate(24 * MiB)) == []  # nothing left to do
+    os.pwrite(arena.fd, b"x" * MiB, region.offset + 4 * MiB)  # what a drain wrote ...
+    arena.trim(region.offset + 16 * MiB, 8 * MiB)
+    assert arena.populated(region.offset, region.nbytes) == 16 * MiB
+    assert len(list(arena.populate(region))) == 3
+    assert bytes(arena.view(region.offset + 4 * MiB, MiB)) == b"x" * MiB  # ... is never zeroed over
+    assert arena.populated(region.offset, region.nbytes) == region.nbytes
 
 
 def steps(ran: list, tag: str, n: int = 3):
@@ -44,7 +46,7 @@ def steps(ran: list, tag: str, n: int = 3):
         yield
 
 
-def test_the_worker_does_nothing_while_a_writer_runs_and_finishes_a_step_before_the_fork():
+def test_the_worker_does_nothing_while_a_writer_runs_and_a_writer_never_waits_for_it():
     worker = _Worker()
     ran = []
     worker.writer_starting()
@@ -53,23 +55,24 @@ def test_the_worker_does_nothing_while_a_writer_runs_and_finishes_a_step_before_
     assert ran == []
     worker.writer_done()
 
-    in_step, step_over = threading.Event(), threading.Event()
+    in_step, release = threading.Event(), threading.Event()
 
     def slow_steps():
         while True:
             in_step.set()
-            time.sleep(0.2)
-            step_over.set()
+            release.wait(30)  # a step that takes as long as a preempted idle thread
             ran.append("slow")
             yield
 
     worker.start(slow_steps())
     assert in_step.wait(30)
-    worker.writer_starting()  # waits for the step in progress, then nothing more runs
-    assert step_over.is_set()
-    done = len(ran)
+    started = time.perf_counter()
+    worker.writer_starting()  # returns at once: the step in flight ends on its own
+    assert time.perf_counter() - started < 0.05
+    assert ran == []
+    release.set()
     assert worker.idle.wait(30)
-    assert len(ran) == done
+    assert ran == ["slow"]  # no step started after writer_starting
 
 
 def test_new_work_replaces_the_old():

@@ -2,6 +2,7 @@
 torch.distributed.checkpoint (DCP) save / async_save of the same state, in one run.
 
     python tools/bench_snapshot.py [--sizes 0.5,1.5,4] [--quick] [--snapshots 3] [--repeats 3]
+                                   [--settings tuned|default]
                                    [--trainee-threads spare|all|N] [--malloc fixed|glibc]
                                    [--dir /work/bench-tmp] [--out FILE]
 
@@ -21,7 +22,9 @@ state at a loop boundary is exactly params + Adam state, as in the anchors' stat
    cost. A stop file ends the program. From the step stamps:
      baseline step   median of steps that overlap no write (warm-up and the first steps after
                      each commit excluded)
-     stall           `forked` stall_s from the log (safe point to fork returned, in the trainee)
+     stall           `forked` stall_s from the log (safe point to fork returned, in the trainee);
+                     the summary's is the largest of the run, the first snapshot included
+                     (it lands while the trainee's preparation thread is at work)
      drain           the writer's first act: large CPU tensors copied to the staging pool and
                      its copy-on-write mapping of them dropped (bytes: how much)
      extra wall      sum over steps overlapping [signal, commit] plus the next TAIL_STEPS steps
@@ -29,6 +32,11 @@ state at a loop boundary is exactly params + Adam state, as in the anchors' stat
                      a step stamp is taken at the top of the loop body, so the stall, which
                      happens at the loop boundary, falls inside one of these steps
 Targets (from the issue): stall <= 5% of torch.save; extra wall <= 50% of torch.save.
+
+Settings: ``tuned`` (default) is ``--trainee-threads spare --malloc fixed`` below; ``default`` is
+what a program gets without tuning: ``--trainee-threads all --malloc glibc`` (either flag given
+explicitly wins). Under ``default`` on the 2-core CI machine, training leaves the writer no core:
+each write takes minutes, so keep --sizes and --snapshots small.
 
 Trainee threads (torch.set_num_threads, anchors and gpusnap alike): ``spare`` (default) leaves
 one core to the writer, as a GPU training process does (its host thread drives the device; a
@@ -251,7 +259,7 @@ def environment(args, say) -> None:
         f"blosc2 {_version('blosc2')}, gpusnap {commit}{' (dirty)' if dirty else ''}; malloc {args.malloc}")
     say(f"# disk: {os.path.abspath(args.dir)} ({sh(f'df -h --output=source,fstype,avail {args.dir} | tail -1')}); "
         f"THP {sh('cat /sys/kernel/mm/transparent_hugepage/enabled')}")
-    say(f"# sizes {args.sizes} GB; anchors x{args.repeats}; gpusnap snapshots per size {args.snapshots}; "
+    say(f"# settings {args.settings}; sizes {args.sizes} GB; anchors x{args.repeats}; gpusnap snapshots per size {args.snapshots}; "
         f"knobs {knobs or 'defaults'}")
 
 
@@ -406,6 +414,8 @@ def report(size_gb: float, a: dict, g: dict, st: dict, say) -> dict:
         row(f"gpusnap #{i + 1} ({kind}) extra wall", s["extra_s"], None)
     later = snaps[1:] or snaps
     row("gpusnap later snaps stall (med)", [s["stall_s"] for s in later], None)
+    stall_max = max(s["stall_s"] for s in snaps)
+    row("gpusnap largest stall (all snaps)", stall_max, None)
     row("gpusnap later snaps extra (med)", [s["extra_s"] for s in later], None)
     say(f"gpusnap extra wall split (write window | {TAIL_STEPS} steps after commit): "
         + "; ".join(f"#{i + 1} {s['extra_write_s']:.2f} | {s['extra_tail_s']:.2f} over {s['steps_in_write']} steps"
@@ -426,15 +436,16 @@ def report(size_gb: float, a: dict, g: dict, st: dict, say) -> dict:
     extra1, extra_l = snaps[0]["extra_s"], med([s["extra_s"] for s in later])
     ab = med(a["dcp_async_block_s"])
     ok = lambda c: "MET" if c else "NOT MET"  # noqa: E731
-    say(f"target stall <= 5% of torch.save: #1 {stall1 / ts:.2%}, later {stall_l / ts:.2%} -> "
-        f"{ok(max(stall1, stall_l) <= 0.05 * ts)}")
+    say(f"target stall <= 5% of torch.save: #1 {stall1 / ts:.2%}, later {stall_l / ts:.2%}, largest "
+        f"{stall_max / ts:.2%} -> {ok(stall_max <= 0.05 * ts)}")
     noise = max(s["noise_s"] for s in snaps)
     verdict = ok(max(extra1, extra_l) <= 0.5 * ts)
     if any(abs(s["extra_s"] - 0.5 * ts) < 2 * s["noise_s"] for s in snaps):
         verdict = f"INCONCLUSIVE (step noise up to +-{noise:.2f} s over the write window; quieter machine needed)"
     say(f"target extra wall <= 50% of torch.save: #1 {extra1 / ts:.1%}, later {extra_l / ts:.1%} -> {verdict}")
     say(f"dcp.async_save blocking / gpusnap stall: {ab / stall1:.1f}x (#1), {ab / stall_l:.1f}x (later)")
-    return {"size": size_gb, "ts": ts, "stall": max(stall1, stall_l), "extra": max(extra1, extra_l)}
+    return {"size": size_gb, "ts": ts, "stall": stall_max, "stall1": stall1, "stall_later": stall_l,
+            "extra": max(extra1, extra_l)}
 
 
 def main() -> int:
@@ -446,11 +457,16 @@ def main() -> int:
     parser.add_argument("--dir", default="/work/bench-tmp", help="scratch directory (deleted at the end)")
     parser.add_argument("--out", default=None, help="raw output (default tools/results/bench_snapshot-cpu-DATE-TIME-threads-T.txt)")
     parser.add_argument("--keep", action="store_true", help="keep the run's scratch folder under --dir")
-    parser.add_argument("--trainee-threads", default="spare",
+    parser.add_argument("--settings", choices=("tuned", "default"), default="tuned",
+                        help="tuned: --trainee-threads spare --malloc fixed; default: all, glibc (what an untuned program gets)")
+    parser.add_argument("--trainee-threads", default=None,
                         help="torch threads of the training program: spare (cores - 1), all, or a number")
-    parser.add_argument("--malloc", choices=("fixed", "glibc"), default="fixed",
+    parser.add_argument("--malloc", choices=("fixed", "glibc"), default=None,
                         help="fixed: pin glibc's mmap and trim thresholds (stable steps); glibc: its dynamic ones")
     args = parser.parse_args()
+    tuned = args.settings == "tuned"
+    args.trainee_threads = args.trainee_threads or ("spare" if tuned else "all")
+    args.malloc = args.malloc or ("fixed" if tuned else "glibc")
     if args.malloc == "fixed":
         os.environ.update(MALLOC_MMAP_THRESHOLD_=str(32 << 20), MALLOC_TRIM_THRESHOLD_=str(4 << 30))
     cores = os.cpu_count() or 1
@@ -462,7 +478,7 @@ def main() -> int:
     here = os.path.dirname(os.path.abspath(__file__))
     stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")  # never overwrite an earlier run
     out = args.out or os.path.join(
-        here, "results", f"bench_snapshot-cpu-{stamp}-threads-{args.trainee_threads}-malloc-{args.malloc}{'-quick' if args.quick else ''}.txt")
+        here, "results", f"bench_snapshot-cpu-{stamp}-{args.settings}-threads-{args.trainee_threads}-malloc-{args.malloc}{'-quick' if args.quick else ''}.txt")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     say = Tee(out)
     os.makedirs(args.dir, exist_ok=True)
@@ -494,11 +510,14 @@ def main() -> int:
             shutil.rmtree(scratch, ignore_errors=True)
     say()
     say("== summary ==")
-    say(f"{'size GB':>8}{'torch.save s':>14}{'stall s':>10}{'stall %':>9}{'extra s':>10}{'extra %':>9}")
+    say(f"{'size GB':>8}{'torch.save s':>14}{'stall s':>10}{'#1 s':>8}{'later s':>9}{'stall %':>9}"
+        f"{'extra s':>10}{'extra %':>9}")
     for s in summary:
-        say(f"{s['size']:8g}{s['ts']:14.3f}{s['stall']:10.3f}{s['stall'] / s['ts']:9.1%}"
-            f"{s['extra']:10.3f}{s['extra'] / s['ts']:9.1%}")
-    say(f"(worst of first and later snapshots; total {time.time() - started:.0f} s; raw output {out})")
+        say(f"{s['size']:8g}{s['ts']:14.3f}{s['stall']:10.3f}{s['stall1']:8.3f}{s['stall_later']:9.3f}"
+            f"{s['stall'] / s['ts']:9.1%}{s['extra']:10.3f}{s['extra'] / s['ts']:9.1%}")
+    say(f"(stall: the largest of the run, the first snapshot included; #1: the first; later: median of "
+        f"the others; extra: worst of first and later; settings {args.settings}; total "
+        f"{time.time() - started:.0f} s; raw output {out})")
     return 0
 
 

@@ -5,9 +5,12 @@ Flow of one snapshot (DESIGN.md, Snapshot pipeline)::
     control.request()    signal handler / control thread / gpusnap.snapshot(): set loops.pending
     _on_boundary(loop)   every main-thread loop boundary while pending: is this a safe point?
                          (steploop.is_safe_point)
-    _snapshot(loop)      quiesce, stage, check headroom, fork  <- the stall ends here
+    _snapshot(loop)      quiesce, stage (device regions and the drain region of the
+                         staging arena), check headroom, seal the arena's regions, fork
+                                                          <- the stall ends here
       child:  writer.write_snapshot(job) -> result on a pipe -> os._exit      (fork)
-      parent: a waiter thread reads the result, reaps the child, reports to the supervisor
+      parent: a waiter thread reads the result, reaps the child, releases the child's
+              arena regions (stage.writer_done), reports to the supervisor
 
 The parts: ``session`` (the shared state), ``control`` (requests, the supervisor's channel),
 ``steploop`` (the step loop, safe points, optimizer hooks), ``fork`` (the writer process).
@@ -25,7 +28,7 @@ import time
 
 from gpusnap import knobs, lifeline, stage
 from gpusnap.capture import control, fork, session, steploop
-from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
+from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, StageError
 from gpusnap.graph import rng
 from gpusnap.instrument import loops
 
@@ -110,12 +113,20 @@ def _snapshot(loop) -> None:
     _coalesced_said = False
 
     stage.quiesce()
-    staged = stage.stage()
-    refusal = _headroom_refusal() or stage.unstaged_device_memory()
+    try:
+        staged = stage.stage()
+        drain = stage.drain_region() if knobs.DRAIN != "off" else None
+        refusal = _headroom_refusal() or stage.unstaged_device_memory()
+        hint = None
+    except StageError as exc:  # the arena cannot hold what the snapshot stages
+        refusal, hint = exc.message, exc.hint
     if refusal is not None:
+        stage.snapshot_skipped()
         if not control.connected():  # otherwise the supervisor prints the event
             print(f"gpusnap: snapshot skipped: {refusal}", file=sys.stderr, flush=True)
-        control.emit("skipped", reason=reason, message=refusal)
+            if hint:
+                print(f"hint: {hint}", file=sys.stderr, flush=True)
+        control.emit("skipped", reason=reason, message=refusal, **({"hint": hint} if hint else {}))
         if stop:
             fork.exit_now(EXIT_PREEMPTED_UNSAVED)
         return
@@ -135,14 +146,15 @@ def _snapshot(loop) -> None:
         steps=session.steps,
         sources=_sources(),
         staged=staged,
-        pool=stage.host_pool() if knobs.DRAIN != "off" else None,
+        arena_fd=stage.arena_fd(),
+        drain=drain,
         optimizers=list(session.optimizers),
     )
-    stage.writer_starting()
+    job.generation = stage.writer_starting()  # seals the regions this writer reads
     try:
         writer = fork.start_writer(job)
     except OSError as exc:  # fork itself failed (no memory, process limit): training goes on
-        stage.writer_done()
+        stage.writer_done(job.generation)
         message = f"could not fork the writer: {exc.strerror or exc}"
         if not control.connected():
             print(f"gpusnap: snapshot {job.snap_id} failed: {message}", file=sys.stderr, flush=True)

@@ -1,8 +1,9 @@
 """The writer process: fork, the child's life, and the parent's wait for its report.
 
 The child runs ``writer.write_snapshot`` on its copy-on-write image of the trainee and reports
-one JSON object on a pipe; a waiter thread in the parent reads it, reaps the child, and reports
-to the supervisor. A child that dies without a report (killed, out of memory) is reported as
+one JSON object on a pipe; a waiter thread in the parent reads it, reaps the child, releases the
+child's generation of staging-arena regions (only a reaped child is sure to read them no more),
+and reports to the supervisor. A child that dies without a report (killed, out of memory) is reported as
 failed, unless its manifest was committed; one that makes no progress for too long is killed
 by the waiter (``watchdog``) and reported as failed. Earlier snapshots are intact, and training
 goes on.
@@ -23,8 +24,9 @@ from gpusnap.capture import control, session, watchdog
 
 
 class Writer:
-    def __init__(self, pid: int, snap_id: str, read_fd: int, stall_s: float):
+    def __init__(self, pid: int, snap_id: str, read_fd: int, stall_s: float, generation: int | None = None):
         self.pid, self.snap_id, self.read_fd, self.stall_s = pid, snap_id, read_fd, stall_s
+        self.generation = generation  # of the arena regions the child reads
         self.thread = threading.Thread(target=self._wait, name="gpusnap-writer-wait", daemon=True)
 
     def _wait(self) -> None:
@@ -49,8 +51,10 @@ class Writer:
         if result.get("event") == "failed" and not control.connected():  # else the supervisor says it
             print(f"gpusnap: snapshot {self.snap_id} failed: {result.get('message')}", file=sys.stderr, flush=True)
         session.last_result = result
+        if result.get("drain_wanted_bytes") is not None:
+            stage.drained(result["drain_wanted_bytes"])  # the size of the next drain region
+        stage.writer_done(self.generation)  # the child is reaped: nothing reads its regions now
         session.writer = None
-        stage.writer_done()
         session.prepared = False  # the next optimizer step readies memory for the next snapshot
         control.emit(**result)
 
@@ -87,7 +91,7 @@ def start_writer(job) -> Writer:
         _child_main(job, write_fd)
     os.close(write_fd)
     stall_s = time.perf_counter() - job.requested_s
-    writer = session.writer = Writer(pid, job.snap_id, read_fd, stall_s)
+    writer = session.writer = Writer(pid, job.snap_id, read_fd, stall_s, job.generation)
     control.emit("forked", id=job.snap_id, stall_s=stall_s, iteration=job.iteration)
     writer.thread.start()
     return writer

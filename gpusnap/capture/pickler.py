@@ -49,7 +49,7 @@ from gpusnap.graph.load import (  # noqa: F401  (re-exported: older snapshots na
     load_graph,
 )
 from gpusnap.stage.drain import Drained
-from gpusnap.stage.pool import address_view
+from gpusnap.stage.memory import address_view
 
 PROTOCOL = 5
 
@@ -119,7 +119,7 @@ class GraphPickler(pickle.Pickler):
     [(tensor, storage key)] for the path pass, ``storage_names`` {storage key: buffer name}.
     ``staged`` maps (device type, address, nbytes) of device storages to host views (the
     staging step fills it; empty in CPU mode). ``drained`` says which CPU memory the writer
-    moved to the staging pool (stage.drain): those bytes are read there, never at their address.
+    moved to its drain region of the staging arena (stage.drain): those bytes are read there, never at their address.
     """
 
     def __init__(self, file, sink, staged: dict | None = None, drained: Drained | None = None):
@@ -275,7 +275,7 @@ class GraphPickler(pickle.Pickler):
         return _rebuild_ndarray, (name, arr.dtype.str, arr.shape)
 
     def _readable(self, arr):
-        """``arr``, or the same array over the pool when its memory was drained (a tensor's)."""
+        """``arr``, or the same array over the drain region when its memory was drained (a tensor's)."""
         address = arr.__array_interface__["data"][0]
         lo = hi = address
         for n, stride in zip(arr.shape, arr.strides):
@@ -286,8 +286,8 @@ class GraphPickler(pickle.Pickler):
         if found is None:
             return arr
         start, offset = found
-        pool = self.drained.pool.view(offset, hi + arr.itemsize - start)
-        return self._np.ndarray(arr.shape, arr.dtype, buffer=pool, offset=address - start, strides=arr.strides)
+        region = self.drained.region_view()[offset : offset + hi + arr.itemsize - start]
+        return self._np.ndarray(arr.shape, arr.dtype, buffer=region, offset=address - start, strides=arr.strides)
 
 
 def _guarded(obj, rv):

@@ -1,6 +1,6 @@
 """The writer: runs in the forked child, turns the trainee's image into a committed snapshot.
 
-Order: drain large CPU tensors into the staging pool -> drop to idle priority -> collect roots
+Order: drain large CPU tensors into the drain region of the staging arena -> drop to idle priority -> collect roots
 (with what fast-forward will need of each loop: its note, RNG states, a digest of its last item)
 -> pickle the graph (buffers stream into the store as they are met) -> put the pickle stream
 itself as the buffer "graph" -> name objects by path -> commit the manifest -> apply retention (a failure there is a warning: the snapshot is committed).
@@ -21,7 +21,7 @@ from gpusnap.capture import loopnotes, paths
 from gpusnap.graph import roots
 from gpusnap.capture.pickler import GraphPickler, _storage_key, type_name
 from gpusnap.stage.drain import Drained, drain
-from gpusnap.stage.pool import address_view
+from gpusnap.stage.memory import address_view
 
 
 @dataclass
@@ -41,8 +41,10 @@ class WriteJob:
     steps: int = 0  # optimizer steps so far: restored so that iteration numbers continue
     sources: dict = field(default_factory=dict)  # instrumented file -> xxh3-128 of its source
     staged: dict = field(default_factory=dict)
-    pool: object = None  # the trainee's stage.pool.HostPool: where the writer drains CPU tensors
+    arena_fd: int = -1  # the staging arena's memfd: the writer maps its regions afresh from it
+    drain: object = None  # the stage.arena.Region the writer drains CPU tensors into (None: no drain)
     optimizers: list = field(default_factory=list)  # what the drain copies first
+    generation: int | None = None  # of the arena regions this writer reads (sealed before fork)
 
 
 def write_snapshot(job: WriteJob) -> dict:
@@ -53,7 +55,7 @@ def write_snapshot(job: WriteJob) -> dict:
     # The drain races the trainee's next writes to the same pages (each one it loses is a page
     # copy in the trainee), so it runs at the trainee's priority; the rest has no such race:
     # only cores the trainee leaves idle.
-    drained = drain(job.pool, knobs.DRAIN_MIN_BYTES, job.optimizers) if job.pool is not None else Drained()
+    drained = drain(job.arena_fd, job.drain, knobs.DRAIN_MIN_BYTES, job.optimizers) if job.drain is not None else Drained()
     drain_s = time.perf_counter() - started
     lower_priority(knobs.WRITER_PRIORITY)
     # The writer exits when done, so its garbage never needs collecting, and the cycle collector
@@ -80,9 +82,6 @@ def write_snapshot(job: WriteJob) -> dict:
     except BaseException:
         sink.abort()
         raise
-    finally:
-        if job.pool is not None and knobs.DRAIN == "release":
-            job.pool.trim(0)
     retention = _apply_retention(rundir, job.keep) if job.keep else {}
     return {
         **retention,
@@ -93,6 +92,7 @@ def write_snapshot(job: WriteJob) -> dict:
         "write_s": time.perf_counter() - started,
         "drain_s": drain_s,
         "drained_bytes": drained.nbytes,
+        "drain_wanted_bytes": drained.wanted if job.drain is not None else None,
         "bytes_written": info.bytes_written,
         "bytes_total": info.bytes_total,
         "live_only": len(pickler.live_only),
@@ -115,7 +115,7 @@ def _apply_retention(rundir, keep: int) -> dict:
 
 
 def _reader(drained: Drained):
-    """Reads CPU memory as it was at fork: a drained range from the pool, the rest in place."""
+    """Reads CPU memory as it was at fork: a drained range from the drain region, the rest in place."""
 
     def read(address: int, nbytes: int) -> memoryview:
         view = drained.view(address, nbytes) if nbytes else None

@@ -28,7 +28,7 @@ trainee → supervisor
     ``{"op": "event", "event": E, ...}`` from the trainee or its writer, E one of
       ``honored``    safe point reached: ``iteration``, ``where``, ``reason``
       ``coalesced``  a writer is running; this request is served after it
-      ``skipped``    no snapshot this time: ``message`` (e.g. not enough host memory)
+      ``skipped``    no snapshot this time: ``message`` (e.g. not enough host memory), ``hint``
       ``forked``     writer started: ``id``, ``stall_s``
       ``committed``  ``id``, ``stall_s``, ``write_s``, ``bytes_written``, ``bytes_total``
                      (``iteration`` optional; ``warning`` and ``hint`` when retention failed
@@ -508,6 +508,8 @@ class Supervisor:
         if warned is not None:
             self.say(warned[0])
             self._write(f"hint: {warned[1]}\n")
+        elif name in ("failed", "skipped") and ev.get("hint"):
+            self._write(f"hint: {ev['hint']}\n")
         self.log({"source": "trainee", **ev})
         if name == "committed" and self.term_deadline is not None:
             self.committed_after_term = True

@@ -7,23 +7,45 @@ This is the only step besides fork that stalls training. Its interface, in call 
    {(device type, address, nbytes): host memoryview} for the pickler to read instead of the
    device pointer. The views must stay valid in the forked writer (MAP_SHARED, registered once).
 
+Staged bytes live in the staging arena (``arena``): one memfd mapped MAP_SHARED in the trainee,
+carved by one allocator into regions for device staging, managed memory, pinned CPU tensors and
+the CPU drain, sized against host memory and the job's memory cgroup (``limits``). The trainee
+reserves a snapshot's regions in the stall, ``writer_starting`` seals them into a generation
+just before fork, and ``writer_done(generation)`` frees them once the writer is reaped, so a
+snapshot taken while an earlier writer still reads stages elsewhere. When they do not fit the
+snapshot is skipped (``ArenaFull``, a ``StageError``) and training goes on; the agent then
+calls ``snapshot_skipped``.
+
 CPU mode (what this package implements today) stages nothing in the stall: the fork itself gives
 the writer a consistent copy of host memory. What it adds is after the fork: the writer *drains*
-large CPU tensors into the staging pool (``pool``), which both the trainee and its writers map,
-so that the trainee's next writes to them are not copy-on-write copies (``drain``); between
-snapshots, the trainee readies the pool and collapses those tensors into huge pages
-(``prepare``, ``hugepages``). A device storage met by the pickler without a staged copy fails
-the snapshot with a ``CaptureError`` (restoring replayed device tensors would be a silent
-partial restore); so that this is known before the fork, ``unstaged_device_memory()`` refuses
-the snapshot in the parent when the program holds device memory that nothing stages.
+large CPU tensors into its drain region of the arena (``drain_region`` reserves it), so that the
+trainee's next writes to them are not copy-on-write copies (``drain``); between snapshots, the
+trainee reserves and populates the next drain region and collapses those tensors into huge pages
+(``prepare``, ``hugepages``), in a background thread that a snapshot never waits for. A device
+storage met by the pickler without a staged copy fails the snapshot with a ``CaptureError``
+(restoring replayed device tensors would be a silent partial restore); so that this is known
+before the fork, ``unstaged_device_memory()`` refuses the snapshot in the parent when the program
+holds device memory that nothing stages.
+
+Modules: ``arena`` (the arena, its regions, ``writer_view``), ``limits`` (host and cgroup memory),
+``memory`` (raw views, madvise, page rounding), ``drain`` (the writer's copy of CPU tensors),
+``prepare`` (the trainee's background work and the arena's writer-done path), ``hugepages``.
 """
 
 from __future__ import annotations
 
 import sys
 
-from gpusnap.stage.pool import host_pool  # noqa: F401  (the trainee's staging pool, created on first use)
-from gpusnap.stage.prepare import prepare, writer_done, writer_starting  # noqa: F401  (between snapshots)
+from gpusnap.stage.arena import trainee_arena  # noqa: F401  (the trainee's arena, created on first use)
+from gpusnap.stage.prepare import (  # noqa: F401  (between snapshots, and the arena's generations)
+    arena_fd,
+    drain_region,
+    drained,
+    prepare,
+    snapshot_skipped,
+    writer_done,
+    writer_starting,
+)
 
 
 def quiesce() -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from gpusnap.stage.pool import madvise, merge_ranges
+from gpusnap.stage.memory import madvise, merge_ranges
 
 
 def _pmd_size() -> int:

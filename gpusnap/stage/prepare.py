@@ -2,19 +2,27 @@
 
 After an optimizer's first step, and again on the first step after each snapshot, ``prepare``
 lists the large CPU tensors the optimizers step (a few microseconds a tensor, in the training
-thread) and hands the work to one thread of the trainee that runs at idle priority, so that it
-uses only a core training leaves idle:
+thread), reserves the next snapshot's drain region of the arena for them (``drain_region``
+hands it to the snapshot), and gives the work to one thread of the trainee that runs at idle
+priority, so that it uses only a core training leaves idle:
 
 1. collapse those tensors into huge pages (``hugepages``): after a drain, the trainee's next
    write then costs one fault per 2 MiB instead of one per 4 KiB page;
-2. allocate the staging pool up to their size (``HostPool.allocate``), with ``GPUSNAP_DRAIN=keep``:
-   no drain then pays for fresh pages while it races the trainee.
+2. allocate the drain region's pages (``Arena.populate``), with ``GPUSNAP_DRAIN=keep``: no
+   drain then pays for fresh pages while it races the trainee.
 
-Both are done in steps of at most a few milliseconds, and never while a writer runs: the stall
-calls ``writer_starting`` before it forks, which waits for the step in progress and drops the
-rest. Each pass skips what is done already, so the pass after the snapshot does only what the
-snapshot undid (a huge page the trainee wrote before the drain reached it is split in two
-copies; a smaller state's pool was trimmed).
+Both are done in steps of a few milliseconds, and none starts while a writer runs. A snapshot
+never waits long for this thread: ``writer_starting`` raises a flag and gives a step in flight
+a few milliseconds to end, then forks anyway; a step still in flight at the fork is harmless (a
+collapse copies 2 MiB of the trainee's own pages; populating never overwrites a page that
+exists). Waiting for the step to end, however long, was a priority inversion. The thread runs at
+SCHED_IDLE, so when every core is busy (training on all of them, or other jobs) it can sit
+preempted for long while it holds the step's lock, and the stall waited for it: the first
+snapshot of a run, which lands while the thread is at work, stalled 0.64 s, of which 0.61 s
+waiting for that lock and 25 ms on the CPU, where the snapshots after it, once the thread is
+done, stalled 0.01-0.06 s (tools/results/bench_snapshot-cpu-2026-11-24-exp-first-stall.txt).
+Each pass skips what is done already, so the pass after a snapshot does only what the snapshot
+undid.
 """
 
 from __future__ import annotations
@@ -25,15 +33,22 @@ import threading
 from collections.abc import Iterator
 
 from gpusnap import knobs
+from gpusnap.errors import ArenaFull, StageError
 from gpusnap.stage import hugepages
-from gpusnap.stage.pool import host_pool
+from gpusnap.stage.arena import Region, made_arena, trainee_arena
+
+
+# How long the stall lets a step in flight finish before it forks anyway: a step takes a few
+# milliseconds when the thread runs, and a step that is done holds no kernel lock (mmap_lock,
+# for a collapse or a populate) that fork would queue behind; past this the thread is preempted.
+_STEP_GRACE_S = 0.005
 
 
 class _Worker:
     def __init__(self):
-        # Held for each step of work, so writer_starting returns only once none is running.
-        self._lock = threading.Lock()
         self._writer_running = False
+        self._between_steps = threading.Event()
+        self._between_steps.set()
         self._work: Iterator | None = None
         self._new_work = threading.Condition()
         self._pending = False
@@ -51,8 +66,10 @@ class _Worker:
             self._new_work.notify()
 
     def writer_starting(self) -> None:
-        with self._lock:
-            self._writer_running = True
+        """No step starts from now on; a step in flight gets ``_STEP_GRACE_S`` to end, then
+        ends on its own."""
+        self._writer_running = True
+        self._between_steps.wait(_STEP_GRACE_S)
 
     def writer_done(self) -> None:
         self._writer_running = False
@@ -68,42 +85,128 @@ class _Worker:
                     self.idle.set()
                     self._new_work.wait()
                 work, self._pending = self._work, False
-            while work is not None:
-                with self._lock:
-                    if self._writer_running or work is not self._work:
-                        break
-                    try:
-                        next(work)
-                    except StopIteration:
-                        break
-                    except Exception:  # noqa: BLE001 - best effort: a failed step costs speed only
-                        break
+            while work is not None and not self._writer_running and work is self._work:
+                self._between_steps.clear()
+                try:
+                    next(work)
+                except StopIteration:
+                    break
+                except Exception:  # noqa: BLE001 - best effort: a failed step costs speed only
+                    break
+                finally:
+                    self._between_steps.set()
 
 
 _worker = _Worker()
+# What the next drain is expected to copy: the storages the optimizers step (known from the
+# last ``prepare``) and what the last drain's scan found besides them.
+_optimizer_bytes = 0
+_other_bytes = 0
+_drain: Region | None = None  # the next snapshot's drain region, reserved ahead
 
 
 def prepare(optimizers) -> None:
     """In the trainee, after an optimizer step: start readying the memory the next drain
     copies first (the optimizers' large CPU tensors)."""
-    import psutil
-
+    global _drain, _optimizer_bytes
     from gpusnap.stage.drain import optimizer_storages
 
     storages = optimizer_storages(optimizers, knobs.DRAIN_MIN_BYTES)
     steps = []
     if knobs.HUGEPAGES == "on":
         steps.append(hugepages.collapse(storages.items()))
-    wanted = sum(storages.values())
-    if knobs.DRAIN == "keep" and wanted <= psutil.virtual_memory().available * 0.5:  # never crowd out the trainee
-        steps.append(host_pool().allocate(wanted))
+    _optimizer_bytes = sum(storages.values())
+    if knobs.DRAIN == "keep":
+        try:
+            _drain = _reserve(_drain_bytes())
+        except StageError:  # said by the snapshot, which reserves again
+            _drain = None
+        else:
+            arena = trainee_arena()
+            adds = _drain.nbytes - arena.populated(_drain.offset, _drain.nbytes)
+            if adds <= arena.tightest_room().room_bytes * 0.5:  # never crowd out the trainee
+                steps.append(arena.populate(_drain))
     _worker.start(itertools.chain(*steps))
 
 
-def writer_starting() -> None:
-    """In the stall, before fork: from here until ``writer_done`` nothing is prepared."""
+def drain_region() -> Region:
+    """The drain region of the snapshot being taken (in the stall): the one reserved ahead when
+    it is large enough, else a new one. Raises ``ArenaFull``."""
+    global _drain
+    region, _drain = _drain, None
+    wanted = _drain_bytes()
+    if region is not None and region.nbytes >= wanted and region.generation == trainee_arena().pending:
+        return region
+    if not wanted:  # no optimizer has stepped and no drain has run: nothing is known
+        return _first_guess()
+    _drain = region
+    try:
+        return _reserve(wanted)
+    except ArenaFull:
+        if not _other_bytes:
+            raise
+    # What the last scan found besides the optimizers' state may be gone by now; what the
+    # optimizers step is what the drain races the trainee for, and what this snapshot needs.
+    return _reserve(_optimizer_bytes)
+
+
+def _drain_bytes() -> int:
+    return _optimizer_bytes + _other_bytes
+
+
+def _first_guess() -> Region:
+    """A drain region for a program that gpusnap knows nothing of yet: its resident set, when
+    that fits, or none worth the name (this snapshot drains nothing; its writer says how much
+    the next one should hold)."""
+    import psutil
+
+    try:
+        return trainee_arena().reserve(psutil.Process().memory_info().rss, "drain")
+    except ArenaFull:
+        return trainee_arena().reserve(1, "drain")
+
+
+def _reserve(nbytes: int) -> Region:
+    arena = trainee_arena()
+    if _drain is not None and _drain.generation == arena.pending:
+        arena.free(_drain)  # replaced by a larger one, maybe at the same offset
+    return arena.reserve(max(nbytes, 1), "drain")
+
+
+def drained(wanted_bytes: int) -> None:
+    """A writer's report: its drain wanted ``wanted_bytes`` (with room enough it would have
+    copied that much), of which what the optimizers do not step is the scan's share."""
+    global _other_bytes
+    _other_bytes = max(0, wanted_bytes - _optimizer_bytes)
+
+
+def writer_starting() -> int | None:
+    """In the stall, just before fork: nothing is prepared from here until ``writer_done``;
+    the arena's pending regions become a generation, whose number the writer is given (None
+    when no arena was made: the snapshot stages nothing)."""
     _worker.writer_starting()
+    arena = made_arena()
+    return arena.seal() if arena is not None else None
 
 
-def writer_done() -> None:
+def writer_done(generation: int | None) -> None:
+    """The writer of ``generation`` has exited (or never started): its regions may be reused."""
+    arena = made_arena()
+    if generation is not None and arena is not None:
+        arena.release(generation)
     _worker.writer_done()
+
+
+def snapshot_skipped() -> None:
+    """The snapshot reserved regions but is not taken: give them back."""
+    global _drain
+    _drain = None
+    arena = made_arena()
+    if arena is not None:
+        arena.discard()
+
+
+def arena_fd() -> int:
+    """The arena's memfd for the writer to map its regions from; -1 when there is no arena."""
+    arena = made_arena()
+    return arena.fd if arena is not None else -1

@@ -1,0 +1,67 @@
+"""Raw host memory for the stage: views at addresses, page rounding, madvise, address ranges."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+
+PAGE = mmap.PAGESIZE
+MADV_DONTNEED = 4
+MADV_REMOVE = 9
+MADV_POPULATE_WRITE = 23  # Linux 5.14
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.madvise.restype = ctypes.c_int
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+_libc.fallocate.restype = ctypes.c_int
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+
+
+def madvise(address: int, length: int, advice: int) -> int:
+    """madvise(2) on a raw range; returns 0 or the errno (never raises)."""
+    if length <= 0:
+        return 0
+    if _libc.madvise(address, length, advice) == 0:
+        return 0
+    return ctypes.get_errno()
+
+
+def punch_hole(fd: int, offset: int, nbytes: int) -> int:
+    """Free the whole pages of a file range (a memfd's pages go back to the host); the range
+    reads as zeros after. Returns 0 or the errno."""
+    start, end = page_up(offset), page_down(offset + nbytes)
+    if end <= start:
+        return 0
+    if _libc.fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, start, end - start) == 0:
+        return 0
+    return ctypes.get_errno()
+
+
+def address_view(address: int, nbytes: int) -> memoryview:
+    """Zero-copy view of ``nbytes`` at a raw address (a CPU storage, a staging buffer)."""
+    if nbytes == 0:
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
+
+
+def page_down(address: int) -> int:
+    return address // PAGE * PAGE
+
+
+def page_up(address: int) -> int:
+    return -(-address // PAGE) * PAGE
+
+
+def merge_ranges(ranges) -> list[tuple[int, int, int]]:
+    """Sorted, disjoint (lo, hi, rank); ranges that overlap or touch become one, with the
+    lower rank (storages may alias)."""
+    merged: list[list[int]] = []
+    for lo, hi, rank in sorted(ranges):
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+            merged[-1][2] = min(merged[-1][2], rank)
+        else:
+            merged.append([lo, hi, rank])
+    return [tuple(extent) for extent in merged]
