@@ -15,7 +15,7 @@ import numpy as np
 from cuda.bindings import driver as cu
 from pace import OUT, finish, progress
 
-DEV_BYTES = 256 << 10
+DEV_BYTES = int(os.environ.get("TEST_RAWCUDA_DEV_BYTES", 256 << 10))
 MANAGED_BYTES = 128 << 10
 VMM_BYTES = 2 << 20
 CHUNK = 64 << 10
