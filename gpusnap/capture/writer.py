@@ -110,7 +110,8 @@ def _put_device(job: WriteJob, rundir, sink, manifest: dict) -> None:
     manifest["buffers"].update(put_allocations(job.device, job.arena_fd, sink, previous))
     manifest["allocations"] = [a.record() for a in job.device.allocations]
     manifest["device"] = {"dirty_bytes": job.device.dirty_bytes, "devices": list(job.device.devices),
-                          "reused_from": job.device.previous}
+                          "reused_from": job.device.previous,
+                          "unaccounted_bytes": {str(d): n for d, n in job.device.unaccounted().items()}}
 
 
 def _apply_retention(rundir, keep: int) -> dict:

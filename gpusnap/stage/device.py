@@ -74,6 +74,16 @@ class DeviceStage:
     previous: str | None  # the snapshot whose chunk ids the clean chunks reuse
     chunk_bytes: int
     devices: list = field(default_factory=list)
+    used_bytes: dict = field(default_factory=dict)  # device -> memory the driver says is in use
+
+    def unaccounted(self) -> dict:
+        """device -> bytes in use that no tracked allocation accounts for (torch's caching
+        allocator, cuda.core pools, functions bound before boot)."""
+        tracked = {}
+        for a in self.allocations:
+            if a.kind != AllocKind.MANAGED.value:
+                tracked[a.device] = tracked.get(a.device, 0) + a.nbytes
+        return {device: max(0, used - tracked.get(device, 0)) for device, used in self.used_bytes.items()}
 
     @property
     def dirty_bytes(self) -> int:
@@ -177,7 +187,8 @@ def _stage(snap_id: str, live, paranoid: bool) -> DeviceStage:
     for ordinal in used:
         gpu.synchronize(ordinal)  # the staged bytes are in the arena: the writer may read them
     _state.candidate = (snap_id, prints)
-    return DeviceStage(staged, _state.of if previous else None, chunk_bytes, used)
+    used_bytes = {ordinal: gpu.memory_used(ordinal) for ordinal in used}
+    return DeviceStage(staged, _state.of if previous else None, chunk_bytes, used, used_bytes)
 
 
 def _synchronize_program(gpu, used) -> None:
