@@ -105,8 +105,8 @@ def test_paranoid_copies_every_chunk(tmp_path):
     programs = copy_programs(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
-    run = Run("run", "--dir", "snaps", programs / "notorch" / "rawcuda.py", out, STEPS, cwd=tmp_path,
-              env={**SLOW, "GPUSNAP_PARANOID": "1"})
+    run = Run("run", "--dir", "snaps", "--paranoid", programs / "notorch" / "rawcuda.py", out, STEPS, cwd=tmp_path,
+              env=SLOW)
     wait_for(lambda: progress(out) >= 3, "step 3", proc=run)
     request_snapshot(run, tmp_path / "snaps")
     second = request_snapshot(run, tmp_path / "snaps")
