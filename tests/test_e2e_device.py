@@ -1,4 +1,4 @@
-"""A cuda-python program on the fake GPU through the real CLI: raw device, managed and VMM memory
+"""A cuda-python program on the fake GPU (and on a real one: ``gpu`` marker) through the real CLI: raw device, managed and VMM memory
 computed in, snapshotted, killed -9 and restarted, ends with the same bytes at other base
 addresses; only dirty chunks are copied; an allocation the replay does not make refuses the
 restart with exit 6. The fake faults a writer that touches managed memory, so every committed
@@ -7,13 +7,15 @@ snapshot here also shows that the writer never did."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
-from harness import Run, copy_programs, gpusnap, progress, request_snapshot, wait_for
+from harness import Run, _env, copy_programs, gpusnap, progress, request_snapshot, wait_for
 
 CHUNK = 64 << 10
 FAKE = {"GPUSNAP_DEVICE": "fake", "GPUSNAP_CHUNK_BYTES": str(CHUNK), "TEST_STEP_SLEEP_S": "0"}
-SLOW = {**FAKE, "TEST_STEP_SLEEP_S": "0.05"}
+PACED = {"TEST_STEP_SLEEP_S": "0.05"}
 STEPS = 60
 
 
@@ -21,18 +23,27 @@ def manifest(run_dir, snap_id: str) -> dict:
     return json.loads((run_dir / "snapshots" / f"{snap_id}.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def killed(tmp_path_factory):
+def _cuda_usable() -> bool:
+    # Asked in a child: the driver and NVRTC stay out of the test process.
+    probe = "from gpusnap.device.cuda import load_driver; d = load_driver(); assert d.cuDeviceGetCount()[1] > 0"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, env=_env(), timeout=120).returncode == 0
+
+
+@pytest.fixture(scope="module", params=["fake", pytest.param("cuda", marks=pytest.mark.gpu)])
+def killed(request, tmp_path_factory):
     """An uninterrupted reference run, and a run snapshotted twice and killed -9 after."""
+    if request.param == "cuda" and not _cuda_usable():
+        pytest.skip("no CUDA device here")
+    env = {**FAKE, "GPUSNAP_DEVICE": request.param}
     tmp = tmp_path_factory.mktemp("rawcuda")
     programs = copy_programs(tmp)
     script = programs / "notorch" / "rawcuda.py"
     ref, out = tmp / "ref", tmp / "out"
     ref.mkdir()
     out.mkdir()
-    done = gpusnap("run", "--dir", "refsnaps", script, ref, STEPS, cwd=tmp, env=FAKE)
+    done = gpusnap("run", "--dir", "refsnaps", script, ref, STEPS, cwd=tmp, env=env)
     assert done.returncode == 0, done.stderr
-    run = Run("run", "--dir", "snaps", script, out, STEPS, cwd=tmp, env=SLOW)
+    run = Run("run", "--dir", "snaps", script, out, STEPS, cwd=tmp, env={**env, **PACED})
     wait_for(lambda: progress(out) >= 5, "step 5", proc=run)
     first = request_snapshot(run, tmp / "snaps")
     at = progress(out)
@@ -42,12 +53,12 @@ def killed(tmp_path_factory):
     wait_for(lambda: progress(out) >= at + 3, f"step {at + 3}", proc=run)
     run.kill_group()
     assert not (out / "final.json").exists(), "the program finished before it was killed"
-    return tmp, ref, out, first, second
+    return tmp, ref, out, first, second, env
 
 
 def test_unmatched_raw_allocation_refuses_the_restart_with_exit_6(killed):
-    tmp, _, out, _, second = killed
-    refused = gpusnap("restart", "snaps", cwd=tmp, env={**FAKE, "TEST_RAWCUDA_DEV_BYTES": str(128 << 10)})
+    tmp, _, out, _, second, env = killed
+    refused = gpusnap("restart", "snaps", cwd=tmp, env={**env, "TEST_RAWCUDA_DEV_BYTES": str(128 << 10)})
     assert refused.returncode == 6, refused.stderr
     line = next(line for line in refused.stderr.splitlines() if line.startswith("gpusnap: restore refused:"))
     assert line == (f"gpusnap: restore refused: raw device memory allocated at {tmp / 'programs' / 'notorch' / 'rawcuda.py'}:35 "
@@ -57,8 +68,8 @@ def test_unmatched_raw_allocation_refuses_the_restart_with_exit_6(killed):
 
 
 def test_killed_raw_cuda_program_restarts_to_the_same_bytes_at_new_bases(killed):
-    tmp, ref, out, _, second = killed
-    restarted = gpusnap("restart", "snaps", cwd=tmp, env=FAKE)
+    tmp, ref, out, _, second, env = killed
+    restarted = gpusnap("restart", "snaps", cwd=tmp, env=env)
     assert restarted.returncode == 0, restarted.stderr
     assert f"restored snapshot {second}" in restarted.stderr
     assert json.loads((out / "final.json").read_text()) == json.loads((ref / "final.json").read_text())
@@ -69,7 +80,7 @@ def test_killed_raw_cuda_program_restarts_to_the_same_bytes_at_new_bases(killed)
 
 
 def test_only_dirty_chunks_are_copied_and_clean_ones_keep_their_ids(killed):
-    tmp, _, _, first, second = killed
+    tmp, _, _, first, second, _ = killed
     old, new = manifest(tmp / "snaps", first), manifest(tmp / "snaps", second)
     assert old["device"]["reused_from"] is None
     assert new["device"]["reused_from"] == first
@@ -92,7 +103,7 @@ def test_only_dirty_chunks_are_copied_and_clean_ones_keep_their_ids(killed):
 
 
 def test_inspect_shows_device_memory_by_kind_and_owner(killed):
-    tmp, _, _, _, second = killed
+    tmp, _, _, _, second, _ = killed
     shown = gpusnap("inspect", "snaps", second, cwd=tmp)
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
@@ -106,7 +117,7 @@ def test_paranoid_copies_every_chunk(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     run = Run("run", "--dir", "snaps", "--paranoid", programs / "notorch" / "rawcuda.py", out, STEPS, cwd=tmp_path,
-              env=SLOW)
+              env={**FAKE, **PACED})
     wait_for(lambda: progress(out) >= 3, "step 3", proc=run)
     request_snapshot(run, tmp_path / "snaps")
     second = request_snapshot(run, tmp_path / "snaps")

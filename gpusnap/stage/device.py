@@ -128,6 +128,8 @@ def stage_allocations(snap_id: str, committed, paranoid: bool = False) -> Device
         _state.candidate = None
         if committed(snap):
             _state.fingerprints, _state.of = prints, snap
+    if _state.of is not None and not committed(_state.of):  # pruned or collected since
+        _state.fingerprints, _state.of = {}, None
     try:
         return _stage(snap_id, live, paranoid)
     except CudaCallFailed as exc:
