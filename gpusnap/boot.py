@@ -7,7 +7,8 @@ boot itself reads ``"instrument"`` (a list of paths and dotted module names) and
 object to ``gpusnap.capture.agent.install``. In order, boot:
 
 1. sets ``sys.argv`` and ``sys.path[0]`` as python would;
-2. loads ``gpusnap.frameworks`` (the framework loop modules to instrument, their adapters) and
+2. installs the raw-allocation registry (``device.tracking``; the fake GPU first when
+   ``GPUSNAP_DEVICE=fake``), loads ``gpusnap.frameworks`` (the framework loop modules to instrument, their adapters) and
    installs the import hook (``instrument.importer``), rooted at the script's directory;
 3. compiles the main code, instrumented, and makes a fresh ``__main__`` module;
 4. records ``loops.MAIN_CODE`` / ``loops.MAIN_GLOBALS`` for the capture side;
@@ -191,7 +192,9 @@ def main(argv=None) -> None:
     else:
         root = os.getcwd() if sys.flags.safe_path or not sys.path else sys.path[0]
     from gpusnap import frameworks
+    from gpusnap.device import tracking
 
+    tracking.install()  # raw cuda-python allocations, before the program can import the bindings
     frameworks.load()  # before any import of the program's: they name modules to instrument
     importer.install(roots=[root], instrument=[*instrument, *frameworks.loop_modules()])
     compile_main, extra, filename, cached = make(target, args)
@@ -228,7 +231,7 @@ def main(argv=None) -> None:
     if resuming is not None:
         from gpusnap.restore import replay
 
-        replay.install(*resuming, config, agent.emit, agent.resumed)
+        replay.install(*resuming, config, agent.emit, agent.resumed, agent.restore_device)
     _run(code, namespace)
 
 

@@ -124,3 +124,8 @@ CACHE_DIR = _str("CACHE_DIR", "")
 # how many bytes each can allocate (address space reserved up front; pages only as written).
 FAKE_DEVICES = _int("FAKE_DEVICES", 2)
 FAKE_DEVICE_BYTES = _int("FAKE_DEVICE_BYTES", 1 << 30)
+# Which GPU a run uses: "cuda" (cuda-python over the real driver) or "fake" (the fake GPU above,
+# installed as cuda.bindings.driver/runtime before the program's imports: CI and tests).
+DEVICE = _choice("DEVICE", "cuda", ("cuda", "fake"))
+# 1: every snapshot copies every chunk of device memory, fingerprints notwithstanding (--paranoid).
+PARANOID = _int("PARANOID", 0)

@@ -18,7 +18,7 @@ ALLOWED = {
     "cli": {"launch", "store", "demo"},
     "demo": set(),  # runs gpusnap as a user would: through the command line
     "launch": {"store"},
-    "boot": {"instrument", "capture", "restore", "frameworks"},
+    "boot": {"instrument", "capture", "restore", "frameworks", "device"},  # device: tracking at boot
     "frameworks": {"capture", "restore", "graph", "instrument"},  # adapters for both halves
     "capture": {"stage", "store", "instrument", "graph"},
     "restore": {"store", "instrument", "graph"},

@@ -173,7 +173,7 @@ def test_signal_snap_and_sigterm_commit_exit_75(work):
         assert cfg == {
             "run_dir": str(work / "rd"), "control": info["socket"], "signal": "SIGUSR2",
             "on_term": "snapshot", "keep": 2, "at": f"{work / 'fake.py'}:3",
-            "instrument": [str(work / "fake.py")], "resume": None, "force": False, "verbosity": 1,
+            "instrument": [str(work / "fake.py")], "resume": None, "force": False, "verbosity": 1, "paranoid": False,
         }
         assert boot["cwd"] == str(work)
 

@@ -113,8 +113,10 @@ def _snapshot(loop) -> None:
     _coalesced_said = False
 
     stage.quiesce()
+    snap_id = session.rundir.next_snapshot_id()
     try:
         staged = stage.stage()
+        device = stage.stage_allocations(snap_id, _committed, paranoid=bool(knobs.PARANOID or session.config.get("paranoid")))
         drain = stage.drain_region() if knobs.DRAIN != "off" else None
         refusal = _headroom_refusal() or stage.unstaged_device_memory()
         hint = None
@@ -134,7 +136,7 @@ def _snapshot(loop) -> None:
 
     job = WriteJob(
         run_dir=session.config["run_dir"],
-        snap_id=session.rundir.next_snapshot_id(),
+        snap_id=snap_id,
         frame=loop.frame,
         active_loops=list(loops.ACTIVE),
         rng_states=rng.capture(),
@@ -146,6 +148,7 @@ def _snapshot(loop) -> None:
         steps=session.steps,
         sources=_sources(),
         staged=staged,
+        device=device,
         arena_fd=stage.arena_fd(),
         drain=drain,
         optimizers=list(session.optimizers),
@@ -165,6 +168,18 @@ def _snapshot(loop) -> None:
     if stop:
         writer.thread.join()
         fork.exit_now(EXIT_PREEMPTED if session.last_result.get("event") == "committed" else EXIT_PREEMPTED_UNSAVED)
+
+
+def _committed(snap_id: str) -> bool:
+    try:
+        session.rundir.load_manifest(snap_id)
+    except Exception:  # noqa: BLE001 - absent or unreadable: not committed
+        return False
+    return True
+
+
+# What boot hands the replay, so that restore reaches the device side without importing stage.
+restore_device = stage.restore_allocations
 
 
 def _sources() -> dict:

@@ -40,6 +40,8 @@ from gpusnap.graph.load import (  # noqa: F401  (re-exported: older snapshots na
     LiveOnly,
     Unbuilt,
     _construct,
+    _device_pointer,
+    _raw_ndarray,
     _live_only,
     _load_storage,
     _module_attribute,
@@ -122,7 +124,7 @@ class GraphPickler(pickle.Pickler):
     moved to its drain region of the staging arena (stage.drain): those bytes are read there, never at their address.
     """
 
-    def __init__(self, file, sink, staged: dict | None = None, drained: Drained | None = None):
+    def __init__(self, file, sink, staged: dict | None = None, drained: Drained | None = None, device=None):
         super().__init__(file, protocol=PROTOCOL)
         self._file = file
         self.iterative = False  # dump_graph fell back to the iterative pickler
@@ -137,6 +139,11 @@ class GraphPickler(pickle.Pickler):
         self._torch = sys.modules.get("torch")
         self._np = sys.modules.get("numpy")
         self._live_types = _ALWAYS_LIVE + _torch_live_types(self._torch)
+        # CUdeviceptr values inside a staged raw allocation are saved as (allocation, offset):
+        # the replay's allocation has another base (stage.device.DeviceStage.pointer).
+        self.device = device
+        driver = sys.modules.get("cuda.bindings.driver") if device is not None else None
+        self._pointer_type = getattr(driver, "CUdeviceptr", None)
 
     def dump_graph(self, obj) -> None:
         """``dump``, or, where the graph is deeper than the C pickler can go, the same stream
@@ -161,6 +168,10 @@ class GraphPickler(pickle.Pickler):
                 return self._reduce_tensor(obj)
             if isinstance(obj, (torch.UntypedStorage, torch.TypedStorage)):
                 return self._reduce_storage(obj)
+        if self._pointer_type is not None and type(obj) is self._pointer_type:
+            where = self.device.pointer(int(obj))
+            if where is not None:
+                return _device_pointer, where
         np = self._np
         if np is not None and type(obj) is np.ndarray and not obj.dtype.hasobject and obj.dtype.names is None:
             return self._reduce_ndarray(obj)
@@ -263,6 +274,13 @@ class GraphPickler(pickle.Pickler):
     # -- numpy ----------------------------------------------------------------------------
     def _reduce_ndarray(self, arr):
         np = self._np
+        if self.device is not None:
+            # An array over a raw allocation (managed memory seen from the host): its bytes are
+            # the allocation's, staged by the parent; the writer must never read them there (a
+            # forked child faults on managed memory). It comes back as a view of the replay's.
+            where = self.device.pointer(arr.__array_interface__["data"][0])
+            if where is not None:
+                return _raw_ndarray, (*where, arr.dtype.str, arr.shape, arr.strides)
         key = ("numpy", arr.__array_interface__["data"][0], arr.nbytes, arr.dtype.str, arr.shape, arr.strides)
         name = self.storage_names.get(key)
         if name is None:

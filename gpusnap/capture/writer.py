@@ -41,6 +41,7 @@ class WriteJob:
     steps: int = 0  # optimizer steps so far: restored so that iteration numbers continue
     sources: dict = field(default_factory=dict)  # instrumented file -> xxh3-128 of its source
     staged: dict = field(default_factory=dict)
+    device: object = None  # stage.device.DeviceStage: the raw allocations staged in the arena
     arena_fd: int = -1  # the staging arena's memfd: the writer maps its regions afresh from it
     drain: object = None  # the stage.arena.Region the writer drains CPU tensors into (None: no drain)
     optimizers: list = field(default_factory=list)  # what the drain copies first
@@ -68,7 +69,7 @@ def write_snapshot(job: WriteJob) -> dict:
         read = _reader(drained)
         payload = roots.collect(job.frame, job.active_loops, job.rng_states, lambda loop: loopnotes.record(loop, read))
         stream = io.BytesIO()
-        pickler = GraphPickler(stream, sink, staged=job.staged, drained=drained)
+        pickler = GraphPickler(stream, sink, staged=job.staged, drained=drained, device=job.device)
         pickler.dump_graph(payload)
         graph = sink.put_buffer(stream.getbuffer(), dtype="bytes", typesize=1)
         graph["kind"] = "graph"
@@ -76,6 +77,8 @@ def write_snapshot(job: WriteJob) -> dict:
             graph["pickler"] = "iterative"  # the graph was too deep for the C pickler
         iterators = {id(obj): info for obj, _ in pickler.live_only if (info := loopnotes.describe(obj, read))}
         manifest = _manifest(job, payload, pickler, graph, stall_s, iterators)
+        if job.device is not None:
+            _put_device(job, rundir, sink, manifest)
         manifest["write_s"] = time.perf_counter() - started
         manifest["drain"] = {"s": drain_s, "bytes": drained.nbytes}
         info = sink.commit(manifest)
@@ -97,6 +100,18 @@ def write_snapshot(job: WriteJob) -> dict:
         "bytes_total": info.bytes_total,
         "live_only": len(pickler.live_only),
     }
+
+
+def _put_device(job: WriteJob, rundir, sink, manifest: dict) -> None:
+    """The raw allocations: dirty chunks from the arena, clean ones by the previous snapshot's ids."""
+    from gpusnap.stage import put_allocations
+
+    previous = rundir.load_manifest(job.device.previous).get("buffers", {}) if job.device.previous else {}
+    manifest["buffers"].update(put_allocations(job.device, job.arena_fd, sink, previous))
+    manifest["allocations"] = [a.record() for a in job.device.allocations]
+    manifest["device"] = {"dirty_bytes": job.device.dirty_bytes, "devices": list(job.device.devices),
+                          "reused_from": job.device.previous,
+                          "unaccounted_bytes": {str(d): n for d, n in job.device.unaccounted().items()}}
 
 
 def _apply_retention(rundir, keep: int) -> dict:

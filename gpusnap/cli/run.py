@@ -35,10 +35,12 @@ Snapshots are taken:
 A snapshot is taken at the next iteration boundary of the training loop and holds the whole
 program: the main thread's frames and their locals, the globals of the script and of the
 modules under its directory (and --instrument), every CPU tensor, numpy array and RNG state
-they reach, and where each loop stands. Open files, sockets, threads and DataLoader workers are
-not saved; a restart re-creates them by running the setup code again. CUDA memory is not
-captured yet: a snapshot of a program that holds CUDA memory is skipped with a message that
-says so, and training goes on."""
+they reach, raw device memory the program allocated through cuda-python (only the chunks that
+changed since the last snapshot are copied off the GPU; --paranoid copies all), and where each
+loop stands. Open files, sockets, threads and DataLoader workers are not saved; a restart
+re-creates them by running the setup code again. torch CUDA tensors are not captured yet: a
+snapshot of a program that holds them is skipped with a message that says so, and training
+goes on."""
 
 
 def _schedule_options(f):
@@ -51,6 +53,7 @@ def _schedule_options(f):
         click.option("--grace", metavar="DURATION", default=None,
                      help=f"How long a SIGTERM snapshot may take before the program is killed (exit 76). Default {opt.format_duration(knobs.DEFAULT_GRACE_S)} (GPUSNAP_DEFAULT_GRACE_S)."),
         click.option("--keep", metavar="N", default=None, help="Keep only the N newest snapshots (older ones are pruned after each commit)."),
+        click.option("--paranoid", is_flag=True, help="Copy all device memory at every snapshot, unchanged chunks included (GPUSNAP_PARANOID=1)."),
         click.option("-q", "--quiet", "verbosity", flag_value=0, help="Say only what goes wrong, and why the run stops."),
         click.option("-v", "--verbose", "verbosity", flag_value=2, help="Also say every snapshot request and connection."),
         click.option("--notices", type=click.Choice(["off", "auto", "aws", "gcp", "azure"]), default="off", show_default=True,
@@ -69,7 +72,7 @@ def _schedule_options(f):
 @click.option("--resume", default="auto", show_default=True, metavar="auto|never|ID",
               help="auto: continue from the newest intact snapshot in DIR, if any; never: start fresh (snapshots go on into DIR); ID: continue from that snapshot.")
 @click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT|-m MODULE [ARGS]...")
-def run(run_dir, every, signal_name, on_term, grace, keep, verbosity, notices, instrument, at, resume, program):
+def run(run_dir, every, signal_name, on_term, grace, keep, paranoid, verbosity, notices, instrument, at, resume, program):
     """Run a Python program under gpusnap, unmodified.
 
     \b
@@ -116,7 +119,7 @@ def run(run_dir, every, signal_name, on_term, grace, keep, verbosity, notices, i
         kind = "script"
         default_name = os.path.splitext(os.path.basename(target))[0]
     launch = Launch(kind=kind, target=given, args=args, cwd=cwd, run_dir="")
-    _apply_schedule(launch, every, signal_name, on_term, grace, keep, notices, verbosity)
+    _apply_schedule(launch, every, signal_name, on_term, grace, keep, notices, verbosity, paranoid)
     launch.at = opt.resolve_at(at, cwd)
     launch.instrument = opt.resolve_instrument(instrument, cwd)
     if resume not in ("auto", "never") and not resume.strip():
@@ -142,7 +145,7 @@ def run(run_dir, every, signal_name, on_term, grace, keep, verbosity, notices, i
 @click.option("--snapshot", "snapshot_id", metavar="ID", help="Continue from this snapshot (default: the newest that verifies).")
 @click.option("--force", is_flag=True, help="Restore even where the program changed in ways that can be overridden.")
 @_schedule_options
-def restart(run_dir, snapshot_id, force, every, signal_name, on_term, grace, keep, verbosity, notices):
+def restart(run_dir, snapshot_id, force, every, signal_name, on_term, grace, keep, paranoid, verbosity, notices):
     """Continue the program of run directory DIR from a snapshot.
 
     Runs the same command, in the same working directory, as the `gpusnap run` that made DIR,
@@ -179,13 +182,13 @@ def restart(run_dir, snapshot_id, force, every, signal_name, on_term, grace, kee
         raise SnapshotNotFound(f"{path} has no snapshot to restart from",
                                hint="run the program with `gpusnap run` and take a snapshot (SIGUSR1, --every, `gpusnap snap`)")
     launch = Launch(kind=kind, target=given, args=args, cwd=cwd, run_dir=path, force=force)
-    _apply_schedule(launch, every, signal_name, on_term, grace, keep, notices, verbosity)
+    _apply_schedule(launch, every, signal_name, on_term, grace, keep, notices, verbosity, paranoid)
     launch.at = ident.get("at")
     launch.instrument = list(ident.get("instrument") or [])
     _supervise(launch, None, snapshot_id or "auto", rd=rd, require_snapshot=True)
 
 
-def _apply_schedule(launch, every, signal_name, on_term, grace, keep, notices, verbosity) -> None:
+def _apply_schedule(launch, every, signal_name, on_term, grace, keep, notices, verbosity, paranoid) -> None:
     global _verbosity
     if knobs.PROBLEMS:  # the trainee and its writers read the same environment
         raise UsageError(knobs.PROBLEMS[0], hint="fix or unset it; gpusnap/knobs.py lists every GPUSNAP_ setting")
@@ -195,6 +198,7 @@ def _apply_schedule(launch, every, signal_name, on_term, grace, keep, notices, v
     launch.grace_s = opt.parse_duration(grace, "--grace") if grace is not None else knobs.DEFAULT_GRACE_S
     launch.keep = opt.parse_keep(keep)
     launch.notices = notices
+    launch.paranoid = bool(paranoid)
     launch.verbosity = _verbosity = 1 if verbosity is None else verbosity
 
 

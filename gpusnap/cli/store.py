@@ -55,9 +55,10 @@ def ls_cmd(run_dir, as_json):
     if not snaps:
         click.echo(f"no snapshots in {rd.path}")
         return
-    rows = [["ID", "CREATED", "ITERATION", "STALL", "WRITTEN", "TOTAL", "RESUMED FROM"]]
+    rows = [["ID", "CREATED", "ITERATION", "STALL", "DIRTY", "WRITTEN", "TOTAL", "RESUMED FROM"]]
     for s in snaps:
         rows.append([s.id, s.created, "-" if s.iteration is None else str(s.iteration), _secs(s.stall_s),
+                     "-" if s.dirty_bytes is None else human_bytes(s.dirty_bytes),
                      human_bytes(s.bytes_written), human_bytes(s.bytes_total), s.resumed_from or "-"])
     for line in _table(rows):
         click.echo(line)
@@ -114,6 +115,7 @@ def inspect_cmd(run_dir, snapshot, as_json):
                          human_bytes(b.get("nbytes")), str(len(b.get("chunks") or [])), b.get("path") or "-"])
         for line in _table(rows):
             echo("  " + line)
+    _device_memory(m, echo)
     live = m.get("live_only") or []
     echo(f"live-only, not captured ({len(live)}):")
     for o in live:
@@ -123,6 +125,29 @@ def inspect_cmd(run_dir, snapshot, as_json):
         echo(f"modules ({len(modules)}), exportable with `gpusnap export`:")
         for path, state in modules.items():
             echo(f"  {path}  {len(state)} tensors")
+
+
+def _device_memory(m: dict, echo) -> None:
+    """Device memory by kind, by owner (raw allocations by call site) and what is unaccounted."""
+    allocations = m.get("allocations") or []
+    device = m.get("device")
+    if device is None:
+        return
+    by_kind: dict[str, int] = {}
+    for a in allocations:
+        by_kind[a["kind"]] = by_kind.get(a["kind"], 0) + a["nbytes"]
+    kinds = ", ".join(f"{kind} {human_bytes(n)}" for kind, n in sorted(by_kind.items())) or "-"
+    echo(f"device memory: {kinds}; {human_bytes(device.get('dirty_bytes'))} dirty (copied off the GPU), "
+         f"the rest reused from {device.get('reused_from') or '-'}")
+    rows = [["OWNER", "API", "KIND", "DEVICE", "BYTES", "DIRTY", "BUFFER"]]
+    for a in allocations:
+        rows.append([f"{a['call_site']} #{a['ordinal']}", a["api"], a["kind"], str(a["device"]), human_bytes(a["nbytes"]),
+                     human_bytes(a["dirty_bytes"]), a["buffer"]])
+    for line in _table(rows):
+        echo("  " + line)
+    for ordinal, nbytes in sorted((device.get("unaccounted_bytes") or {}).items()):
+        echo(f"  unaccounted on device {ordinal}: {human_bytes(nbytes)} in use that no tracked allocation or "
+             f"object owns (not in the snapshot)")
 
 
 @cli.command("verify")

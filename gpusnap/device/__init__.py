@@ -5,6 +5,7 @@ Modules, in the order a snapshot meets them:
 - ``backend``     the interface (``GpuBackend``, its call order) and its data: ``DeviceInfo``,
                   ``PointerInfo``, ``AllocKind``, ``Allocation`` (a raw-allocation registry entry)
 - ``registry``    raw allocations the program makes through cuda-python (``track`` wraps them)
+- ``tracking``    the run's one registry, installed by boot (on import of the bindings)
 - ``cuda``        ``CudaBackend``: cuda-python's driver API (``cuda.bindings.driver``)
 - ``fake``        the strict fake GPU for CI: fake ``cuda.bindings`` modules and ``FakeBackend``
 - ``fingerprint`` the dirty-chunk fingerprint's definition (NumPy reference)
@@ -16,9 +17,9 @@ Nothing here imports the pipeline (capture, stage, restore): ``stage`` imports t
 
 Entry points for the pipeline:
 
-- boot, before the program's imports: ``registry.track(Registry(), driver, runtime)`` on the
-  modules the program will import; ``fake.install()`` first when the run uses the fake GPU;
-- staging, in the trainee: ``open_backend(kind)``, then the call order on ``GpuBackend``;
+- boot, before the program's imports: ``tracking.install()``, which runs ``fake.install()``
+  first when ``GPUSNAP_DEVICE=fake`` and ``registry.track`` on the bindings once imported;
+- staging, in the trainee (``stage.device``): ``open_backend(kind)``, then the call order on ``GpuBackend``;
   ``fingerprint.chunk_spans`` / ``chunk_count`` cut ranges as the store does, and
   ``fingerprint.dirty_chunks(previous, current)`` picks what to copy;
 - restore: ``Registry.live()`` entries match by (call_site, ordinal, nbytes, kind);

@@ -81,6 +81,7 @@ class GpuBackend(ABC):
             synchronize(ordinal)              fingerprints are readable now; compare, pick dirty chunks
             copy_to_host(ordinal, ptr, dst, nbytes)               per dirty run, on the backend's stream
             synchronize(ordinal)              the staged bytes are in the arena: fork the writer
+            memory_used(ordinal)              for the manifest: what no tracked allocation accounts for
         on restore:
             copy_to_device(ordinal, ptr, src, nbytes); synchronize(ordinal)
         close()                               unregisters host memory, drops streams and modules
@@ -135,6 +136,11 @@ class GpuBackend(ABC):
     def managed_view(self, address: int, nbytes: int) -> memoryview:
         """Host view of managed memory, valid in the trainee only (a forked child faults on it):
         the parent reads it after synchronize, or copies it with ``copy_to_host``."""
+
+    @abstractmethod
+    def memory_used(self, ordinal: int) -> int:
+        """Device memory in use on ``ordinal`` (the driver's total minus free), less what this
+        backend allocated itself: what the program holds, tracked or not."""
 
     @abstractmethod
     def close(self) -> None: ...

@@ -238,6 +238,11 @@ class CudaBackend(GpuBackend):
             self.call("cuLaunchKernel", finalize, -(-chunks // threads), 1, 1, threads, 1, 1, 0, stream, args, 0)
             self.call("cuMemcpyDtoHAsync", out_address, acc, chunks * fp.FINGERPRINT_NBYTES, stream)
 
+    def memory_used(self, ordinal: int) -> int:
+        with self.on(ordinal):
+            free, total = self.call("cuMemGetInfo")
+        return int(total) - int(free) - self._scratch.get(ordinal, (0, 0))[1]
+
     def close(self) -> None:
         if os.getpid() != self._pid:
             return  # a forked child owns none of it

@@ -1,8 +1,8 @@
 """The registry of raw allocations: what a program allocated through cuda-python itself.
 
 ``track(registry, driver, runtime)`` wraps the allocation and free functions of the given
-modules *by module attribute*; called by boot before the program's imports (not wired yet),
-the program's ``from cuda.bindings import driver`` and ``driver.cuMemAlloc`` reach the wrappers. Each wrapper
+modules *by module attribute*; called before the program's imports (``tracking.install``, from
+boot), the program's ``from cuda.bindings import driver`` and ``driver.cuMemAlloc`` reach the wrappers. Each wrapper
 calls the original, and on success records or forgets an ``Allocation``. Code that bound a
 function before ``track`` ran, cuda.core's pools and Cython ``cimport`` users are not seen; the
 unaccounted report covers them, not this module.

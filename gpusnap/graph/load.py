@@ -17,6 +17,35 @@ import pickle
 import threading
 
 
+# {saved allocation seq: its base in this process}: set by the restore before the graph loads
+# (raw allocations matched by call site, stage.device.restore_allocations).
+DEVICE_BASES: dict[int, int] = {}
+
+
+def _device_pointer(seq: int, offset: int):
+    """A ``CUdeviceptr`` into raw allocation ``seq``, at that allocation's base in this process."""
+    from cuda.bindings.driver import CUdeviceptr
+
+    base = DEVICE_BASES.get(seq)
+    if base is None:
+        raise pickle.UnpicklingError(f"a CUdeviceptr points into raw allocation #{seq}, which was not restored")
+    return CUdeviceptr(base + offset)
+
+
+def _raw_ndarray(seq: int, offset: int, dtype: str, shape, strides):
+    """A numpy view of raw allocation ``seq`` (managed memory), at its base in this process."""
+    import ctypes
+
+    import numpy as np
+
+    base = DEVICE_BASES.get(seq)
+    if base is None:
+        raise pickle.UnpicklingError(f"a numpy array views raw allocation #{seq}, which was not restored")
+    span = sum((n - 1) * abs(s) for n, s in zip(shape, strides)) + np.dtype(dtype).itemsize if all(shape) else 0
+    memory = (ctypes.c_char * span).from_address(base + offset)
+    return np.ndarray(shape, np.dtype(dtype), buffer=memory, strides=strides)
+
+
 class LiveOnly:
     """Stands where the snapshot held an object it could not capture."""
 

@@ -107,6 +107,7 @@ class Launch:
     resume: str | None = None  # snapshot id
     force: bool = False
     notices: str = "off"  # "off", "auto" or a provider of notices.PROVIDERS
+    paranoid: bool = False  # copy every chunk of device memory, fingerprints notwithstanding
     verbosity: int = 1  # 0 --quiet: problems and stops only; 1: every snapshot; 2 --verbose: requests too
 
     def boot_config(self, control_path: str) -> dict:
@@ -121,6 +122,7 @@ class Launch:
             "resume": {"snapshot": self.resume} if self.resume else None,
             "force": self.force,
             "verbosity": self.verbosity,
+            "paranoid": self.paranoid,
         }
 
 

@@ -24,7 +24,7 @@ import time
 
 from gpusnap.graph import rng, roots
 from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, ReplayDiverged, RestoreError
-from gpusnap.graph.load import LiveOnly
+from gpusnap.graph.load import DEVICE_BASES, LiveOnly
 from gpusnap.instrument import loops
 from gpusnap.restore import fastforward, itemcheck, livecheck, load
 from gpusnap.restore.frames import write_locals
@@ -193,6 +193,10 @@ class Replay:
         started = time.perf_counter()
         _say(f"merging snapshot {self.snap_id} at {_short(loop.where())}", level=1)
         check_sources(self.manifest, self.force)
+        records = self.manifest.get("allocations") or []
+        if records:
+            self._stage = "restoring raw device memory"
+            DEVICE_BASES.update(self.restore_device(records, lambda name: self.rundir.read_buffer(self.manifest["buffers"][name])))
         _, payload = load(self.rundir, self.snap_id)
         live_frames = roots.frames_on_path(loop.frame)
         saved_frames = payload["frames"]
@@ -282,12 +286,13 @@ def check_sources(manifest: dict, force: bool) -> None:
             raise ProgramChanged(f"{path} changed since snapshot {manifest['id']} was taken")
 
 
-def install(rundir, snap_id: str, config: dict, emit, on_merged) -> Replay:
+def install(rundir, snap_id: str, config: dict, emit, on_merged, restore_device=None) -> Replay:
     """Replay snapshot ``snap_id`` of ``rundir``; ``emit(event, **fields)`` reports to the
     supervisor, ``on_merged(snap_id, steps, iteration)`` runs once the snapshot is merged."""
     global active, _verbosity
     _verbosity = int(config.get("verbosity", 1))
     replay = Replay(rundir, snap_id, config, emit, on_merged)
+    replay.restore_device = restore_device or _no_device
     it = replay.manifest.get("iteration")
     _say(f"restoring snapshot {replay.snap_id} (iteration {it}): replaying setup", level=1)
     try:
@@ -299,6 +304,11 @@ def install(rundir, snap_id: str, config: dict, emit, on_merged) -> Replay:
     loops.replaying = diverged_by_step
     atexit.register(_check_reached, replay)
     return replay
+
+
+def _no_device(records: list, read_buffer) -> dict:
+    raise ReplayDiverged(f"the snapshot holds {len(records)} raw device allocations, and this run restores none",
+                         hint="restart with gpusnap, which tracks cuda-python allocations")
 
 
 def diverged_by_step() -> None:

@@ -27,7 +27,11 @@ storage met by the pickler without a staged copy fails the snapshot with a ``Cap
 before the fork, ``unstaged_device_memory()`` refuses the snapshot in the parent when the program
 holds device memory that nothing stages.
 
-Modules: ``arena`` (the arena, its regions, ``writer_view``), ``limits`` (host and cgroup memory),
+Raw cuda-python allocations (the registry of ``device.tracking``) are staged by ``device``:
+``stage_allocations`` in the stall, ``put_allocations`` in the writer, ``restore_allocations``
+at a restart's merge.
+
+Modules: ``device`` (raw device memory), ``arena`` (the arena, its regions, ``writer_view``), ``limits`` (host and cgroup memory),
 ``memory`` (raw views, madvise, page rounding), ``drain`` (the writer's copy of CPU tensors),
 ``prepare`` (the trainee's background work and the arena's writer-done path), ``hugepages``.
 """
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import sys
 
+from gpusnap.stage.device import put_allocations, restore_allocations, stage_allocations  # noqa: F401  (raw device memory)
 from gpusnap.stage.arena import trainee_arena  # noqa: F401  (the trainee's arena, created on first use)
 from gpusnap.stage.prepare import (  # noqa: F401  (between snapshots, and the arena's generations)
     arena_fd,

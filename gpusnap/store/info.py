@@ -23,6 +23,7 @@ class SnapshotInfo:
     bytes_written: int
     bytes_total: int
     resumed_from: str | None
+    dirty_bytes: int | None = None  # device bytes copied off the GPU (None: no device memory)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -38,4 +39,5 @@ class SnapshotInfo:
             bytes_written=int(stats.get("bytes_written", 0)),
             bytes_total=int(stats.get("bytes_total", 0)),
             resumed_from=m.get("resumed_from"),
+            dirty_bytes=(m.get("device") or {}).get("dirty_bytes"),
         )

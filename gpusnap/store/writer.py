@@ -69,14 +69,29 @@ class SnapshotWriter:
 
     def put_buffer(self, data, *, dtype: str, typesize: int) -> dict:
         """Store one buffer; return its record {"nbytes", "dtype", "chunks": [[id, nbytes]]}."""
+        view = as_bytes_view(data)
+        return self.put_chunks([view[start : start + self._chunk_bytes] for start in range(0, len(view), self._chunk_bytes)],
+                               dtype=dtype, typesize=typesize)
+
+    def put_chunks(self, pieces, *, dtype: str, typesize: int) -> dict:
+        """Store one buffer given chunk by chunk, as ``put_buffer`` cuts it: each piece is the
+        chunk's bytes, or ``(id, nbytes)`` of a chunk the store holds already (device memory
+        whose fingerprint did not change: neither copied nor rewritten)."""
         if self._done:
             raise StoreError("put_buffer after commit or abort")
-        view = as_bytes_view(data)
-        n = len(view)
         chunks = []
         st = self.stats
-        for start in range(0, n, self._chunk_bytes):
-            piece = view[start : start + self._chunk_bytes]
+        n = 0
+        for piece in pieces:
+            if isinstance(piece, tuple):
+                cid, nbytes = piece
+                if cid not in self._known and cid not in self._new:
+                    raise StoreError(f"chunk {cid} is reused but this store does not hold it")
+                st.chunks_total += 1
+                chunks.append([cid, nbytes])
+                n += nbytes
+                continue
+            piece = as_bytes_view(piece)
             t0 = time.perf_counter()
             cid = codec.chunk_id(piece)
             st.hash_s += time.perf_counter() - t0
@@ -94,6 +109,7 @@ class SnapshotWriter:
                 if self._pack.nbytes >= self._flush_at:
                     self._flush_pack()
             chunks.append([cid, len(piece)])
+            n += len(piece)
         st.bytes_total += n
         return {"nbytes": n, "dtype": dtype, "chunks": chunks}
 

@@ -1,0 +1,127 @@
+"""A cuda-python program on the fake GPU (and on a real one: ``gpu`` marker) through the real CLI: raw device, managed and VMM memory
+computed in, snapshotted, killed -9 and restarted, ends with the same bytes at other base
+addresses; only dirty chunks are copied; an allocation the replay does not make refuses the
+restart with exit 6. The fake faults a writer that touches managed memory, so every committed
+snapshot here also shows that the writer never did."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from harness import Run, _env, copy_programs, gpusnap, progress, request_snapshot, wait_for
+
+CHUNK = 64 << 10
+FAKE = {"GPUSNAP_DEVICE": "fake", "GPUSNAP_CHUNK_BYTES": str(CHUNK), "TEST_STEP_SLEEP_S": "0"}
+PACED = {"TEST_STEP_SLEEP_S": "0.05"}
+STEPS = 60
+
+
+def manifest(run_dir, snap_id: str) -> dict:
+    return json.loads((run_dir / "snapshots" / f"{snap_id}.json").read_text())
+
+
+def _cuda_usable() -> bool:
+    # Asked in a child: the driver and NVRTC stay out of the test process.
+    probe = "from gpusnap.device.cuda import load_driver; d = load_driver(); assert d.cuDeviceGetCount()[1] > 0"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, env=_env(), timeout=120).returncode == 0
+
+
+@pytest.fixture(scope="module", params=["fake", pytest.param("cuda", marks=pytest.mark.gpu)])
+def killed(request, tmp_path_factory):
+    """An uninterrupted reference run, and a run snapshotted twice and killed -9 after."""
+    if request.param == "cuda" and not _cuda_usable():
+        pytest.skip("no CUDA device here")
+    env = {**FAKE, "GPUSNAP_DEVICE": request.param}
+    tmp = tmp_path_factory.mktemp("rawcuda")
+    programs = copy_programs(tmp)
+    script = programs / "notorch" / "rawcuda.py"
+    ref, out = tmp / "ref", tmp / "out"
+    ref.mkdir()
+    out.mkdir()
+    done = gpusnap("run", "--dir", "refsnaps", script, ref, STEPS, cwd=tmp, env=env)
+    assert done.returncode == 0, done.stderr
+    run = Run("run", "--dir", "snaps", script, out, STEPS, cwd=tmp, env={**env, **PACED})
+    wait_for(lambda: progress(out) >= 5, "step 5", proc=run)
+    first = request_snapshot(run, tmp / "snaps")
+    at = progress(out)
+    wait_for(lambda: progress(out) >= at + 5, f"step {at + 5}", proc=run)
+    second = request_snapshot(run, tmp / "snaps")
+    at = progress(out)
+    wait_for(lambda: progress(out) >= at + 3, f"step {at + 3}", proc=run)
+    run.kill_group()
+    assert not (out / "final.json").exists(), "the program finished before it was killed"
+    return tmp, ref, out, first, second, env
+
+
+def test_unmatched_raw_allocation_refuses_the_restart_with_exit_6(killed):
+    tmp, _, out, _, second, env = killed
+    refused = gpusnap("restart", "snaps", cwd=tmp, env={**env, "TEST_RAWCUDA_DEV_BYTES": str(128 << 10)})
+    assert refused.returncode == 6, refused.stderr
+    line = next(line for line in refused.stderr.splitlines() if line.startswith("gpusnap: restore refused:"))
+    assert line == (f"gpusnap: restore refused: raw device memory allocated at {tmp / 'programs' / 'notorch' / 'rawcuda.py'}:35 "
+                    "(cuMemAlloc call #0, 262,144 bytes) has no counterpart in the replayed program")
+    assert "hint: the replay must make the same cuda-python allocations" in refused.stderr
+    assert not (out / "final.json").exists()
+
+
+def test_killed_raw_cuda_program_restarts_to_the_same_bytes_at_new_bases(killed):
+    tmp, ref, out, _, second, env = killed
+    restarted = gpusnap("restart", "snaps", cwd=tmp, env=env)
+    assert restarted.returncode == 0, restarted.stderr
+    assert f"restored snapshot {second}" in restarted.stderr
+    assert json.loads((out / "final.json").read_text()) == json.loads((ref / "final.json").read_text())
+    bases = [line.split() for line in (out / "bases").read_text().splitlines()]
+    assert len(bases) >= 2
+    killed_bases, restarted_bases = bases[-2], bases[-1]
+    assert all(a != b for a, b in zip(killed_bases, restarted_bases)), bases  # device, managed, VMM all moved
+
+
+def test_only_dirty_chunks_are_copied_and_clean_ones_keep_their_ids(killed):
+    tmp, _, _, first, second, _ = killed
+    old, new = manifest(tmp / "snaps", first), manifest(tmp / "snaps", second)
+    assert old["device"]["reused_from"] is None
+    assert new["device"]["reused_from"] == first
+    assert old["device"]["dirty_bytes"] == sum(a["nbytes"] for a in old["allocations"])
+    by_api = {a["api"]: a for a in new["allocations"]}
+    assert set(by_api) == {"cuMemAlloc", "cuMemAllocManaged", "cuMemMap"}
+    for a in new["allocations"]:
+        before = old["buffers"][a["buffer"]]["chunks"]
+        after = new["buffers"][a["buffer"]]["chunks"]
+        changed = [i for i, (x, y) in enumerate(zip(before, after)) if x != y]
+        # Copied exactly what changed: a chunk is copied iff its content (and so its id) changed.
+        assert a["dirty_bytes"] == len(changed) * CHUNK, a
+    # The VMM buffer changes 4 of its 32 chunks, the managed one its first chunk only.
+    assert by_api["cuMemMap"]["dirty_bytes"] == 4 * CHUNK
+    assert by_api["cuMemAllocManaged"]["dirty_bytes"] == CHUNK
+    assert by_api["cuMemAlloc"]["dirty_bytes"] == 256 << 10
+    assert new["device"]["dirty_bytes"] == 4 * CHUNK + CHUNK + (256 << 10)
+    listed = {s["id"]: s for s in json.loads(gpusnap("ls", "snaps", "--json", cwd=tmp).stdout)}
+    assert listed[second]["dirty_bytes"] == new["device"]["dirty_bytes"]
+
+
+def test_inspect_shows_device_memory_by_kind_and_owner(killed):
+    tmp, _, _, _, second, _ = killed
+    shown = gpusnap("inspect", "snaps", second, cwd=tmp)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert any(line.startswith("device memory: device 256.0 KiB, managed 128.0 KiB, vmm 2.0 MiB;") for line in lines)
+    assert any("rawcuda.py:36 #0" in line and "cuMemAllocManaged" in line for line in lines)
+    assert any(line.strip().startswith("unaccounted on device 0:") for line in lines)
+
+
+def test_paranoid_copies_every_chunk(tmp_path):
+    programs = copy_programs(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    run = Run("run", "--dir", "snaps", "--paranoid", programs / "notorch" / "rawcuda.py", out, STEPS, cwd=tmp_path,
+              env={**FAKE, **PACED})
+    wait_for(lambda: progress(out) >= 3, "step 3", proc=run)
+    request_snapshot(run, tmp_path / "snaps")
+    second = request_snapshot(run, tmp_path / "snaps")
+    run.kill_group()
+    m = manifest(tmp_path / "snaps", second)
+    assert m["device"]["reused_from"] is None
+    assert m["device"]["dirty_bytes"] == sum(a["nbytes"] for a in m["allocations"])
