@@ -129,3 +129,22 @@ FAKE_DEVICE_BYTES = _int("FAKE_DEVICE_BYTES", 1 << 30)
 DEVICE = _choice("DEVICE", "cuda", ("cuda", "fake"))
 # 1: every snapshot copies every chunk of device memory, fingerprints notwithstanding (--paranoid).
 PARANOID = _int("PARANOID", 0)
+# Device ranges smaller than this are copied whole at every snapshot, without a fingerprint: a
+# copy of a few hundred KiB costs about what one fingerprint launch does, and torch holds
+# thousands of small tensors (biases, norms). The store still writes only chunks it lacks.
+FINGERPRINT_MIN_BYTES = _int("FINGERPRINT_MIN_BYTES", 256 << 10)
+# Two device->host copies on one device this close together become one copy of both and the
+# bytes between: torch's allocator rounds blocks up, so its neighbours rarely touch.
+COPY_GAP_BYTES = _int("COPY_GAP_BYTES", 64 << 10)
+# Where restored tensors that the replayed program does not hold go when the snapshot's device
+# is not there: "SAVED:NEW,..." (e.g. "1:0,2:0"; NEW may be "cpu"); unnamed devices map to the
+# same ordinal when it exists, else ordinal modulo the devices there are, else the CPU.
+def _device_map(raw: str) -> dict:
+    pairs = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        saved, _, new = item.partition(":")
+        pairs[int(saved)] = "cpu" if new.strip() == "cpu" else int(new)
+    return pairs
+
+
+DEVICE_MAP = _parsed("DEVICE_MAP", {}, _device_map, 'a list of SAVED:NEW device ordinals, e.g. "1:0,2:cpu"')

@@ -136,21 +136,6 @@ def test_a_snapshot_that_would_not_fit_in_memory_is_skipped(tmp_path):
     assert snapshots(tmp_path / "snaps", tmp_path) == []
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_program_holding_cuda_memory_is_refused_before_the_fork(tmp_path):
-    """Until device memory is staged, a snapshot of a program that holds CUDA memory is skipped
-    in the parent, with one line naming the memory, and training goes on."""
-    programs, out = programs_and_out(tmp_path)
-    run = Run("run", "--dir", "snaps", programs / "on_cuda.py", out, 400, cwd=tmp_path, env={"TEST_STEP_SLEEP_S": "0.01"})
-    wait_for(lambda: progress(out) >= 3, "step 3", proc=run)
-    run.signal(signal.SIGUSR1)
-    code, _, err = run.wait()
-    assert code == 0 and progress(out) == 400
-    assert "snapshot skipped: the program holds CUDA memory (cuda:0 " in err
-    assert snapshots(tmp_path / "snaps", tmp_path) == []
-
-
 def test_a_restarted_run_takes_snapshot_after_snapshot(tmp_path):
     """A restarted trainee decompressed its snapshot with blosc2. Had it used blosc2's thread
     pool, its forked writers would inherit a pool fork broke, and about one multi-threaded write

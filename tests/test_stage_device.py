@@ -9,14 +9,29 @@ import pytest
 
 from device_helpers import Program, in_child
 from gpusnap.device import fake, tracking
+from gpusnap.device.backend import ORIGINAL_ATTR, AllocKind
 from gpusnap.device.calls import check
 from gpusnap.device.fake import driver as cu
 from gpusnap.device.registry import Registry, track, untrack
 from gpusnap.errors import CudaCallFailed, RestoreError, StageError
 from gpusnap.stage import device as staging
+from gpusnap.stage import sources
+from gpusnap.store import RunDir
 from gpusnap.stage.arena import trainee_arena, writer_view
 
 CHUNK = 4 << 20  # knobs.CHUNK_BYTES in this process
+ANY = object()
+
+
+class _Every:
+    def __contains__(self, name) -> bool:
+        return True
+
+
+def committed(*snaps):
+    """A ``committed`` callback: the named snapshots are committed with every buffer staged
+    (``ANY``: every snapshot is), the others are not."""
+    return lambda snap: _Every() if ANY in snaps or snap in snaps else None
 
 
 @pytest.fixture
@@ -32,9 +47,9 @@ def gpu(monkeypatch):
     untrack(cu)
 
 
-def staged_bytes(stage, alloc_index: int) -> bytes:
-    a = stage.allocations[alloc_index]
-    return b"".join(bytes(writer_view(trainee_arena().fd, at, min(CHUNK, a.nbytes - i * CHUNK)))
+def staged_bytes(stage, index: int) -> bytes:
+    a = stage.ranges[index]
+    return b"".join(bytes(writer_view(trainee_arena().fd, at, min(CHUNK, a.range.nbytes - i * CHUNK)))
                     for i, at in enumerate(a.chunks) if at >= 0)
 
 
@@ -47,9 +62,9 @@ def stage_after_pending_work(gpu):
     """Snapshot 1 of ones (committed), then the program enqueues nines and does not wait."""
     ptr = gpu.alloc(1 << 20)
     gpu.put(ptr, np.full(1 << 20, 1, np.uint8))
-    staging.stage_allocations("000001", lambda snap: False)
+    staging.stage_device_memory("000001", committed())
     enqueue_fill(gpu, ptr, 9, 1 << 20)
-    return staging.stage_allocations("000002", lambda snap: True)
+    return staging.stage_device_memory("000002", committed(ANY))
 
 
 def test_staging_synchronizes_the_programs_pending_work(gpu):
@@ -70,10 +85,10 @@ def test_a_missing_synchronize_is_caught_by_the_fake(gpu, monkeypatch):
 def test_only_dirty_chunks_are_copied_once_the_previous_snapshot_is_committed(gpu):
     ptr = gpu.alloc(3 * CHUNK)
     gpu.put(ptr, np.zeros(3 * CHUNK, np.uint8))
-    first = staging.stage_allocations("000001", lambda snap: True)
+    first = staging.stage_device_memory("000001", committed(ANY))
     assert first.dirty_bytes == 3 * CHUNK and first.previous is None
     gpu.put(ptr + CHUNK, np.full(16, 5, np.uint8))
-    second = staging.stage_allocations("000002", lambda snap: snap == "000001")
+    second = staging.stage_device_memory("000002", committed("000001"))
     assert second.previous == "000001"
     assert [at >= 0 for at in second.allocations[0].chunks] == [False, True, False]
     assert second.dirty_bytes == CHUNK
@@ -83,25 +98,25 @@ def test_only_dirty_chunks_are_copied_once_the_previous_snapshot_is_committed(gp
 def test_chunks_are_not_reused_from_a_snapshot_that_was_not_committed(gpu):
     ptr = gpu.alloc(2 * CHUNK)
     gpu.put(ptr, np.zeros(2 * CHUNK, np.uint8))
-    staging.stage_allocations("000001", lambda snap: False)
-    again = staging.stage_allocations("000002", lambda snap: False)
+    staging.stage_device_memory("000001", committed())
+    again = staging.stage_device_memory("000002", committed())
     assert again.previous is None and again.dirty_bytes == 2 * CHUNK
 
 
 def test_chunks_are_not_reused_from_a_snapshot_removed_since(gpu):
     ptr = gpu.alloc(2 * CHUNK)
     gpu.put(ptr, np.zeros(2 * CHUNK, np.uint8))
-    staging.stage_allocations("000001", lambda snap: True)
-    assert staging.stage_allocations("000002", lambda snap: snap == "000001").previous == "000001"
-    again = staging.stage_allocations("000003", lambda snap: False)  # 000001 was pruned meanwhile
+    staging.stage_device_memory("000001", committed(ANY))
+    assert staging.stage_device_memory("000002", committed("000001")).previous == "000001"
+    again = staging.stage_device_memory("000003", committed())  # 000001 was pruned meanwhile
     assert again.previous is None and again.dirty_bytes == 2 * CHUNK
 
 
 def test_paranoid_copies_every_chunk(gpu):
     ptr = gpu.alloc(2 * CHUNK)
     gpu.put(ptr, np.zeros(2 * CHUNK, np.uint8))
-    staging.stage_allocations("000001", lambda snap: True)
-    again = staging.stage_allocations("000002", lambda snap: True, paranoid=True)
+    staging.stage_device_memory("000001", committed(ANY))
+    again = staging.stage_device_memory("000002", committed(ANY), paranoid=True)
     assert again.previous is None and again.dirty_bytes == 2 * CHUNK
 
 
@@ -109,9 +124,9 @@ def test_managed_memory_is_staged_by_the_parent_and_read_by_the_child_from_the_a
     ptr = gpu.managed(1 << 16)
     view = np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * (1 << 16)).from_address(ptr))
     view[:] = 3
-    stage = staging.stage_allocations("000001", lambda snap: False)
+    stage = staging.stage_device_memory("000001", committed())
     a = stage.allocations[0]
-    assert a.kind == "managed" and a.dirty_bytes == 1 << 16
+    assert a.range.kind.value == "managed" and a.dirty_bytes == 1 << 16
     fd, at = trainee_arena().fd, a.chunks[0]
     assert in_child(lambda: bytes(writer_view(fd, at, 1 << 16)) == b"\x03" * (1 << 16)) == {"ok": True}
     assert in_child(lambda: int(view[0])) == {"signal": 11}  # the fake faults, as UVM does in a child
@@ -125,7 +140,7 @@ def test_a_cuda_error_while_staging_is_a_stage_error_with_a_hint(gpu, monkeypatc
 
     monkeypatch.setattr(staging._state.backend, "synchronize", lost)
     with pytest.raises(StageError) as info:
-        staging.stage_allocations("000001", lambda snap: False)
+        staging.stage_device_memory("000001", committed())
     assert info.value.message == "a GPU was lost while staging device memory (cuCtxSynchronize failed)"
     assert "restart from the last snapshot" in info.value.hint
 
@@ -139,7 +154,7 @@ def test_an_arena_that_cannot_be_registered_is_a_stage_error(gpu, monkeypatch):
 
     monkeypatch.setattr(staging._state.backend, "register_host", refuse)
     with pytest.raises(StageError) as info:
-        staging.stage_allocations("000001", lambda snap: False)
+        staging.stage_device_memory("000001", committed())
     assert info.value.message.startswith("the staging arena could not be registered with the GPU (")
     assert "ulimit -l" in info.value.hint
 
@@ -152,3 +167,71 @@ def test_restore_refuses_an_allocation_without_a_counterpart(gpu):
         staging.restore_allocations([record], lambda name: b"")
     assert info.value.exit_code == 6
     assert "train.py:12" in info.value.message
+
+
+# ---- ranges an allocator owns (torch's caching allocator, CuPy's pool), on the fake GPU:
+# one segment allocated past the registry, carved into blocks, as those allocators do.
+
+
+@pytest.fixture
+def blocks(gpu, monkeypatch):
+    segment = int(check("cuMemAlloc", getattr(cu.cuMemAlloc, ORIGINAL_ATTR)(16 << 20)))
+    listed: list = []
+    monkeypatch.setattr(sources, "SOURCES", (sources.raw_ranges, lambda: list(listed)))
+
+    def block(offset: int, nbytes: int, fill: int) -> sources.DeviceRange:
+        gpu.put(segment + offset, np.full(nbytes, fill, np.uint8))
+        r = sources.DeviceRange(sources.owned_name("torch", 0, segment + offset, nbytes), "torch",
+                                AllocKind.DEVICE, 0, segment + offset, nbytes)
+        listed.append(r)
+        return r
+
+    return block
+
+
+def test_neighbouring_blocks_are_copied_as_one_and_found_by_address(blocks, monkeypatch):
+    a, b, c = blocks(0, 1 << 20, 1), blocks((1 << 20) + 512, 1 << 20, 2), blocks(8 << 20, 1 << 20, 3)
+    copies = []
+    real = staging._state.backend.copy_to_host
+    monkeypatch.setattr(staging._state.backend, "copy_to_host", lambda *args: copies.append(args) or real(*args))
+    stage = staging.stage_device_memory("000001", committed())
+    assert len(copies) == 2  # a and b with the 512 bytes between them, then c
+    assert copies[0][3] == (2 << 20) + 512
+    found, offset = stage.containing(0, b.base + 100, 16)
+    assert found.range is b and offset == 100
+    assert stage.containing(0, b.base + (1 << 20) - 8, 16) is None  # runs past the block's end
+    assert stage.containing(1, b.base) is None
+    assert staged_bytes(stage, 2) == b"\x03" * (1 << 20)  # ranges keep source order
+    assert stage.allocations == []
+
+
+def test_small_ranges_are_copied_whole_at_every_snapshot(blocks):
+    small = blocks(0, 64 << 10, 7)
+    staging.stage_device_memory("000001", committed())
+    again = staging.stage_device_memory("000002", committed(ANY))
+    assert again.ranges[0].range is small and again.ranges[0].dirty_bytes == 64 << 10  # no fingerprint: copied
+
+
+def test_chunk_ids_are_reused_only_for_ranges_the_committed_snapshot_wrote(blocks):
+    kept, dropped = blocks(0, 2 * CHUNK, 1), blocks(8 << 20, 2 * CHUNK, 2)
+    staging.stage_device_memory("000001", committed())
+    # Snapshot 1's graph reached only ``kept``: the writer stored it and left ``dropped`` out.
+    again = staging.stage_device_memory("000002", lambda snap: {kept.name} if snap == "000001" else None)
+    by_name = {s.range.name: s for s in again.ranges}
+    assert again.previous == "000001"
+    assert by_name[kept.name].dirty_bytes == 0
+    assert by_name[dropped.name].dirty_bytes == 2 * CHUNK  # unchanged, yet no id to reuse
+
+
+def test_only_the_ranges_the_graph_reaches_are_written(blocks, tmp_path):
+    reached, other = blocks(0, 1 << 20, 4), blocks(4 << 20, 1 << 20, 5)
+    rundir = RunDir.create(tmp_path / "run", {"command": {"kind": "script", "target": "t.py", "args": []}})
+    sink = rundir.begin_snapshot("000001")
+    stage = staging.stage_device_memory("000001", committed())
+    buffers = staging.put_ranges(stage, trainee_arena().fd, sink, {}, {reached.name: ("float32", 4)})
+    assert set(buffers) == {reached.name}
+    record = buffers[reached.name]
+    assert (record["kind"], record["device"], record["device_index"], record["dtype"]) == ("torch", "cuda", 0, "float32")
+    sink.commit({"buffers": buffers})
+    assert bytes(rundir.read_buffer(RunDir.open(tmp_path / "run").load_manifest("000001")["buffers"][reached.name])) == b"\x04" * (1 << 20)
+    assert other.name not in buffers

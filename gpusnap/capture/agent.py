@@ -5,8 +5,9 @@ Flow of one snapshot (DESIGN.md, Snapshot pipeline)::
     control.request()    signal handler / control thread / gpusnap.snapshot(): set loops.pending
     _on_boundary(loop)   every main-thread loop boundary while pending: is this a safe point?
                          (steploop.is_safe_point)
-    _snapshot(loop)      quiesce, stage (device regions and the drain region of the
-                         staging arena), check headroom, seal the arena's regions, fork
+    _snapshot(loop)      stage (synchronize the devices in use, copy dirty device chunks
+                         into the staging arena, reserve its drain region), check headroom,
+                         seal the arena's regions, fork
                                                           <- the stall ends here
       child:  writer.write_snapshot(job) -> result on a pipe -> os._exit      (fork)
       parent: a waiter thread reads the result, reaps the child, releases the child's
@@ -112,13 +113,11 @@ def _snapshot(loop) -> None:
         running.thread.join()
     _coalesced_said = False
 
-    stage.quiesce()
     snap_id = session.rundir.next_snapshot_id()
     try:
-        staged = stage.stage()
-        device = stage.stage_allocations(snap_id, _committed, paranoid=bool(knobs.PARANOID or session.config.get("paranoid")))
+        device = stage.stage_device_memory(snap_id, _written, paranoid=bool(knobs.PARANOID or session.config.get("paranoid")))
         drain = stage.drain_region() if knobs.DRAIN != "off" else None
-        refusal = _headroom_refusal() or stage.unstaged_device_memory()
+        refusal = _headroom_refusal()
         hint = None
     except StageError as exc:  # the arena cannot hold what the snapshot stages
         refusal, hint = exc.message, exc.hint
@@ -147,7 +146,6 @@ def _snapshot(loop) -> None:
         keep=session.config.get("keep"),
         steps=session.steps,
         sources=_sources(),
-        staged=staged,
         device=device,
         arena_fd=stage.arena_fd(),
         drain=drain,
@@ -170,12 +168,13 @@ def _snapshot(loop) -> None:
         fork.exit_now(EXIT_PREEMPTED if session.last_result.get("event") == "committed" else EXIT_PREEMPTED_UNSAVED)
 
 
-def _committed(snap_id: str) -> bool:
+def _written(snap_id: str) -> frozenset | None:
+    """The buffers committed snapshot ``snap_id`` holds; None when it is not committed (or
+    has been removed since)."""
     try:
-        session.rundir.load_manifest(snap_id)
+        return frozenset(session.rundir.load_manifest(snap_id).get("buffers") or ())
     except Exception:  # noqa: BLE001 - absent or unreadable: not committed
-        return False
-    return True
+        return None
 
 
 # What boot hands the replay, so that restore reaches the device side without importing stage.

@@ -84,11 +84,13 @@ def top_modules(roots: list[tuple[str, object]], torch_module) -> list[tuple[str
     return result
 
 
-def module_tensors(module, storage_names: dict, key_of) -> dict[str, dict]:
-    """state_dict-style entries of one module's parameters and buffers, pointing into buffers."""
+def module_tensors(module, storage_names: dict, key_of, storage_offsets: dict | None = None) -> dict[str, dict]:
+    """state_dict-style entries of one module's parameters and buffers, pointing into buffers
+    (``byte_offset``: where the storage starts in its buffer, when not at 0)."""
     entries: dict[str, dict] = {}
     for name, tensor in _named_state(module):
-        buffer = storage_names.get(key_of(tensor.untyped_storage()))
+        key = key_of(tensor.untyped_storage())
+        buffer = storage_names.get(key)
         if buffer is None:
             continue
         entries[name] = {
@@ -98,6 +100,8 @@ def module_tensors(module, storage_names: dict, key_of) -> dict[str, dict]:
             "stride": list(tensor.stride()),
             "offset": tensor.storage_offset(),
         }
+        if storage_offsets and storage_offsets.get(key):
+            entries[name]["byte_offset"] = storage_offsets[key]
     return entries
 
 

@@ -43,7 +43,9 @@ from gpusnap.graph.load import (  # noqa: F401  (re-exported: older snapshots na
     _device_pointer,
     _raw_ndarray,
     _live_only,
+    _load_device_storage,
     _load_storage,
+    _rebuild_cupy,
     _module_attribute,
     _rebuild_ndarray,
     _rebuild_tensor,
@@ -118,26 +120,31 @@ class GraphPickler(pickle.Pickler):
     """Pickles roots; writes buffers to ``sink.put_buffer(view, dtype=, typesize=)``.
 
     After ``dump``: ``buffers`` {name: record}, ``live_only`` [(obj, type name)], ``tensors``
-    [(tensor, storage key)] for the path pass, ``storage_names`` {storage key: buffer name}.
-    ``staged`` maps (device type, address, nbytes) of device storages to host views (the
-    staging step fills it; empty in CPU mode). ``drained`` says which CPU memory the writer
-    moved to its drain region of the staging arena (stage.drain): those bytes are read there, never at their address.
+    [(tensor, storage key)] for the path pass, ``storage_names`` {storage key: buffer name},
+    ``storage_offsets`` {storage key: byte offset in that buffer} where it is not 0, and
+    ``device_wanted`` {staged range name: (dtype, typesize)}: the device ranges the graph's
+    storages lie in, which the writer then stores (``stage.put_ranges``). ``device`` is the
+    ``stage.device.DeviceStage`` of this snapshot (None: the program holds no device memory).
+    ``drained`` says which CPU memory the writer moved to its drain region of the staging arena
+    (stage.drain): those bytes are read there, never at their address.
     """
 
-    def __init__(self, file, sink, staged: dict | None = None, drained: Drained | None = None, device=None):
+    def __init__(self, file, sink, drained: Drained | None = None, device=None):
         super().__init__(file, protocol=PROTOCOL)
         self._file = file
         self.iterative = False  # dump_graph fell back to the iterative pickler
         self.sink = sink
-        self.staged = staged or {}
         self.drained = drained or Drained()
         self.buffers: dict[str, dict] = {}
         self.live_only: list[tuple[object, str]] = []
         self.tensors: list[tuple[object, str]] = []
         self.storage_names: dict[tuple, str] = {}
+        self.storage_offsets: dict[tuple, int] = {}
+        self.device_wanted: dict[str, tuple[str, int]] = {}
         self._storage_dtype: dict[tuple, tuple[str, int]] = {}
         self._torch = sys.modules.get("torch")
         self._np = sys.modules.get("numpy")
+        self._cupy = sys.modules.get("cupy")
         self._live_types = _ALWAYS_LIVE + _torch_live_types(self._torch)
         # CUdeviceptr values inside a staged raw allocation are saved as (allocation, offset):
         # the replay's allocation has another base (stage.device.DeviceStage.pointer).
@@ -175,6 +182,8 @@ class GraphPickler(pickle.Pickler):
         np = self._np
         if np is not None and type(obj) is np.ndarray and not obj.dtype.hasobject and obj.dtype.names is None:
             return self._reduce_ndarray(obj)
+        if self._cupy is not None and type(obj) is self._cupy.ndarray:
+            return self._reduce_cupy(obj)
         if isinstance(obj, self._live_types) or (LIVE_NAMES and _is_named(type(obj), LIVE_NAMES)):
             return self._live(obj)
         if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)) and _findable(obj):
@@ -244,22 +253,15 @@ class GraphPickler(pickle.Pickler):
         if isinstance(storage, torch.TypedStorage):
             storage = storage.untyped()
         key = _storage_key(storage)
+        device, address, nbytes = key
+        if device not in ("cpu", "meta") and nbytes:
+            return self._reduce_device_storage(storage, key)
         name = self.storage_names.get(key)
         if name is None:
-            device, address, nbytes = key
             if device == "cpu":
                 view = self.drained.view(address, nbytes) or address_view(address, nbytes)
-            elif key in self.staged:
-                view = self.staged[key]
-            elif device == "meta":
-                view = None
             else:
-                # Keeping the replayed device tensor on restore would be a silent partial
-                # restore: refuse the snapshot instead (training goes on).
-                raise CaptureError(
-                    f"the program holds {device} memory ({nbytes} bytes in one storage), and "
-                    "device memory capture is not implemented yet (CPU mode)"
-                )
+                view = None
             dtype, typesize = self._storage_dtype.get(key, ("uint8", 1))
             name = f"t{len(self.storage_names)}"
             self.storage_names[key] = name
@@ -270,6 +272,44 @@ class GraphPickler(pickle.Pickler):
             record.update(kind="torch", device=device, device_index=storage.device.index)
             self.buffers[name] = record
         return _load_storage, (name, key[0])
+
+    def _reduce_device_storage(self, storage, key):
+        """A device storage: a reference to the staged range it lies in, at its offset. The
+        range is written after the graph (``device_wanted``); its bytes were copied off the
+        device in the stall, and the writer never reads device memory."""
+        device, address, nbytes = key
+        index = storage.device.index or 0
+        found = self.device.containing(index, address, nbytes) if self.device is not None else None
+        if found is None:
+            # Keeping the replayed device tensor on restore would be a silent partial restore:
+            # fail the snapshot instead (training goes on).
+            raise CaptureError(
+                f"a {device}:{index} storage of {nbytes:,} bytes at {address:#x} lies outside the device memory "
+                "gpusnap staged (memory that torch's caching allocator, cuda-python and CuPy did not hand out)"
+            )
+        staged, offset = found
+        name = staged.range.name
+        self.device_wanted.setdefault(name, self._storage_dtype.get(key, ("uint8", 1)))
+        self.storage_names[key] = name
+        if offset:
+            self.storage_offsets[key] = offset
+        return _load_device_storage, (name, offset, nbytes, f"{device}:{index}")
+
+    # -- cupy -----------------------------------------------------------------------------
+    def _reduce_cupy(self, arr):
+        """A CuPy array: its span of the staged range its memory lies in (CuPy's own pickling
+        would copy it off the GPU, which a forked writer cannot)."""
+        address, nbytes, lowest = _span(arr.data.ptr, arr.shape, arr.strides, arr.itemsize)
+        device = int(arr.data.device_id)
+        found = self.device.containing(device, lowest, nbytes) if self.device is not None and nbytes else None
+        if found is None:
+            if not nbytes:
+                return _rebuild_cupy, (None, 0, 0, arr.dtype.str, arr.shape, arr.strides, f"cuda:{device}")
+            raise CaptureError(f"a CuPy array of {nbytes:,} bytes on cuda:{device} lies outside the device memory gpusnap staged")
+        staged, offset = found
+        self.device_wanted.setdefault(staged.range.name, (arr.dtype.name, arr.itemsize))
+        return _rebuild_cupy, (staged.range.name, offset, nbytes, arr.dtype.str, arr.shape,
+                               tuple(arr.strides), f"cuda:{device}", address - lowest)
 
     # -- numpy ----------------------------------------------------------------------------
     def _reduce_ndarray(self, arr):
@@ -324,6 +364,20 @@ def _guarded(obj, rv):
     if func is copyreg.__newobj__ and args and getattr(args[0], "__new__", None) is object.__new__:
         return (func, args, *rest)
     return (_construct, (func, args, type_name(obj)), *rest)
+
+
+def _span(address: int, shape, strides, itemsize: int) -> tuple[int, int, int]:
+    """(address, bytes, lowest address) of the memory an array of ``shape`` and ``strides``
+    at ``address`` touches (negative strides reach below it)."""
+    lo = hi = address
+    for n, stride in zip(shape, strides):
+        if n == 0:
+            return address, 0, address
+        if stride < 0:
+            lo += (n - 1) * stride
+        else:
+            hi += (n - 1) * stride
+    return address, hi + itemsize - lo, lo
 
 
 def _storage_key(storage) -> tuple:

@@ -40,8 +40,7 @@ class WriteJob:
     keep: int | None = None
     steps: int = 0  # optimizer steps so far: restored so that iteration numbers continue
     sources: dict = field(default_factory=dict)  # instrumented file -> xxh3-128 of its source
-    staged: dict = field(default_factory=dict)
-    device: object = None  # stage.device.DeviceStage: the raw allocations staged in the arena
+    device: object = None  # stage.device.DeviceStage: the device memory staged in the arena
     arena_fd: int = -1  # the staging arena's memfd: the writer maps its regions afresh from it
     drain: object = None  # the stage.arena.Region the writer drains CPU tensors into (None: no drain)
     optimizers: list = field(default_factory=list)  # what the drain copies first
@@ -69,8 +68,10 @@ def write_snapshot(job: WriteJob) -> dict:
         read = _reader(drained)
         payload = roots.collect(job.frame, job.active_loops, job.rng_states, lambda loop: loopnotes.record(loop, read))
         stream = io.BytesIO()
-        pickler = GraphPickler(stream, sink, staged=job.staged, drained=drained, device=job.device)
+        pickler = GraphPickler(stream, sink, drained=drained, device=job.device)
         pickler.dump_graph(payload)
+        if job.device is not None:
+            _put_device(job, rundir, sink, pickler)
         graph = sink.put_buffer(stream.getbuffer(), dtype="bytes", typesize=1)
         graph["kind"] = "graph"
         if pickler.iterative:
@@ -78,7 +79,8 @@ def write_snapshot(job: WriteJob) -> dict:
         iterators = {id(obj): info for obj, _ in pickler.live_only if (info := loopnotes.describe(obj, read))}
         manifest = _manifest(job, payload, pickler, graph, stall_s, iterators)
         if job.device is not None:
-            _put_device(job, rundir, sink, manifest)
+            manifest["allocations"] = [a.record() for a in job.device.allocations]
+            manifest["device"] = _device_summary(job.device, pickler)
         manifest["write_s"] = time.perf_counter() - started
         manifest["drain"] = {"s": drain_s, "bytes": drained.nbytes}
         info = sink.commit(manifest)
@@ -102,16 +104,28 @@ def write_snapshot(job: WriteJob) -> dict:
     }
 
 
-def _put_device(job: WriteJob, rundir, sink, manifest: dict) -> None:
-    """The raw allocations: dirty chunks from the arena, clean ones by the previous snapshot's ids."""
-    from gpusnap.stage import put_allocations
+def _put_device(job: WriteJob, rundir, sink, pickler: GraphPickler) -> None:
+    """The device ranges: raw allocations, and those the graph's storages lie in; dirty chunks
+    from the arena, clean ones by the previous snapshot's ids."""
+    from gpusnap.stage import put_ranges
 
     previous = rundir.load_manifest(job.device.previous).get("buffers", {}) if job.device.previous else {}
-    manifest["buffers"].update(put_allocations(job.device, job.arena_fd, sink, previous))
-    manifest["allocations"] = [a.record() for a in job.device.allocations]
-    manifest["device"] = {"dirty_bytes": job.device.dirty_bytes, "devices": list(job.device.devices),
-                          "reused_from": job.device.previous,
-                          "unaccounted_bytes": {str(d): n for d, n in job.device.unaccounted().items()}}
+    pickler.buffers.update(put_ranges(job.device, job.arena_fd, sink, previous, pickler.device_wanted))
+
+
+def _device_summary(stage, pickler: GraphPickler) -> dict:
+    """What the manifest says of device memory: what was copied off the GPU, what the snapshot
+    holds, what it leaves out (copied in the stall but reached by nothing the program holds
+    from its roots; in use on the device and listed by no source)."""
+    unreached: dict[str, int] = {}
+    for staged in stage.ranges:
+        r = staged.range
+        if not r.always_written and r.name not in pickler.device_wanted:
+            unreached[str(r.device)] = unreached.get(str(r.device), 0) + r.nbytes
+    return {"dirty_bytes": stage.dirty_bytes, "devices": list(stage.devices), "reused_from": stage.previous,
+            "captured_bytes": sum(s.range.nbytes for s in stage.ranges if s.range.always_written or s.range.name in pickler.device_wanted),
+            "unreached_bytes": unreached,
+            "unaccounted_bytes": {str(d): n for d, n in stage.unaccounted().items()}}
 
 
 def _apply_retention(rundir, keep: int) -> dict:
@@ -179,7 +193,7 @@ def _manifest(job: WriteJob, payload: dict, pickler: GraphPickler, graph: dict, 
             }
         )
     modules = {
-        path: paths.module_tensors(module, pickler.storage_names, _storage_key)
+        path: paths.module_tensors(module, pickler.storage_names, _storage_key, pickler.storage_offsets)
         for path, module in paths.top_modules(named, torch)
     }
     live_only = [{"path": where.get(id(obj), "?"), "type": name} for obj, name in pickler.live_only]

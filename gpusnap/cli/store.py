@@ -128,14 +128,18 @@ def inspect_cmd(run_dir, snapshot, as_json):
 
 
 def _device_memory(m: dict, echo) -> None:
-    """Device memory by kind, by owner (raw allocations by call site) and what is unaccounted."""
+    """Device memory by kind, by owner (raw allocations by call site, tensors and arrays by
+    object path), what was copied and not kept, and what nothing accounts for."""
     allocations = m.get("allocations") or []
     device = m.get("device")
     if device is None:
         return
+    owned = [(name, b) for name, b in (m.get("buffers") or {}).items() if b.get("device") == "cuda" and b.get("dirty_bytes") is not None]
     by_kind: dict[str, int] = {}
     for a in allocations:
         by_kind[a["kind"]] = by_kind.get(a["kind"], 0) + a["nbytes"]
+    for _, b in owned:
+        by_kind["device"] = by_kind.get("device", 0) + b["nbytes"]
     kinds = ", ".join(f"{kind} {human_bytes(n)}" for kind, n in sorted(by_kind.items())) or "-"
     echo(f"device memory: {kinds}; {human_bytes(device.get('dirty_bytes'))} dirty (copied off the GPU), "
          f"the rest reused from {device.get('reused_from') or '-'}")
@@ -143,8 +147,14 @@ def _device_memory(m: dict, echo) -> None:
     for a in allocations:
         rows.append([f"{a['call_site']} #{a['ordinal']}", a["api"], a["kind"], str(a["device"]), human_bytes(a["nbytes"]),
                      human_bytes(a["dirty_bytes"]), a["buffer"]])
+    for name, b in owned:
+        rows.append([b.get("path") or "?", f"{b.get('kind')} allocator", "device", str(b.get("device_index")),
+                     human_bytes(b["nbytes"]), human_bytes(b["dirty_bytes"]), name])
     for line in _table(rows):
         echo("  " + line)
+    for ordinal, nbytes in sorted((device.get("unreached_bytes") or {}).items()):
+        echo(f"  unreached on device {ordinal}: {human_bytes(nbytes)} that the allocators handed out and no object "
+             f"of the program's roots holds (workspaces, autograd's saved tensors): copied, not kept")
     for ordinal, nbytes in sorted((device.get("unaccounted_bytes") or {}).items()):
         echo(f"  unaccounted on device {ordinal}: {human_bytes(nbytes)} in use that no tracked allocation or "
              f"object owns (not in the snapshot)")

@@ -130,9 +130,29 @@ def _load_storage(name, device):
             storage = torch.UntypedStorage(0)
         else:
             storage = torch.frombuffer(data, dtype=torch.uint8).untyped_storage()
-        if device not in ("cpu", "meta") and _loading.device_map is not None:
-            storage = storage.to(_loading.device_map(device))
         cache[name] = storage
+    return storage
+
+
+def _load_device_storage(name, offset, nbytes, device):
+    """A device storage (saved on ``device``, e.g. "cuda:1"), loaded as a CPU storage over its
+    bytes in buffer ``name`` at ``offset``. The merge copies it into the live tensor, wherever
+    the replay put that; a tensor the replay does not hold is placed afterwards
+    (``DEVICE_TENSORS``, ``restore.devices``): loading onto the GPU first would need the
+    program's GPU memory twice."""
+    cache = _loading.storages
+    storage = cache.get((name, offset, nbytes))
+    if storage is None:
+        import torch
+
+        data = cache.get(name)
+        if data is None:
+            data = cache[name] = memoryview(_loading.read_buffer(name))
+        if offset + nbytes > len(data):
+            raise pickle.UnpicklingError(f"a {device} storage of {nbytes} bytes at {offset} lies outside buffer {name}")
+        storage = torch.frombuffer(data[offset : offset + nbytes], dtype=torch.uint8).untyped_storage()
+        cache[(name, offset, nbytes)] = storage
+        _loading.device_storages[id(storage)] = device
     return storage
 
 
@@ -141,6 +161,9 @@ def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, i
 
     t = torch.empty(0, dtype=getattr(torch, dtype), device=storage.device)
     t.set_(storage, offset, size, stride)
+    saved_on = _loading.device_storages.get(id(storage))
+    if saved_on is not None:
+        _loading.device_tensors.append((t, saved_on))
     if is_param:
         t = torch.nn.Parameter(t, requires_grad=requires_grad)
     elif requires_grad:
@@ -150,6 +173,40 @@ def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, i
     if attrs:
         t.__dict__.update(attrs)
     return t
+
+
+def _rebuild_cupy(name, offset, nbytes, dtype, shape, strides, device, start=0):
+    """A CuPy array saved on ``device``: on the GPU the map gives when CuPy and a GPU are here
+    (``graph.devicemap``), else a NumPy array with the same bytes. The merge copies it into the
+    live array; views of one array come back as separate arrays where the replay has none."""
+    import numpy as np
+
+    if name is None:
+        host = np.empty(shape, np.dtype(dtype))
+    else:
+        data = _loading.storages.get(name)
+        if data is None:
+            data = _loading.storages[name] = memoryview(_loading.read_buffer(name))
+        host = _strided(np.frombuffer(data[offset : offset + nbytes], np.uint8), start, dtype, shape, strides)
+    try:
+        import cupy
+    except ImportError:
+        return host
+    from gpusnap.graph.devicemap import target
+
+    where = target(device)
+    if where == "cpu":
+        return host
+    with cupy.cuda.Device(int(where.partition(":")[2] or 0)):
+        return cupy.asarray(np.ascontiguousarray(host))
+
+
+def _strided(span, start: int, dtype: str, shape, strides):
+    """The array of ``shape`` and byte ``strides`` whose first element is at ``start`` in ``span``."""
+    import numpy as np
+
+    dt = np.dtype(dtype)
+    return np.ndarray(shape, dt, buffer=span, offset=start, strides=strides).copy()
 
 
 def _rebuild_ndarray(name, dtype, shape):
@@ -163,15 +220,18 @@ def _rebuild_ndarray(name, dtype, shape):
     return arr
 
 
-def load_graph(stream: bytes, read_buffer, device_map=None):
-    """Unpickle a graph; ``read_buffer(name) -> bytearray`` supplies buffer bytes.
+def load_graph(stream: bytes, read_buffer, device_tensors: list | None = None):
+    """Unpickle a graph; ``read_buffer(name) -> bytearray`` supplies buffer bytes. Every tensor
+    comes back on the CPU; those saved on a device are appended to ``device_tensors`` as
+    (tensor, saved device), for ``restore.devices`` to place.
 
     The unpickler is a stack machine: depth costs memory, never recursion."""
     _loading.storages = {}
+    _loading.device_storages = {}
+    _loading.device_tensors = device_tensors if device_tensors is not None else []
     _loading.read_buffer = read_buffer
-    _loading.device_map = device_map
     try:
         return pickle.loads(stream)
     finally:
-        _loading.storages = None
+        _loading.storages = _loading.device_storages = _loading.device_tensors = None
         _loading.read_buffer = None

@@ -8,7 +8,7 @@
   in place, so whatever wraps them (hooks, torch.compile, optimizers) sees restored state;
 - lists, dicts (also dicts keyed by objects, such as an optimizer's per-parameter state, whose
   keys are mapped through the alignment built while merging) in place;
-- numpy arrays in place; ``random.Random``, numpy ``Generator`` and ``torch.Generator`` by state;
+- numpy and CuPy arrays in place; ``random.Random``, numpy ``Generator`` and ``torch.Generator`` by state;
 - a live-only placeholder keeps the live object; so does an object that could not be rebuilt;
   where the replayed program has no object at that place (inside a merged object or container),
   that is an error: the program would meet None where it held a live object;
@@ -213,6 +213,13 @@ class Merger:
         if np is not None and isinstance(snap, np.ndarray):
             if live.shape == snap.shape and live.dtype == snap.dtype and live.flags.writeable:
                 live[...] = snap
+                return True
+            return False
+        cupy = sys.modules.get("cupy")
+        if cupy is not None and isinstance(snap, cupy.ndarray):
+            if live.shape == snap.shape and live.dtype == snap.dtype:
+                live[...] = snap  # on the live array's device
+                self.nbytes += snap.nbytes
                 return True
             return False
         if isinstance(snap, random.Random):

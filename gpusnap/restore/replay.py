@@ -26,7 +26,7 @@ from gpusnap.graph import rng, roots
 from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, ReplayDiverged, RestoreError
 from gpusnap.graph.load import DEVICE_BASES, LiveOnly
 from gpusnap.instrument import loops
-from gpusnap.restore import fastforward, itemcheck, livecheck, load
+from gpusnap.restore import devices, fastforward, itemcheck, livecheck, load
 from gpusnap.restore.frames import write_locals
 from gpusnap.restore.merge import Merger
 
@@ -197,7 +197,8 @@ class Replay:
         if records:
             self._stage = "restoring raw device memory"
             DEVICE_BASES.update(self.restore_device(records, lambda name: self.rundir.read_buffer(self.manifest["buffers"][name])))
-        _, payload = load(self.rundir, self.snap_id)
+        device_tensors: list = []
+        _, payload = load(self.rundir, self.snap_id, device_tensors)
         live_frames = roots.frames_on_path(loop.frame)
         saved_frames = payload["frames"]
         _check_frames(live_frames, saved_frames)
@@ -221,6 +222,11 @@ class Replay:
             live.update({name: merger.settled(value) for name, value in values.items()})
         for frame, values in merged_locals:
             write_locals(frame, {name: merger.settled(value) for name, value in values.items()})
+        if device_tensors:
+            self._stage = "placing device tensors"
+            for saved, where in devices.place(merger.aligned, device_tensors).items():
+                if where != saved:
+                    _say(f"tensors saved on {saved} that the replay does not hold are placed on {where}", level=1)
         self._stage = "restoring the random number generators"
         rng.restore(payload["rng"])
         self.on_merged(self.snap_id, self.manifest.get("steps") or 0, self.manifest.get("iteration"))

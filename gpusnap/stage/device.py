@@ -1,30 +1,34 @@
-"""Device staging (pipeline step 4) and its inverse on restore, for raw cuda-python memory.
+"""Device staging (pipeline step 4) and its inverse on restore.
 
-In the trainee, inside the stall (``stage_allocations``):
+In the trainee, inside the stall (``stage_device_memory``):
 
-1. list the raw allocations the program holds (``device.tracking``'s registry);
+1. list the device memory the program holds (``sources.device_ranges``: its raw cuda-python
+   allocations, the blocks torch's caching allocator has handed out, CuPy's arrays);
 2. synchronize the devices the program uses (``devices_in_use``: no new context anywhere), so
    that work the program enqueued and did not wait for is in the bytes staged;
-3. fingerprint every store chunk of each allocation on the device and compare with the
-   fingerprints of the last committed snapshot; unchanged chunks are not copied (the writer
-   names them by that snapshot's chunk ids), ``--paranoid`` copies them all;
+3. fingerprint every store chunk of each range on the device and compare with the fingerprints
+   of the last committed snapshot that wrote that range; unchanged chunks are not copied (the
+   writer names them by that snapshot's chunk ids), ``--paranoid`` copies them all;
 4. copy the dirty chunks device->host on gpusnap's stream into arena regions (``device`` and
    ``managed``), adjacent chunks as one copy; managed memory is copied here too, because a
    forked writer faults on it. The arena is registered with the GPU once (grown, never per
    snapshot), and the writer gets a ``DeviceStage``: plain data, no backend, no registry.
 
-In the writer (``put_allocations``): each allocation becomes the buffer ``raw/<seq>``, its
-dirty chunks read from the arena through ``writer_view`` (mapped afresh from the memfd), its
-clean chunks by the previous snapshot's ids. No CUDA call is made there.
+In the writer (``put_ranges``): each range becomes a buffer of its own name (``raw/<seq>`` for
+raw memory, always written; a torch or CuPy range only where a storage or array of the pickled
+graph lies in it), its dirty chunks read from the arena through ``writer_view`` (mapped afresh
+from the memfd), its clean chunks by the previous snapshot's ids. No CUDA call is made there.
 
-On restore (``restore_allocations``), in the replayed program at the merge: each saved
-allocation is matched by (call site, ordinal, size, kind) to one the replay made, its bytes are
-copied host->device into it, and the map {saved seq: new base} lets the graph's ``CUdeviceptr``
-values land at the new addresses. An allocation without a match refuses the restore (exit 6).
+On restore, in the replayed program at the merge: raw allocations (``restore_allocations``)
+are matched by (call site, ordinal, size, kind) to ones the replay made and copied
+host->device; the map {saved seq: new base} lets the graph's ``CUdeviceptr`` values land at the
+new addresses, and an allocation without a match refuses the restore (exit 6). Tensors and
+arrays come back by path: the merge copies their bytes into the live ones.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +39,8 @@ from gpusnap.device import open_backend, tracking
 from gpusnap.device.backend import AllocKind
 from gpusnap.errors import CudaCallFailed, RestoreError, StageError
 from gpusnap.stage.arena import trainee_arena, writer_view
+from gpusnap.stage import sources
+from gpusnap.stage.sources import DeviceRange, device_ranges
 
 # Driver errors after which the device is gone for this process (fell off the bus, ECC, reset).
 _LOST = {"CUDA_ERROR_DEVICE_UNAVAILABLE", "CUDA_ERROR_ECC_UNCORRECTABLE", "CUDA_ERROR_HARDWARE_STACK_ERROR",
@@ -42,64 +48,86 @@ _LOST = {"CUDA_ERROR_DEVICE_UNAVAILABLE", "CUDA_ERROR_ECC_UNCORRECTABLE", "CUDA_
 
 
 @dataclass(frozen=True)
-class StagedAllocation:
-    """One raw allocation as the writer needs it; ``chunks[i]`` is the arena offset of store
-    chunk i's staged bytes, or -1 when the chunk is clean (the previous snapshot's id serves)."""
+class StagedRange:
+    """One range as the writer needs it; ``chunks[i]`` is the arena offset of store chunk i's
+    staged bytes, or -1 when the chunk is clean (the previous snapshot's id serves)."""
 
-    seq: int
-    call_site: str
-    ordinal: int
-    kind: str
-    device: int
-    base: int
-    nbytes: int
-    api: str
+    range: DeviceRange
     chunks: tuple
     dirty_bytes: int
 
     @property
     def buffer(self) -> str:
-        return f"raw/{self.seq}"
+        return self.range.name
 
     def record(self) -> dict:
-        """Its entry in the manifest's ``allocations`` table."""
-        return {"seq": self.seq, "call_site": self.call_site, "ordinal": self.ordinal, "kind": self.kind,
-                "device": self.device, "nbytes": self.nbytes, "api": self.api, "buffer": self.buffer,
+        """A raw allocation's entry in the manifest's ``allocations`` table."""
+        a = self.range.allocation
+        return {"seq": a.seq, "call_site": a.call_site, "ordinal": a.ordinal, "kind": a.kind.value,
+                "device": a.device, "nbytes": a.nbytes, "api": a.api, "buffer": self.buffer,
                 "dirty_bytes": self.dirty_bytes}
 
 
 @dataclass(frozen=True)
 class DeviceStage:
-    allocations: list
+    ranges: list  # StagedRange, in source order: raw first
     previous: str | None  # the snapshot whose chunk ids the clean chunks reuse
     chunk_bytes: int
     devices: list = field(default_factory=list)
     used_bytes: dict = field(default_factory=dict)  # device -> memory the driver says is in use
+    reserved_bytes: dict = field(default_factory=dict)  # device -> cached by an allocator, free
+
+    def __post_init__(self) -> None:
+        by_device: dict[int, list] = {}
+        for staged in self.ranges:
+            by_device.setdefault(staged.range.device, []).append(staged)
+        for found in by_device.values():
+            found.sort(key=lambda staged: staged.range.base)
+        object.__setattr__(self, "_by_device", by_device)
+        object.__setattr__(self, "_bases", {d: [s.range.base for s in found] for d, found in by_device.items()})
+
+    @property
+    def allocations(self) -> list:
+        """The raw allocations among the ranges."""
+        return [staged for staged in self.ranges if staged.range.owner == "raw"]
 
     def unaccounted(self) -> dict:
-        """device -> bytes in use that no tracked allocation accounts for (torch's caching
-        allocator, cuda.core pools, functions bound before boot)."""
-        tracked = {}
-        for a in self.allocations:
-            if a.kind != AllocKind.MANAGED.value:
-                tracked[a.device] = tracked.get(a.device, 0) + a.nbytes
-        return {device: max(0, used - tracked.get(device, 0)) for device, used in self.used_bytes.items()}
+        """device -> bytes in use that no staged range accounts for and no allocator holds in
+        reserve (cuda.core pools, memory of functions bound before boot, CUDA's own)."""
+        known = dict(self.reserved_bytes)
+        for s in self.ranges:
+            if s.range.kind is not AllocKind.MANAGED:
+                known[s.range.device] = known.get(s.range.device, 0) + s.range.nbytes
+        return {device: max(0, used - known.get(device, 0)) for device, used in self.used_bytes.items()}
 
     @property
     def dirty_bytes(self) -> int:
-        return sum(a.dirty_bytes for a in self.allocations)
+        return sum(s.dirty_bytes for s in self.ranges)
+
+    def containing(self, device: int, address: int, nbytes: int = 1) -> tuple[StagedRange, int] | None:
+        """(staged range, offset) holding ``nbytes`` at ``address`` on ``device``, or None."""
+        bases = self._bases.get(device)
+        if not bases:
+            return None
+        i = bisect.bisect_right(bases, address) - 1
+        if i < 0:
+            return None
+        staged = self._by_device[device][i]
+        offset = address - staged.range.base
+        return (staged, offset) if offset + nbytes <= staged.range.nbytes else None
 
     def pointer(self, address: int):
-        """(seq, offset) of the allocation holding ``address``, or None."""
-        for a in self.allocations:
-            if a.base <= address < a.base + a.nbytes:
-                return a.seq, address - a.base
+        """(seq, offset) of the raw allocation holding ``address``, or None."""
+        for staged in self.allocations:
+            r = staged.range
+            if r.base <= address < r.base + r.nbytes:
+                return r.allocation.seq, address - r.base
         return None
 
 
 class _State:
     backend = None
-    fingerprints: dict = {}  # seq -> fingerprints of the bytes that snapshot ``of`` holds
+    fingerprints: dict = {}  # range name -> fingerprints of the bytes that snapshot ``of`` holds
     of: str | None = None
     candidate: tuple | None = None  # (snap_id, fingerprints) staged, not known committed yet
     registered_bytes = 0  # how much of the arena is registered with the GPU
@@ -114,24 +142,26 @@ def backend():
     return _state.backend
 
 
-def stage_allocations(snap_id: str, committed, paranoid: bool = False) -> DeviceStage | None:
-    """Stage the program's raw allocations for snapshot ``snap_id``; ``committed(snap_id)``
-    says whether an earlier snapshot was committed (only then may its chunk ids be reused).
-    None when the program holds no raw device memory. Raises ``StageError`` (the snapshot is
-    skipped, training goes on)."""
-    registry = tracking.registry()
-    live = registry.live() if registry is not None else []
-    if not live:
+def stage_device_memory(snap_id: str, committed, paranoid: bool = False) -> DeviceStage | None:
+    """Stage the program's device memory for snapshot ``snap_id``. ``committed(snap_id)`` gives
+    the buffer names an earlier snapshot wrote, or None when it is not committed (or no longer
+    there): only a committed snapshot's chunk ids may be reused, and only for the ranges it
+    wrote. None when the program holds no device memory. Raises ``StageError`` (the snapshot
+    is skipped, training goes on)."""
+    ranges = device_ranges()
+    if not ranges:
         return None
     if _state.candidate is not None:
         snap, prints = _state.candidate
         _state.candidate = None
-        if committed(snap):
-            _state.fingerprints, _state.of = prints, snap
-    if _state.of is not None and not committed(_state.of):  # pruned or collected since
+        written = committed(snap)
+        if written is not None:
+            _state.fingerprints = {name: p for name, p in prints.items() if name in written}
+            _state.of = snap
+    if _state.of is not None and committed(_state.of) is None:  # pruned or collected since
         _state.fingerprints, _state.of = {}, None
     try:
-        return _stage(snap_id, live, paranoid)
+        return _stage(snap_id, ranges, paranoid)
     except CudaCallFailed as exc:
         raise _staging_error(exc) from exc
 
@@ -145,52 +175,77 @@ def _staging_error(exc: CudaCallFailed) -> StageError:
                       hint="this snapshot is skipped, training goes on; the next one tries again")
 
 
-def _stage(snap_id: str, live, paranoid: bool) -> DeviceStage:
+def _use(r: DeviceRange) -> str:
+    return "managed" if r.kind is AllocKind.MANAGED else "device"
+
+
+def _stage(snap_id: str, ranges: list, paranoid: bool) -> DeviceStage:
     gpu = backend()
     used = gpu.devices_in_use()
     _synchronize_program(gpu, used)
     chunk_bytes = knobs.CHUNK_BYTES
+    # A small range is copied whole, unfingerprinted: its copy costs about what a fingerprint
+    # launch does, and torch hands out thousands of them (biases, norms, scalars).
     prints = {}
-    for entry in live:
-        prints[entry.seq] = out = np.zeros((fp.chunk_count(entry.nbytes, chunk_bytes), fp.FINGERPRINT_NBYTES), np.uint8)
-        gpu.fingerprint(entry.device, entry.base, entry.nbytes, chunk_bytes, out)
+    for r in ranges:
+        if r.nbytes >= knobs.FINGERPRINT_MIN_BYTES:
+            prints[r.name] = out = np.zeros((fp.chunk_count(r.nbytes, chunk_bytes), fp.FINGERPRINT_NBYTES), np.uint8)
+            gpu.fingerprint(r.device, r.base, r.nbytes, chunk_bytes, out)
     for ordinal in used:
         gpu.synchronize(ordinal)
     previous = _state.fingerprints if _state.of is not None and not paranoid else {}
-    dirty = {entry.seq: fp.dirty_chunks(previous.get(entry.seq), prints[entry.seq]) for entry in live}
-    spans = {entry.seq: fp.chunk_spans(entry.nbytes, chunk_bytes) for entry in live}
+    spans = {r.name: fp.chunk_spans(r.nbytes, chunk_bytes) for r in ranges}
+    dirty = {r.name: fp.dirty_chunks(previous.get(r.name), prints[r.name]) if r.name in prints else range(len(spans[r.name]))
+             for r in ranges}
 
-    def use(entry) -> str:
-        return "managed" if entry.kind is AllocKind.MANAGED else "device"
-
-    need = {"device": 0, "managed": 0}
-    for entry in live:
-        need[use(entry)] += sum(spans[entry.seq][i][1] for i in dirty[entry.seq])
+    plan = _Plan()
+    # In address order, so that neighbouring blocks of one allocator segment become one copy.
+    for r in sorted(ranges, key=lambda r: (r.device, r.base)):
+        for run in _runs(dirty[r.name]):
+            start = spans[r.name][run[0]][0]
+            plan.add(r, run, start, sum(spans[r.name][i][1] for i in run))
     arena = trainee_arena()
-    regions = {name: arena.reserve(nbytes, name) for name, nbytes in need.items() if nbytes}
+    regions = {use: arena.reserve(nbytes, use) for use, nbytes in plan.need.items() if nbytes}
     if regions:
         _register(gpu, arena, max(region.end for region in regions.values()))
-    cursor = {name: region.offset for name, region in regions.items()}
-    staged = []
-    for entry in live:
-        offsets = [-1] * len(spans[entry.seq])
-        dirty_bytes = 0
-        for run in _runs(dirty[entry.seq]):
-            start = spans[entry.seq][run[0]][0]
-            length = sum(spans[entry.seq][i][1] for i in run)
-            at = cursor[use(entry)]
-            gpu.copy_to_host(entry.device, entry.base + start, arena.address + at, length)
+    offsets = {r.name: [-1] * len(spans[r.name]) for r in ranges}
+    dirty_bytes = dict.fromkeys(offsets, 0)
+    for device, use, src, at, nbytes, pieces in plan.copies:
+        gpu.copy_to_host(device, src, arena.address + regions[use].offset + at, nbytes)
+        for r, run, start, length, piece_at in pieces:
             for i in run:
-                offsets[i] = at + spans[entry.seq][i][0] - start
-            cursor[use(entry)] += length
-            dirty_bytes += length
-        staged.append(StagedAllocation(entry.seq, entry.call_site, entry.ordinal, entry.kind.value, entry.device,
-                                       entry.base, entry.nbytes, entry.api, tuple(offsets), dirty_bytes))
+                offsets[r.name][i] = regions[use].offset + piece_at + spans[r.name][i][0] - start
+            dirty_bytes[r.name] += length
     for ordinal in used:
         gpu.synchronize(ordinal)  # the staged bytes are in the arena: the writer may read them
     _state.candidate = (snap_id, prints)
     used_bytes = {ordinal: gpu.memory_used(ordinal) for ordinal in used}
-    return DeviceStage(staged, _state.of if previous else None, chunk_bytes, used, used_bytes)
+    staged = [StagedRange(r, tuple(offsets[r.name]), dirty_bytes[r.name]) for r in ranges]
+    return DeviceStage(staged, _state.of if previous else None, chunk_bytes, used, used_bytes, dict(sources.RESERVED))
+
+
+class _Plan:
+    """The device->host copies of a snapshot, laid out in the arena regions ``device`` and
+    ``managed``: a dirty run that starts at most ``knobs.COPY_GAP_BYTES`` after the last one on
+    the same device joins its copy, gap included (the allocator rounds blocks up, so neighbours
+    rarely touch), and the arena keeps the gap too: a few bytes for one copy instead of two."""
+
+    def __init__(self):
+        self.need = {"device": 0, "managed": 0}
+        self.copies: list = []  # [device, use, src, offset in region, nbytes, pieces]
+
+    def add(self, r: DeviceRange, run: list, start: int, length: int) -> None:
+        use, src = _use(r), r.base + start
+        last = self.copies[-1] if self.copies else None
+        gap = src - (last[2] + last[4]) if last is not None and last[0] == r.device and last[1] == use else -1
+        if 0 <= gap <= knobs.COPY_GAP_BYTES and last[3] + last[4] == self.need[use]:
+            at = self.need[use] + gap
+            last[4] += gap + length
+            last[5].append((r, run, start, length, at))
+        else:
+            at = self.need[use]
+            self.copies.append([r.device, use, src, at, length, [(r, run, start, length, at)]])
+        self.need[use] = at + length
 
 
 def _synchronize_program(gpu, used) -> None:
@@ -233,23 +288,31 @@ def _register(gpu, arena, end: int) -> None:
 # ---- the writer (a forked child: never a CUDA call, never the registry)
 
 
-def put_allocations(stage: DeviceStage, arena_fd: int, sink, previous_buffers: dict) -> dict:
-    """Store every staged allocation; returns {buffer name: record} for the manifest."""
+def put_ranges(stage: DeviceStage, arena_fd: int, sink, previous_buffers: dict, wanted: dict) -> dict:
+    """Store every raw range and every other range named in ``wanted`` ({name: (dtype,
+    typesize)}, what the pickled graph points into); returns {buffer name: record}."""
     buffers = {}
-    for a in stage.allocations:
-        before = (previous_buffers.get(a.buffer) or {}).get("chunks") if stage.previous else None
+    for staged in stage.ranges:
+        r = staged.range
+        if not r.always_written and r.name not in wanted:
+            continue
+        dtype, typesize = wanted.get(r.name, ("uint8", 1))
+        before = (previous_buffers.get(r.name) or {}).get("chunks") if stage.previous else None
         pieces = []
-        for i, ((start, length), at) in enumerate(zip(fp.chunk_spans(a.nbytes, stage.chunk_bytes), a.chunks)):
+        for i, ((start, length), at) in enumerate(zip(fp.chunk_spans(r.nbytes, stage.chunk_bytes), staged.chunks)):
             if at >= 0:
                 pieces.append(writer_view(arena_fd, at, length))
             elif before is not None and i < len(before) and before[i][1] == length:
                 pieces.append(tuple(before[i]))
             else:
-                raise StageError(f"chunk {i} of raw allocation {a.call_site} was clean, but snapshot "
+                owner = r.allocation.call_site if r.allocation is not None else f"{r.owner} memory at {r.base:#x}"
+                raise StageError(f"chunk {i} of device memory {owner} was clean, but snapshot "
                                  f"{stage.previous} does not name it",
                                  hint="run with GPUSNAP_PARANOID=1 and report this")
-        buffers[a.buffer] = sink.put_chunks(pieces, dtype="uint8", typesize=1)
-        buffers[a.buffer]["dirty_bytes"] = a.dirty_bytes
+        record = buffers[r.name] = sink.put_chunks(pieces, dtype=dtype, typesize=typesize)
+        record["dirty_bytes"] = staged.dirty_bytes
+        if r.owner != "raw":  # reached by storages or arrays of the graph, by path
+            record.update(kind=r.owner, device="cuda", device_index=r.device)
     return buffers
 
 

@@ -72,7 +72,7 @@ def export_safetensors(rd, snap_id: str | None, out: pathlib.Path, module: str |
                 if rec is None:
                     raise StoreError(f"{name} names buffer {bname}, which snapshot {m['id']} lacks")
                 cache[bname] = rd.read_buffer(rec, snapshot=m["id"])
-            raw = cache[bname]
+            raw = memoryview(cache[bname])[int(t.get("byte_offset", 0)):]  # a storage inside a device range
             shape = [int(s) for s in t["shape"]]
             stride = [int(s) for s in t.get("stride") or _contiguous(shape)]
             off = int(t.get("offset", 0))

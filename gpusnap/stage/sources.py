@@ -1,0 +1,122 @@
+"""Where the device memory a snapshot stages comes from: the ranges to fingerprint and copy.
+
+A ``DeviceRange`` is one allocation: its buffer name, device, base, size, kind and owner.
+Sources, each asked in the trainee inside the stall, never by a forked writer:
+
+- ``raw_ranges``    what the program allocated itself through cuda-python (``device.tracking``'s
+                    registry): always written, restored by call site (``stage.device``);
+- ``torch_ranges``  the blocks torch's caching allocator has handed out and not taken back
+                    (``torch.cuda.memory._snapshot()``): every CUDA tensor storage is one of
+                    them. Written only where the snapshot's object graph holds a storage in
+                    them, restored by that object's path (merge);
+- ``cupy_ranges``   the memory under every ``cupy.ndarray`` alive in the process (CuPy keeps
+                    its pool's bookkeeping to itself, so the arrays are found through the
+                    garbage collector, only when the program imported CuPy).
+
+Why the allocator and not a walk of the object graph in the stall: a walk costs time per
+object (a model with its optimizer is 10^5 of them), the allocator's table costs time per
+block, and every storage the graph can reach is in it. The graph is still what decides what is
+*written*: the forked writer pickles it and writes the ranges its storages lie in. A block that
+no object reaches (a cuBLAS workspace, tensors an autograd graph keeps) is copied in the stall
+and not written; ``DeviceStage.unreached`` reports it.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from dataclasses import dataclass
+
+from gpusnap.device import tracking
+from gpusnap.device.backend import AllocKind
+
+
+@dataclass(frozen=True)
+class DeviceRange:
+    """One allocation to stage. ``name`` is its buffer in the store: "raw/<seq>" for a raw
+    allocation, "<owner>/cuda<device>/<base hex>/<nbytes>" otherwise (stable for as long as the
+    allocation lives in this process, which is what reusing clean chunk ids needs)."""
+
+    name: str
+    owner: str  # "raw", "torch", "cupy"
+    kind: AllocKind
+    device: int
+    base: int
+    nbytes: int
+    allocation: object = None  # the raw allocation's registry entry (device.backend.Allocation)
+
+    @property
+    def always_written(self) -> bool:
+        """Raw memory is written whether or not the graph points into it: restore matches it
+        by call site, not by path."""
+        return self.owner == "raw"
+
+
+def raw_ranges() -> list[DeviceRange]:
+    registry = tracking.registry()
+    if registry is None:
+        return []
+    return [DeviceRange(f"raw/{a.seq}", "raw", a.kind, a.device, a.base, a.nbytes, a) for a in registry.live()]
+
+
+# device -> bytes torch's allocator holds in reserve (segments less their active blocks) at the
+# last ``torch_ranges``: in use on the device, yet no program state.
+RESERVED: dict[int, int] = {}
+
+
+def torch_ranges() -> list[DeviceRange]:
+    torch = sys.modules.get("torch")
+    RESERVED.clear()
+    if torch is None or not torch.cuda.is_initialized():
+        return []
+    ranges = []
+    for segment in torch.cuda.memory._snapshot()["segments"]:
+        device = int(segment["device"])
+        RESERVED[device] = RESERVED.get(device, 0) + int(segment["total_size"]) - int(segment["active_size"])
+        for block in segment["blocks"]:
+            if block["state"] != "active_allocated":
+                continue
+            # requested_size is what the storage asked for; size is rounded up by the allocator.
+            nbytes = int(block.get("requested_size") or block["size"])
+            base = int(block["address"])
+            ranges.append(DeviceRange(owned_name("torch", device, base, nbytes), "torch", AllocKind.DEVICE, device, base, nbytes))
+    return ranges
+
+
+def cupy_ranges() -> list[DeviceRange]:
+    cupy = sys.modules.get("cupy")
+    if cupy is None:
+        return []
+    seen, ranges = set(), []
+    for obj in gc.get_objects():
+        if type(obj) is not cupy.ndarray:
+            continue
+        memory = obj.data.mem
+        base, nbytes = int(memory.ptr), int(memory.size)
+        if not nbytes or base in seen:
+            continue
+        seen.add(base)
+        kind = AllocKind.MANAGED if type(memory).__name__ == "ManagedMemory" else AllocKind.DEVICE
+        device = int(memory.device_id)
+        ranges.append(DeviceRange(owned_name("cupy", device, base, nbytes), "cupy", kind, device, base, nbytes))
+    return ranges
+
+
+def owned_name(owner: str, device: int, base: int, nbytes: int) -> str:
+    return f"{owner}/cuda{device}/{base:x}/{nbytes}"
+
+
+SOURCES = (raw_ranges, torch_ranges, cupy_ranges)
+
+
+def device_ranges() -> list[DeviceRange]:
+    """Every range of every source, each address once (a raw allocation that torch also
+    reports, through a pluggable allocator, is the raw one)."""
+    ranges: list[DeviceRange] = []
+    taken: set[tuple[int, int]] = set()
+    for source in SOURCES:
+        for r in source():
+            if (r.device, r.base) not in taken:
+                taken.add((r.device, r.base))
+                ranges.append(r)
+    return ranges
