@@ -110,6 +110,8 @@ def _child_main(job, write_fd: int) -> None:
         code = 0
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a report
         result = {"event": "failed", "id": job.snap_id, "message": _describe(exc)}
+        if getattr(exc, "hint", None):
+            result["hint"] = exc.hint
     try:
         os.write(write_fd, json.dumps(result, default=str).encode())
     finally:

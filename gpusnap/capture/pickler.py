@@ -53,7 +53,7 @@ from gpusnap.graph.load import (  # noqa: F401  (re-exported: older snapshots na
     load_graph,
 )
 from gpusnap.stage.drain import Drained
-from gpusnap.stage.memory import address_view
+from gpusnap.stage.memory import address_view, mapped
 
 PROTOCOL = 5
 
@@ -259,7 +259,7 @@ class GraphPickler(pickle.Pickler):
         name = self.storage_names.get(key)
         if name is None:
             if device == "cpu":
-                view = self.drained.view(address, nbytes) or address_view(address, nbytes)
+                view = self.drained.view(address, nbytes) or _host_view(address, nbytes, "CPU tensor")
             else:
                 view = None
             dtype, typesize = self._storage_dtype.get(key, ("uint8", 1))
@@ -342,10 +342,25 @@ class GraphPickler(pickle.Pickler):
             lo, hi = (lo + (n - 1) * stride, hi) if stride < 0 else (lo, hi + (n - 1) * stride)
         found = self.drained.locate(lo, hi + arr.itemsize)
         if found is None:
+            _host_view(lo, hi + arr.itemsize - lo, "numpy array")
             return arr
         start, offset = found
         region = self.drained.region_view()[offset : offset + hi + arr.itemsize - start]
         return self._np.ndarray(arr.shape, arr.dtype, buffer=region, offset=address - start, strides=arr.strides)
+
+
+def _host_view(address: int, nbytes: int, what: str) -> memoryview:
+    """A view of host memory in the writer, or a ``CaptureError`` where the fork did not pass
+    the memory on (the writer would die reading it)."""
+    if not mapped(address, nbytes):
+        raise CaptureError(
+            f"a {what} of {nbytes:,} bytes at {address:#x} is not in the forked writer's memory: the program "
+            "page-locked it (CUDA pinned memory, as a DataLoader with pin_memory=True makes) or marked it "
+            "do-not-fork, and gpusnap does not stage such host memory yet",
+            hint="this snapshot fails and training goes on; move pinned batches to the GPU under the same name "
+                 "(x = x.to(device)) so the training loop holds none at its boundary, or use pin_memory=False",
+        )
+    return address_view(address, nbytes)
 
 
 def _guarded(obj, rv):

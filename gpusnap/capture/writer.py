@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from gpusnap import knobs
 from gpusnap.capture import loopnotes, paths
 from gpusnap.graph import roots
-from gpusnap.capture.pickler import GraphPickler, _storage_key, type_name
+from gpusnap.capture.pickler import GraphPickler, _host_view, _storage_key, type_name
 from gpusnap.stage.drain import Drained, drain
-from gpusnap.stage.memory import address_view
 
 
 @dataclass
@@ -148,7 +147,7 @@ def _reader(drained: Drained):
 
     def read(address: int, nbytes: int) -> memoryview:
         view = drained.view(address, nbytes) if nbytes else None
-        return view if view is not None else address_view(address, nbytes)
+        return view if view is not None else _host_view(address, nbytes, "buffer")
 
     return read
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import mmap
+import os
 
 PAGE = mmap.PAGESIZE
 MADV_DONTNEED = 4
@@ -65,3 +67,35 @@ def merge_ranges(ranges) -> list[tuple[int, int, int]]:
         else:
             merged.append([lo, hi, rank])
     return [tuple(extent) for extent in merged]
+
+
+_maps: tuple[int, list[int], list[int]] | None = None  # (pid, starts, ends) of this process's mappings
+
+
+def mapped(address: int, nbytes: int) -> bool:
+    """Whether [address, address + nbytes) is mapped in this process. A forked writer asks
+    before it reads a buffer: memory the parent marked do-not-fork (CUDA's page-locked host
+    memory may be) is not in the child, and reading it would kill the writer. The map is read
+    once per process: the writer's image does not change while it reads."""
+    global _maps
+    if nbytes <= 0:
+        return True
+    if _maps is None or _maps[0] != os.getpid():
+        starts, ends = [], []
+        with open("/proc/self/maps") as f:
+            for line in f:
+                lo, _, hi = line.split(" ", 1)[0].partition("-")
+                starts.append(int(lo, 16))
+                ends.append(int(hi, 16))
+        _maps = (os.getpid(), starts, ends)
+    _, starts, ends = _maps
+    i = bisect.bisect_right(starts, address) - 1
+    end = address + nbytes
+    while 0 <= i < len(starts) and starts[i] <= address:  # contiguous mappings may cover it together
+        if ends[i] >= end:
+            return True
+        if i + 1 >= len(starts) or starts[i + 1] != ends[i]:
+            return False
+        address = ends[i]
+        i += 1
+    return False
