@@ -4,6 +4,8 @@ and never read by a forked child, and CUDA errors become one-line StageErrors.""
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -13,7 +15,7 @@ from gpusnap.device.backend import ORIGINAL_ATTR, AllocKind
 from gpusnap.device.calls import check
 from gpusnap.device.fake import driver as cu
 from gpusnap.device.registry import Registry, track, untrack
-from gpusnap.errors import CudaCallFailed, RestoreError, StageError
+from gpusnap.errors import CaptureError, CudaCallFailed, RestoreError, StageError
 from gpusnap.stage import device as staging
 from gpusnap.stage import sources
 from gpusnap.store import RunDir
@@ -235,3 +237,57 @@ def test_only_the_ranges_the_graph_reaches_are_written(blocks, tmp_path):
     sink.commit({"buffers": buffers})
     assert bytes(rundir.read_buffer(RunDir.open(tmp_path / "run").load_manifest("000001")["buffers"][reached.name])) == b"\x04" * (1 << 20)
     assert other.name not in buffers
+
+
+class _Reduced:
+    """Pickles as the reduction it is given: the stream the writer's pickler makes for an object."""
+
+    def __init__(self, func, args):
+        self.reduction = (func, args)
+
+    def __reduce__(self):
+        return self.reduction
+
+
+def test_a_device_storage_travels_from_its_staged_range_to_a_cpu_tensor_placed_by_the_device_map(blocks, tmp_path):
+    """The pickler's side of a CUDA storage (no CUDA here: a stand-in storage with the device,
+    address and size torch's would have), the writer's range, the store, and the loader's side,
+    through to the device map, which puts a tensor the replay does not hold on the CPU when
+    there is no GPU."""
+    import io
+    import types
+
+    import torch
+
+    from gpusnap.capture.pickler import GraphPickler
+    from gpusnap.graph.load import _rebuild_tensor, load_graph
+    from gpusnap.restore import devices
+
+    block = blocks(0, 1 << 20, 0)
+    values = np.arange(1 << 18, dtype=np.float32)
+    values_bytes = values.tobytes()
+    cu.cuMemcpyHtoD(block.base, np.frombuffer(values_bytes, np.uint8), len(values_bytes))
+    rundir = RunDir.create(tmp_path / "run", {"command": {"kind": "script", "target": "t.py", "args": []}})
+    sink = rundir.begin_snapshot("000001")
+    stage = staging.stage_device_memory("000001", committed())
+    pickler = GraphPickler(io.BytesIO(), sink, device=stage)
+    view_at = 4096  # a storage that starts inside the block, as a view made with from_blob would
+    storage = types.SimpleNamespace(device=types.SimpleNamespace(type="cuda", index=0))
+    key = ("cuda", block.base + view_at, (1 << 20) - view_at)
+    func, args = pickler._reduce_device_storage(storage, key)
+    assert args == (block.name, view_at, (1 << 20) - view_at, "cuda:0")
+    assert pickler.device_wanted == {block.name: ("uint8", 1)} and pickler.storage_offsets == {key: view_at}
+    buffers = staging.put_ranges(stage, trainee_arena().fd, sink, {}, pickler.device_wanted)
+    sink.commit({"buffers": buffers})
+    with pytest.raises(CaptureError, match="lies outside the device memory gpusnap staged"):
+        pickler._reduce_device_storage(storage, ("cuda", block.base + (2 << 20), 16))
+
+    count = ((1 << 20) - view_at) // 4
+    stream = pickle.dumps(_Reduced(_rebuild_tensor, (_Reduced(func, args), 0, (count,), (1,), "float32", False, None, False, None)))
+    saved = RunDir.open(tmp_path / "run").load_manifest("000001")["buffers"]
+    placed: list = []
+    tensor = load_graph(stream, lambda name: rundir.read_buffer(saved[name]), placed)
+    assert tensor.device.type == "cpu" and tensor.tolist() == values[view_at // 4 :].tolist()
+    assert placed == [(tensor, "cuda:0")]
+    if not torch.cuda.is_available():
+        assert devices.place({}, placed) == {"cuda:0": "cpu"} and tensor.device.type == "cpu"

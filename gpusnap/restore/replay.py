@@ -27,6 +27,7 @@ from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, Repla
 from gpusnap.graph.load import DEVICE_BASES, LiveOnly
 from gpusnap.instrument import loops
 from gpusnap.restore import devices, fastforward, itemcheck, livecheck, load
+from gpusnap.store import reader
 from gpusnap.restore.frames import write_locals
 from gpusnap.restore.merge import Merger
 
@@ -191,6 +192,7 @@ class Replay:
     def _merge(self, loop) -> None:
         replay_s = time.perf_counter() - self.started_s - self.fastforward_s
         started = time.perf_counter()
+        read_before = dict(reader.TIMES)
         _say(f"merging snapshot {self.snap_id} at {_short(loop.where())}", level=1)
         check_sources(self.manifest, self.force)
         records = self.manifest.get("allocations") or []
@@ -198,7 +200,9 @@ class Replay:
             self._stage = "restoring raw device memory"
             DEVICE_BASES.update(self.restore_device(records, lambda name: self.rundir.read_buffer(self.manifest["buffers"][name])))
         device_tensors: list = []
+        loading = time.perf_counter()
         _, payload = load(self.rundir, self.snap_id, device_tensors)
+        load_s = time.perf_counter() - loading
         live_frames = roots.frames_on_path(loop.frame)
         saved_frames = payload["frames"]
         _check_frames(live_frames, saved_frames)
@@ -243,6 +247,8 @@ class Replay:
             replay_s=replay_s,
             fastforward_s=self.fastforward_s,
             merge_s=merge_s,
+            load_s=load_s,  # of merge_s: reading, decoding and unpickling the graph and its buffers
+            **{k: v - read_before[k] for k, v in reader.TIMES.items()},  # of load_s and raw memory: the store's parts
             merge_bytes=merger.nbytes,
             fastforwards=self.fastforwards,
         )
