@@ -291,3 +291,18 @@ def test_a_device_storage_travels_from_its_staged_range_to_a_cpu_tensor_placed_b
     assert placed == [(tensor, "cuda:0")]
     if not torch.cuda.is_available():
         assert devices.place({}, placed) == {"cuda:0": "cpu"} and tensor.device.type == "cpu"
+
+
+def test_a_cuda_core_buffer_fails_the_snapshot_instead_of_being_left_out(tmp_path):
+    import io
+
+    from cuda.core import Buffer
+
+    from gpusnap.capture.pickler import GraphPickler
+
+    rundir = RunDir.create(tmp_path / "run", {"command": {"kind": "script", "target": "t.py", "args": []}})
+    buffer = Buffer.from_handle(0x1000, 4096)  # an address it never reads: no GPU here
+    pickler = GraphPickler(io.BytesIO(), rundir.begin_snapshot("000001"))
+    with pytest.raises(CaptureError) as info:
+        pickler.dump_graph({"state": [buffer]})
+    assert info.value.message == "the program holds a cuda.core Buffer (4,096 bytes), which gpusnap does not capture yet"

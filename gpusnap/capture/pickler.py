@@ -184,6 +184,13 @@ class GraphPickler(pickle.Pickler):
             return self._reduce_ndarray(obj)
         if self._cupy is not None and type(obj) is self._cupy.ndarray:
             return self._reduce_cupy(obj)
+        if type(obj).__module__.startswith("cuda.core") and type(obj).__name__ in ("Buffer", "ManagedBuffer"):
+            # Its own pickling exports an IPC handle: a CUDA call, which a forked writer cannot
+            # make. Keeping the replay's buffer would be a silent partial restore.
+            raise CaptureError(f"the program holds a cuda.core {type(obj).__name__} ({obj.size:,} bytes), "
+                               "which gpusnap does not capture yet",
+                               hint="this snapshot fails and training goes on; keep the state in torch tensors, "
+                                    "CuPy arrays or cuda.bindings allocations")
         if isinstance(obj, self._live_types) or (LIVE_NAMES and _is_named(type(obj), LIVE_NAMES)):
             return self._live(obj)
         if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)) and _findable(obj):
