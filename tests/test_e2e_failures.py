@@ -194,13 +194,14 @@ def test_a_hung_writer_is_killed_after_the_timeout_and_training_goes_on(tmp_path
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
-def test_memory_the_fork_does_not_pass_on_fails_the_snapshot_with_a_hint_and_training_goes_on(tmp_path):
-    """The writer would die reading memory its parent marked do-not-fork (CUDA's pinned memory
-    may be): the snapshot fails with one line naming it and a hint, and the run ends normally."""
+def test_memory_the_fork_does_not_pass_on_and_the_stall_does_not_find_fails_the_snapshot_with_a_hint(tmp_path):
+    """Do-not-fork memory (CUDA's pinned memory may be) deeper in the program's objects than the
+    stall looks: the writer would die reading it, so the snapshot fails with one line naming it
+    and a hint, and the run ends normally."""
     programs = copy_programs(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
-    run = Run("run", "--dir", "snaps", programs / "notorch" / "dontfork.py", out, 150, cwd=tmp_path)
+    run = Run("run", "--dir", "snaps", programs / "notorch" / "dontfork.py", out, 150, "--deep", cwd=tmp_path)
     harness.wait_for(lambda: progress(out) >= 5, "step 5", proc=run)
     run.signal(signal.SIGUSR1)
     code, _, err = run.wait()

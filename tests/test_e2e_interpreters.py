@@ -28,6 +28,7 @@ PROGRAMS = {
     "nested-frames-epoch-step": ("nested.py", [4, 20], 80),
     "cycles-argparse-parents-self-list": ("cycles.py", ["--steps", 80], 80),
     "rng-numpy-generator-sgd": ("rng_sgd.py", [4, 20], 80),
+    "do-not-fork-memory-staged-by-the-trainee": ("dontfork.py", [80], 80),
 }
 
 

@@ -30,7 +30,7 @@ import time
 from gpusnap import knobs, lifeline, stage
 from gpusnap.capture import control, fork, session, steploop
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, StageError
-from gpusnap.graph import rng
+from gpusnap.graph import rng, roots
 from gpusnap.instrument import loops
 
 _coalesced_said = False
@@ -116,6 +116,7 @@ def _snapshot(loop) -> None:
     snap_id = session.rundir.next_snapshot_id()
     try:
         device = stage.stage_device_memory(snap_id, _written, paranoid=bool(knobs.PARANOID or session.config.get("paranoid")))
+        unforked = stage.stage_unforked(roots.frames_on_path(loop.frame))
         drain = stage.drain_region() if knobs.DRAIN != "off" else None
         refusal = _headroom_refusal()
         hint = None
@@ -147,6 +148,7 @@ def _snapshot(loop) -> None:
         steps=session.steps,
         sources=_sources(),
         device=device,
+        unforked=unforked,
         arena_fd=stage.arena_fd(),
         drain=drain,
         optimizers=list(session.optimizers),

@@ -129,12 +129,12 @@ class GraphPickler(pickle.Pickler):
     (stage.drain): those bytes are read there, never at their address.
     """
 
-    def __init__(self, file, sink, drained: Drained | None = None, device=None):
+    def __init__(self, file, sink, drained: Drained | None = None, device=None, unforked=None):
         super().__init__(file, protocol=PROTOCOL)
         self._file = file
         self.iterative = False  # dump_graph fell back to the iterative pickler
         self.sink = sink
-        self.drained = drained or Drained()
+        self.host = HostMemory(drained, unforked)
         self.buffers: dict[str, dict] = {}
         self.live_only: list[tuple[object, str]] = []
         self.tensors: list[tuple[object, str]] = []
@@ -266,7 +266,7 @@ class GraphPickler(pickle.Pickler):
         name = self.storage_names.get(key)
         if name is None:
             if device == "cpu":
-                view = self.drained.view(address, nbytes) or _host_view(address, nbytes, "CPU tensor")
+                view = self.host.view(address, nbytes, "CPU tensor")
             else:
                 view = None
             dtype, typesize = self._storage_dtype.get(key, ("uint8", 1))
@@ -340,20 +340,32 @@ class GraphPickler(pickle.Pickler):
         return _rebuild_ndarray, (name, arr.dtype.str, arr.shape)
 
     def _readable(self, arr):
-        """``arr``, or the same array over the drain region when its memory was drained (a tensor's)."""
+        """``arr`` over the bytes it had at fork: in place, or in the staging arena where the
+        writer drained them or the trainee staged them (unforked memory)."""
         address = arr.__array_interface__["data"][0]
-        lo = hi = address
-        for n, stride in zip(arr.shape, arr.strides):
-            if n == 0:
-                return arr
-            lo, hi = (lo + (n - 1) * stride, hi) if stride < 0 else (lo, hi + (n - 1) * stride)
-        found = self.drained.locate(lo, hi + arr.itemsize)
-        if found is None:
-            _host_view(lo, hi + arr.itemsize - lo, "numpy array")
+        _, nbytes, lowest = _span(address, arr.shape, arr.strides, arr.itemsize)
+        if not nbytes:
             return arr
-        start, offset = found
-        region = self.drained.region_view()[offset : offset + hi + arr.itemsize - start]
-        return self._np.ndarray(arr.shape, arr.dtype, buffer=region, offset=address - start, strides=arr.strides)
+        view = self.host.view(lowest, nbytes, "numpy array")
+        return self._np.ndarray(arr.shape, arr.dtype, buffer=view, offset=address - lowest, strides=arr.strides)
+
+
+class HostMemory:
+    """The trainee's host memory as it was at fork, read in the writer: a drained range from the
+    drain region (``stage.drain``), memory fork did not pass on from the ``pinned`` region
+    (``stage.unforked``), the rest in place."""
+
+    def __init__(self, drained: Drained | None = None, unforked=None):
+        self.drained = drained or Drained()
+        self.unforked = unforked
+
+    def view(self, address: int, nbytes: int, what: str = "buffer") -> memoryview:
+        if not nbytes:
+            return memoryview(b"")
+        found = self.drained.view(address, nbytes)
+        if found is None and self.unforked is not None:
+            found = self.unforked.view(address, nbytes)
+        return found if found is not None else _host_view(address, nbytes, what)
 
 
 def _host_view(address: int, nbytes: int, what: str) -> memoryview:

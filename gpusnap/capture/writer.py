@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from gpusnap import knobs
 from gpusnap.capture import loopnotes, paths
 from gpusnap.graph import roots
-from gpusnap.capture.pickler import GraphPickler, _host_view, _storage_key, type_name
+from gpusnap.capture.pickler import GraphPickler, HostMemory, _storage_key, type_name
 from gpusnap.stage.drain import Drained, drain
 
 
@@ -40,6 +40,7 @@ class WriteJob:
     steps: int = 0  # optimizer steps so far: restored so that iteration numbers continue
     sources: dict = field(default_factory=dict)  # instrumented file -> xxh3-128 of its source
     device: object = None  # stage.device.DeviceStage: the device memory staged in the arena
+    unforked: object = None  # stage.unforked.Unforked: host memory fork does not pass on, staged
     arena_fd: int = -1  # the staging arena's memfd: the writer maps its regions afresh from it
     drain: object = None  # the stage.arena.Region the writer drains CPU tensors into (None: no drain)
     optimizers: list = field(default_factory=list)  # what the drain copies first
@@ -64,10 +65,10 @@ def write_snapshot(job: WriteJob) -> dict:
     rundir = RunDir.open(job.run_dir)
     sink = rundir.begin_snapshot(job.snap_id)
     try:
-        read = _reader(drained)
+        read = HostMemory(drained, job.unforked).view
         payload = roots.collect(job.frame, job.active_loops, job.rng_states, lambda loop: loopnotes.record(loop, read))
         stream = io.BytesIO()
-        pickler = GraphPickler(stream, sink, drained=drained, device=job.device)
+        pickler = GraphPickler(stream, sink, drained=drained, device=job.device, unforked=job.unforked)
         pickler.dump_graph(payload)
         if job.device is not None:
             _put_device(job, rundir, sink, pickler)
@@ -82,6 +83,8 @@ def write_snapshot(job: WriteJob) -> dict:
             manifest["device"] = _device_summary(job.device, pickler)
         manifest["write_s"] = time.perf_counter() - started
         manifest["drain"] = {"s": drain_s, "bytes": drained.nbytes}
+        if job.unforked is not None:
+            manifest["unforked_bytes"] = job.unforked.nbytes
         info = sink.commit(manifest)
     except BaseException:
         sink.abort()
@@ -142,14 +145,6 @@ def _apply_retention(rundir, keep: int) -> dict:
     return {}
 
 
-def _reader(drained: Drained):
-    """Reads CPU memory as it was at fork: a drained range from the drain region, the rest in place."""
-
-    def read(address: int, nbytes: int) -> memoryview:
-        view = drained.view(address, nbytes) if nbytes else None
-        return view if view is not None else _host_view(address, nbytes, "buffer")
-
-    return read
 
 
 def lower_priority(policy: str) -> None:

@@ -28,8 +28,12 @@ in a background thread that a snapshot never waits for. A device storage the pic
 outside every staged range (memory no source lists) fails the snapshot with a ``CaptureError``:
 keeping the replayed tensor on restore would be a silent partial restore.
 
+Host memory that fork does not pass on (CUDA's pinned memory, do-not-fork mappings) is staged
+in the stall too, by ``stage_unforked(frames)``: what the frames on the snapshot's path hold of
+it is copied into the arena's ``pinned`` region, where the writer reads it.
+
 Modules: ``sources`` (which device memory there is), ``device`` (staging it, writing it,
-restoring raw allocations), ``arena`` (the arena, its regions, ``writer_view``), ``limits``
+restoring raw allocations), ``unforked`` (pinned and do-not-fork host memory), ``arena`` (the arena, its regions, ``writer_view``), ``limits``
 (host and cgroup memory), ``memory`` (raw views, madvise, page rounding), ``drain`` (the
 writer's copy of CPU tensors), ``prepare`` (the trainee's background work and the arena's
 writer-done path), ``hugepages``.
@@ -38,6 +42,7 @@ writer-done path), ``hugepages``.
 from __future__ import annotations
 
 from gpusnap.stage.device import put_ranges, restore_allocations, stage_device_memory  # noqa: F401  (device memory)
+from gpusnap.stage.unforked import stage_unforked  # noqa: F401  (host memory fork does not pass on)
 from gpusnap.stage.arena import trainee_arena  # noqa: F401  (the trainee's arena, created on first use)
 from gpusnap.stage.prepare import (  # noqa: F401  (between snapshots, and the arena's generations)
     arena_fd,

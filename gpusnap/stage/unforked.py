@@ -1,0 +1,140 @@
+"""Host memory that fork does not pass on: staged by the parent, read by the writer from the arena.
+
+CUDA's page-locked host memory (``tensor.pin_memory()``, a ``DataLoader(pin_memory=True)``'s
+batches, ``cudaHostAlloc``) must not be used by a forked child, and memory marked do-not-fork
+(MADV_DONTFORK: VmFlags ``dc`` in /proc/self/smaps) is simply absent there; a writer reading
+either would die or read garbage. So in the stall the trainee copies what the snapshot needs of
+it into the ``pinned`` region of the staging arena, and the writer reads those bytes there.
+
+What it needs: the CPU tensors and numpy arrays that the frames on the snapshot's path hold in
+their locals, directly or inside lists, tuples, dicts and mappings (a batch ``x, y``, the
+``inputs`` dict a trainer's loop keeps, a list of micro-batches), whose memory is page-locked
+(``Tensor.is_pinned()``) or lies in a do-not-fork mapping. That walk is shallow on purpose: it
+runs in the stall, and pinned memory deeper in the program's objects is rare; the writer checks
+every buffer it reads (``memory.mapped``) and fails the snapshot, with a hint, rather than read
+what the fork did not pass on.
+
+The do-not-fork mappings come from /proc/self/smaps (a few ms), read again only when
+/proc/self/maps changed since the last read (well under a millisecond).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+_DEPTH = 4  # containers inside containers inside a local
+
+_cache: dict = {"maps": None, "ranges": []}
+
+
+def dontfork_ranges() -> list[tuple[int, int]]:
+    """[lo, hi) of every readable mapping flagged do-not-fork (``dc``), except device I/O."""
+    with open("/proc/self/maps", "rb") as f:
+        maps = f.read()
+    if maps != _cache["maps"]:
+        ranges, current = [], None
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split(" ", 1)[0]
+                if "-" in head and not head.endswith(":"):
+                    lo, _, hi = head.partition("-")
+                    current = (int(lo, 16), int(hi, 16), "r" in line.split()[1])
+                elif head == "VmFlags:" and current is not None:
+                    flags = line.split()[1:]
+                    if "dc" in flags and current[2] and not {"io", "pf"} & set(flags):
+                        ranges.append((current[0], current[1]))
+        _cache.update(maps=maps, ranges=ranges)
+    return _cache["ranges"]
+
+
+def _inside(ranges, address: int, nbytes: int) -> bool:
+    return any(lo <= address and address + nbytes <= hi for lo, hi in ranges)
+
+
+def held_by(frames, ranges) -> list[tuple[int, int]]:
+    """(address, nbytes) of the unforked buffers the frames' locals hold, each once."""
+    torch = sys.modules.get("torch")
+    np = sys.modules.get("numpy")
+    cuda = torch is not None and torch.cuda.is_initialized()
+    found: dict[int, int] = {}
+    seen: set[int] = set()
+    todo = [(value, 0) for frame in frames for value in frame.f_locals.values()]
+    while todo:
+        value, depth = todo.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if torch is not None and isinstance(value, torch.Tensor):
+            if value.device.type == "cpu" and value.layout == torch.strided:
+                storage = value.untyped_storage()
+                address, nbytes = storage.data_ptr(), storage.nbytes()
+                if nbytes and ((cuda and value.is_pinned()) or _inside(ranges, address, nbytes)):
+                    found[address] = max(found.get(address, 0), nbytes)
+            continue
+        if np is not None and isinstance(value, np.ndarray):
+            base = value
+            while isinstance(base.base, np.ndarray):
+                base = base.base
+            address = base.__array_interface__["data"][0]
+            if base.nbytes and _inside(ranges, address, base.nbytes):
+                found[address] = max(found.get(address, 0), base.nbytes)
+            continue
+        if depth >= _DEPTH:
+            continue
+        if isinstance(value, (list, tuple)):
+            todo.extend((item, depth + 1) for item in value)
+        elif isinstance(value, (dict, Mapping)):
+            try:
+                todo.extend((item, depth + 1) for item in value.values())
+            except Exception:  # noqa: BLE001 - a mapping whose values() misbehaves holds nothing for us
+                pass
+    return sorted(found.items())
+
+
+@dataclass
+class Unforked:
+    """What the writer needs of the unforked buffers: {address: (arena offset, nbytes)}."""
+
+    copies: dict = field(default_factory=dict)
+    arena_fd: int = -1
+
+    @property
+    def nbytes(self) -> int:
+        return sum(n for _, n in self.copies.values())
+
+    def view(self, address: int, nbytes: int):
+        """The writer's view of [address, address + nbytes) from the arena, or None."""
+        from gpusnap.stage.arena import writer_view
+
+        for start, (at, length) in self.copies.items():
+            if start <= address and address + nbytes <= start + length:
+                return writer_view(self.arena_fd, at + address - start, nbytes)
+        return None
+
+
+def stage_unforked(frames) -> Unforked | None:
+    """In the stall: copy the unforked buffers the frames hold into the arena's ``pinned``
+    region. None when there are none (the common case: one read of /proc/self/maps)."""
+    ranges = dontfork_ranges()
+    torch = sys.modules.get("torch")
+    if not ranges and not (torch is not None and torch.cuda.is_initialized()):
+        return None
+    from gpusnap.stage.arena import trainee_arena
+
+    arena = trainee_arena()
+    arena_lo = arena.address
+    ranges = [(lo, hi) for lo, hi in ranges if not (lo <= arena_lo < hi)]
+    held = held_by(frames, ranges)
+    if not held:
+        return None
+    region = arena.reserve(sum(n for _, n in held), "pinned")
+    unforked = Unforked(arena_fd=arena.fd)
+    at = region.offset
+    for address, nbytes in held:
+        ctypes.memmove(arena.address + at, address, nbytes)
+        unforked.copies[address] = (at, nbytes)
+        at += nbytes
+    return unforked
