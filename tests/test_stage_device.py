@@ -181,10 +181,10 @@ def blocks(gpu, monkeypatch):
     listed: list = []
     monkeypatch.setattr(sources, "SOURCES", (sources.raw_ranges, lambda: list(listed)))
 
-    def block(offset: int, nbytes: int, fill: int) -> sources.DeviceRange:
+    def block(offset: int, nbytes: int, fill: int, own_segment: bool = False) -> sources.DeviceRange:
         gpu.put(segment + offset, np.full(nbytes, fill, np.uint8))
         r = sources.DeviceRange(sources.owned_name("torch", 0, segment + offset, nbytes), "torch",
-                                AllocKind.DEVICE, 0, segment + offset, nbytes)
+                                AllocKind.DEVICE, 0, segment + offset, nbytes, segment=0 if own_segment else segment)
         listed.append(r)
         return r
 
@@ -199,6 +199,7 @@ def test_neighbouring_blocks_are_copied_as_one_and_found_by_address(blocks, monk
     stage = staging.stage_device_memory("000001", committed())
     assert len(copies) == 2  # a and b with the 512 bytes between them, then c
     assert copies[0][3] == (2 << 20) + 512
+    assert stage.ranges[1].chunks == ((1 << 20) + 512 + stage.ranges[0].chunks[0],)  # the gap kept in the arena too
     found, offset = stage.containing(0, b.base + 100, 16)
     assert found.range is b and offset == 100
     assert stage.containing(0, b.base + (1 << 20) - 8, 16) is None  # runs past the block's end
@@ -306,3 +307,13 @@ def test_a_cuda_core_buffer_fails_the_snapshot_instead_of_being_left_out(tmp_pat
     with pytest.raises(CaptureError) as info:
         pickler.dump_graph({"state": [buffer]})
     assert info.value.message == "the program holds a cuda.core Buffer (4,096 bytes), which gpusnap does not capture yet"
+
+
+def test_a_copy_never_spans_two_driver_allocations(blocks, monkeypatch):
+    blocks(0, 1 << 20, 1), blocks(1 << 20, 1 << 20, 2, own_segment=True)  # touching, yet two allocations
+    copies = []
+    real = staging._state.backend.copy_to_host
+    monkeypatch.setattr(staging._state.backend, "copy_to_host", lambda *args: copies.append(args) or real(*args))
+    stage = staging.stage_device_memory("000001", committed())
+    assert [c[3] for c in copies] == [1 << 20, 1 << 20]
+    assert staged_bytes(stage, 1) == b"\x02" * (1 << 20)

@@ -210,7 +210,7 @@ def _stage(snap_id: str, ranges: list, paranoid: bool) -> DeviceStage:
         _register(gpu, arena, max(region.end for region in regions.values()))
     offsets = {r.name: [-1] * len(spans[r.name]) for r in ranges}
     dirty_bytes = dict.fromkeys(offsets, 0)
-    for device, use, src, at, nbytes, pieces in plan.copies:
+    for device, use, src, at, nbytes, pieces, _ in plan.copies:
         gpu.copy_to_host(device, src, arena.address + regions[use].offset + at, nbytes)
         for r, run, start, length, piece_at in pieces:
             for i in run:
@@ -226,25 +226,27 @@ def _stage(snap_id: str, ranges: list, paranoid: bool) -> DeviceStage:
 
 class _Plan:
     """The device->host copies of a snapshot, laid out in the arena regions ``device`` and
-    ``managed``: a dirty run that starts at most ``knobs.COPY_GAP_BYTES`` after the last one on
-    the same device joins its copy, gap included (the allocator rounds blocks up, so neighbours
-    rarely touch), and the arena keeps the gap too: a few bytes for one copy instead of two."""
+    ``managed``: a dirty run that starts at most ``knobs.COPY_GAP_BYTES`` after the last one in
+    the same driver allocation joins its copy, gap included (torch's allocator carves blocks out
+    of one segment and rounds them up, so neighbours rarely touch), and the arena keeps the gap
+    too: a few bytes for one copy instead of two. A copy never spans two driver allocations:
+    the bytes between them need not be mapped."""
 
     def __init__(self):
         self.need = {"device": 0, "managed": 0}
-        self.copies: list = []  # [device, use, src, offset in region, nbytes, pieces]
+        self.copies: list = []  # [device, use, src, offset in region, nbytes, pieces, unit]
 
     def add(self, r: DeviceRange, run: list, start: int, length: int) -> None:
         use, src = _use(r), r.base + start
         last = self.copies[-1] if self.copies else None
-        gap = src - (last[2] + last[4]) if last is not None and last[0] == r.device and last[1] == use else -1
+        gap = src - (last[2] + last[4]) if last is not None and last[6] == r.unit and last[1] == use else -1
         if 0 <= gap <= knobs.COPY_GAP_BYTES and last[3] + last[4] == self.need[use]:
             at = self.need[use] + gap
             last[4] += gap + length
             last[5].append((r, run, start, length, at))
         else:
             at = self.need[use]
-            self.copies.append([r.device, use, src, at, length, [(r, run, start, length, at)]])
+            self.copies.append([r.device, use, src, at, length, [(r, run, start, length, at)], r.unit])
         self.need[use] = at + length
 
 

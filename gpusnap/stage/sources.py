@@ -44,6 +44,12 @@ class DeviceRange:
     base: int
     nbytes: int
     allocation: object = None  # the raw allocation's registry entry (device.backend.Allocation)
+    segment: int = 0  # base of the driver allocation it lies in (0: its own): copies never span two
+
+    @property
+    def unit(self) -> tuple[int, int]:
+        """(device, base of the driver allocation it lies in): one copy may cover ranges of one unit."""
+        return self.device, self.segment or self.base
 
     @property
     def always_written(self) -> bool:
@@ -79,7 +85,8 @@ def torch_ranges() -> list[DeviceRange]:
             # requested_size is what the storage asked for; size is rounded up by the allocator.
             nbytes = int(block.get("requested_size") or block["size"])
             base = int(block["address"])
-            ranges.append(DeviceRange(owned_name("torch", device, base, nbytes), "torch", AllocKind.DEVICE, device, base, nbytes))
+            ranges.append(DeviceRange(owned_name("torch", device, base, nbytes), "torch", AllocKind.DEVICE, device, base,
+                                      nbytes, segment=int(segment["address"])))
     return ranges
 
 
