@@ -173,3 +173,39 @@ def test_fingerprints_of_random_shapes_equal_the_reference(gpu):
         backend.fingerprint(0, ptr + offset, nbytes, chunk_bytes, out)
         backend.synchronize(0)
         assert (out == fp.reference(data, chunk_bytes)).all(), f"seed {seed}: {nbytes=} {chunk_bytes=} {offset=}"
+
+
+def test_a_forked_writer_reads_what_was_staged_into_the_registered_arena(gpu):
+    """The staging arena registered with the GPU (CUDA may mark registered memory do-not-fork:
+    the mapping's VmFlags are printed), device bytes copied into it, then a forked child reads
+    them through a mapping of its own, as the writer does."""
+    from gpusnap.stage.arena import Arena, writer_view
+
+    program, backend = gpu
+    nbytes = 2 << 20
+    arena = Arena(capacity=16 << 20)
+    region = arena.reserve(nbytes, "device")
+    backend.register_host(arena.address, region.end)
+    print("arena VmFlags after registration:", vmflags(arena.address))
+    data = pattern("mixed", nbytes)
+    ptr = program.alloc(nbytes)
+    program.put(ptr, data)
+    backend.copy_to_host(0, ptr, arena.address + region.offset, nbytes)
+    backend.synchronize(0)
+    fd, offset = arena.fd, region.offset
+    assert in_child(lambda: bytes(writer_view(fd, offset, nbytes)) == data.tobytes()) == {"ok": True}
+    backend.unregister_host(arena.address)
+    program.free(ptr)
+
+
+def vmflags(address: int) -> str:
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "VmFlags:":
+                return line.split(":", 1)[1].strip()
+    return "?"
