@@ -7,8 +7,8 @@ either would die or read garbage. So in the stall the trainee copies what the sn
 it into the ``pinned`` region of the staging arena, and the writer reads those bytes there.
 
 What it needs: the CPU tensors and numpy arrays that the frames on the snapshot's path hold in
-their locals, directly or inside lists, tuples, dicts and mappings (a batch ``x, y``, the
-``inputs`` dict a trainer's loop keeps, a list of micro-batches), whose memory is page-locked
+their locals, directly or inside lists, tuples, dicts and mappings of a few hundred items at
+most (a batch ``x, y``, the ``inputs`` dict a trainer's loop keeps, a list of micro-batches), whose memory is page-locked
 (``Tensor.is_pinned()``) or lies in a do-not-fork mapping. That walk is shallow on purpose: it
 runs in the stall, and pinned memory deeper in the program's objects is rare; the writer checks
 every buffer it reads (``memory.mapped``) and fails the snapshot, with a hint, rather than read
@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 _DEPTH = 4  # containers inside containers inside a local
+_WIDTH = 256  # a batch is a few tensors: a longer container (a list of losses) is not looked into
 
 _cache: dict = {"maps": None, "ranges": []}
 
@@ -82,7 +83,7 @@ def held_by(frames, ranges) -> list[tuple[int, int]]:
             if base.nbytes and _inside(ranges, address, base.nbytes):
                 found[address] = max(found.get(address, 0), base.nbytes)
             continue
-        if depth >= _DEPTH:
+        if depth >= _DEPTH or (isinstance(value, (list, tuple, dict, Mapping)) and _length(value) > _WIDTH):
             continue
         if isinstance(value, (list, tuple)):
             todo.extend((item, depth + 1) for item in value)
@@ -92,6 +93,13 @@ def held_by(frames, ranges) -> list[tuple[int, int]]:
             except Exception:  # noqa: BLE001 - a mapping whose values() misbehaves holds nothing for us
                 pass
     return sorted(found.items())
+
+
+def _length(value) -> int:
+    try:
+        return len(value)
+    except Exception:  # noqa: BLE001 - a mapping without a length is not looked into
+        return _WIDTH + 1
 
 
 @dataclass

@@ -1,0 +1,63 @@
+"""Host memory fork does not pass on: found in the frames' locals, copied into the arena by the
+trainee, read back by a forked writer from there."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import sys
+
+import numpy as np
+import torch
+
+from device_helpers import in_child
+from gpusnap.stage import unforked
+from gpusnap.stage.arena import trainee_arena
+from gpusnap.stage.memory import madvise
+
+MADV_DONTFORK = 10
+
+
+def dontfork_array(nbytes: int = 1 << 16):
+    region = mmap.mmap(-1, nbytes)
+    array = np.frombuffer(region, dtype=np.uint8)
+    assert madvise(array.ctypes.data, nbytes, MADV_DONTFORK) == 0
+    return region, array
+
+
+def test_the_mappings_marked_do_not_fork_are_found_and_what_the_locals_hold_of_them():
+    region, pinned = dontfork_array()
+    address = pinned.ctypes.data
+    assert any(lo <= address < hi for lo, hi in unforked.dontfork_ranges())
+    ordinary = np.zeros(16)
+    tensor_view = torch.from_numpy(pinned[1024:2048])  # a CPU tensor over that memory
+
+    def frame_holding(batch):
+        return sys._getframe()
+
+    ranges = unforked.dontfork_ranges()
+    frame = frame_holding({"inputs": [(ordinary, pinned[:16])], "t": tensor_view})
+    found = unforked.held_by([frame], ranges)
+    assert (address, len(region)) in found  # the array's base, whole
+    assert (address + 1024, 1024) in found  # the tensor's storage
+    assert len(found) == 2
+
+    deep = frame_holding([[[[[pinned]]]]])  # deeper than the stall looks
+    long = frame_holding([0] * 1000 + [pinned])  # a long list is not looked into
+    assert unforked.held_by([deep], ranges) == [] and unforked.held_by([long], ranges) == []
+
+
+def test_a_forked_writer_reads_the_staged_copy(tmp_path):
+    region, pinned = dontfork_array()
+    pinned[:] = np.arange(len(pinned), dtype=np.uint64).astype(np.uint8)
+    expected = pinned.tobytes()
+
+    def frame_holding(batch):
+        return sys._getframe()
+
+    staged = unforked.stage_unforked([frame_holding((pinned,))])
+    assert staged is not None and staged.nbytes == len(region)
+    address = pinned.ctypes.data
+    assert in_child(lambda: bytes(staged.view(address + 100, 200)) == expected[100:300]) == {"ok": True}
+    assert in_child(lambda: ctypes.string_at(address, 1)) == {"signal": 11}  # not there in a child
+    trainee_arena().discard()  # the snapshot is not taken: its region goes back
