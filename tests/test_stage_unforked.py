@@ -28,7 +28,7 @@ def dontfork_array(nbytes: int = 1 << 16):
 def test_the_mappings_marked_do_not_fork_are_found_and_what_the_locals_hold_of_them():
     region, pinned = dontfork_array()
     address = pinned.ctypes.data
-    assert any(lo <= address < hi for lo, hi in unforked.dontfork_ranges())
+    assert any(lo <= address < hi for lo, hi in unforked.dontfork_ranges(refresh=True))
     ordinary = np.zeros(16)
     tensor_view = torch.from_numpy(pinned[1024:2048])  # a CPU tensor over that memory
 
@@ -51,6 +51,7 @@ def test_a_forked_writer_reads_the_staged_copy(tmp_path):
     region, pinned = dontfork_array()
     pinned[:] = np.arange(len(pinned), dtype=np.uint64).astype(np.uint8)
     expected = pinned.tobytes()
+    unforked.dontfork_ranges(refresh=True)  # mapped after this process first looked
 
     def frame_holding(batch):
         return sys._getframe()

@@ -14,8 +14,8 @@ runs in the stall, and pinned memory deeper in the program's objects is rare; th
 every buffer it reads (``memory.mapped``) and fails the snapshot, with a hint, rather than read
 what the fork did not pass on.
 
-The do-not-fork mappings come from /proc/self/smaps (a few ms), read again only when
-/proc/self/maps changed since the last read (well under a millisecond).
+The do-not-fork mappings come from /proc/self/smaps, read once per process
+(``dontfork_ranges``).
 """
 
 from __future__ import annotations
@@ -28,14 +28,19 @@ from dataclasses import dataclass, field
 _DEPTH = 4  # containers inside containers inside a local
 _WIDTH = 256  # a batch is a few tensors: a longer container (a list of losses) is not looked into
 
-_cache: dict = {"maps": None, "ranges": []}
+_ranges: list | None = None  # read once per process: see dontfork_ranges
 
 
-def dontfork_ranges() -> list[tuple[int, int]]:
-    """[lo, hi) of every readable mapping flagged do-not-fork (``dc``), except device I/O."""
-    with open("/proc/self/maps", "rb") as f:
-        maps = f.read()
-    if maps != _cache["maps"]:
+def dontfork_ranges(refresh: bool = False) -> list[tuple[int, int]]:
+    """[lo, hi) of every readable mapping flagged do-not-fork (``dc``), except device I/O.
+
+    Read from /proc/smaps once per process (4 ms for 400 mappings here, more in a CUDA
+    process), not at every snapshot: a training process maps and unmaps memory every step, and
+    the one do-not-fork memory its locals hold in practice is CUDA's pinned memory, which
+    ``Tensor.is_pinned()`` finds without it. Do-not-fork memory mapped later is caught by the
+    writer's check (``memory.mapped``)."""
+    global _ranges
+    if _ranges is None or refresh:
         ranges, current = [], None
         with open("/proc/self/smaps") as f:
             for line in f:
@@ -47,8 +52,8 @@ def dontfork_ranges() -> list[tuple[int, int]]:
                     flags = line.split()[1:]
                     if "dc" in flags and current[2] and not {"io", "pf"} & set(flags):
                         ranges.append((current[0], current[1]))
-        _cache.update(maps=maps, ranges=ranges)
-    return _cache["ranges"]
+        _ranges = ranges
+    return _ranges
 
 
 def _inside(ranges, address: int, nbytes: int) -> bool:
