@@ -292,7 +292,10 @@ class GraphPickler(pickle.Pickler):
             # fail the snapshot instead (training goes on).
             raise CaptureError(
                 f"a {device}:{index} storage of {nbytes:,} bytes at {address:#x} lies outside the device memory "
-                "gpusnap staged (memory that torch's caching allocator, cuda-python and CuPy did not hand out)"
+                "gpusnap staged (memory that torch's caching allocator, cuda-python and CuPy did not hand out)",
+                hint="this snapshot fails and training goes on; gpusnap reads torch's native caching allocator "
+                     "(not PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync, a pluggable allocator or "
+                     "PYTORCH_NO_CUDA_MEMORY_CACHING)",
             )
         staged, offset = found
         name = staged.range.name
