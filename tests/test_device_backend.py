@@ -209,3 +209,8 @@ def vmflags(address: int) -> str:
             elif inside and head == "VmFlags:":
                 return line.split(":", 1)[1].strip()
     return "?"
+
+
+def test_the_kernel_agrees_with_the_definition_on_the_self_check(gpu):
+    _, backend = gpu
+    assert backend.fingerprint_agrees(0)

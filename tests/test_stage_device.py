@@ -317,3 +317,18 @@ def test_a_copy_never_spans_two_driver_allocations(blocks, monkeypatch):
     stage = staging.stage_device_memory("000001", committed())
     assert [c[3] for c in copies] == [1 << 20, 1 << 20]
     assert staged_bytes(stage, 1) == b"\x02" * (1 << 20)
+
+
+def test_a_kernel_that_disagrees_with_the_definition_is_never_trusted(gpu, monkeypatch, capsys):
+    """Checked on known bytes once per device: a disagreeing kernel would pass changed chunks
+    for clean ones, so every chunk is copied at every snapshot, and that is said once."""
+    assert staging._state.backend.fingerprint_agrees(0)  # the fake's kernel emulation agrees
+    monkeypatch.setattr(staging._state.backend, "fingerprint_agrees", lambda ordinal: False)
+    ptr = gpu.alloc(2 * CHUNK)
+    gpu.put(ptr, np.zeros(2 * CHUNK, np.uint8))
+    staging.stage_device_memory("000001", committed(ANY))
+    again = staging.stage_device_memory("000002", committed(ANY))
+    assert again.dirty_bytes == 2 * CHUNK  # unchanged, copied all the same
+    err = capsys.readouterr().err
+    assert err.count("gpusnap: warning: the fingerprint kernel disagrees with its definition on device 0") == 1
+    assert "hint: snapshots stay exact, only slower" in err

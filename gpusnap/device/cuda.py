@@ -23,6 +23,8 @@ import ctypes
 import os
 from contextlib import contextmanager
 
+import numpy as np
+
 from gpusnap.device import fingerprint as fp
 from gpusnap.device import hostmem, kernels
 from gpusnap.device.backend import ORIGINAL_ATTR, AllocKind, DeviceInfo, GpuBackend, PointerInfo
@@ -237,6 +239,24 @@ class CudaBackend(GpuBackend):
             args = ((nbytes, chunk_bytes, chunks, acc), (u64, u64, u64, ptr))
             self.call("cuLaunchKernel", finalize, -(-chunks // threads), 1, 1, threads, 1, 1, 0, stream, args, 0)
             self.call("cuMemcpyDtoHAsync", out_address, acc, chunks * fp.FINGERPRINT_NBYTES, stream)
+
+    def fingerprint_agrees(self, ordinal: int) -> bool:
+        """Fingerprint a few chunks of known bytes on ``ordinal`` and compare with the NumPy
+        definition: a kernel that disagrees (a compiler, driver or architecture it was never
+        run on) would pass changed chunks for clean ones, so staging asks this once per device
+        before it trusts a fingerprint."""
+        chunk_bytes = 4096
+        data = np.frombuffer(np.random.default_rng(20261125).bytes(3 * chunk_bytes + 13), np.uint8)
+        out = np.zeros((fp.chunk_count(len(data), chunk_bytes), fp.FINGERPRINT_NBYTES), np.uint8)
+        with self.on(ordinal):
+            ptr = int(self.call("cuMemAlloc", len(data) + 8))
+            try:
+                self.call("cuMemcpyHtoD", ptr + 8, data.ctypes.data, len(data))  # unaligned, as ranges can be
+                self.fingerprint(ordinal, ptr + 8, len(data), chunk_bytes, out)
+                self.call("cuCtxSynchronize")
+            finally:
+                self.call("cuMemFree", ptr)
+        return bool((out == fp.reference(data, chunk_bytes)).all())
 
     def memory_used(self, ordinal: int) -> int:
         with self.on(ordinal):

@@ -6,8 +6,9 @@ In the trainee, inside the stall (``stage_device_memory``):
    allocations, the blocks torch's caching allocator has handed out, CuPy's arrays);
 2. synchronize the devices the program uses (``devices_in_use``: no new context anywhere), so
    that work the program enqueued and did not wait for is in the bytes staged;
-3. fingerprint every store chunk of each range on the device and compare with the fingerprints
-   of the last committed snapshot that wrote that range; unchanged chunks are not copied (the
+3. fingerprint every store chunk of each range on the device (once per device and process,
+   first checking that the kernel agrees with the fingerprint's definition on known bytes) and
+   compare with the fingerprints of the last committed snapshot that wrote that range; unchanged chunks are not copied (the
    writer names them by that snapshot's chunk ids), ``--paranoid`` copies them all;
 4. copy the dirty chunks device->host on gpusnap's stream into arena regions (``device`` and
    ``managed``), adjacent chunks as one copy; managed memory is copied here too, because a
@@ -29,6 +30,7 @@ arrays come back by path: the merge copies their bytes into the live ones.
 from __future__ import annotations
 
 import bisect
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -126,11 +128,13 @@ class DeviceStage:
 
 
 class _State:
-    backend = None
-    fingerprints: dict = {}  # range name -> fingerprints of the bytes that snapshot ``of`` holds
-    of: str | None = None
-    candidate: tuple | None = None  # (snap_id, fingerprints) staged, not known committed yet
-    registered_bytes = 0  # how much of the arena is registered with the GPU
+    def __init__(self):
+        self.backend = None
+        self.fingerprints: dict = {}  # range name -> fingerprints of the bytes that snapshot ``of`` holds
+        self.of: str | None = None
+        self.candidate: tuple | None = None  # (snap_id, fingerprints) staged, not known committed yet
+        self.registered_bytes = 0  # how much of the arena is registered with the GPU
+        self.trusted: dict = {}  # device -> whether its fingerprints agree with their definition
 
 
 _state = _State()
@@ -186,9 +190,12 @@ def _stage(snap_id: str, ranges: list, paranoid: bool) -> DeviceStage:
     chunk_bytes = knobs.CHUNK_BYTES
     # A small range is copied whole, unfingerprinted: its copy costs about what a fingerprint
     # launch does, and torch hands out thousands of them (biases, norms, scalars).
+    for ordinal in used:
+        if ordinal not in _state.trusted:
+            _state.trusted[ordinal] = _trust(gpu, ordinal)
     prints = {}
     for r in ranges:
-        if r.nbytes >= knobs.FINGERPRINT_MIN_BYTES:
+        if r.nbytes >= knobs.FINGERPRINT_MIN_BYTES and _state.trusted.get(r.device):
             prints[r.name] = out = np.zeros((fp.chunk_count(r.nbytes, chunk_bytes), fp.FINGERPRINT_NBYTES), np.uint8)
             gpu.fingerprint(r.device, r.base, r.nbytes, chunk_bytes, out)
     for ordinal in used:
@@ -248,6 +255,19 @@ class _Plan:
             at = self.need[use]
             self.copies.append([r.device, use, src, at, length, [(r, run, start, length, at)], r.unit])
         self.need[use] = at + length
+
+
+def _trust(gpu, ordinal: int) -> bool:
+    """Whether ``ordinal``'s fingerprints may decide what is clean: a kernel that disagrees with
+    the definition would pass changed chunks for clean ones. Asked once per device and process;
+    where it disagrees, every snapshot copies all of that device's memory, and says so once."""
+    if gpu.fingerprint_agrees(ordinal):
+        return True
+    print(f"gpusnap: warning: the fingerprint kernel disagrees with its definition on device {ordinal} "
+          f"({gpu.device(ordinal).name}): every snapshot copies all of its memory", file=sys.stderr, flush=True)
+    print("hint: snapshots stay exact, only slower; please report this with the GPU, driver and CUDA versions",
+          file=sys.stderr, flush=True)
+    return False
 
 
 def _synchronize_program(gpu, used) -> None:
