@@ -34,8 +34,21 @@ def restore(states: dict) -> None:
         import torch
 
         torch.set_rng_state(states["torch"])
-        if "torch.cuda" in states and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(states["torch.cuda"])
+        if "torch.cuda" in states:
+            _set_cuda_states(torch, states["torch.cuda"])
+
+
+def _set_cuda_states(torch, saved: list) -> None:
+    """Each GPU's generator state onto the GPU the device map gives its ordinal (none where
+    this process sees no GPU; the first saved ordinal wins where several map to one)."""
+    from gpusnap.graph.devicemap import target
+
+    done = set()
+    for ordinal, state in enumerate(saved):
+        where = target(f"cuda:{ordinal}")
+        if where != "cpu" and where not in done:
+            done.add(where)
+            torch.cuda.set_rng_state(state, where)
 
 
 # -- compact states: taken at loop starts and iteration starts, so they must be cheap -------
@@ -203,8 +216,8 @@ def restore_json(states: dict) -> None:
 
         _, _, _, torch_state, cuda = from_json(states)
         torch.set_rng_state(torch_state)
-        if cuda is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(cuda)
+        if cuda is not None:
+            _set_cuda_states(torch, cuda)
 
 
 def same(a: tuple, b: tuple) -> bool:
