@@ -284,12 +284,16 @@ def test_a_device_storage_travels_from_its_staged_range_to_a_cpu_tensor_placed_b
         pickler._reduce_device_storage(storage, ("cuda", block.base + (2 << 20), 16))
 
     count = ((1 << 20) - view_at) // 4
-    stream = pickle.dumps(_Reduced(_rebuild_tensor, (_Reduced(func, args), 0, (count,), (1,), "float32", False, None, False, None)))
+    storage_ref = _Reduced(func, args)
+    stream = pickle.dumps([_Reduced(_rebuild_tensor, (storage_ref, 0, (count,), (1,), "float32", False, None, False, None)),
+                           _Reduced(_rebuild_tensor, (storage_ref, 4, (2,), (1,), "float32", True, None, True, None))])
     saved = RunDir.open(tmp_path / "run").load_manifest("000001")["buffers"]
     placed: list = []
-    tensor = load_graph(stream, lambda name: rundir.read_buffer(saved[name]), placed)
+    tensor, param = load_graph(stream, lambda name: rundir.read_buffer(saved[name]), placed)
     assert tensor.device.type == "cpu" and tensor.tolist() == values[view_at // 4 :].tolist()
-    assert placed == [(tensor, "cuda:0")]
+    assert isinstance(param, torch.nn.Parameter) and param.tolist() == values[view_at // 4 + 4 : view_at // 4 + 6].tolist()
+    assert [(t is tensor or t is param, where) for t, where in placed] == [(True, "cuda:0")] * 2  # the objects the graph holds
+    assert param.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
     if not torch.cuda.is_available():
         assert devices.place({}, placed) == {"cuda:0": "cpu"} and tensor.device.type == "cpu"
 

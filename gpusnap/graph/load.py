@@ -138,8 +138,8 @@ def _load_device_storage(name, offset, nbytes, device):
     """A device storage (saved on ``device``, e.g. "cuda:1"), loaded as a CPU storage over its
     bytes in buffer ``name`` at ``offset``. The merge copies it into the live tensor, wherever
     the replay put that; a tensor the replay does not hold is placed afterwards
-    (``DEVICE_TENSORS``, ``restore.devices``): loading onto the GPU first would need the
-    program's GPU memory twice."""
+    (``load_graph``'s ``device_tensors``, ``restore.devices``): loading onto the GPU first would
+    need the program's GPU memory twice."""
     cache = _loading.storages
     storage = cache.get((name, offset, nbytes))
     if storage is None:
@@ -161,9 +161,6 @@ def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, i
 
     t = torch.empty(0, dtype=getattr(torch, dtype), device=storage.device)
     t.set_(storage, offset, size, stride)
-    saved_on = _loading.device_storages.get(id(storage))
-    if saved_on is not None:
-        _loading.device_tensors.append((t, saved_on))
     if is_param:
         t = torch.nn.Parameter(t, requires_grad=requires_grad)
     elif requires_grad:
@@ -172,6 +169,9 @@ def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, i
         t.grad = grad
     if attrs:
         t.__dict__.update(attrs)
+    saved_on = _loading.device_storages.get(id(storage))
+    if saved_on is not None:  # the object the graph holds: a Parameter is a tensor of its own
+        _loading.device_tensors.append((t, saved_on))
     return t
 
 
