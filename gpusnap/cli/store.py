@@ -156,8 +156,8 @@ def _device_memory(m: dict, echo) -> None:
         echo(f"  unreached on device {ordinal}: {human_bytes(nbytes)} that the allocators handed out and no object "
              f"of the program's roots holds (workspaces, autograd's saved tensors): copied, not kept")
     for ordinal, nbytes in sorted((device.get("unaccounted_bytes") or {}).items()):
-        echo(f"  unaccounted on device {ordinal}: {human_bytes(nbytes)} in use that no tracked allocation or "
-             f"object owns (not in the snapshot)")
+        echo(f"  unaccounted on device {ordinal}: {human_bytes(nbytes)} in use by nothing gpusnap reads (the CUDA "
+             f"context, libraries' own memory, allocations made outside the allocators it knows): not in the snapshot")
 
 
 @cli.command("verify")
