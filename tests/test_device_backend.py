@@ -175,6 +175,28 @@ def test_fingerprints_of_random_shapes_equal_the_reference(gpu):
         assert (out == fp.reference(data, chunk_bytes)).all(), f"seed {seed}: {nbytes=} {chunk_bytes=} {offset=}"
 
 
+def test_one_launch_fingerprints_many_ranges_each_cut_from_its_own_start(gpu):
+    # Ranges of random sizes at random places (unaligned too), some sharing an allocation, in
+    # one call, as staging makes it for every tensor of a device; the seed is in the message.
+    program, backend = gpu
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    ptr = program.alloc(4 << 20)
+    data = np.random.default_rng(seed).integers(0, 256, 4 << 20, dtype=np.uint8)
+    program.put(ptr, data)
+    ranges, at = [], 0
+    while at < (4 << 20) - 64:
+        at += rng.choice([0, 8, rng.randrange(1, 512)])
+        nbytes = min(rng.choice([rng.randrange(1, 5000), rng.randrange(1, 300_000)]), (4 << 20) - at)
+        ranges.append((at, nbytes))
+        at += nbytes
+    chunk_bytes = rng.choice([4096, 65536, 3000])
+    out = backend.fingerprint_ranges(0, [(ptr + start, n) for start, n in ranges], chunk_bytes)
+    backend.synchronize(0)
+    expected = np.concatenate([fp.reference(data[start : start + n], chunk_bytes) for start, n in ranges])
+    assert out.shape == expected.shape and (out == expected).all(), f"seed {seed}: {len(ranges)} ranges, {chunk_bytes=}"
+
+
 def test_a_forked_writer_reads_what_was_staged_into_the_registered_arena(gpu):
     """The staging arena registered with the GPU (CUDA may mark registered memory do-not-fork:
     the mapping's VmFlags are printed), device bytes copied into it, then a forked child reads
@@ -214,3 +236,18 @@ def vmflags(address: int) -> str:
 def test_the_kernel_agrees_with_the_definition_on_the_self_check(gpu):
     _, backend = gpu
     assert backend.fingerprint_agrees(0)
+
+
+def test_the_self_check_catches_a_kernel_that_miscounts(gpu, monkeypatch):
+    """A kernel that leaves out the last block of its grid (as a wrong launch size would on a
+    GPU) fingerprints some chunks wrong: the self-check says so."""
+    _, backend = gpu
+    if backend.name != "fake":
+        pytest.skip("the fake's kernel emulation is what this breaks")
+    from gpusnap.device import kernels
+    from gpusnap.device.fake import kernels as emulated
+
+    real = emulated._EMULATIONS[kernels.FINGERPRINT_ACCUMULATE.encode()]
+    monkeypatch.setitem(emulated._EMULATIONS, kernels.FINGERPRINT_ACCUMULATE.encode(),
+                        lambda m, grid, block, args: real(m, grid - 1, block, args))
+    assert not backend.fingerprint_agrees(0)

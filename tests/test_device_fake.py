@@ -347,8 +347,10 @@ def test_a_launch_with_too_few_blocks_gives_wrong_fingerprints(program):
     from gpusnap.device.fake.kernels import FINGERPRINT_IMAGE
 
     data = pattern("mixed", 1 << 17)  # 4 chunks of 32 KiB: two tiles of 256 threads x 8 words each
-    ptr, acc = program.alloc(len(data)), program.alloc(4 * 16)
+    ptr, acc, table = program.alloc(len(data)), program.alloc(4 * 16), program.alloc(4 * 16)
     program.put(ptr, data)
+    chunks = np.array([(ptr + i * (1 << 15), 1 << 15) for i in range(4)], dtype="<u8")  # address, length
+    program.put(table, chunks.view(np.uint8).reshape(-1))
     module = check("cuModuleLoadData", cu.cuModuleLoadData(FINGERPRINT_IMAGE))
     accumulate = check("cuModuleGetFunction", cu.cuModuleGetFunction(module, b"gpusnap_fp_accumulate"))
     finalize = check("cuModuleGetFunction", cu.cuModuleGetFunction(module, b"gpusnap_fp_finalize"))
@@ -356,9 +358,9 @@ def test_a_launch_with_too_few_blocks_gives_wrong_fingerprints(program):
 
     def prints(blocks: int) -> np.ndarray:
         check("cuMemsetD8", cu.cuMemsetD8(acc, 0, 4 * 16))
-        args = ((ptr, len(data), 1 << 15, 2, acc), (c.c_void_p, c.c_uint64, c.c_uint64, c.c_uint, c.c_void_p))
+        args = ((table, 4, 2, acc), (c.c_void_p, c.c_uint64, c.c_uint, c.c_void_p))
         check("cuLaunchKernel", cu.cuLaunchKernel(accumulate, blocks, 1, 1, 256, 1, 1, 0, 0, args, 0))
-        args = ((len(data), 1 << 15, 4, acc), (c.c_uint64, c.c_uint64, c.c_uint64, c.c_void_p))
+        args = ((table, 4, acc), (c.c_void_p, c.c_uint64, c.c_void_p))
         check("cuLaunchKernel", cu.cuLaunchKernel(finalize, 1, 1, 1, 256, 1, 1, 0, 0, args, 0))
         return program.get(acc, 4 * 16).reshape(4, 16)
 

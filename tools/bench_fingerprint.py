@@ -3,7 +3,7 @@
     python tools/bench_fingerprint.py [--backend cuda|fake] [--gib G] [--chunk-mib M] [--repeat N]
 
 Rows (best of N, each timed from launch to synchronize): the fingerprint of G GiB of device
-memory; a device-to-device copy of the same bytes (reads and writes them: the HBM anchor); a
+memory, as one range and as 1,000 ranges in one launch (how staging calls it); a device-to-device copy of the same bytes (reads and writes them: the HBM anchor); a
 device-to-host copy into registered host memory (the PCIe copy that a clean chunk saves). The
 goal is a fingerprint at about the speed of reading the bytes once, far below the PCIe copy.
 On the fake backend (no GPU) the numbers only show that the tool runs.
@@ -71,8 +71,11 @@ def main() -> None:
         with backend.on(0):
             check("cuMemcpyDtoDAsync", cu.cuMemcpyDtoDAsync(dst, src, nbytes, stream))
 
+    # The same bytes as 1,000 tensors, one launch for all of them, as staging fingerprints a device.
+    pieces = [(src + i * (nbytes // 1000), nbytes // 1000) for i in range(1000)]
     rows = [
         ("fingerprint", best_s(opts.repeat, lambda: backend.fingerprint(0, src, nbytes, chunk_bytes, prints), sync)),
+        ("fingerprint, 1000 ranges", best_s(opts.repeat, lambda: backend.fingerprint_ranges(0, pieces, chunk_bytes), sync)),
         ("device->device copy", best_s(opts.repeat, copy_on_device, sync)),
         ("device->host copy", best_s(opts.repeat, lambda: backend.copy_to_host(0, src, host_address, nbytes), sync)),
     ]

@@ -77,7 +77,7 @@ class GpuBackend(ABC):
         per snapshot, after the program's own work is done:
             synchronize(ordinal)              each device in use
             pointer(address)                  kind, device, allocation range of a buffer to stage
-            fingerprint(ordinal, ptr, nbytes, chunk_bytes, out)   per range, on the backend's stream
+            fingerprint_ranges(ordinal, ranges, chunk_bytes)      every range of a device, one launch
             synchronize(ordinal)              fingerprints are readable now; compare, pick dirty chunks
             copy_to_host(ordinal, ptr, dst, nbytes)               per dirty run, on the backend's stream
             synchronize(ordinal)              the staged bytes are in the arena: fork the writer
@@ -127,6 +127,12 @@ class GpuBackend(ABC):
     def fingerprint(self, ordinal: int, src: int, nbytes: int, chunk_bytes: int, out) -> None:
         """Enqueue the fingerprints (``fingerprint.py``) of every chunk of ``nbytes`` at ``src``
         into ``out``: a writable host buffer of at least chunks * 16 bytes."""
+
+    @abstractmethod
+    def fingerprint_ranges(self, ordinal: int, ranges: list, chunk_bytes: int):
+        """Enqueue the fingerprints of every chunk of every (src, nbytes) in ``ranges``, each
+        cut from its own start; returns a uint8 array (chunks of all ranges in order, 16), which
+        holds them once ``synchronize`` of ``ordinal`` returns."""
 
     @abstractmethod
     def synchronize(self, ordinal: int) -> None:

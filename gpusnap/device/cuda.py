@@ -63,6 +63,7 @@ class CudaBackend(GpuBackend):
         self._kernels: dict[int, tuple] = {}  # ordinal -> (module, accumulate, finalize)
         self._scratch: dict[int, tuple[int, int]] = {}  # ordinal -> (device pointer, nbytes)
         self._registered: dict[int, int] = {}  # host address -> the device it was registered on
+        self._keep: dict[int, list] = {}  # ordinal -> host buffers its stream has yet to read or write
 
     # ---- plumbing
 
@@ -193,6 +194,7 @@ class CudaBackend(GpuBackend):
     def synchronize(self, ordinal: int) -> None:
         with self.on(ordinal):
             self.call("cuCtxSynchronize")
+        self._keep.pop(ordinal, None)  # host buffers enqueued work read or wrote: done now
 
     def scratch(self, ordinal: int, nbytes: int) -> int:
         """A device buffer of at least ``nbytes`` owned by gpusnap (grows, never shrinks)."""
@@ -219,44 +221,64 @@ class CudaBackend(GpuBackend):
 
     def fingerprint(self, ordinal: int, src: int, nbytes: int, chunk_bytes: int, out) -> None:
         chunks = fp.chunk_count(nbytes, chunk_bytes)
-        if not chunks:
-            return
-        out_address = hostmem.address_of(out)
+        if chunks:
+            self._fingerprint_table(ordinal, [(src, nbytes)], chunk_bytes, hostmem.address_of(out))
+
+    def fingerprint_ranges(self, ordinal: int, ranges: list, chunk_bytes: int):
+        table_chunks = sum(fp.chunk_count(nbytes, chunk_bytes) for _, nbytes in ranges)
+        out = np.zeros((table_chunks, fp.FINGERPRINT_NBYTES), np.uint8)
+        if table_chunks:
+            self._fingerprint_table(ordinal, ranges, chunk_bytes, out.ctypes.data)
+            self._keep.setdefault(ordinal, []).append(out)
+        return out
+
+    def _fingerprint_table(self, ordinal: int, ranges: list, chunk_bytes: int, out_address: int) -> None:
+        """Enqueue the fingerprints of every chunk of ``ranges`` into the host buffer at
+        ``out_address``: the chunk table goes to the device, then one accumulate and one
+        finalize launch cover every chunk (``fingerprint.cu``)."""
+        table = np.array([(src + start, length) for src, nbytes in ranges
+                          for start, length in fp.chunk_spans(nbytes, chunk_bytes)], dtype="<u8")
+        chunks = len(table)
         u64, ptr, uint = ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint
         with self.on(ordinal):
             _, accumulate, finalize = self._fingerprint_kernels(ordinal)
             stream = self.stream(ordinal)
-            acc = self.scratch(ordinal, chunks * fp.FINGERPRINT_NBYTES)
+            acc = self.scratch(ordinal, 2 * chunks * fp.FINGERPRINT_NBYTES)
+            on_device = acc + chunks * fp.FINGERPRINT_NBYTES  # the table, after the sums
+            self._keep.setdefault(ordinal, []).append(table)  # read when the stream gets there
+            self.call("cuMemcpyHtoDAsync", on_device, table.ctypes.data, table.nbytes, stream)
             self.call("cuMemsetD8Async", acc, 0, chunks * fp.FINGERPRINT_NBYTES, stream)
             threads = kernels.FINGERPRINT_THREADS
             tile_bytes = threads * kernels.FINGERPRINT_WORDS_PER_THREAD * 8
             # Blocks per chunk: enough for the whole launch to fill the GPU, never more than the
-            # chunk has tiles; each block strides over its chunk, so any count covers it all.
+            # largest chunk has tiles; each block strides over its chunk, so any count covers it.
             wanted = -(-kernels.FINGERPRINT_TARGET_BLOCKS // chunks)
             per_chunk = max(1, min(-(-chunk_bytes // tile_bytes), wanted))
-            args = ((src, nbytes, chunk_bytes, per_chunk, acc), (ptr, u64, u64, uint, ptr))
+            args = ((on_device, chunks, per_chunk, acc), (ptr, u64, uint, ptr))
             self.call("cuLaunchKernel", accumulate, chunks * per_chunk, 1, 1, threads, 1, 1, 0, stream, args, 0)
-            args = ((nbytes, chunk_bytes, chunks, acc), (u64, u64, u64, ptr))
+            args = ((on_device, chunks, acc), (ptr, u64, ptr))
             self.call("cuLaunchKernel", finalize, -(-chunks // threads), 1, 1, threads, 1, 1, 0, stream, args, 0)
             self.call("cuMemcpyDtoHAsync", out_address, acc, chunks * fp.FINGERPRINT_NBYTES, stream)
 
     def fingerprint_agrees(self, ordinal: int) -> bool:
-        """Fingerprint a few chunks of known bytes on ``ordinal`` and compare with the NumPy
-        definition: a kernel that disagrees (a compiler, driver or architecture it was never
-        run on) would pass changed chunks for clean ones, so staging asks this once per device
-        before it trusts a fingerprint."""
+        """Fingerprint known bytes on ``ordinal`` (two ranges, one unaligned, chunks of every
+        length the table can hold) and compare with the NumPy definition: a kernel that
+        disagrees (a compiler, driver or architecture it was never run on) would pass changed
+        chunks for clean ones, so staging asks this once per device before it trusts one."""
         chunk_bytes = 4096
-        data = np.frombuffer(np.random.default_rng(20261125).bytes(3 * chunk_bytes + 13), np.uint8)
-        out = np.zeros((fp.chunk_count(len(data), chunk_bytes), fp.FINGERPRINT_NBYTES), np.uint8)
+        data = np.frombuffer(np.random.default_rng(20261125).bytes(5 * chunk_bytes + 13), np.uint8)
+        first, second = data[: 3 * chunk_bytes + 5], data[3 * chunk_bytes + 5 :]
         with self.on(ordinal):
-            ptr = int(self.call("cuMemAlloc", len(data) + 8))
+            ptr = int(self.call("cuMemAlloc", len(data) + 16))
             try:
-                self.call("cuMemcpyHtoD", ptr + 8, data.ctypes.data, len(data))  # unaligned, as ranges can be
-                self.fingerprint(ordinal, ptr + 8, len(data), chunk_bytes, out)
-                self.call("cuCtxSynchronize")
+                self.call("cuMemcpyHtoD", ptr, first.ctypes.data, len(first))
+                self.call("cuMemcpyHtoD", ptr + len(first) + 11, second.ctypes.data, len(second))
+                out = self.fingerprint_ranges(ordinal, [(ptr, len(first)), (ptr + len(first) + 11, len(second))], chunk_bytes)
+                self.synchronize(ordinal)
             finally:
                 self.call("cuMemFree", ptr)
-        return bool((out == fp.reference(data, chunk_bytes)).all())
+        expected = np.concatenate([fp.reference(first, chunk_bytes), fp.reference(second, chunk_bytes)])
+        return bool((out == expected).all())
 
     def memory_used(self, ordinal: int) -> int:
         with self.on(ordinal):

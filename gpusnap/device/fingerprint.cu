@@ -1,9 +1,11 @@
 // gpusnap dirty-chunk fingerprint: the GPU side of gpusnap/device/fingerprint.py, whose
 // docstring is the definition; this file must give the same 16 bytes per chunk, bit for bit.
 //
-// Launch order (gpusnap/device/cuda.py): zero `acc` (2 u64 per chunk), then
+// Launch order (gpusnap/device/cuda.py): a chunk table in device memory (per chunk: its device
+// address and its length in bytes, two u64), `acc` zeroed (2 u64 per chunk), then
 // gpusnap_fp_accumulate over grid (blocks_per_chunk * chunks), then gpusnap_fp_finalize over
-// the chunks, in place. Compiled by NVRTC; no headers, so it builds with nothing but NVRTC.
+// the chunks, in place. One launch covers every chunk of every range of a device, wherever they
+// lie. Compiled by NVRTC; no headers, so it builds with nothing but NVRTC.
 
 typedef unsigned long long u64;
 
@@ -42,13 +44,12 @@ __device__ __forceinline__ u64 gpusnap_warp_sum(u64 v) {
 }
 
 extern "C" __global__ void gpusnap_fp_accumulate(
-    const unsigned char* base, u64 nbytes, u64 chunk_bytes, unsigned int blocks_per_chunk, u64* acc) {
+    const u64* table, u64 chunks, unsigned int blocks_per_chunk, u64* acc) {
     const u64 chunk = blockIdx.x / blocks_per_chunk;
     const u64 tile = blockIdx.x % blocks_per_chunk;
-    const u64 start = chunk * chunk_bytes;
-    if (start >= nbytes) return;
-    const u64 n = (nbytes - start < chunk_bytes) ? nbytes - start : chunk_bytes;
-    const unsigned char* p = base + start;
+    if (chunk >= chunks) return;  // the same for every thread of the block
+    const unsigned char* p = (const unsigned char*)table[2 * chunk];
+    const u64 n = table[2 * chunk + 1];
     const bool aligned = (((u64)p) & 7) == 0;
     const u64 words = (n + 7) / 8;
     const u64 tile_words = (u64)blockDim.x * GPUSNAP_WORDS_PER_THREAD;
@@ -99,11 +100,10 @@ extern "C" __global__ void gpusnap_fp_accumulate(
 
 // acc[2c], acc[2c+1] become the chunk's fingerprint (lo, hi): on a little-endian device the
 // array's bytes are then exactly the reference's 16 bytes per chunk.
-extern "C" __global__ void gpusnap_fp_finalize(u64 nbytes, u64 chunk_bytes, u64 chunks, u64* acc) {
+extern "C" __global__ void gpusnap_fp_finalize(const u64* table, u64 chunks, u64* acc) {
     const u64 c = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= chunks) return;
-    const u64 start = c * chunk_bytes;
-    const u64 n = (nbytes - start < chunk_bytes) ? nbytes - start : chunk_bytes;
+    const u64 n = table[2 * c + 1];
     acc[2 * c] = gpusnap_fin(acc[2 * c] ^ n);
     acc[2 * c + 1] = gpusnap_fin(acc[2 * c + 1] + n * GPUSNAP_K0);
 }

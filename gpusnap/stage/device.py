@@ -193,13 +193,21 @@ def _stage(snap_id: str, ranges: list, paranoid: bool) -> DeviceStage:
     for ordinal in used:
         if ordinal not in _state.trusted:
             _state.trusted[ordinal] = _trust(gpu, ordinal)
-    prints = {}
+    wanted: dict[int, list] = {}  # device -> its ranges to fingerprint, all in one launch
     for r in ranges:
         if r.nbytes >= knobs.FINGERPRINT_MIN_BYTES and _state.trusted.get(r.device):
-            prints[r.name] = out = np.zeros((fp.chunk_count(r.nbytes, chunk_bytes), fp.FINGERPRINT_NBYTES), np.uint8)
-            gpu.fingerprint(r.device, r.base, r.nbytes, chunk_bytes, out)
+            wanted.setdefault(r.device, []).append(r)
+    tables = {device: gpu.fingerprint_ranges(device, [(r.base, r.nbytes) for r in found], chunk_bytes)
+              for device, found in wanted.items()}
     for ordinal in used:
         gpu.synchronize(ordinal)
+    prints = {}
+    for device, found in wanted.items():
+        at = 0
+        for r in found:
+            count = fp.chunk_count(r.nbytes, chunk_bytes)
+            prints[r.name] = tables[device][at : at + count]
+            at += count
     previous = _state.fingerprints if _state.of is not None and not paranoid else {}
     spans = {r.name: fp.chunk_spans(r.nbytes, chunk_bytes) for r in ranges}
     dirty = {r.name: fp.dirty_chunks(previous.get(r.name), prints[r.name]) if r.name in prints else range(len(spans[r.name]))

@@ -2,7 +2,8 @@
 here). The fake cannot run machine code, so it loads only gpusnap's own kernels, from
 ``FINGERPRINT_IMAGE``, and runs each launch as a NumPy emulation that follows the kernel's
 work split: block ``b`` of the accumulate kernel adds the words of tiles ``b % per_chunk``,
-``b % per_chunk + per_chunk``, ... of chunk ``b // per_chunk``, as ``fingerprint.cu`` does. A
+``b % per_chunk + per_chunk``, ... of chunk ``b // per_chunk`` of the chunk table (its
+address and length in device memory, as the launch gives it), as ``fingerprint.cu`` does. A
 launch with too few blocks, arguments out of order or an accumulator left dirty gives wrong
 fingerprints here as it would on a GPU; the kernel's own arithmetic is checked on a GPU only.
 """
@@ -29,17 +30,16 @@ def _u64s(m, address: int, count: int) -> np.ndarray:
 
 
 def _accumulate(m, grid: int, block: int, args) -> None:
-    base, nbytes, chunk_bytes, per_chunk, acc = args
-    chunks = fp.chunk_count(nbytes, chunk_bytes)
+    table, chunks, per_chunk, acc = args
+    entries = _u64s(m, table, 2 * chunks)
     sums = _u64s(m, acc, 2 * chunks)
     tile_words = block * real_kernels.FINGERPRINT_WORDS_PER_THREAD
     # Block b works on chunk b // per_chunk, tiles b % per_chunk + k * per_chunk: so a chunk gets
     # the tiles whose (index % per_chunk) is one of the block numbers launched for it.
     for chunk in range(min(chunks, -(-grid // per_chunk))):
         launched = min(per_chunk, grid - chunk * per_chunk)
-        start = chunk * chunk_bytes
-        n = min(chunk_bytes, nbytes - start)
-        data = np.frombuffer(hostmem.view_at(m.device_address(base + start, n, "CUDA_ERROR_ILLEGAL_ADDRESS"), n), np.uint8)
+        address, n = int(entries[2 * chunk]), int(entries[2 * chunk + 1])
+        data = np.frombuffer(hostmem.view_at(m.device_address(address, n, "CUDA_ERROR_ILLEGAL_ADDRESS"), n), np.uint8)
         for lane, terms in enumerate(fp.word_terms(data)):
             tiles = _tile_sums(terms, tile_words)
             covered = np.arange(len(tiles)) % per_chunk < launched
@@ -54,10 +54,11 @@ def _tile_sums(terms: np.ndarray, tile_words: int) -> np.ndarray:
 
 
 def _finalize(m, grid: int, block: int, args) -> None:
-    nbytes, chunk_bytes, chunks, acc = args
+    table, chunks, acc = args
+    entries = _u64s(m, table, 2 * chunks)
     sums = _u64s(m, acc, 2 * chunks)
     for c in range(min(chunks, grid * block)):
-        n = min(chunk_bytes, nbytes - c * chunk_bytes)
+        n = int(entries[2 * c + 1])
         sums[2 * c : 2 * c + 2] = np.frombuffer(fp.finalize(int(sums[2 * c]), int(sums[2 * c + 1]), n), dtype="<u8")
 
 
