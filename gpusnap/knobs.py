@@ -129,10 +129,9 @@ FAKE_DEVICE_BYTES = _int("FAKE_DEVICE_BYTES", 1 << 30)
 DEVICE = _choice("DEVICE", "cuda", ("cuda", "fake"))
 # 1: every snapshot copies every chunk of device memory, fingerprints notwithstanding (--paranoid).
 PARANOID = _int("PARANOID", 0)
-# Device ranges smaller than this are copied whole at every snapshot, without a fingerprint: a
-# copy of a few hundred KiB costs about what one fingerprint launch does, and torch holds
-# thousands of small tensors (biases, norms). The store still writes only chunks it lacks.
-FINGERPRINT_MIN_BYTES = _int("FINGERPRINT_MIN_BYTES", 256 << 10)
+# Device ranges smaller than this are copied whole at every snapshot, without a fingerprint.
+# 0: every range is fingerprinted (a range costs one more row of the one launch per device).
+FINGERPRINT_MIN_BYTES = _int("FINGERPRINT_MIN_BYTES", 0)
 # Two device->host copies on one device this close together become one copy of both and the
 # bytes between: torch's allocator rounds blocks up, so its neighbours rarely touch.
 COPY_GAP_BYTES = _int("COPY_GAP_BYTES", 64 << 10)

@@ -14,9 +14,7 @@ import pytest
 from harness import Run, _env, copy_programs, gpusnap, progress, request_snapshot, wait_for
 
 CHUNK = 64 << 10
-# Every range fingerprinted, however small: these tests hold copies to exactly the changed chunks.
-FAKE = {"GPUSNAP_DEVICE": "fake", "GPUSNAP_CHUNK_BYTES": str(CHUNK), "GPUSNAP_FINGERPRINT_MIN_BYTES": "0",
-        "TEST_STEP_SLEEP_S": "0"}
+FAKE = {"GPUSNAP_DEVICE": "fake", "GPUSNAP_CHUNK_BYTES": str(CHUNK), "TEST_STEP_SLEEP_S": "0"}
 PACED = {"TEST_STEP_SLEEP_S": "0.05"}
 STEPS = 60
 

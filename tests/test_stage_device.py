@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from device_helpers import Program, in_child
+from gpusnap import knobs
 from gpusnap.device import fake, tracking
 from gpusnap.device.backend import ORIGINAL_ATTR, AllocKind
 from gpusnap.device.calls import check
@@ -208,7 +209,8 @@ def test_neighbouring_blocks_are_copied_as_one_and_found_by_address(blocks, monk
     assert stage.allocations == []
 
 
-def test_small_ranges_are_copied_whole_at_every_snapshot(blocks):
+def test_ranges_under_the_fingerprint_floor_are_copied_whole_at_every_snapshot(blocks, monkeypatch):
+    monkeypatch.setattr(knobs, "FINGERPRINT_MIN_BYTES", 256 << 10)  # GPUSNAP_FINGERPRINT_MIN_BYTES
     small = blocks(0, 64 << 10, 7)
     staging.stage_device_memory("000001", committed())
     again = staging.stage_device_memory("000002", committed(ANY))

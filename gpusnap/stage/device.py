@@ -188,8 +188,6 @@ def _stage(snap_id: str, ranges: list, paranoid: bool) -> DeviceStage:
     used = gpu.devices_in_use()
     _synchronize_program(gpu, used)
     chunk_bytes = knobs.CHUNK_BYTES
-    # A small range is copied whole, unfingerprinted: its copy costs about what a fingerprint
-    # launch does, and torch hands out thousands of them (biases, norms, scalars).
     for ordinal in used:
         if ordinal not in _state.trusted:
             _state.trusted[ordinal] = _trust(gpu, ordinal)
