@@ -34,7 +34,7 @@ SLOW = {**ENV, "TEST_STEP_SLEEP_S": "0.05"}
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 
 # name: (program under programs/cuda, steps, runs on the CPU in CI too)
-PROGRAMS = {"cnn": ("cnn.py", 60, True), "gpt": ("gpt.py", 40, False)}
+PROGRAMS = {"cnn": ("cnn.py", 40, True), "gpt": ("gpt.py", 40, False)}
 
 
 def manifest(run_dir, snap_id: str) -> dict:
