@@ -284,3 +284,51 @@ class Forwarding:
 def test_a_forwarding_wrapper_loads_without_asking_itself_for_setstate(tmp_path, iterative):
     snap, _ = snapshot_and_load(tmp_path, {"w": Forwarding([1, 2])}, iterative)
     assert snap["w"]._wrapped == [1, 2] and snap["w"].count(2) == 1
+
+
+def make_closures(seed: int):
+    """A factory in the way training code writes one: an optimizer-like state and a counter that
+    only the returned closures hold (two closures share the cells), and a local function that
+    calls itself (its cell holds the function: a cycle through the closure)."""
+    state = {"momentum": torch.full((3,), float(seed)), "steps": [seed]}
+    count = seed
+
+    def step(x):
+        nonlocal count
+        count += 1
+        state["momentum"].mul_(0.9).add_(x)
+        state["steps"].append(count)
+        return count
+
+    def report():
+        return count, state
+
+    def countdown(n):
+        return n if n <= 0 else countdown(n - 1)
+
+    return {"step": step, "report": report, "countdown": countdown}
+
+
+@pytest.mark.parametrize("iterative", [False, True], ids=["c-pickler", "iterative-pickler"])
+def test_what_closures_hold_merges_into_the_replayed_closures(tmp_path, iterative):
+    trained = make_closures(1)
+    for x in (1.0, 2.0, 3.0):
+        trained["step"](torch.full((3,), x))
+    snap, pickler = snapshot_and_load(tmp_path, trained, iterative)
+    assert {name for _, name in pickler.live_only} == {"builtins.function"}
+
+    live = make_closures(0)  # the replay's: made anew, nothing stepped yet
+    kept = dict(live)
+    merge_into(live, snap)
+    assert all(live[name] is kept[name] for name in kept)  # the replay's functions, their cells merged
+    count, state = live["report"]()
+    assert count == 4 and state["steps"] == [1, 2, 3, 4]
+    assert torch.equal(state["momentum"], trained["report"]()[1]["momentum"])
+    assert live["step"](torch.zeros(3)) == 5 and live["report"]()[0] == 5  # the cells are still shared
+    assert live["countdown"](3) == 0
+
+
+def test_a_closure_of_another_function_at_its_place_refuses(tmp_path):
+    snap, _ = snapshot_and_load(tmp_path, {"fn": make_closures(1)["step"]})
+    with pytest.raises(StateMismatch, match=r"root\['fn'\]: the snapshot holds function make_closures.<locals>.step here, the replayed program make_closures.<locals>.report"):
+        merge_into({"fn": make_closures(0)["report"]}, snap)

@@ -11,6 +11,9 @@ intercepts, through ``reducer_override``:
   generators, DataLoaders and their iterators, functions that cannot be found by name, anything
   whose ``__reduce_ex__`` raises) -> ``_live_only(serial, type)``: restore keeps the object the
   replayed program built at that place.
+- local functions with a closure -> ``_live_function(serial, type)`` with what their cells hold
+  as its state: restore keeps the replayed function and merges the cells' contents into its
+  cells (an optimizer that only a ``train_step`` closure refers to).
 
 Buffer bytes never pass through the pickle stream: ``sink.put_buffer`` receives a memoryview over
 the storage's own memory (the fork gave the writer a consistent copy), so the stream holds only
@@ -42,6 +45,7 @@ from gpusnap.graph.load import (  # noqa: F401  (re-exported: older snapshots na
     _construct,
     _device_pointer,
     _raw_ndarray,
+    _live_function,
     _live_only,
     _load_storage,
     _module_attribute,
@@ -181,6 +185,8 @@ class GraphPickler(pickle.Pickler):
             return NotImplemented
         if type(obj) in (types.MethodType, types.BuiltinFunctionType):
             return self._reduce_method(obj)
+        if type(obj) is types.FunctionType and obj.__closure__:
+            return self._live_function(obj)
         if isinstance(obj, (type, types.FunctionType)):
             return self._live(obj)
         if not _findable(type(obj)):
@@ -212,6 +218,20 @@ class GraphPickler(pickle.Pickler):
         except Exception:
             return self._live(obj)
         return _guarded(obj, rv) if isinstance(rv, tuple) else self._live(obj)
+
+    def _live_function(self, obj):
+        """A closure: live-only, with its cells' contents as the placeholder's state (pickled after
+        the placeholder is memoized, so a cell that refers back to the function is no cycle)."""
+        _, args = self._live(obj)
+        cells = {}
+        for name, cell in zip(obj.__code__.co_freevars, obj.__closure__):
+            if name == "__class__":  # zero-argument super()'s: the class, which replay defines anew
+                continue
+            try:
+                cells[name] = cell.cell_contents
+            except ValueError:  # a variable not bound yet
+                continue
+        return _live_function, args, (obj.__code__.co_qualname, cells)
 
     def _live(self, obj):
         serial = len(self.live_only)

@@ -5,6 +5,8 @@ importable by both sides: restore must never import capture. Placeholders:
 
 - ``LiveOnly`` stands where the snapshot held an object it does not capture (a file, a
   DataLoader iterator, a module): restore keeps the object the replayed program built there;
+- ``LiveFunction``, a ``LiveOnly`` for a local function (a closure): restore keeps the replayed
+  function, and merges what the snapshot's cells held into its cells;
 - ``Unbuilt`` stands where an object was captured but cannot be rebuilt in this process (its
   constructor refused an argument that is itself live-only, such as a ``functools.partial`` of a
   local function): restore keeps the replayed object there, and refuses if there is none.
@@ -83,11 +85,30 @@ class Unbuilt:
         pass
 
 
+class LiveFunction(LiveOnly):
+    """Stands where the snapshot held a local function: the function is the replay's, but its
+    closure cells hold state the program goes on with (an optimizer a factory made and only a
+    ``train_step`` closure refers to). ``cells``: {free variable name: what the cell held}."""
+
+    __slots__ = ("qualname", "cells")
+
+    def __init__(self, serial: int, type_name: str):
+        super().__init__(serial, type_name)
+        self.qualname, self.cells = "", {}
+
+    def __setstate__(self, state) -> None:  # after the placeholder is memoized: cells may hold it
+        self.qualname, self.cells = state
+
+
 _loading = threading.local()
 
 
 def _live_only(serial, name):
     return LiveOnly(serial, name)
+
+
+def _live_function(serial, name):
+    return LiveFunction(serial, name)
 
 
 def _construct(func, args, type_name):

@@ -12,6 +12,9 @@
 - a live-only placeholder keeps the live object; so does an object that could not be rebuilt;
   where the replayed program has no object at that place (inside a merged object or container),
   that is an error: the program would meet None where it held a live object;
+- a local function keeps the live one, and what the snapshot's closure cells held is merged
+  into the live function's cells, by free variable name (a function of another name there is a
+  ``StateMismatch``);
 - anything without a live counterpart of the same type waits: the same snapshot object may
   still be met at a place that has one (``best = model`` found before ``model``). ``finish``
   settles each such place with the live counterpart found meanwhile, or *adopts* the snapshot's
@@ -35,7 +38,7 @@ import sys
 import types
 
 from gpusnap.errors import StateMismatch
-from gpusnap.graph.load import LiveOnly, Unbuilt
+from gpusnap.graph.load import LiveFunction, LiveOnly, Unbuilt
 from gpusnap.graph.walk import ATOMS as _ATOMS
 from gpusnap.graph.walk import Path
 from gpusnap.graph.walk import key_text as _key_text
@@ -48,6 +51,18 @@ class _Steps:
 
     def __init__(self, gen):
         self.gen = gen
+
+
+class _Cell:
+    """A closure cell as a one-slot container, for ``_store`` (and ``finish``'s fixups)."""
+
+    __slots__ = ("cell",)
+
+    def __init__(self, cell):
+        self.cell = cell
+
+    def __setitem__(self, _key, value) -> None:
+        self.cell.cell_contents = value
 
 
 class _Pending:
@@ -70,6 +85,7 @@ class Merger:
         self._fixups: list = []  # (container, key, _Pending): slots that wait for finish()
         self._building: set[int] = set()  # snapshot tuples whose items are being merged
         self._live_only: dict[int, object] = {}  # id(LiveOnly) -> the live object first placed for it
+        self._cells_merged: set[int] = set()  # ids of the LiveFunctions whose cells are merged
         self.path: Path | str = ""  # the place being merged, for errors raised outside the merger
         self.tensors = 0
         self.nbytes = 0
@@ -159,6 +175,9 @@ class Merger:
                 # inside a framework's fetcher): it cannot continue from this state.
                 why = f"cannot be rebuilt here ({snap.error})" if isinstance(snap, Unbuilt) else "is not captured (live-only)"
                 raise StateMismatch(f"{path}: the snapshot's {snap.type_name} {why}, and the replayed program has nothing at this place")
+            if isinstance(snap, LiveFunction) and live is not None and id(snap) not in self._cells_merged:
+                self._cells_merged.add(id(snap))
+                return _Steps(self._merge_cells(live, snap, path))
             return live
         torch = self._torch
         done = self.aligned.get(id(snap), _MISSING)
@@ -314,6 +333,23 @@ class Merger:
             self._store(live_attrs, name, (yield (live_attrs.get(name), value, path + f".{name}")))
         # Attributes the snapshot lacks stay: a class whose __getstate__ leaves some out
         # (torch's optimizers keep only defaults, state and param_groups) rebuilds them itself.
+        return live
+
+    def _merge_cells(self, live, snap: LiveFunction, path: Path):
+        code = getattr(live, "__code__", None)
+        if type(live) is not types.FunctionType or code.co_qualname != snap.qualname:
+            found = code.co_qualname if type(live) is types.FunctionType else type(live).__name__
+            raise StateMismatch(f"{path}: the snapshot holds function {snap.qualname} here, the replayed program {found}")
+        cells = {name: (i, cell) for i, (name, cell) in enumerate(zip(code.co_freevars, live.__closure__ or ()))}
+        for name, value in snap.cells.items():
+            if name not in cells:
+                raise StateMismatch(f"{path}: the replayed {snap.qualname} has no variable {name} in its closure")
+            i, cell = cells[name]
+            try:
+                current = cell.cell_contents
+            except ValueError:  # not bound in the replay yet
+                current = None
+            self._store(_Cell(cell), None, (yield (current, value, path + f".__closure__[{i}].cell_contents")))
         return live
 
     # -- adopted objects -----------------------------------------------------------------
