@@ -51,6 +51,11 @@ TRAINERS = {
         "started the DataLoaderShard iterator at",
     ),
     "accelerate": ("accelerate", "accelerate_loop.py", ["--epochs", "4"], (15,), "0.1", "in main to iteration"),
+    # a compute_loss subclass, a callback with state, a collator, evaluations during training: the
+    # snapshot comes after one (the evaluation's prepared DataLoader, which the replay never makes)
+    "transformers-custom": (
+        "transformers", "hf_custom.py", [], (10,), "0.15", "started the DataLoaderShard iterator at",
+    ),
 }
 
 

@@ -88,7 +88,13 @@ _ALWAYS_LIVE = (
 # written for sending a copy elsewhere.
 LIVE_NAMES: set[str] = set()
 WHOLE_STATE: set[str] = set()
+# "module.Qualname" -> attributes the snapshot leaves out, so that restore keeps what the replay
+# holds there: a framework's references to live objects that the replay, which skips the
+# iterations that made some of them, cannot hold alike (accelerate's list of every DataLoader it
+# prepared, the evaluations' included).
+REPLAYED_ATTRS: dict[str, frozenset[str]] = {}
 _named: dict[tuple[type, int], bool] = {}
+_replayed_attrs_of: dict[type, frozenset[str]] = {}
 
 
 def _is_named(cls, names: set[str]) -> bool:
@@ -96,6 +102,14 @@ def _is_named(cls, names: set[str]) -> bool:
     found = _named.get(key)
     if found is None:
         found = _named[key] = any(f"{k.__module__}.{k.__qualname__}" in names for k in cls.__mro__)
+    return found
+
+
+def _replayed_attrs(cls) -> frozenset[str]:
+    found = _replayed_attrs_of.get(cls)
+    if found is None:
+        names = (REPLAYED_ATTRS.get(f"{k.__module__}.{k.__qualname__}", ()) for k in cls.__mro__)
+        found = _replayed_attrs_of[cls] = frozenset().union(*names)
     return found
 
 
@@ -196,6 +210,9 @@ class GraphPickler(pickle.Pickler):
             rv = reducer(obj) if reducer is not None else obj.__reduce_ex__(PROTOCOL)
             if WHOLE_STATE and _is_named(type(obj), WHOLE_STATE) and isinstance(rv, tuple) and len(rv) > 2 and isinstance(rv[2], dict):
                 rv = (*rv[:2], dict(vars(obj)), *rv[3:])
+            if REPLAYED_ATTRS and isinstance(rv, tuple) and len(rv) > 2 and isinstance(rv[2], dict) and _replayed_attrs(type(obj)):
+                left_out = _replayed_attrs(type(obj))
+                rv = (*rv[:2], {k: v for k, v in rv[2].items() if k not in left_out}, *rv[3:])
             return _guarded(obj, rv)
         except Exception:
             return self._live(obj)
