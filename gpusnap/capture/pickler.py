@@ -14,6 +14,9 @@ intercepts, through ``reducer_override``:
 - local functions with a closure -> ``_live_function(serial, type)`` with what their cells hold
   as its state: restore keeps the replayed function and merges the cells' contents into its
   cells (an optimizer that only a ``train_step`` closure refers to).
+- instances of classes that cannot be found by name (defined inside a function, or made at run
+  time: torch's ``ParametrizedLinear``) -> ``_live_object(serial, type)`` with their attributes as
+  its state: restore keeps the replayed object and merges the attributes into it.
 
 Buffer bytes never pass through the pickle stream: ``sink.put_buffer`` receives a memoryview over
 the storage's own memory (the fork gave the writer a consistent copy), so the stream holds only
@@ -46,6 +49,7 @@ from gpusnap.graph.load import (  # noqa: F401  (re-exported: older snapshots na
     _device_pointer,
     _raw_ndarray,
     _live_function,
+    _live_object,
     _live_only,
     _load_storage,
     _module_attribute,
@@ -204,7 +208,7 @@ class GraphPickler(pickle.Pickler):
         if isinstance(obj, (type, types.FunctionType)):
             return self._live(obj)
         if not _findable(type(obj)):
-            return self._live(obj)
+            return self._live_object(obj)
         try:
             reducer = copyreg.dispatch_table.get(type(obj))
             rv = reducer(obj) if reducer is not None else obj.__reduce_ex__(PROTOCOL)
@@ -249,6 +253,22 @@ class GraphPickler(pickle.Pickler):
             except ValueError:  # a variable not bound yet
                 continue
         return _live_function, args, (obj.__code__.co_qualname, cells)
+
+    def _live_object(self, obj):
+        """An object whose class pickle cannot name: live-only, with its ``__dict__`` and slots as
+        the placeholder's state. Not what its ``__getstate__`` gives (a parametrized module's
+        refuses): restore merges these into the replay's object, and never builds one."""
+        _, args = self._live(obj)
+        attrs = getattr(obj, "__dict__", None)
+        slots = {}
+        for name in copyreg._slotnames(type(obj)):
+            try:
+                slots[name] = object.__getattribute__(obj, name)
+            except AttributeError:  # a slot not set
+                continue
+        if not isinstance(attrs, dict) and not slots:
+            return _live_only, args
+        return _live_object, args, (type(obj).__qualname__, dict(attrs or {}), slots)
 
     def _live(self, obj):
         serial = len(self.live_only)

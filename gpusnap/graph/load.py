@@ -7,6 +7,10 @@ importable by both sides: restore must never import capture. Placeholders:
   DataLoader iterator, a module): restore keeps the object the replayed program built there;
 - ``LiveFunction``, a ``LiveOnly`` for a local function (a closure): restore keeps the replayed
   function, and merges what the snapshot's cells held into its cells;
+- ``LiveObject``, a ``LiveOnly`` for an instance of a class that cannot be found by name (one
+  defined inside a function, or made at run time as torch's parametrizations make
+  ``ParametrizedLinear``): restore keeps the replayed object and merges the snapshot's
+  attributes into it;
 - ``Unbuilt`` stands where an object was captured but cannot be rebuilt in this process (its
   constructor refused an argument that is itself live-only, such as a ``functools.partial`` of a
   local function): restore keeps the replayed object there, and refuses if there is none.
@@ -100,6 +104,21 @@ class LiveFunction(LiveOnly):
         self.qualname, self.cells = state
 
 
+class LiveObject(LiveOnly):
+    """Stands where the snapshot held an instance of a class that cannot be found by name: the
+    object is the replay's, its state the snapshot's. ``attrs``: its ``__dict__``; ``slots``:
+    its slot values."""
+
+    __slots__ = ("qualname", "attrs", "slots")
+
+    def __init__(self, serial: int, type_name: str):
+        super().__init__(serial, type_name)
+        self.qualname, self.attrs, self.slots = "", {}, {}
+
+    def __setstate__(self, state) -> None:  # after the placeholder is memoized: attributes may hold it
+        self.qualname, self.attrs, self.slots = state
+
+
 _loading = threading.local()
 
 
@@ -109,6 +128,10 @@ def _live_only(serial, name):
 
 def _live_function(serial, name):
     return LiveFunction(serial, name)
+
+
+def _live_object(serial, name):
+    return LiveObject(serial, name)
 
 
 def _construct(func, args, type_name):

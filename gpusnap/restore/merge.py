@@ -14,7 +14,9 @@
   that is an error: the program would meet None where it held a live object;
 - a local function keeps the live one, and what the snapshot's closure cells held is merged
   into the live function's cells, by free variable name (a function of another name there is a
-  ``StateMismatch``);
+  ``StateMismatch``); an object of a class pickle cannot name (defined inside a function, made at
+  run time) keeps the live one, and its attributes are merged as above (another class there is
+  a ``StateMismatch``);
 - anything without a live counterpart of the same type waits: the same snapshot object may
   still be met at a place that has one (``best = model`` found before ``model``). ``finish``
   settles each such place with the live counterpart found meanwhile, or *adopts* the snapshot's
@@ -38,7 +40,7 @@ import sys
 import types
 
 from gpusnap.errors import StateMismatch
-from gpusnap.graph.load import LiveFunction, LiveOnly, Unbuilt
+from gpusnap.graph.load import LiveFunction, LiveObject, LiveOnly, Unbuilt
 from gpusnap.graph.walk import ATOMS as _ATOMS
 from gpusnap.graph.walk import Path
 from gpusnap.graph.walk import key_text as _key_text
@@ -65,6 +67,18 @@ class _Cell:
         self.cell.cell_contents = value
 
 
+class _Attr:
+    """An object's slots as a container, for ``_store``."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __setitem__(self, name, value) -> None:
+        setattr(self.obj, name, value)
+
+
 class _Pending:
     """A place whose snapshot object had no live counterpart when met."""
 
@@ -85,7 +99,7 @@ class Merger:
         self._fixups: list = []  # (container, key, _Pending): slots that wait for finish()
         self._building: set[int] = set()  # snapshot tuples whose items are being merged
         self._live_only: dict[int, object] = {}  # id(LiveOnly) -> the live object first placed for it
-        self._cells_merged: set[int] = set()  # ids of the LiveFunctions whose cells are merged
+        self._state_merged: set[int] = set()  # ids of the LiveFunctions and LiveObjects merged
         self.path: Path | str = ""  # the place being merged, for errors raised outside the merger
         self.tensors = 0
         self.nbytes = 0
@@ -175,9 +189,13 @@ class Merger:
                 # inside a framework's fetcher): it cannot continue from this state.
                 why = f"cannot be rebuilt here ({snap.error})" if isinstance(snap, Unbuilt) else "is not captured (live-only)"
                 raise StateMismatch(f"{path}: the snapshot's {snap.type_name} {why}, and the replayed program has nothing at this place")
-            if isinstance(snap, LiveFunction) and live is not None and id(snap) not in self._cells_merged:
-                self._cells_merged.add(id(snap))
-                return _Steps(self._merge_cells(live, snap, path))
+            if isinstance(snap, (LiveFunction, LiveObject)) and live is not None and id(snap) not in self._state_merged:
+                self._state_merged.add(id(snap))
+                if isinstance(snap, LiveFunction):
+                    return _Steps(self._merge_cells(live, snap, path))
+                if type(live).__qualname__ != snap.qualname:
+                    raise StateMismatch(f"{path}: the snapshot holds a {snap.qualname} here, the replayed program a {type(live).__qualname__}")
+                return _Steps(self._merge_attrs(live, snap.attrs, path, snap.slots))
             return live
         torch = self._torch
         done = self.aligned.get(id(snap), _MISSING)
@@ -208,7 +226,7 @@ class Merger:
             return self._align(snap, live, path)
         if hasattr(snap, "__dict__") and isinstance(getattr(live, "__dict__", None), dict):
             self._align(snap, live, path)
-            return _Steps(self._merge_attrs(live, snap, path))
+            return _Steps(self._merge_attrs(live, snap.__dict__, path))
         return self._adopt(snap, path)
 
     def _wait(self, snap, path: Path) -> _Pending:
@@ -322,15 +340,16 @@ class Merger:
                 keys.append(self._adopt(key, path + f"[<key {type(key).__name__}>]"))
         return keys
 
-    def _merge_attrs(self, live, snap, path: Path):
-        live_attrs = live.__dict__
-        snap_attrs = snap.__dict__
+    def _merge_attrs(self, live, snap_attrs: dict, path: Path, snap_slots: dict | None = None):
+        live_attrs = live.__dict__ if snap_attrs else {}
         # Object-keyed dicts (optimizer.state) come last: their keys align while the rest merges.
         for name in sorted(snap_attrs, key=lambda k: _has_object_keys(snap_attrs[k])):
             value = snap_attrs[name]
             if isinstance(value, LiveOnly) and name not in live_attrs:
                 continue  # nothing to keep, and nothing the snapshot could give
             self._store(live_attrs, name, (yield (live_attrs.get(name), value, path + f".{name}")))
+        for name, value in (snap_slots or {}).items():
+            self._store(_Attr(live), name, (yield (getattr(live, name, None), value, path + f".{name}")))
         # Attributes the snapshot lacks stay: a class whose __getstate__ leaves some out
         # (torch's optimizers keep only defaults, state and param_groups) rebuilds them itself.
         return live
