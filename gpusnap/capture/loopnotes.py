@@ -12,8 +12,8 @@ replay can position them or refuse (restore's ``fastforward``, ``itemcheck``, ``
   ``_iterate`` generator.
 
 ``describe(obj, read)`` says where a live-only iterator stood (``live_only[].iterator``): a
-DataLoader iterator's batch count, base seed and sampler fingerprint, a generator's state and
-fingerprint. Everything here runs in the forked writer: ``read(address, nbytes)`` reads tensor
+DataLoader iterator's batch count, base seed, sampler fingerprint and the RNG states ``iter()``
+made it from, a generator's state and fingerprint. Everything here runs in the forked writer: ``read(address, nbytes)`` reads tensor
 memory, no torch operator runs.
 """
 
@@ -26,7 +26,7 @@ import weakref
 
 from gpusnap.graph import rng
 from gpusnap.graph.digest import MISSING, digest, fingerprint, loader_iter_class, part_of
-from gpusnap.graph.iterators import adapter_for
+from gpusnap.graph.iterators import LOADER_ITERS, adapter_for
 from gpusnap.instrument import loops
 
 _PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
@@ -113,12 +113,17 @@ def _describe(obj, read):
         return {"kind": "generator", "state": inspect.getgeneratorstate(obj), "fingerprint": fingerprint(obj, read, strict=True)}
     iter_class = loader_iter_class()
     if iter_class is not None and isinstance(obj, iter_class):
-        return {
+        info = {
             "kind": "dataloader_iter",
             "yielded": obj._num_yielded,
             "base_seed": getattr(obj, "_base_seed", None),
             "sampler": fingerprint(obj._sampler_iter, read, strict=False),
         }
+        made = LOADER_ITERS.get(obj)
+        if made is not None:
+            states, generator = made[1]
+            info["made_with"] = {"rng": rng.to_json(states, read), "generator": rng.tensor_json(generator, read) if generator is not None else None}
+        return info
     if hasattr(type(obj), "__next__") and not isinstance(obj, io.IOBase):
         return {"kind": "iterator"}
     return None

@@ -14,12 +14,13 @@ running step loop's body, where no snapshot can be taken before they end.
 
 from __future__ import annotations
 
+import functools
 import sys
 import weakref
 
 from gpusnap import knobs, stage
 from gpusnap.capture import safepoints, session
-from gpusnap.graph import rng
+from gpusnap.graph import iterators, rng
 from gpusnap.instrument import loops
 
 # (id(code), loop_id) -> code: ids hash in nanoseconds, a code object's hash is recomputed (about
@@ -36,6 +37,7 @@ def install(note_source) -> None:
     loops.describe_source = describe_source
     loops.capture_rng = rng.compact
     after_import("torch.optim.optimizer", _hook_optimizers)
+    after_import("torch.utils.data.dataloader", _note_loader_iters)
 
 
 def after_import(name: str, callback) -> None:
@@ -49,6 +51,23 @@ def after_import(name: str, callback) -> None:
 def _hook_optimizers(module) -> None:
     module.register_optimizer_step_pre_hook(_before_optimizer_step)
     module.register_optimizer_step_post_hook(_after_optimizer_step)
+
+
+def _note_loader_iters(module) -> None:
+    """Every ``iter(loader)`` notes the RNG states it starts from (``iterators.LOADER_ITERS``)."""
+    loader_iter = module.DataLoader.__iter__
+
+    @functools.wraps(loader_iter)
+    def __iter__(self):
+        made_with = rng.compact(), (self.generator.get_state() if self.generator is not None else None)
+        it = loader_iter(self)
+        try:
+            iterators.LOADER_ITERS[it] = (weakref.ref(self), made_with)
+        except TypeError:  # an iterator that takes no weak reference: nothing to make again
+            pass
+        return it
+
+    module.DataLoader.__iter__ = __iter__
 
 
 def _before_optimizer_step(optimizer, *_):

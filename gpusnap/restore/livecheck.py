@@ -8,10 +8,15 @@ is fast-forwarded: a silent divergence. So the writer records, for each live-onl
 ``capture.loopnotes.describe(obj)``, and replay (before the merge) runs ``check``:
 
 - a torch DataLoader iterator: its batch count (``_num_yielded``), the base seed it drew when it
-  was made and a fingerprint of its index sampler. The replayed one must have drawn the same
-  seed (then the RNG state at its creation was the same); it is advanced to the same count
-  (map-style, no workers: through its index sampler, no sample loaded; otherwise by taking
-  batches), and its sampler must then have the same fingerprint (the last batch of indices).
+  was made, a fingerprint of its index sampler and the RNG states ``iter()`` made it from. A
+  replayed one that drew the same seed (then the RNG state at its creation was the same) is
+  advanced to the same count (map-style, no workers: through its index sampler, no sample
+  loaded; otherwise by taking batches). One made from other random numbers, or already past
+  that count (the original made its iterator again in an iteration the replay skipped: ``it =
+  iter(loader)`` when the last one ran out), is replaced by a new one from the same DataLoader,
+  made from the saved RNG states with an index sampler that skips to the count (no skipped
+  sample loaded, by workers either); it must draw the saved seed. Either way its sampler must
+  then have the same fingerprint (the last batch of indices).
 - a generator: created or finished, the replayed one must be too; suspended, the replayed one
   must have the same fingerprint (position, and every local digested): else it cannot be
   positioned.
@@ -100,7 +105,7 @@ def check(live_only: list, frames: list, modules: dict, positioned: set, say, rn
             scene = Scene(say, list(rng_states), path, frames, modules)
             problem = adapter.check(None if live is _MISSING else live, info, path, scene)
         elif kind == "dataloader_iter":
-            problem = position_loader_iter(live, info, path, say)
+            problem = position_loader_iter(live, info, path, say, Scene(say, list(rng_states), path, frames, modules))
         elif kind == "generator":
             problem = _generator(live, info, path)
         else:
@@ -110,14 +115,21 @@ def check(live_only: list, frames: list, modules: dict, positioned: set, say, rn
     return problems
 
 
-def position_loader_iter(live, info: dict, path: str, say) -> str | None:
-    """A DataLoader iterator advanced to its saved position and checked there, or a problem."""
+def position_loader_iter(live, info: dict, path: str, say, scene: Scene | None = None) -> str | None:
+    """A DataLoader iterator advanced to its saved position (or made again there, ``scene``
+    given) and checked there, or a problem."""
     iter_class = loader_iter_class()
     if live is _MISSING or iter_class is None or not isinstance(live, iter_class):
         return f"cannot find the DataLoader iterator that the run that took the snapshot held at {path}"
-    if info.get("base_seed") is not None and getattr(live, "_base_seed", None) != info["base_seed"]:
-        return f"found the DataLoader iterator at {path} made from other random numbers than in the run that took the snapshot"
+    other_seed = info.get("base_seed") is not None and getattr(live, "_base_seed", None) != info["base_seed"]
     behind = info["yielded"] - live._num_yielded
+    if (other_seed or behind < 0) and scene is not None and info.get("made_with"):
+        live, problem = _made_again(live, info, path, scene)
+        if problem:
+            return problem
+        other_seed, behind = False, 0
+    if other_seed:
+        return f"found the DataLoader iterator at {path} made from other random numbers than in the run that took the snapshot"
     if behind < 0:
         return f"found the DataLoader iterator at {path} {-behind} batches ahead of the run that took the snapshot"
     if behind:
@@ -140,6 +152,33 @@ def position_loader_iter(live, info: dict, path: str, say) -> str | None:
     if saved and fingerprint(live._sampler_iter, strict=False) != saved:
         return f"found the DataLoader iterator at {path} with its sampler elsewhere than in the run that took the snapshot"
     return None
+
+
+def _made_again(live, info: dict, path: str, scene: Scene):
+    """(a new iterator of ``live``'s DataLoader, made from the RNG states the original was made
+    from and positioned at its batch count, in ``live``'s place; or None), a problem or None."""
+    from gpusnap.graph import rng
+    from gpusnap.graph.iterators import LOADER_ITERS
+    from gpusnap.restore import fastforward
+
+    made = LOADER_ITERS.get(live)
+    loader = made[0]() if made is not None else None
+    if loader is None or not fastforward.skips_by_sampler(loader):
+        why = "its DataLoader is unknown" if loader is None else "its dataset is not indexed by a sampler"
+        return None, f"cannot make the DataLoader iterator at {path} again where the run that took the snapshot had made it: {why}"
+    saved = info["made_with"]
+    rng.restore_json(saved["rng"])
+    if saved.get("generator") and loader.generator is not None:
+        loader.generator.set_state(rng.tensor_b64(saved["generator"]))
+    new = fastforward.loader_iterator_at(loader, info["yielded"])
+    if new._base_seed != info["base_seed"]:
+        return None, f"made the DataLoader iterator at {path} again, and it drew another seed than in the run that took the snapshot"
+    fastforward.start(new)
+    problem = scene.replace(live, new)
+    if problem:
+        return None, problem
+    scene.say(f"made the DataLoader iterator at {path} again at batch {info['yielded']} by batch sampler")
+    return new, None
 
 
 def _generator(live, info: dict, path: str) -> str | None:
