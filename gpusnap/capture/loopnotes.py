@@ -57,7 +57,7 @@ def consumed_paths(note, at: tuple = ()) -> list[tuple]:
     if not note:
         return []
     kind = note.get("kind")
-    if kind == "iter" or (kind == "dataloader" and note.get("consumed")):
+    if kind == "iter" or (kind == "dataloader" and (note.get("consumed") or note.get("workers"))):
         return [at]
     if kind == "tqdm":
         return consumed_paths(note.get("inner"), at)

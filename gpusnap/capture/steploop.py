@@ -20,7 +20,7 @@ import weakref
 
 from gpusnap import knobs, stage
 from gpusnap.capture import safepoints, session
-from gpusnap.graph import iterators, rng
+from gpusnap.graph import iterators, rng, workers
 from gpusnap.instrument import loops
 
 # (id(code), loop_id) -> code: ids hash in nanoseconds, a code object's hash is recomputed (about
@@ -38,6 +38,8 @@ def install(note_source) -> None:
     loops.capture_rng = rng.compact
     after_import("torch.optim.optimizer", _hook_optimizers)
     after_import("torch.utils.data.dataloader", _note_loader_iters)
+    workers.install()
+    after_import("torch.utils.data._utils.fetch", _note_worker_draws)
 
 
 def after_import(name: str, callback) -> None:
@@ -68,6 +70,26 @@ def _note_loader_iters(module) -> None:
         return it
 
     module.DataLoader.__iter__ = __iter__
+
+
+def _note_worker_draws(module) -> None:
+    """In a DataLoader worker, a fetch that changes the global RNG states is noted
+    (``graph.workers``): fast-forward cannot skip such a loader's batches by index."""
+    for cls in (module._MapDatasetFetcher, module._IterableDatasetFetcher):
+        fetch = cls.fetch
+
+        @functools.wraps(fetch)
+        def watched(self, possibly_batched_index, _fetch=fetch):
+            # Imported while torch.utils.data initializes: its worker module is loaded by now.
+            if sys.modules["torch.utils.data._utils.worker"].get_worker_info() is None:  # the main process: the snapshot holds its RNG states
+                return _fetch(self, possibly_batched_index)
+            before = rng.compact()
+            data = _fetch(self, possibly_batched_index)
+            if not rng.same(before, rng.compact()):
+                workers.mark()
+            return data
+
+        cls.fetch = watched
 
 
 def _before_optimizer_step(optimizer, *_):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from gpusnap import knobs
 from gpusnap.capture import loopnotes, paths
-from gpusnap.graph import roots
+from gpusnap.graph import roots, workers
 from gpusnap.capture.pickler import GraphPickler, _storage_key, type_name
 from gpusnap.stage.drain import Drained, drain
 from gpusnap.stage.memory import address_view
@@ -197,6 +197,7 @@ def _manifest(job: WriteJob, payload: dict, pickler: GraphPickler, graph: dict, 
             "rng": sorted(payload["rng"]),
         },
         "loops": payload["loops"],
+        "workers_draw": workers.seen(),
         "steps": job.steps,
         "sources": job.sources,
         "objects": objects,

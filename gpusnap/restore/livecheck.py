@@ -163,21 +163,27 @@ def _made_again(live, info: dict, path: str, scene: Scene):
 
     made = LOADER_ITERS.get(live)
     loader = made[0]() if made is not None else None
-    if loader is None or not fastforward.skips_by_sampler(loader):
-        why = "its DataLoader is unknown" if loader is None else "its dataset is not indexed by a sampler"
-        return None, f"cannot make the DataLoader iterator at {path} again where the run that took the snapshot had made it: {why}"
+    if loader is None:
+        return None, f"cannot make the DataLoader iterator at {path} again where the run that took the snapshot had made it: its DataLoader is unknown"
     saved = info["made_with"]
     rng.restore_json(saved["rng"])
     if saved.get("generator") and loader.generator is not None:
         loader.generator.set_state(rng.tensor_b64(saved["generator"]))
-    new = fastforward.loader_iterator_at(loader, info["yielded"])
+    by_sampler = fastforward.skips_by_sampler(loader)
+    new = fastforward.loader_iterator_at(loader, info["yielded"]) if by_sampler else iter(loader)
     if new._base_seed != info["base_seed"]:
         return None, f"made the DataLoader iterator at {path} again, and it drew another seed than in the run that took the snapshot"
-    fastforward.start(new)
+    if by_sampler:
+        fastforward.start(new)
+    else:  # an iterable-style dataset, or workers that draw random numbers: take the batches
+        for _ in range(info["yielded"]):
+            if next(new, _MISSING) is _MISSING:
+                return None, f"made the DataLoader iterator at {path} again, and it ended before batch {info['yielded']}"
     problem = scene.replace(live, new)
     if problem:
         return None, problem
-    scene.say(f"made the DataLoader iterator at {path} again at batch {info['yielded']} by batch sampler")
+    how = "by batch sampler" if by_sampler else "by taking batches"
+    scene.say(f"made the DataLoader iterator at {path} again at batch {info['yielded']} {how}")
     return new, None
 
 
