@@ -37,8 +37,6 @@ CORPUS = {
     "next_batch-reiter": ("next_batch.py", ["--variant", "reiter"], 12, "made the DataLoader iterator at frame[1].locals.train_iter again"),
     # workers draw a random flip per sample: fast-forward must take the skipped batches
     "imagenet_style-workers": ("imagenet_style.py", ["--workers", "2"], 0, "by consuming"),
-    "char_rnn": ("char_rnn.py", []),
-    "stream_workers": ("stream_workers.py", []),
 }
 MORE = {
     "imagenet_style": ("imagenet_style.py", []),
@@ -46,6 +44,8 @@ MORE = {
     "next_batch-fresh": ("next_batch.py", ["--variant", "fresh"]),
     "reinforce": ("reinforce.py", []),
     "semi_supervised": ("semi_supervised.py", []),
+    "char_rnn": ("char_rnn.py", []),
+    "stream_workers": ("stream_workers.py", []),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)

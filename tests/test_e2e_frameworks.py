@@ -54,7 +54,7 @@ TRAINERS = {
     # a compute_loss subclass, a callback with state, a collator, evaluations during training: the
     # snapshot comes after one (the evaluation's prepared DataLoader, which the replay never makes)
     "transformers-custom": (
-        "transformers", "hf_custom.py", [], (10,), "0.15", "started the DataLoaderShard iterator at",
+        "transformers", "hf_custom.py", ["--epochs", "2"], (10,), "0.15", "started the DataLoaderShard iterator at",
     ),
 }
 
@@ -112,9 +112,10 @@ def test_a_step_loop_gpusnap_does_not_instrument_is_named_at_the_first_step(tmp_
 LIGHTNING = {
     # past the first epoch: the iterator is made again, by its index sampler
     "fit": ("lightning_fit.py", 20, 60, 20, "again at their saved batches (by batch sampler)"),
-    # a LightningDataModule, in the first epoch: the replay's iterator is advanced
-    "datamodule": ("lightning_dm.py", 17, 51, 0, "advanced the DataLoader iterator at"),
 }
+if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":  # CI time: it passes where "fit" does
+    # a LightningDataModule, in the first epoch: the replay's iterator is advanced
+    LIGHTNING["datamodule"] = ("lightning_dm.py", 17, 51, 0, "advanced the DataLoader iterator at")
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -85,7 +85,7 @@ class Recorder(TrainerCallback):
 def main():
     parser = argparse.ArgumentParser(description="a customised transformers Trainer")
     parser.add_argument("out")
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=2)
     args = parser.parse_args()
     torch.manual_seed(0)
     config = BertConfig(vocab_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
