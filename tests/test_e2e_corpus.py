@@ -35,6 +35,8 @@ CORPUS = {
     "config_trainer": ("config_trainer.py", []),
     # past the first epoch (12 batches): the iterator was made again in an iteration replay skips
     "next_batch-reiter": ("next_batch.py", ["--variant", "reiter"], 12, "made the DataLoader iterator at frame[1].locals.train_iter again"),
+    # past the first pass: replay runs the program's cycle() generator again to its place
+    "next_batch-cycle": ("next_batch.py", ["--variant", "cycle"], 12, "ran the generator at frame[1].locals.train_iter to item"),
     # workers draw a random flip per sample: fast-forward must take the skipped batches
     "imagenet_style-workers": ("imagenet_style.py", ["--workers", "2"], 0, "by consuming"),
 }

@@ -40,6 +40,7 @@ import threading
 import types
 import weakref
 
+from gpusnap.capture import safepoints
 from gpusnap.errors import CaptureError
 from gpusnap.graph.iterpickle import IterativePickler
 from gpusnap.graph.load import (  # noqa: F401  (re-exported: older snapshots name them here)
@@ -49,6 +50,7 @@ from gpusnap.graph.load import (  # noqa: F401  (re-exported: older snapshots na
     _device_pointer,
     _raw_ndarray,
     _live_function,
+    _live_generator,
     _live_object,
     _live_only,
     _load_storage,
@@ -197,6 +199,8 @@ class GraphPickler(pickle.Pickler):
         np = self._np
         if np is not None and type(obj) is np.ndarray and not obj.dtype.hasobject and obj.dtype.names is None:
             return self._reduce_ndarray(obj)
+        if type(obj) is types.GeneratorType and obj.gi_suspended and safepoints.instrumented(obj.gi_code):
+            return self._live_generator(obj)
         if isinstance(obj, self._live_types) or (LIVE_NAMES and _is_named(type(obj), LIVE_NAMES)):
             return self._live(obj)
         if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)) and _findable(obj):
@@ -239,6 +243,13 @@ class GraphPickler(pickle.Pickler):
         except Exception:
             return self._live(obj)
         return _guarded(obj, rv) if isinstance(rv, tuple) else self._live(obj)
+
+    def _live_generator(self, gen):
+        """A suspended generator of instrumented code: live-only, with its locals as the
+        placeholder's state (restore runs the replay's to the same place, then writes them)."""
+        _, args = self._live(gen)
+        local = {name: value for name, value in gen.gi_frame.f_locals.items() if "__gpusnap_" not in name}
+        return _live_generator, args, (gen.gi_code.co_qualname, local)
 
     def _live_function(self, obj):
         """A closure: live-only, with its cells' contents as the placeholder's state (pickled after

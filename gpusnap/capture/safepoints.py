@@ -28,6 +28,11 @@ def _instrumented(code) -> bool:
     return known
 
 
+def instrumented(code) -> bool:
+    """Is ``code`` the script's or an instrumented module's?"""
+    return _instrumented(code)
+
+
 def returnable(frame) -> bool:
     """True when every frame from the main module frame down to ``frame`` is instrumented."""
     main = loops.MAIN_CODE

@@ -9,12 +9,14 @@ Either way a safe point must be a place replay can return to (``safepoints.retur
 The optimizer hooks also count steps and iterations, ready the staging memory after a writer
 (``stage.prepare``), and, at the first step, say once when the step loop is in code gpusnap does
 not instrument. Loops start with a fast-forward note (``describe_source``), except inside a
-running step loop's body, where no snapshot can be taken before they end.
+running step loop's body, where no snapshot can be taken before they end (a generator's loops
+excepted: the generator outlives the body that advanced it).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 import weakref
 
@@ -29,6 +31,7 @@ _step_loops: dict = {}
 _last_stepping = (lambda: None, -1)  # (weak ActiveLoop, index) of the last iteration counted
 _note_source = None  # restore's fastforward.part, handed over by boot through the agent
 _stepper_checked = False  # the first optimizer step looked for a step loop gpusnap cannot reach
+_GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
 
 
 def install(note_source) -> None:
@@ -147,6 +150,8 @@ def describe_source(loop, source):
 def _inside_step_body(loop) -> bool:
     if not _step_loops and not session.config.get("at"):
         return False
+    if loop.frame.f_code.co_flags & _GENERATOR_FLAGS:
+        return False  # a generator's loop outlives the body that advanced it (livecheck runs it again)
     if is_step_loop(loop):
         return False
     for other in loops.ACTIVE:

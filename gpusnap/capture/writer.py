@@ -75,7 +75,7 @@ def write_snapshot(job: WriteJob) -> dict:
         graph["kind"] = "graph"
         if pickler.iterative:
             graph["pickler"] = "iterative"  # the graph was too deep for the C pickler
-        iterators = {id(obj): info for obj, _ in pickler.live_only if (info := loopnotes.describe(obj, read))}
+        iterators = {id(obj): info for obj, _ in pickler.live_only if (info := loopnotes.describe(obj, read, job.active_loops))}
         manifest = _manifest(job, payload, pickler, graph, stall_s, iterators)
         if job.device is not None:
             _put_device(job, rundir, sink, manifest)

@@ -119,6 +119,20 @@ class LiveObject(LiveOnly):
         self.qualname, self.attrs, self.slots = state
 
 
+class LiveGenerator(LiveOnly):
+    """Stands where the snapshot held a suspended generator of instrumented code: the generator
+    is the replay's, run to the same place (``restore.livecheck``), its locals the snapshot's."""
+
+    __slots__ = ("qualname", "locals")
+
+    def __init__(self, serial: int, type_name: str):
+        super().__init__(serial, type_name)
+        self.qualname, self.locals = "", {}
+
+    def __setstate__(self, state) -> None:
+        self.qualname, self.locals = state
+
+
 _loading = threading.local()
 
 
@@ -132,6 +146,10 @@ def _live_function(serial, name):
 
 def _live_object(serial, name):
     return LiveObject(serial, name)
+
+
+def _live_generator(serial, name):
+    return LiveGenerator(serial, name)
 
 
 def _construct(func, args, type_name):

@@ -18,8 +18,13 @@ is fast-forwarded: a silent divergence. So the writer records, for each live-onl
   sample loaded, by workers either); it must draw the saved seed. Either way its sampler must
   then have the same fingerprint (the last batch of indices).
 - a generator: created or finished, the replayed one must be too; suspended, the replayed one
-  must have the same fingerprint (position, and every local digested): else it cannot be
-  positioned.
+  must have the same fingerprint (position, and every local digested), or, when its code is
+  instrumented and the replayed one has not started (the program advances it by hand, ``batches
+  = cycle(loader)`` then ``next(batches)`` each step), it is run to the same place: its loops
+  fast-forward as a loop on the path does, the innermost to the item before the saved one, and
+  one ``next()`` takes that item, which must have the saved item's digest (what the generator
+  runs before and between its loops runs again now, and may draw other random numbers). The
+  merge then writes the snapshot's values into its locals (``merge``).
 - a framework's iterator with an adapter in ``graph.iterators.ADAPTERS`` (an Accelerate
   ``DataLoaderShard``'s generator, Lightning's ``CombinedLoader`` iterator): the adapter describes
   it, and positions the replayed one or replaces it with one it positioned (``Scene.replace``);
@@ -107,7 +112,7 @@ def check(live_only: list, frames: list, modules: dict, positioned: set, say, rn
         elif kind == "dataloader_iter":
             problem = position_loader_iter(live, info, path, say, Scene(say, list(rng_states), path, frames, modules))
         elif kind == "generator":
-            problem = _generator(live, info, path)
+            problem = _generator(live, info, path, say)
         else:
             problem = f"cannot position the iterator at {path} ({entry.get('type')}): a snapshot cannot record where it stood"
         if problem:
@@ -187,7 +192,7 @@ def _made_again(live, info: dict, path: str, scene: Scene):
     return new, None
 
 
-def _generator(live, info: dict, path: str) -> str | None:
+def _generator(live, info: dict, path: str, say=None) -> str | None:
     if live is _MISSING or not isinstance(live, types.GeneratorType):
         return f"cannot find the generator that the run that took the snapshot held at {path}"
     state = inspect.getgeneratorstate(live)
@@ -197,7 +202,78 @@ def _generator(live, info: dict, path: str) -> str | None:
         return f"found the generator at {path} {state.lower()[4:]}, it was {info['state'].lower()[4:]}"
     if info.get("fingerprint") and fingerprint(live, strict=True) == info["fingerprint"]:
         return None
+    if info.get("loops") and state == "GEN_CREATED" and live.gi_code.co_qualname == info.get("function"):
+        return _run_generator_to(live, info, path, say)
     return f"cannot position the generator at {path}: the run that took the snapshot had advanced it by hand"
+
+
+def _run_generator_to(gen, info: dict, path: str, say) -> str | None:
+    """Run a replayed generator of instrumented code, that has not started, to where the saved
+    one stood: its loops fast-forward (``fastforward.iterator_at``), the innermost to the item
+    before the saved one; one ``next()`` then takes that item, as the original had."""
+    from gpusnap.graph import rng
+    from gpusnap.graph.digest import digest
+    from gpusnap.instrument import loops
+    from gpusnap.restore import fastforward
+
+    saved = {entry["loop_id"]: entry for entry in info["loops"]}
+    innermost = info["loops"][-1]
+    if innermost["kind"] != "for" or innermost["index"] < 1:
+        return f"cannot position the generator at {path}: it stood in a `while` loop, or before its loop's first item"
+    frame, previous, ctx, last = gen.gi_frame, loops.on_loop_start, fastforward.Context(), []
+
+    def start(loop, iterable):
+        if loop.frame is not frame or loop.loop_id not in saved:
+            return previous(loop, iterable) if previous is not None else None
+        entry = saved.pop(loop.loop_id)
+        skip = max(entry["index"] - 1, 0)
+        loop.index = skip
+        if loop.kind == "while":
+            if entry.get("rng_at"):  # its iteration starts now: with the RNG states it started with
+                rng.restore_json(entry["rng_at"])
+            return None
+        it, _ = fastforward.iterator_at(iterable, skip, entry.get("resume"), ctx)
+        if entry is innermost:
+            return _remembering(it, last)
+        return _starting_with(it, entry["rng_at"]) if entry.get("rng_at") else it
+
+    loops.on_loop_start = start
+    try:
+        next(gen)
+    except StopIteration:
+        return f"cannot position the generator at {path}: it ended before the place the run that took the snapshot had reached"
+    finally:
+        loops.on_loop_start = previous
+    if saved or not last:
+        return f"cannot position the generator at {path}: its loops ran otherwise than in the run that took the snapshot"
+    # The code before and between its loops ran again now, not when the original ran it: only
+    # the item it takes again proves that it drew the same (a permutation made in the generator).
+    saved_item = info.get("item") or {}
+    if not saved_item.get("digest"):
+        why = saved_item.get("why") or "none was recorded"
+        return f"cannot position the generator at {path}: no digest of the item its loop had taken ({why}) proves where it stands"
+    if digest(last[-1])[0] != saved_item["digest"]:
+        return f"ran the generator at {path} to its saved place, and it took another item than in the run that took the snapshot"
+    if say is not None:
+        say(f"ran the generator at {path} to item {innermost['index']} of its loop")
+    return None
+
+
+def _starting_with(it, states: dict):
+    """``it``, the RNG states put back once its first item is fetched: where the iteration starts."""
+    from gpusnap.graph import rng
+
+    for item in it:
+        rng.restore_json(states)
+        yield item
+        yield from it
+        return
+
+
+def _remembering(it, last: list):
+    for item in it:
+        last[:] = [item]
+        yield item
 
 
 # -- object paths (capture.paths writes them) ------------------------------------------------------

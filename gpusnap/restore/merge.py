@@ -40,10 +40,11 @@ import sys
 import types
 
 from gpusnap.errors import StateMismatch
-from gpusnap.graph.load import LiveFunction, LiveObject, LiveOnly, Unbuilt
+from gpusnap.graph.load import LiveFunction, LiveGenerator, LiveObject, LiveOnly, Unbuilt
 from gpusnap.graph.walk import ATOMS as _ATOMS
 from gpusnap.graph.walk import Path
 from gpusnap.graph.walk import key_text as _key_text
+from gpusnap.restore.frames import write_locals
 
 
 class _Steps:
@@ -100,6 +101,7 @@ class Merger:
         self._building: set[int] = set()  # snapshot tuples whose items are being merged
         self._live_only: dict[int, object] = {}  # id(LiveOnly) -> the live object first placed for it
         self._state_merged: set[int] = set()  # ids of the LiveFunctions and LiveObjects merged
+        self._generator_locals: list = []  # (suspended generator frame, merged locals) for finish()
         self.path: Path | str = ""  # the place being merged, for errors raised outside the merger
         self.tensors = 0
         self.nbytes = 0
@@ -126,6 +128,8 @@ class Merger:
         for pending in self._pending.values():  # root places (a frame's locals) settle here too
             self._settle(pending)
         self._remap_adopted()
+        for frame, values in self._generator_locals:
+            write_locals(frame, {name: self.settled(value) for name, value in values.items()})
 
     def _settle(self, pending: _Pending):
         found = self.aligned.get(id(pending.snap), _MISSING)
@@ -189,10 +193,12 @@ class Merger:
                 # inside a framework's fetcher): it cannot continue from this state.
                 why = f"cannot be rebuilt here ({snap.error})" if isinstance(snap, Unbuilt) else "is not captured (live-only)"
                 raise StateMismatch(f"{path}: the snapshot's {snap.type_name} {why}, and the replayed program has nothing at this place")
-            if isinstance(snap, (LiveFunction, LiveObject)) and live is not None and id(snap) not in self._state_merged:
+            if isinstance(snap, (LiveFunction, LiveObject, LiveGenerator)) and live is not None and id(snap) not in self._state_merged:
                 self._state_merged.add(id(snap))
                 if isinstance(snap, LiveFunction):
                     return _Steps(self._merge_cells(live, snap, path))
+                if isinstance(snap, LiveGenerator):
+                    return _Steps(self._merge_generator(live, snap, path))
                 if type(live).__qualname__ != snap.qualname:
                     raise StateMismatch(f"{path}: the snapshot holds a {snap.qualname} here, the replayed program a {type(live).__qualname__}")
                 return _Steps(self._merge_attrs(live, snap.attrs, path, snap.slots))
@@ -352,6 +358,18 @@ class Merger:
             self._store(_Attr(live), name, (yield (getattr(live, name, None), value, path + f".{name}")))
         # Attributes the snapshot lacks stay: a class whose __getstate__ leaves some out
         # (torch's optimizers keep only defaults, state and param_groups) rebuilds them itself.
+        return live
+
+    def _merge_generator(self, live, snap: LiveGenerator, path: Path):
+        """A generator the replay ran to the saved place (livecheck) takes the snapshot's locals;
+        one it did not run keeps its own (livecheck has refused unless it matched already)."""
+        if type(live) is not types.GeneratorType or not live.gi_suspended or live.gi_code.co_qualname != snap.qualname:
+            return live
+        current = live.gi_frame.f_locals
+        merged = {}
+        for name, value in snap.locals.items():
+            merged[name] = yield (current.get(name), value, path + f".gi_frame.f_locals[{name!r}]")
+        self._generator_locals.append((live.gi_frame, merged))
         return live
 
     def _merge_cells(self, live, snap: LiveFunction, path: Path):

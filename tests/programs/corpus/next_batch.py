@@ -2,8 +2,8 @@
 `next(iter(loader))` every step (--variant fresh: a new shuffled iterator per step), an
 iterator kept in a variable and made again when it runs out (--variant reiter: `try: batch =
 next(it) except StopIteration: it = iter(loader)`), or an endless generator over the loader,
-`def cycle(dl): while True: for x in dl: yield x`, made once and advanced with next() (--variant
-cycle). A cosine LR schedule with warmup, gradient clipping, an eval every --eval-every steps.
+`def cycle(dl): while True: for x in dl: yield x` (counting its passes), made once and advanced
+with next() (--variant cycle). A cosine LR schedule with warmup, gradient clipping, an eval every --eval-every steps.
 usage: next_batch.py OUT [--variant fresh|reiter|cycle] [--steps N]"""
 import argparse
 import math
@@ -17,9 +17,12 @@ from common import finish, progress
 
 
 def cycle(dl):
+    passes = 0
     while True:
         for data in dl:
             yield data
+        passes += 1
+        print(f"pass {passes} over the data done")
 
 
 def cosine_with_warmup(optimizer, warmup, total):
@@ -76,7 +79,9 @@ def main():
             print(f"step {step + 1}: loss {losses[-1]:.4f} eval {evals[-1]:.4f} lr {sched.get_last_lr()[0]:.2e}")
         progress(step + 1)
 
-    finish(model=model.state_dict(), opt=opt.state_dict(), sched=sched.state_dict(), losses=losses, evals=evals)
+    # cycle's own count of passes: the generator's locals, which a restart must give back too
+    passes = train_iter.gi_frame.f_locals['passes'] if args.variant == 'cycle' else None
+    finish(model=model.state_dict(), opt=opt.state_dict(), sched=sched.state_dict(), losses=losses, evals=evals, passes=passes)
 
 
 if __name__ == '__main__':
