@@ -1,9 +1,13 @@
 """Programs written the way people write them (tests/programs/corpus: the PyTorch examples' word
-language model, DCGAN, MNIST and LBFGS time series; tqdm loops; a script's usual furniture; a
-torch.compile'd model) continue with the same bytes after a kill: each is run uninterrupted, and
-again under `gpusnap run` with SIGUSR1 at a random step, kill -9 of the whole process group a few
-steps later, then `gpusnap restart`. One seed per program by default (printed; pytest shows it on
-failure); GPUSNAP_TEST_SEEDS=1,2,3 runs more."""
+language model, DCGAN, MNIST, LBFGS time series, ImageNet, VAE and REINFORCE; tqdm loops; a
+script's usual furniture, and torch's own (SWA, hooks, parametrizations); a torch.compile'd
+model; a char-RNN in `while True`; closures that own the optimizer; a home-made trainer with
+callbacks and a model class defined in a function; batches taken by hand; a streaming dataset
+with workers) continue with the same bytes after a kill: each is run uninterrupted, and again
+under `gpusnap run` with SIGUSR1 at a random step, kill -9 of the whole process group a few steps
+later, then `gpusnap restart`. One seed per program by default (printed; pytest shows it on
+failure); GPUSNAP_TEST_SEEDS=1,2,3 runs more. The programs in ``MORE`` pass in shapes the others
+already cover; GPUSNAP_TEST_CORPUS=all runs them too."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from harness import assert_same, copy_programs, kill_and_restart, load_final, pl
 
 SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")]
 
-# name: (program under programs/corpus, arguments after OUT)
+# name: (program under programs/corpus, arguments after OUT[, snapshot after step, what restart must say])
 CORPUS = {
     "word_lm": ("word_lm.py", []),
     "dcgan": ("dcgan.py", []),
@@ -26,7 +30,27 @@ CORPUS = {
     "tqdm_loop-pbar": ("tqdm_loop.py", ["--variant", "pbar"]),
     "furniture": ("furniture.py", []),
     "compiled": ("compiled.py", []),  # torch.compile builds C++ kernels: ~5 s warm, ~20 s cold, per run
+    "closures": ("closures.py", []),
+    "swa_hooks": ("swa_hooks.py", []),
+    "config_trainer": ("config_trainer.py", []),
+    # past the first epoch (12 batches): the iterator was made again in an iteration replay skips
+    "next_batch-reiter": ("next_batch.py", ["--variant", "reiter"], 12, "made the DataLoader iterator at frame[1].locals.train_iter again"),
+    # past the first pass: replay runs the program's cycle() generator again to its place
+    "next_batch-cycle": ("next_batch.py", ["--variant", "cycle"], 12, "ran the generator at frame[1].locals.train_iter to item"),
+    # workers draw a random flip per sample: fast-forward must take the skipped batches
+    "imagenet_style-workers": ("imagenet_style.py", ["--workers", "2"], 0, "by consuming"),
 }
+MORE = {
+    "imagenet_style": ("imagenet_style.py", []),
+    "vae": ("vae.py", []),
+    "next_batch-fresh": ("next_batch.py", ["--variant", "fresh"]),
+    "reinforce": ("reinforce.py", []),
+    "semi_supervised": ("semi_supervised.py", []),
+    "char_rnn": ("char_rnn.py", []),
+    "stream_workers": ("stream_workers.py", []),
+}
+if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
+    CORPUS.update(MORE)
 # These models are small: with the cores shared by the writer (and other tests), intra-op threads
 # spend more time waiting for each other than computing. Every run of a test gets the same setting.
 ENV = {"OMP_NUM_THREADS": "1"}
@@ -39,7 +63,7 @@ def test_corpus_program_restarts_to_the_same_bytes(tmp_path, name, seed):
     if name.startswith("tqdm_loop"):
         pytest.importorskip("tqdm")
     started = time.monotonic()
-    program, args = CORPUS[name]
+    program, args, floor, says = (*CORPUS[name], 0, "")[:4]
     rnd = random.Random(f"{name}/{seed}")
     print(f"program {name} seed {seed}")
     script = copy_programs(tmp_path) / "corpus" / program
@@ -50,6 +74,7 @@ def test_corpus_program_restarts_to_the_same_bytes(tmp_path, name, seed):
     total = progress(ref)
     print(f"reference: {total} steps in {time.monotonic() - started:.1f} s")
 
-    kill_and_restart(script, args, tmp_path, out, rnd, total, ENV, SLOW)
+    restarted = kill_and_restart(script, args, tmp_path, out, rnd, total, ENV, SLOW, floors=(floor,))
+    assert says in restarted.stderr
     assert_same(load_final(ref), load_final(out))
     print(f"{name}: {time.monotonic() - started:.1f} s")

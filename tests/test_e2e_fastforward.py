@@ -97,13 +97,21 @@ def test_a_dataloader_iterator_advanced_by_hand_is_put_back_where_it_stood(tmp_p
     assert "advanced the DataLoader iterator at globals[__main__].it by" in restarted.stderr
 
 
-def test_a_generator_advanced_by_hand_is_refused(tmp_path):
-    _, out, _ = _snapshot_then_stop(tmp_path, "ff_manual_iter.py", ["generator", 4], 12, "manual-generator", reference=False)
+def test_a_generator_advanced_by_hand_is_run_again_to_its_place(tmp_path):
+    ref, out, _ = _snapshot_then_stop(tmp_path, "ff_manual_iter.py", ["generator", 4], 12, "manual-generator")
+    restarted = gpusnap("restart", "snaps", cwd=tmp_path)
+    assert restarted.returncode == 0, restarted.stderr
+    assert "ran the generator at globals[__main__].it to item" in restarted.stderr
+    assert_same(load_final(ref), load_final(out))
+
+
+def test_a_generator_expression_advanced_by_hand_is_refused(tmp_path):
+    _, out, _ = _snapshot_then_stop(tmp_path, "ff_manual_iter.py", ["genexpr", 4], 12, "manual-genexpr", reference=False)
     refused = gpusnap("restart", "snaps", cwd=tmp_path)
     assert refused.returncode == 6, refused.stderr
     message, _ = _refusal(refused)
     assert "cannot position the generator at globals[__main__].it" in message
-    assert "programs/ff_manual_iter.py:27 (in <module>)" in message
+    assert "programs/ff_manual_iter.py:32 (in <module>)" in message
     assert not (out / "final.pt").exists()
 
 

@@ -25,6 +25,7 @@ SLOW = {"TEST_STEP_SLEEP_S": "0.05"}
 PROGRAMS = {
     "counters-main-locals-globals": ("counters.py", [80], 80),
     "closure-nonlocal-cells": ("closure.py", [80], 80),
+    "factory-closure-local-class": ("factory.py", [80], 80),
     "nested-frames-epoch-step": ("nested.py", [4, 20], 80),
     "cycles-argparse-parents-self-list": ("cycles.py", ["--steps", 80], 80),
     "rng-numpy-generator-sgd": ("rng_sgd.py", [4, 20], 80),

@@ -284,3 +284,96 @@ class Forwarding:
 def test_a_forwarding_wrapper_loads_without_asking_itself_for_setstate(tmp_path, iterative):
     snap, _ = snapshot_and_load(tmp_path, {"w": Forwarding([1, 2])}, iterative)
     assert snap["w"]._wrapped == [1, 2] and snap["w"].count(2) == 1
+
+
+def make_closures(seed: int):
+    """A factory in the way training code writes one: an optimizer-like state and a counter that
+    only the returned closures hold (two closures share the cells), and a local function that
+    calls itself (its cell holds the function: a cycle through the closure)."""
+    state = {"momentum": torch.full((3,), float(seed)), "steps": [seed]}
+    count = seed
+
+    def step(x):
+        nonlocal count
+        count += 1
+        state["momentum"].mul_(0.9).add_(x)
+        state["steps"].append(count)
+        return count
+
+    def report():
+        return count, state
+
+    def countdown(n):
+        return n if n <= 0 else countdown(n - 1)
+
+    return {"step": step, "report": report, "countdown": countdown}
+
+
+@pytest.mark.parametrize("iterative", [False, True], ids=["c-pickler", "iterative-pickler"])
+def test_what_closures_hold_merges_into_the_replayed_closures(tmp_path, iterative):
+    trained = make_closures(1)
+    for x in (1.0, 2.0, 3.0):
+        trained["step"](torch.full((3,), x))
+    snap, pickler = snapshot_and_load(tmp_path, trained, iterative)
+    assert {name for _, name in pickler.live_only} == {"builtins.function"}
+
+    live = make_closures(0)  # the replay's: made anew, nothing stepped yet
+    kept = dict(live)
+    merge_into(live, snap)
+    assert all(live[name] is kept[name] for name in kept)  # the replay's functions, their cells merged
+    count, state = live["report"]()
+    assert count == 4 and state["steps"] == [1, 2, 3, 4]
+    assert torch.equal(state["momentum"], trained["report"]()[1]["momentum"])
+    assert live["step"](torch.zeros(3)) == 5 and live["report"]()[0] == 5  # the cells are still shared
+    assert live["countdown"](3) == 0
+
+
+def test_a_closure_of_another_function_at_its_place_refuses(tmp_path):
+    snap, _ = snapshot_and_load(tmp_path, {"fn": make_closures(1)["step"]})
+    with pytest.raises(StateMismatch, match=r"root\['fn'\]: the snapshot holds function make_closures.<locals>.step here, the replayed program make_closures.<locals>.report"):
+        merge_into({"fn": make_closures(0)["report"]}, snap)
+
+
+def make_local_model(seed: int):
+    """A model whose class is defined inside a function (as scripts do in main()), with a
+    parametrized layer (torch makes its class, ParametrizedLinear, at run time) and a slotted
+    counter object of a local class: pickle can name none of these classes."""
+
+    class Counter:
+        __slots__ = ("count",)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.BatchNorm1d(3)
+            self.fc = torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(3, 2))
+            self.counter = Counter()
+            self.counter.count = seed
+
+    torch.manual_seed(seed)
+    return Net()
+
+
+@pytest.mark.parametrize("iterative", [False, True], ids=["c-pickler", "iterative-pickler"])
+def test_objects_of_classes_pickle_cannot_name_merge_into_the_replayed_ones(tmp_path, iterative):
+    trained = make_local_model(1)
+    trained.norm(torch.randn(8, 3))  # running statistics: in no optimizer
+    with torch.no_grad():
+        trained.fc.parametrizations.weight.original0.mul_(3)
+    snap, pickler = snapshot_and_load(tmp_path, {"model": trained}, iterative)
+    assert {"torch.nn.utils.parametrize.ParametrizedLinear"} <= {name for _, name in pickler.live_only}
+
+    live = make_local_model(0)
+    fc, counter = live.fc, live.counter
+    merge_into({"model": live}, snap)
+    assert live.fc is fc and live.counter is counter and counter.count == 1
+    for name, value in trained.state_dict().items():
+        assert torch.equal(live.state_dict()[name], value), name
+
+
+def test_an_object_of_another_unnamed_class_at_its_place_refuses(tmp_path):
+    snap, _ = snapshot_and_load(tmp_path, {"model": make_local_model(1)})
+    live = make_local_model(0)
+    live.counter = make_closures  # anything else there
+    with pytest.raises(StateMismatch, match=r"root\['model'\]\.counter: the snapshot holds a make_local_model.<locals>.Counter here"):
+        merge_into({"model": live}, snap)

@@ -12,8 +12,9 @@ replay can position them or refuse (restore's ``fastforward``, ``itemcheck``, ``
   ``_iterate`` generator.
 
 ``describe(obj, read)`` says where a live-only iterator stood (``live_only[].iterator``): a
-DataLoader iterator's batch count, base seed and sampler fingerprint, a generator's state and
-fingerprint. Everything here runs in the forked writer: ``read(address, nbytes)`` reads tensor
+DataLoader iterator's batch count, base seed, sampler fingerprint and the RNG states ``iter()``
+made it from, a generator's state and fingerprint (and, for a generator of instrumented code,
+its running loops as ``record`` gives them). Everything here runs in the forked writer: ``read(address, nbytes)`` reads tensor
 memory, no torch operator runs.
 """
 
@@ -26,7 +27,7 @@ import weakref
 
 from gpusnap.graph import rng
 from gpusnap.graph.digest import MISSING, digest, fingerprint, loader_iter_class, part_of
-from gpusnap.graph.iterators import adapter_for
+from gpusnap.graph.iterators import LOADER_ITERS, adapter_for
 from gpusnap.instrument import loops
 
 _PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
@@ -57,7 +58,7 @@ def consumed_paths(note, at: tuple = ()) -> list[tuple]:
     if not note:
         return []
     kind = note.get("kind")
-    if kind == "iter" or (kind == "dataloader" and note.get("consumed")):
+    if kind == "iter" or (kind == "dataloader" and (note.get("consumed") or note.get("workers"))):
         return [at]
     if kind == "tqdm":
         return consumed_paths(note.get("inner"), at)
@@ -87,6 +88,13 @@ def record(loop, read=None) -> dict:
     return out
 
 
+def _last_item(loop):
+    ref = getattr(loop, "gen", None)
+    gen = ref() if ref is not None else None
+    frame = gen.gi_frame if gen is not None else None
+    return frame.f_locals.get(loops.LAST_ITEM, MISSING) if frame is not None else MISSING
+
+
 def _digest_entry(value, at: tuple, read) -> dict:
     if value is MISSING:
         return {"at": list(at), "digest": None, "why": "the item was not found"}
@@ -94,15 +102,16 @@ def _digest_entry(value, at: tuple, read) -> dict:
     return {"at": list(at), "digest": hexdigest, "why": why}
 
 
-def describe(obj, read=None) -> dict | None:
-    """Where a live-only iterator stands (None: ``obj`` is no iterator)."""
+def describe(obj, read=None, active_loops=()) -> dict | None:
+    """Where a live-only iterator stands (None: ``obj`` is no iterator). ``active_loops``: the
+    loops that were running (a suspended generator's among them)."""
     try:
-        return _describe(obj, read)
+        return _describe(obj, read, active_loops)
     except Exception as exc:  # an iterator this cannot read: its position is unknown
         return {"kind": "iterator", "why": f"{type(exc).__name__} while reading it"}
 
 
-def _describe(obj, read):
+def _describe(obj, read, active_loops=()):
     if isinstance(obj, _PROXIES):
         return None  # a weak proxy's type has every slot, __next__ included, whatever it refers to
     adapter = adapter_for(obj)
@@ -110,15 +119,26 @@ def _describe(obj, read):
     if info is not None:
         return info
     if isinstance(obj, types.GeneratorType):
-        return {"kind": "generator", "state": inspect.getgeneratorstate(obj), "fingerprint": fingerprint(obj, read, strict=True)}
+        info = {"kind": "generator", "state": inspect.getgeneratorstate(obj), "fingerprint": fingerprint(obj, read, strict=True)}
+        running = [loop for loop in active_loops if obj.gi_frame is not None and loop.frame is obj.gi_frame]
+        if running:  # instrumented code: replay can run it to the same place
+            info["function"] = obj.gi_code.co_qualname
+            info["loops"] = [{"loop_id": loop.loop_id, "index": loop.index, "kind": loop.kind, **record(loop, read)} for loop in running]
+            info["item"] = _digest_entry(_last_item(running[-1]), (), read)  # what replay must take again
+        return info
     iter_class = loader_iter_class()
     if iter_class is not None and isinstance(obj, iter_class):
-        return {
+        info = {
             "kind": "dataloader_iter",
             "yielded": obj._num_yielded,
             "base_seed": getattr(obj, "_base_seed", None),
             "sampler": fingerprint(obj._sampler_iter, read, strict=False),
         }
+        made = LOADER_ITERS.get(obj)
+        if made is not None:
+            states, generator = made[1]
+            info["made_with"] = {"rng": rng.to_json(states, read), "generator": rng.tensor_json(generator, read) if generator is not None else None}
+        return info
     if hasattr(type(obj), "__next__") and not isinstance(obj, io.IOBase):
         return {"kind": "iterator"}
     return None

@@ -11,6 +11,12 @@ intercepts, through ``reducer_override``:
   generators, DataLoaders and their iterators, functions that cannot be found by name, anything
   whose ``__reduce_ex__`` raises) -> ``_live_only(serial, type)``: restore keeps the object the
   replayed program built at that place.
+- local functions with a closure -> ``_live_function(serial, type)`` with what their cells hold
+  as its state: restore keeps the replayed function and merges the cells' contents into its
+  cells (an optimizer that only a ``train_step`` closure refers to).
+- instances of classes that cannot be found by name (defined inside a function, or made at run
+  time: torch's ``ParametrizedLinear``) -> ``_live_object(serial, type)`` with their attributes as
+  its state: restore keeps the replayed object and merges the attributes into it.
 
 Buffer bytes never pass through the pickle stream: ``sink.put_buffer`` receives a memoryview over
 the storage's own memory (the fork gave the writer a consistent copy), so the stream holds only
@@ -34,6 +40,7 @@ import threading
 import types
 import weakref
 
+from gpusnap.capture import safepoints
 from gpusnap.errors import CaptureError
 from gpusnap.graph.iterpickle import IterativePickler
 from gpusnap.graph.load import (  # noqa: F401  (re-exported: older snapshots name them here)
@@ -42,6 +49,9 @@ from gpusnap.graph.load import (  # noqa: F401  (re-exported: older snapshots na
     _construct,
     _device_pointer,
     _raw_ndarray,
+    _live_function,
+    _live_generator,
+    _live_object,
     _live_only,
     _load_device_storage,
     _load_storage,
@@ -86,7 +96,13 @@ _ALWAYS_LIVE = (
 # written for sending a copy elsewhere.
 LIVE_NAMES: set[str] = set()
 WHOLE_STATE: set[str] = set()
+# "module.Qualname" -> attributes the snapshot leaves out, so that restore keeps what the replay
+# holds there: a framework's references to live objects that the replay, which skips the
+# iterations that made some of them, cannot hold alike (accelerate's list of every DataLoader it
+# prepared, the evaluations' included).
+REPLAYED_ATTRS: dict[str, frozenset[str]] = {}
 _named: dict[tuple[type, int], bool] = {}
+_replayed_attrs_of: dict[type, frozenset[str]] = {}
 
 
 def _is_named(cls, names: set[str]) -> bool:
@@ -94,6 +110,14 @@ def _is_named(cls, names: set[str]) -> bool:
     found = _named.get(key)
     if found is None:
         found = _named[key] = any(f"{k.__module__}.{k.__qualname__}" in names for k in cls.__mro__)
+    return found
+
+
+def _replayed_attrs(cls) -> frozenset[str]:
+    found = _replayed_attrs_of.get(cls)
+    if found is None:
+        names = (REPLAYED_ATTRS.get(f"{k.__module__}.{k.__qualname__}", ()) for k in cls.__mro__)
+        found = _replayed_attrs_of[cls] = frozenset().union(*names)
     return found
 
 
@@ -191,21 +215,28 @@ class GraphPickler(pickle.Pickler):
                                "which gpusnap does not capture yet",
                                hint="this snapshot fails and training goes on; keep the state in torch tensors, "
                                     "CuPy arrays or cuda.bindings allocations")
+        if type(obj) is types.GeneratorType and obj.gi_suspended and safepoints.instrumented(obj.gi_code):
+            return self._live_generator(obj)
         if isinstance(obj, self._live_types) or (LIVE_NAMES and _is_named(type(obj), LIVE_NAMES)):
             return self._live(obj)
         if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)) and _findable(obj):
             return NotImplemented
         if type(obj) in (types.MethodType, types.BuiltinFunctionType):
             return self._reduce_method(obj)
+        if type(obj) is types.FunctionType and obj.__closure__:
+            return self._live_function(obj)
         if isinstance(obj, (type, types.FunctionType)):
             return self._live(obj)
         if not _findable(type(obj)):
-            return self._live(obj)
+            return self._live_object(obj)
         try:
             reducer = copyreg.dispatch_table.get(type(obj))
             rv = reducer(obj) if reducer is not None else obj.__reduce_ex__(PROTOCOL)
             if WHOLE_STATE and _is_named(type(obj), WHOLE_STATE) and isinstance(rv, tuple) and len(rv) > 2 and isinstance(rv[2], dict):
                 rv = (*rv[:2], dict(vars(obj)), *rv[3:])
+            if REPLAYED_ATTRS and isinstance(rv, tuple) and len(rv) > 2 and isinstance(rv[2], dict) and _replayed_attrs(type(obj)):
+                left_out = _replayed_attrs(type(obj))
+                rv = (*rv[:2], {k: v for k, v in rv[2].items() if k not in left_out}, *rv[3:])
             return _guarded(obj, rv)
         except Exception:
             return self._live(obj)
@@ -228,6 +259,43 @@ class GraphPickler(pickle.Pickler):
         except Exception:
             return self._live(obj)
         return _guarded(obj, rv) if isinstance(rv, tuple) else self._live(obj)
+
+    def _live_generator(self, gen):
+        """A suspended generator of instrumented code: live-only, with its locals as the
+        placeholder's state (restore runs the replay's to the same place, then writes them)."""
+        _, args = self._live(gen)
+        local = {name: value for name, value in gen.gi_frame.f_locals.items() if "__gpusnap_" not in name}
+        return _live_generator, args, (gen.gi_code.co_qualname, local)
+
+    def _live_function(self, obj):
+        """A closure: live-only, with its cells' contents as the placeholder's state (pickled after
+        the placeholder is memoized, so a cell that refers back to the function is no cycle)."""
+        _, args = self._live(obj)
+        cells = {}
+        for name, cell in zip(obj.__code__.co_freevars, obj.__closure__):
+            if name == "__class__":  # zero-argument super()'s: the class, which replay defines anew
+                continue
+            try:
+                cells[name] = cell.cell_contents
+            except ValueError:  # a variable not bound yet
+                continue
+        return _live_function, args, (obj.__code__.co_qualname, cells)
+
+    def _live_object(self, obj):
+        """An object whose class pickle cannot name: live-only, with its ``__dict__`` and slots as
+        the placeholder's state. Not what its ``__getstate__`` gives (a parametrized module's
+        refuses): restore merges these into the replay's object, and never builds one."""
+        _, args = self._live(obj)
+        attrs = getattr(obj, "__dict__", None)
+        slots = {}
+        for name in copyreg._slotnames(type(obj)):
+            try:
+                slots[name] = object.__getattribute__(obj, name)
+            except AttributeError:  # a slot not set
+                continue
+        if not isinstance(attrs, dict) and not slots:
+            return _live_only, args
+        return _live_object, args, (type(obj).__qualname__, dict(attrs or {}), slots)
 
     def _live(self, obj):
         serial = len(self.live_only)

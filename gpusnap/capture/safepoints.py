@@ -28,6 +28,11 @@ def _instrumented(code) -> bool:
     return known
 
 
+def instrumented(code) -> bool:
+    """Is ``code`` the script's or an instrumented module's?"""
+    return _instrumented(code)
+
+
 def returnable(frame) -> bool:
     """True when every frame from the main module frame down to ``frame`` is instrumented."""
     main = loops.MAIN_CODE
@@ -41,46 +46,63 @@ def returnable(frame) -> bool:
 
 
 def uninstrumented_step_loop(frame) -> tuple[str, list[str]] | None:
-    """Where the optimizer step called from ``frame`` sits inside a loop of code that is not
-    instrumented (below the innermost instrumented frame), or is reached through such code:
-    ("file:line (function)", the modules that would have to be instrumented for that loop's
-    boundaries to be safe points, outermost first)."""
+    """Where the optimizer step called from ``frame`` cannot be snapshotted at its loop's
+    boundaries: ("file:line (function)", the modules that would have to be instrumented, outermost
+    first), or None when it can.
+
+    The loop that steps is the innermost one around the call: a running instrumented loop, or a
+    ``for``/``while`` of code that is not instrumented (a trainer in site-packages). Frames below
+    it (a framework's optimization helpers between its loop and ``optimizer.step``) are gone by
+    the loop's next boundary and do not matter; every frame above it, up to the script's, must be
+    instrumented for replay to return there."""
     torch_dir = _torch_dir()
-    where = None
-    modules: list[str] = []
+    running = {id(loop.frame) for loop in loops.ACTIVE if loop.frame.f_back is not None}
+    where, stepping = None, None
     while frame is not None:
         code = frame.f_code
-        if _instrumented(code):
+        if id(frame) in running:
+            stepping = frame  # an instrumented step loop: check the calls above it
             break
         path = code.co_filename
         inside_tools = path.startswith(_GPUSNAP_DIR) or (torch_dir is not None and path.startswith(torch_dir))
-        if where is None and not inside_tools and _inside_loop(path, frame.f_lineno):
-            where = f"{os.path.normpath(path)}:{frame.f_lineno} ({code.co_qualname})"
-        if where is not None:
-            module = frame.f_globals.get("__name__") or os.path.splitext(os.path.basename(path))[0]
-            if module not in modules:
-                modules.insert(0, module)
+        if not _instrumented(code) and not inside_tools and _inside_loop(path, frame.f_lineno):
+            where, stepping = f"{os.path.normpath(path)}:{frame.f_lineno} ({code.co_qualname})", frame
+            break
         frame = frame.f_back
-    if where is None and frame is not None:
-        return _uninstrumented_caller(frame)
-    return (where, modules) if where is not None and frame is not None else None
+    modules = _uninstrumented_modules(stepping) if stepping is not None else None
+    if modules is None:  # no step loop, or no script frame above it (a bare test harness)
+        return None
+    if where is not None:
+        return where, modules
+    if not modules:
+        return None
+    code = stepping.f_code
+    step_at = f"{os.path.normpath(code.co_filename)}:{stepping.f_lineno} ({code.co_qualname})"
+    return f"{step_at}, called through {_outermost_uninstrumented(stepping)}", modules
 
 
-def _uninstrumented_caller(frame) -> tuple[str, list[str]] | None:
-    """The step loop's own code is instrumented, but a call on the way to it from the main
-    module is not (a library's wrapper, a retry loop): its boundaries are no safe points either.
-    ("file:line (function)" of the outermost such call, the modules that would cover them)."""
-    step_at = f"{os.path.normpath(frame.f_code.co_filename)}:{frame.f_lineno} ({frame.f_code.co_qualname})"
-    where, modules = None, []
+def _uninstrumented_modules(frame) -> list[str] | None:
+    """Modules of the frames from ``frame`` up to the script's that are not instrumented (and
+    not gpusnap's own), outermost first; None when the script's frame is not above it."""
+    modules: list[str] = []
     while frame is not None and frame.f_code is not loops.MAIN_CODE:
         code = frame.f_code
         if not _instrumented(code) and not code.co_filename.startswith(_GPUSNAP_DIR):
-            where = f"{os.path.normpath(code.co_filename)}:{frame.f_lineno} ({code.co_qualname})"
             module = frame.f_globals.get("__name__") or os.path.splitext(os.path.basename(code.co_filename))[0]
             if module not in modules:
                 modules.insert(0, module)
         frame = frame.f_back
-    return (f"{step_at}, called through {where}", modules) if where is not None and frame is not None else None
+    return modules if frame is not None else None
+
+
+def _outermost_uninstrumented(frame) -> str:
+    found = None
+    while frame is not None and frame.f_code is not loops.MAIN_CODE:
+        code = frame.f_code
+        if not _instrumented(code) and not code.co_filename.startswith(_GPUSNAP_DIR):
+            found = f"{os.path.normpath(code.co_filename)}:{frame.f_lineno} ({code.co_qualname})"
+        frame = frame.f_back
+    return found
 
 
 def _torch_dir() -> str | None:

@@ -9,17 +9,20 @@ Either way a safe point must be a place replay can return to (``safepoints.retur
 The optimizer hooks also count steps and iterations, ready the staging memory after a writer
 (``stage.prepare``), and, at the first step, say once when the step loop is in code gpusnap does
 not instrument. Loops start with a fast-forward note (``describe_source``), except inside a
-running step loop's body, where no snapshot can be taken before they end.
+running step loop's body, where no snapshot can be taken before they end (a generator's loops
+excepted: the generator outlives the body that advanced it).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
 import weakref
 
 from gpusnap import knobs, stage
 from gpusnap.capture import safepoints, session
-from gpusnap.graph import rng
+from gpusnap.graph import iterators, rng, workers
 from gpusnap.instrument import loops
 
 # (id(code), loop_id) -> code: ids hash in nanoseconds, a code object's hash is recomputed (about
@@ -28,6 +31,7 @@ _step_loops: dict = {}
 _last_stepping = (lambda: None, -1)  # (weak ActiveLoop, index) of the last iteration counted
 _note_source = None  # restore's fastforward.part, handed over by boot through the agent
 _stepper_checked = False  # the first optimizer step looked for a step loop gpusnap cannot reach
+_GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
 
 
 def install(note_source) -> None:
@@ -36,6 +40,9 @@ def install(note_source) -> None:
     loops.describe_source = describe_source
     loops.capture_rng = rng.compact
     after_import("torch.optim.optimizer", _hook_optimizers)
+    after_import("torch.utils.data.dataloader", _note_loader_iters)
+    workers.install()
+    after_import("torch.utils.data._utils.fetch", _note_worker_draws)
 
 
 def after_import(name: str, callback) -> None:
@@ -49,6 +56,43 @@ def after_import(name: str, callback) -> None:
 def _hook_optimizers(module) -> None:
     module.register_optimizer_step_pre_hook(_before_optimizer_step)
     module.register_optimizer_step_post_hook(_after_optimizer_step)
+
+
+def _note_loader_iters(module) -> None:
+    """Every ``iter(loader)`` notes the RNG states it starts from (``iterators.LOADER_ITERS``)."""
+    loader_iter = module.DataLoader.__iter__
+
+    @functools.wraps(loader_iter)
+    def __iter__(self):
+        made_with = rng.compact(), (self.generator.get_state() if self.generator is not None else None)
+        it = loader_iter(self)
+        try:
+            iterators.LOADER_ITERS[it] = (weakref.ref(self), made_with)
+        except TypeError:  # an iterator that takes no weak reference: nothing to make again
+            pass
+        return it
+
+    module.DataLoader.__iter__ = __iter__
+
+
+def _note_worker_draws(module) -> None:
+    """In a DataLoader worker, a fetch that changes the global RNG states is noted
+    (``graph.workers``): fast-forward cannot skip such a loader's batches by index."""
+    for cls in (module._MapDatasetFetcher, module._IterableDatasetFetcher):
+        fetch = cls.fetch
+
+        @functools.wraps(fetch)
+        def watched(self, possibly_batched_index, _fetch=fetch):
+            # Imported while torch.utils.data initializes: its worker module is loaded by now.
+            if sys.modules["torch.utils.data._utils.worker"].get_worker_info() is None:  # the main process: the snapshot holds its RNG states
+                return _fetch(self, possibly_batched_index)
+            before = rng.compact()
+            data = _fetch(self, possibly_batched_index)
+            if not rng.same(before, rng.compact()):
+                workers.mark()
+            return data
+
+        cls.fetch = watched
 
 
 def _before_optimizer_step(optimizer, *_):
@@ -106,6 +150,8 @@ def describe_source(loop, source):
 def _inside_step_body(loop) -> bool:
     if not _step_loops and not session.config.get("at"):
         return False
+    if loop.frame.f_code.co_flags & _GENERATOR_FLAGS:
+        return False  # a generator's loop outlives the body that advanced it (livecheck runs it again)
     if is_step_loop(loop):
         return False
     for other in loops.ACTIVE:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from gpusnap import knobs
 from gpusnap.capture import loopnotes, paths
-from gpusnap.graph import roots
+from gpusnap.graph import roots, workers
 from gpusnap.capture.pickler import GraphPickler, HostMemory, _storage_key, type_name
 from gpusnap.stage.drain import Drained, drain
 
@@ -76,7 +76,7 @@ def write_snapshot(job: WriteJob) -> dict:
         graph["kind"] = "graph"
         if pickler.iterative:
             graph["pickler"] = "iterative"  # the graph was too deep for the C pickler
-        iterators = {id(obj): info for obj, _ in pickler.live_only if (info := loopnotes.describe(obj, read))}
+        iterators = {id(obj): info for obj, _ in pickler.live_only if (info := loopnotes.describe(obj, read, job.active_loops))}
         manifest = _manifest(job, payload, pickler, graph, stall_s, iterators)
         if job.device is not None:
             manifest["allocations"] = [a.record() for a in job.device.allocations]
@@ -205,6 +205,7 @@ def _manifest(job: WriteJob, payload: dict, pickler: GraphPickler, graph: dict, 
             "rng": sorted(payload["rng"]),
         },
         "loops": payload["loops"],
+        "workers_draw": workers.seen(),
         "steps": job.steps,
         "sources": job.sources,
         "objects": objects,

@@ -17,6 +17,11 @@ else (``skip_batches``, a stateful or iterable-style base loader) is consumed an
 digest, or refused.
 
 The step loop of an Accelerate program is the program's own: no module needs instrumenting.
+
+``Accelerator._dataloaders`` lists every DataLoader ``prepare`` made, those of evaluations that
+ran in iterations the replay skips too (the transformers Trainer prepares one per evaluation):
+restore keeps the replay's list (``pickler.REPLAYED_ATTRS``). What it lists are live-only loaders,
+and nothing but ``save_state`` reads the list.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import functools
 import inspect
 import weakref
 
-from gpusnap.capture import loopnotes, steploop
+from gpusnap.capture import loopnotes, pickler, steploop
 from gpusnap.graph import iterators, rng
 from gpusnap.restore import fastforward, livecheck
 
@@ -157,5 +162,6 @@ def _yielded(gen) -> int:
 
 
 steploop.after_import("accelerate.data_loader", _note_rng_at_iter)
+pickler.REPLAYED_ATTRS["accelerate.accelerator.Accelerator"] = frozenset({"_dataloaders"})
 fastforward.ADAPTERS[SHARD] = ShardLoop()
 iterators.ADAPTERS[f"{SHARD}.__iter__"] = ShardIterator()

@@ -2,12 +2,20 @@
 inside ``train`` → ``_inner_training_loop`` → the epoch loop) is in ``transformers.trainer``,
 which is instrumented by default. Trainers built on it (``Seq2SeqTrainer``, TRL's trainers) reach
 the same loop through ``train``. Its epoch iterator is an Accelerate ``DataLoaderShard``'s, which
-the program advances by hand: ``gpusnap.frameworks.accelerate`` puts it back."""
+the program advances by hand: ``gpusnap.frameworks.accelerate`` puts it back.
+
+An evaluation during training (``eval_strategy``) leaves its prepared DataLoader in the callback
+handler's ``eval_dataloader``, handed to callbacks as an argument of every later event; the
+replay skips the iteration that evaluated, so restore keeps the replay's value there (None until
+the next evaluation sets it; each evaluation sets it before its first event).
+"""
 
 from __future__ import annotations
 
+from gpusnap.capture import pickler
 from gpusnap.frameworks import LOOP_MODULES
 
 # With auto_find_batch_size, Accelerate's retry loop (accelerate.utils.memory) calls the inner
 # training loop: without it, no frame on the way would be instrumented, and no boundary safe.
 LOOP_MODULES["transformers"] = ("transformers.trainer", "accelerate.utils.memory")
+pickler.REPLAYED_ATTRS["transformers.trainer_callback.CallbackHandler"] = frozenset({"eval_dataloader"})

@@ -10,8 +10,16 @@ problem | None`` (replay, ``restore.livecheck``). ``gpusnap.frameworks`` fills i
 from __future__ import annotations
 
 import types
+import weakref
 
 ADAPTERS: dict = {}
+
+# A torch DataLoader iterator -> (weak reference to its DataLoader, the global RNG states (raw,
+# ``rng.compact()``) and the loader's own generator state when ``iter()`` made it). The capture
+# agent wraps ``DataLoader.__iter__`` to fill it: a program that makes its iterator again inside
+# its loop (``it = iter(loader)`` when the last one ran out) holds one that the replay, which
+# skips that iteration, never made; restore makes it anew from these (``restore.livecheck``).
+LOADER_ITERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def adapter_for(obj):

@@ -5,6 +5,12 @@ importable by both sides: restore must never import capture. Placeholders:
 
 - ``LiveOnly`` stands where the snapshot held an object it does not capture (a file, a
   DataLoader iterator, a module): restore keeps the object the replayed program built there;
+- ``LiveFunction``, a ``LiveOnly`` for a local function (a closure): restore keeps the replayed
+  function, and merges what the snapshot's cells held into its cells;
+- ``LiveObject``, a ``LiveOnly`` for an instance of a class that cannot be found by name (one
+  defined inside a function, or made at run time as torch's parametrizations make
+  ``ParametrizedLinear``): restore keeps the replayed object and merges the snapshot's
+  attributes into it;
 - ``Unbuilt`` stands where an object was captured but cannot be rebuilt in this process (its
   constructor refused an argument that is itself live-only, such as a ``functools.partial`` of a
   local function): restore keeps the replayed object there, and refuses if there is none.
@@ -83,11 +89,67 @@ class Unbuilt:
         pass
 
 
+class LiveFunction(LiveOnly):
+    """Stands where the snapshot held a local function: the function is the replay's, but its
+    closure cells hold state the program goes on with (an optimizer a factory made and only a
+    ``train_step`` closure refers to). ``cells``: {free variable name: what the cell held}."""
+
+    __slots__ = ("qualname", "cells")
+
+    def __init__(self, serial: int, type_name: str):
+        super().__init__(serial, type_name)
+        self.qualname, self.cells = "", {}
+
+    def __setstate__(self, state) -> None:  # after the placeholder is memoized: cells may hold it
+        self.qualname, self.cells = state
+
+
+class LiveObject(LiveOnly):
+    """Stands where the snapshot held an instance of a class that cannot be found by name: the
+    object is the replay's, its state the snapshot's. ``attrs``: its ``__dict__``; ``slots``:
+    its slot values."""
+
+    __slots__ = ("qualname", "attrs", "slots")
+
+    def __init__(self, serial: int, type_name: str):
+        super().__init__(serial, type_name)
+        self.qualname, self.attrs, self.slots = "", {}, {}
+
+    def __setstate__(self, state) -> None:  # after the placeholder is memoized: attributes may hold it
+        self.qualname, self.attrs, self.slots = state
+
+
+class LiveGenerator(LiveOnly):
+    """Stands where the snapshot held a suspended generator of instrumented code: the generator
+    is the replay's, run to the same place (``restore.livecheck``), its locals the snapshot's."""
+
+    __slots__ = ("qualname", "locals")
+
+    def __init__(self, serial: int, type_name: str):
+        super().__init__(serial, type_name)
+        self.qualname, self.locals = "", {}
+
+    def __setstate__(self, state) -> None:
+        self.qualname, self.locals = state
+
+
 _loading = threading.local()
 
 
 def _live_only(serial, name):
     return LiveOnly(serial, name)
+
+
+def _live_function(serial, name):
+    return LiveFunction(serial, name)
+
+
+def _live_object(serial, name):
+    return LiveObject(serial, name)
+
+
+def _live_generator(serial, name):
+    return LiveGenerator(serial, name)
 
 
 def _construct(func, args, type_name):

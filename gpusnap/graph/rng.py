@@ -178,6 +178,11 @@ def to_json(raw, read=None) -> dict | None:
     return out
 
 
+def tensor_json(tensor, read=None) -> str:
+    """A torch generator state (a uint8 tensor) in base64; ``read`` as for ``to_json``."""
+    return _b64(_tensor_bytes(tensor, read))
+
+
 def tensor_b64(text: str):
     """A torch generator state (a uint8 tensor) from its base64 form."""
     import torch

@@ -8,6 +8,8 @@ on path strings alone. Rendered paths read like Python: ``frame[2].locals.model.
 
 from __future__ import annotations
 
+import types
+
 ATOMS = (str, bytes, int, float, bool, complex, type(None))
 _MODULE_GROUPS = ("_parameters", "_buffers", "_modules")
 _SHOWN_PARTS = 40  # a longer path shows its first and last parts around an ellipsis
@@ -58,8 +60,9 @@ def key_text(key) -> str:
 
 
 def children(obj, torch_module=None):
-    """(suffix, child) pairs of one object, in a stable order: dict items, sequence items, an
-    nn.Module's parameters, buffers and submodules, then ``__dict__`` entries."""
+    """(suffix, child) pairs of one object, in a stable order: dict items, sequence items, what a
+    function's closure cells hold, an nn.Module's parameters, buffers and submodules, then
+    ``__dict__`` entries."""
     if isinstance(obj, dict):
         for key, value in obj.items():
             yield f"[{key_text(key)}]", value
@@ -68,6 +71,12 @@ def children(obj, torch_module=None):
         for i, value in enumerate(obj):
             yield f"[{i}]", value
         return
+    if type(obj) is types.FunctionType and obj.__closure__:
+        for i, cell in enumerate(obj.__closure__):
+            try:
+                yield f".__closure__[{i}].cell_contents", cell.cell_contents
+            except ValueError:  # a variable not bound yet
+                continue
     if torch_module is not None and isinstance(obj, torch_module.nn.Module):
         for group in _MODULE_GROUPS:
             for name, value in getattr(obj, group, {}).items():

@@ -17,23 +17,27 @@ is pending, every main-thread boundary calls ``on_boundary`` (installed by the c
 which decides whether this boundary is a safe point. When nothing is pending a boundary costs
 one global lookup and one counter step.
 
-A loop whose source is not a known pure container gets a note (``describe_source``) and a weak
-reference to its ``_iterate`` generator, whose local ``item`` is the last item handed to the
-body: the writer digests it so that replay can prove a consumed source reproduced it. Loops that
+A loop whose source is not a known pure container, or that runs in a generator, gets a weak
+reference to its ``_iterate`` generator (and the former a note, ``describe_source``), whose local
+``item`` is the last item handed to the body: the writer digests it so that replay can prove a
+consumed source, or a generator it ran again, reproduced it. Loops that
 enclose a step loop become ``EnclosingLoop``s (by ``__class__`` assignment, from the capture
-agent): they record the global RNG states at every iteration start. Other loops pay nothing per
-iteration for either.
+agent), and so do loops that run in a generator while the capture agent is installed (a
+program's ``cycle(loader)`` that it advances by hand, which replay runs again): they record the
+global RNG states at every iteration start. Other loops pay nothing per iteration for either.
 """
 
 from __future__ import annotations
 
 import builtins
+import inspect
 import itertools
 import sys
 import threading
 import weakref
 
 _MAIN_THREAD = threading.main_thread().ident
+_IN_GENERATOR = inspect.CO_GENERATOR  # a generator's loop: its last item is digested (livecheck)
 
 # Set by the capture agent; read at every boundary. A plain module global: the cheapest check.
 pending = False
@@ -128,6 +132,8 @@ def _start_for(loop_id: str, iterable, frame):
     if threading.get_ident() != _MAIN_THREAD:
         return iter(iterable)
     loop = ActiveLoop(loop_id, frame, "for")
+    if frame.f_code.co_flags & _IN_GENERATOR and capture_rng is not None:
+        loop.__class__ = EnclosingLoop
     if describe_source is not None:
         loop.resume = describe_source(loop, iterable)
     it = None
@@ -137,7 +143,7 @@ def _start_for(loop_id: str, iterable, frame):
         it = iter(iterable)
     ACTIVE.append(loop)
     gen = _iterate(loop, it)
-    if loop.resume is not None:
+    if loop.resume is not None or frame.f_code.co_flags & _IN_GENERATOR:
         loop.gen = weakref.ref(gen)  # weak: the for statement alone must own (and close) it
     return gen
 
@@ -207,7 +213,11 @@ class _WhileLoop:
 def while_loop(loop_id: str) -> _WhileLoop:
     if threading.get_ident() != _MAIN_THREAD:
         return _WhileLoop(None)
-    return _WhileLoop(ActiveLoop(loop_id, sys._getframe(1), "while"))
+    frame = sys._getframe(1)
+    loop = ActiveLoop(loop_id, frame, "while")
+    if frame.f_code.co_flags & _IN_GENERATOR and capture_rng is not None:
+        loop.__class__ = EnclosingLoop
+    return _WhileLoop(loop)
 
 
 def reset_after_fork_in_child() -> None:

@@ -15,6 +15,8 @@ Replay side, ``iterator_at(source, skip, note, ctx)`` restores those RNG states,
   too, then the iterator is built with an index sampler that drops the first ``skip`` batches of
   indices. Workers receive only the indices after them: no skipped sample is loaded, shuffling
   and worker seeds come out the same. An iterable-style dataset ignores indices: it is consumed.
+  So is a loader with workers when the program's workers drew random numbers while fetching
+  (``graph.workers``): their generators must take the skipped batches' draws too.
 - ``enumerate``, ``zip``, ``islice`` (deferred by the transform) and ``tqdm`` (a table of
   adapters keyed by class, ``ADAPTERS``): seen through; their sources are positioned and the
   wrapper rebuilt around them (a tqdm's count continues from ``skip``).
@@ -35,7 +37,7 @@ import itertools
 import types
 from collections import deque
 
-from gpusnap.graph import rng
+from gpusnap.graph import rng, workers
 from gpusnap.errors import FastForwardError
 from gpusnap.instrument.loops import _DeferredCall
 
@@ -240,6 +242,8 @@ class DataLoaderAdapter:
         note = {"kind": "dataloader", "generator_rng": generator.get_state() if generator is not None else None}
         if not samples_by_index(loader):
             note["consumed"] = True
+        if loader.num_workers > 0:
+            note["workers"] = loader.num_workers  # the writer digests the last batch: replay may take the skipped ones
         if loader.persistent_workers and loader.num_workers > 0 and loader._iterator is not None:
             note["reuses_workers"] = True  # this iter() draws no base seed: it only resets the iterator
         return note
@@ -251,7 +255,10 @@ class DataLoaderAdapter:
             return it, "by batch sampler"
         if note and note.get("kind") == "dataloader":
             _restore_rng(loader, note)
-        return consume(loader, skip, ctx, at, pure=False)
+        it, how = consume(loader, skip, ctx, at, pure=False)
+        if loader.num_workers > 0 and workers.seen():
+            how += " (its workers draw random numbers)"
+        return it, how
 
 
 class TqdmAdapter:
@@ -299,8 +306,11 @@ def _adapter(cls):
 
 # -- DataLoader by batch sampler -----------------------------------------------------------------
 def samples_by_index(loader) -> bool:
+    """Can the loader's batches be skipped by its index sampler, exactly?"""
     from torch.utils.data import DataLoader, IterableDataset
 
+    if loader.num_workers > 0 and workers.seen():
+        return False  # workers that draw random numbers must draw the skipped batches' too
     return not isinstance(loader.dataset, IterableDataset) and type(loader).__iter__ is DataLoader.__iter__
 
 

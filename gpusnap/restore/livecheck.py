@@ -8,13 +8,23 @@ is fast-forwarded: a silent divergence. So the writer records, for each live-onl
 ``capture.loopnotes.describe(obj)``, and replay (before the merge) runs ``check``:
 
 - a torch DataLoader iterator: its batch count (``_num_yielded``), the base seed it drew when it
-  was made and a fingerprint of its index sampler. The replayed one must have drawn the same
-  seed (then the RNG state at its creation was the same); it is advanced to the same count
-  (map-style, no workers: through its index sampler, no sample loaded; otherwise by taking
-  batches), and its sampler must then have the same fingerprint (the last batch of indices).
+  was made, a fingerprint of its index sampler and the RNG states ``iter()`` made it from. A
+  replayed one that drew the same seed (then the RNG state at its creation was the same) is
+  advanced to the same count (map-style, no workers: through its index sampler, no sample
+  loaded; otherwise by taking batches). One made from other random numbers, or already past
+  that count (the original made its iterator again in an iteration the replay skipped: ``it =
+  iter(loader)`` when the last one ran out), is replaced by a new one from the same DataLoader,
+  made from the saved RNG states with an index sampler that skips to the count (no skipped
+  sample loaded, by workers either); it must draw the saved seed. Either way its sampler must
+  then have the same fingerprint (the last batch of indices).
 - a generator: created or finished, the replayed one must be too; suspended, the replayed one
-  must have the same fingerprint (position, and every local digested): else it cannot be
-  positioned.
+  must have the same fingerprint (position, and every local digested), or, when its code is
+  instrumented and the replayed one has not started (the program advances it by hand, ``batches
+  = cycle(loader)`` then ``next(batches)`` each step), it is run to the same place: its loops
+  fast-forward as a loop on the path does, the innermost to the item before the saved one, and
+  one ``next()`` takes that item, which must have the saved item's digest (what the generator
+  runs before and between its loops runs again now, and may draw other random numbers). The
+  merge then writes the snapshot's values into its locals (``merge``).
 - a framework's iterator with an adapter in ``graph.iterators.ADAPTERS`` (an Accelerate
   ``DataLoaderShard``'s generator, Lightning's ``CombinedLoader`` iterator): the adapter describes
   it, and positions the replayed one or replaces it with one it positioned (``Scene.replace``);
@@ -100,9 +110,9 @@ def check(live_only: list, frames: list, modules: dict, positioned: set, say, rn
             scene = Scene(say, list(rng_states), path, frames, modules)
             problem = adapter.check(None if live is _MISSING else live, info, path, scene)
         elif kind == "dataloader_iter":
-            problem = position_loader_iter(live, info, path, say)
+            problem = position_loader_iter(live, info, path, say, Scene(say, list(rng_states), path, frames, modules))
         elif kind == "generator":
-            problem = _generator(live, info, path)
+            problem = _generator(live, info, path, say)
         else:
             problem = f"cannot position the iterator at {path} ({entry.get('type')}): a snapshot cannot record where it stood"
         if problem:
@@ -110,14 +120,21 @@ def check(live_only: list, frames: list, modules: dict, positioned: set, say, rn
     return problems
 
 
-def position_loader_iter(live, info: dict, path: str, say) -> str | None:
-    """A DataLoader iterator advanced to its saved position and checked there, or a problem."""
+def position_loader_iter(live, info: dict, path: str, say, scene: Scene | None = None) -> str | None:
+    """A DataLoader iterator advanced to its saved position (or made again there, ``scene``
+    given) and checked there, or a problem."""
     iter_class = loader_iter_class()
     if live is _MISSING or iter_class is None or not isinstance(live, iter_class):
         return f"cannot find the DataLoader iterator that the run that took the snapshot held at {path}"
-    if info.get("base_seed") is not None and getattr(live, "_base_seed", None) != info["base_seed"]:
-        return f"found the DataLoader iterator at {path} made from other random numbers than in the run that took the snapshot"
+    other_seed = info.get("base_seed") is not None and getattr(live, "_base_seed", None) != info["base_seed"]
     behind = info["yielded"] - live._num_yielded
+    if (other_seed or behind < 0) and scene is not None and info.get("made_with"):
+        live, problem = _made_again(live, info, path, scene)
+        if problem:
+            return problem
+        other_seed, behind = False, 0
+    if other_seed:
+        return f"found the DataLoader iterator at {path} made from other random numbers than in the run that took the snapshot"
     if behind < 0:
         return f"found the DataLoader iterator at {path} {-behind} batches ahead of the run that took the snapshot"
     if behind:
@@ -142,7 +159,40 @@ def position_loader_iter(live, info: dict, path: str, say) -> str | None:
     return None
 
 
-def _generator(live, info: dict, path: str) -> str | None:
+def _made_again(live, info: dict, path: str, scene: Scene):
+    """(a new iterator of ``live``'s DataLoader, made from the RNG states the original was made
+    from and positioned at its batch count, in ``live``'s place; or None), a problem or None."""
+    from gpusnap.graph import rng
+    from gpusnap.graph.iterators import LOADER_ITERS
+    from gpusnap.restore import fastforward
+
+    made = LOADER_ITERS.get(live)
+    loader = made[0]() if made is not None else None
+    if loader is None:
+        return None, f"cannot make the DataLoader iterator at {path} again where the run that took the snapshot had made it: its DataLoader is unknown"
+    saved = info["made_with"]
+    rng.restore_json(saved["rng"])
+    if saved.get("generator") and loader.generator is not None:
+        loader.generator.set_state(rng.tensor_b64(saved["generator"]))
+    by_sampler = fastforward.skips_by_sampler(loader)
+    new = fastforward.loader_iterator_at(loader, info["yielded"]) if by_sampler else iter(loader)
+    if new._base_seed != info["base_seed"]:
+        return None, f"made the DataLoader iterator at {path} again, and it drew another seed than in the run that took the snapshot"
+    if by_sampler:
+        fastforward.start(new)
+    else:  # an iterable-style dataset, or workers that draw random numbers: take the batches
+        for _ in range(info["yielded"]):
+            if next(new, _MISSING) is _MISSING:
+                return None, f"made the DataLoader iterator at {path} again, and it ended before batch {info['yielded']}"
+    problem = scene.replace(live, new)
+    if problem:
+        return None, problem
+    how = "by batch sampler" if by_sampler else "by taking batches"
+    scene.say(f"made the DataLoader iterator at {path} again at batch {info['yielded']} {how}")
+    return new, None
+
+
+def _generator(live, info: dict, path: str, say=None) -> str | None:
     if live is _MISSING or not isinstance(live, types.GeneratorType):
         return f"cannot find the generator that the run that took the snapshot held at {path}"
     state = inspect.getgeneratorstate(live)
@@ -152,7 +202,78 @@ def _generator(live, info: dict, path: str) -> str | None:
         return f"found the generator at {path} {state.lower()[4:]}, it was {info['state'].lower()[4:]}"
     if info.get("fingerprint") and fingerprint(live, strict=True) == info["fingerprint"]:
         return None
+    if info.get("loops") and state == "GEN_CREATED" and live.gi_code.co_qualname == info.get("function"):
+        return _run_generator_to(live, info, path, say)
     return f"cannot position the generator at {path}: the run that took the snapshot had advanced it by hand"
+
+
+def _run_generator_to(gen, info: dict, path: str, say) -> str | None:
+    """Run a replayed generator of instrumented code, that has not started, to where the saved
+    one stood: its loops fast-forward (``fastforward.iterator_at``), the innermost to the item
+    before the saved one; one ``next()`` then takes that item, as the original had."""
+    from gpusnap.graph import rng
+    from gpusnap.graph.digest import digest
+    from gpusnap.instrument import loops
+    from gpusnap.restore import fastforward
+
+    saved = {entry["loop_id"]: entry for entry in info["loops"]}
+    innermost = info["loops"][-1]
+    if innermost["kind"] != "for" or innermost["index"] < 1:
+        return f"cannot position the generator at {path}: it stood in a `while` loop, or before its loop's first item"
+    frame, previous, ctx, last = gen.gi_frame, loops.on_loop_start, fastforward.Context(), []
+
+    def start(loop, iterable):
+        if loop.frame is not frame or loop.loop_id not in saved:
+            return previous(loop, iterable) if previous is not None else None
+        entry = saved.pop(loop.loop_id)
+        skip = max(entry["index"] - 1, 0)
+        loop.index = skip
+        if loop.kind == "while":
+            if entry.get("rng_at"):  # its iteration starts now: with the RNG states it started with
+                rng.restore_json(entry["rng_at"])
+            return None
+        it, _ = fastforward.iterator_at(iterable, skip, entry.get("resume"), ctx)
+        if entry is innermost:
+            return _remembering(it, last)
+        return _starting_with(it, entry["rng_at"]) if entry.get("rng_at") else it
+
+    loops.on_loop_start = start
+    try:
+        next(gen)
+    except StopIteration:
+        return f"cannot position the generator at {path}: it ended before the place the run that took the snapshot had reached"
+    finally:
+        loops.on_loop_start = previous
+    if saved or not last:
+        return f"cannot position the generator at {path}: its loops ran otherwise than in the run that took the snapshot"
+    # The code before and between its loops ran again now, not when the original ran it: only
+    # the item it takes again proves that it drew the same (a permutation made in the generator).
+    saved_item = info.get("item") or {}
+    if not saved_item.get("digest"):
+        why = saved_item.get("why") or "none was recorded"
+        return f"cannot position the generator at {path}: no digest of the item its loop had taken ({why}) proves where it stands"
+    if digest(last[-1])[0] != saved_item["digest"]:
+        return f"ran the generator at {path} to its saved place, and it took another item than in the run that took the snapshot"
+    if say is not None:
+        say(f"ran the generator at {path} to item {innermost['index']} of its loop")
+    return None
+
+
+def _starting_with(it, states: dict):
+    """``it``, the RNG states put back once its first item is fetched: where the iteration starts."""
+    from gpusnap.graph import rng
+
+    for item in it:
+        rng.restore_json(states)
+        yield item
+        yield from it
+        return
+
+
+def _remembering(it, last: list):
+    for item in it:
+        last[:] = [item]
+        yield item
 
 
 # -- object paths (capture.paths writes them) ------------------------------------------------------

@@ -12,6 +12,11 @@
 - a live-only placeholder keeps the live object; so does an object that could not be rebuilt;
   where the replayed program has no object at that place (inside a merged object or container),
   that is an error: the program would meet None where it held a live object;
+- a local function keeps the live one, and what the snapshot's closure cells held is merged
+  into the live function's cells, by free variable name (a function of another name there is a
+  ``StateMismatch``); an object of a class pickle cannot name (defined inside a function, made at
+  run time) keeps the live one, and its attributes are merged as above (another class there is
+  a ``StateMismatch``);
 - anything without a live counterpart of the same type waits: the same snapshot object may
   still be met at a place that has one (``best = model`` found before ``model``). ``finish``
   settles each such place with the live counterpart found meanwhile, or *adopts* the snapshot's
@@ -35,10 +40,11 @@ import sys
 import types
 
 from gpusnap.errors import StateMismatch
-from gpusnap.graph.load import LiveOnly, Unbuilt
+from gpusnap.graph.load import LiveFunction, LiveGenerator, LiveObject, LiveOnly, Unbuilt
 from gpusnap.graph.walk import ATOMS as _ATOMS
 from gpusnap.graph.walk import Path
 from gpusnap.graph.walk import key_text as _key_text
+from gpusnap.restore.frames import write_locals
 
 
 class _Steps:
@@ -48,6 +54,30 @@ class _Steps:
 
     def __init__(self, gen):
         self.gen = gen
+
+
+class _Cell:
+    """A closure cell as a one-slot container, for ``_store`` (and ``finish``'s fixups)."""
+
+    __slots__ = ("cell",)
+
+    def __init__(self, cell):
+        self.cell = cell
+
+    def __setitem__(self, _key, value) -> None:
+        self.cell.cell_contents = value
+
+
+class _Attr:
+    """An object's slots as a container, for ``_store``."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __setitem__(self, name, value) -> None:
+        setattr(self.obj, name, value)
 
 
 class _Pending:
@@ -70,6 +100,8 @@ class Merger:
         self._fixups: list = []  # (container, key, _Pending): slots that wait for finish()
         self._building: set[int] = set()  # snapshot tuples whose items are being merged
         self._live_only: dict[int, object] = {}  # id(LiveOnly) -> the live object first placed for it
+        self._state_merged: set[int] = set()  # ids of the LiveFunctions and LiveObjects merged
+        self._generator_locals: list = []  # (suspended generator frame, merged locals) for finish()
         self.path: Path | str = ""  # the place being merged, for errors raised outside the merger
         self.tensors = 0
         self.nbytes = 0
@@ -96,6 +128,8 @@ class Merger:
         for pending in self._pending.values():  # root places (a frame's locals) settle here too
             self._settle(pending)
         self._remap_adopted()
+        for frame, values in self._generator_locals:
+            write_locals(frame, {name: self.settled(value) for name, value in values.items()})
 
     def _settle(self, pending: _Pending):
         found = self.aligned.get(id(pending.snap), _MISSING)
@@ -159,6 +193,15 @@ class Merger:
                 # inside a framework's fetcher): it cannot continue from this state.
                 why = f"cannot be rebuilt here ({snap.error})" if isinstance(snap, Unbuilt) else "is not captured (live-only)"
                 raise StateMismatch(f"{path}: the snapshot's {snap.type_name} {why}, and the replayed program has nothing at this place")
+            if isinstance(snap, (LiveFunction, LiveObject, LiveGenerator)) and live is not None and id(snap) not in self._state_merged:
+                self._state_merged.add(id(snap))
+                if isinstance(snap, LiveFunction):
+                    return _Steps(self._merge_cells(live, snap, path))
+                if isinstance(snap, LiveGenerator):
+                    return _Steps(self._merge_generator(live, snap, path))
+                if type(live).__qualname__ != snap.qualname:
+                    raise StateMismatch(f"{path}: the snapshot holds a {snap.qualname} here, the replayed program a {type(live).__qualname__}")
+                return _Steps(self._merge_attrs(live, snap.attrs, path, snap.slots))
             return live
         torch = self._torch
         done = self.aligned.get(id(snap), _MISSING)
@@ -189,7 +232,7 @@ class Merger:
             return self._align(snap, live, path)
         if hasattr(snap, "__dict__") and isinstance(getattr(live, "__dict__", None), dict):
             self._align(snap, live, path)
-            return _Steps(self._merge_attrs(live, snap, path))
+            return _Steps(self._merge_attrs(live, snap.__dict__, path))
         return self._adopt(snap, path)
 
     def _wait(self, snap, path: Path) -> _Pending:
@@ -310,17 +353,47 @@ class Merger:
                 keys.append(self._adopt(key, path + f"[<key {type(key).__name__}>]"))
         return keys
 
-    def _merge_attrs(self, live, snap, path: Path):
-        live_attrs = live.__dict__
-        snap_attrs = snap.__dict__
+    def _merge_attrs(self, live, snap_attrs: dict, path: Path, snap_slots: dict | None = None):
+        live_attrs = live.__dict__ if snap_attrs else {}
         # Object-keyed dicts (optimizer.state) come last: their keys align while the rest merges.
         for name in sorted(snap_attrs, key=lambda k: _has_object_keys(snap_attrs[k])):
             value = snap_attrs[name]
             if isinstance(value, LiveOnly) and name not in live_attrs:
                 continue  # nothing to keep, and nothing the snapshot could give
             self._store(live_attrs, name, (yield (live_attrs.get(name), value, path + f".{name}")))
+        for name, value in (snap_slots or {}).items():
+            self._store(_Attr(live), name, (yield (getattr(live, name, None), value, path + f".{name}")))
         # Attributes the snapshot lacks stay: a class whose __getstate__ leaves some out
         # (torch's optimizers keep only defaults, state and param_groups) rebuilds them itself.
+        return live
+
+    def _merge_generator(self, live, snap: LiveGenerator, path: Path):
+        """A generator the replay ran to the saved place (livecheck) takes the snapshot's locals;
+        one it did not run keeps its own (livecheck has refused unless it matched already)."""
+        if type(live) is not types.GeneratorType or not live.gi_suspended or live.gi_code.co_qualname != snap.qualname:
+            return live
+        current = live.gi_frame.f_locals
+        merged = {}
+        for name, value in snap.locals.items():
+            merged[name] = yield (current.get(name), value, path + f".gi_frame.f_locals[{name!r}]")
+        self._generator_locals.append((live.gi_frame, merged))
+        return live
+
+    def _merge_cells(self, live, snap: LiveFunction, path: Path):
+        code = getattr(live, "__code__", None)
+        if type(live) is not types.FunctionType or code.co_qualname != snap.qualname:
+            found = code.co_qualname if type(live) is types.FunctionType else type(live).__name__
+            raise StateMismatch(f"{path}: the snapshot holds function {snap.qualname} here, the replayed program {found}")
+        cells = {name: (i, cell) for i, (name, cell) in enumerate(zip(code.co_freevars, live.__closure__ or ()))}
+        for name, value in snap.cells.items():
+            if name not in cells:
+                raise StateMismatch(f"{path}: the replayed {snap.qualname} has no variable {name} in its closure")
+            i, cell = cells[name]
+            try:
+                current = cell.cell_contents
+            except ValueError:  # not bound in the replay yet
+                current = None
+            self._store(_Cell(cell), None, (yield (current, value, path + f".__closure__[{i}].cell_contents")))
         return live
 
     # -- adopted objects -----------------------------------------------------------------

@@ -22,7 +22,7 @@ import os
 import sys
 import time
 
-from gpusnap.graph import rng, roots
+from gpusnap.graph import rng, roots, workers
 from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, ReplayDiverged, RestoreError
 from gpusnap.graph.load import DEVICE_BASES, LiveOnly
 from gpusnap.instrument import loops
@@ -305,6 +305,8 @@ def install(rundir, snap_id: str, config: dict, emit, on_merged, restore_device=
     _verbosity = int(config.get("verbosity", 1))
     replay = Replay(rundir, snap_id, config, emit, on_merged)
     replay.restore_device = restore_device or _no_device
+    if replay.manifest.get("workers_draw"):
+        workers.mark()  # fast-forward takes worker loaders' batches; later snapshots keep saying so
     it = replay.manifest.get("iteration")
     _say(f"restoring snapshot {replay.snap_id} (iteration {it}): replaying setup", level=1)
     try:

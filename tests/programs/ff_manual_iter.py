@@ -1,7 +1,9 @@
 """An iterator made in the epoch loop's body and advanced by hand in a step loop, as the
 transformers Trainer does. usage: ff_manual_iter.py OUT STYLE EPOCHS
 STYLE loader: `it = iter(loader)` over a shuffled DataLoader (the position can be restored);
-generator: `it = batches()`, a generator (it cannot: restart must refuse)."""
+generator: `it = batches()`, a generator function of the program's (restart runs it again to
+its place, which its item's digest proves); genexpr: a generator expression, whose loop gpusnap
+does not instrument (it cannot: restart must refuse)."""
 import sys
 
 import torch
@@ -23,7 +25,10 @@ def batches():
 
 
 for epoch in range(epochs):
-    it = iter(loader) if style == "loader" else batches()
+    if style == "genexpr":
+        it = ((X[i], Y[i]) for i in torch.randperm(96).split(8))
+    else:
+        it = iter(loader) if style == "loader" else batches()
     for _ in range(len(loader)):
         x, y = next(it)
         loss = torch.nn.functional.mse_loss(model(x), y)
