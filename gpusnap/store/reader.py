@@ -9,6 +9,10 @@ from gpusnap.store import codec, index
 from gpusnap.store.pack import Location, PackReader, pack_path
 
 
+# report_read(nbytes) after every chunk read, when set: a restore sets it to show its progress.
+report_read = None
+
+
 class ChunkProblem(Exception):
     """Internal: why one chunk cannot be read. ``kind`` is a Finding kind."""
 
@@ -72,6 +76,8 @@ def read_buffer(rd, record: dict, *, snapshot: str | None = None) -> bytearray:
                 cls = ChunkCorrupt if p.kind in ("chunk_corrupt", "pack_truncated") else ChunkMissing
                 raise cls(f"{p.message}{where}") from None
             pos += nb
+            if report_read is not None:
+                report_read(nb)
     finally:
         reader.close()
     if pos != len(out):
