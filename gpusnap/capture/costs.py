@@ -49,15 +49,15 @@ BASELINE_EACH_SIDE = 32
 # window adds its own noise to the cost.
 TAIL_ITERATIONS = 3
 TAIL_S = 0.25
-# A window whose iterations stop coming (training ended, a long evaluation) is closed this long
-# after its writer ended, with what it has.
+# A window whose iterations stop coming (training ended, a long evaluation) is closed, or its
+# cost reported, this long after its writer ended, with what it has.
 EXPIRE_S = 20.0
 _BASELINE_MIN = 3  # clean iterations needed for a baseline
 
 
 class _Window:
     __slots__ = ("snap_id", "stall_s", "at_step_loop", "opened_t", "durations", "end_t", "after_end",
-                 "writer_cpu_s", "baseline", "closed", "closed_t", "reported")
+                 "writer_cpu_s", "baseline", "before_n", "closed", "closed_t", "reported")
 
     def __init__(self, snap_id: str, stall_s: float, at_step_loop: bool, baseline: list[float]):
         self.snap_id, self.stall_s, self.at_step_loop = snap_id, stall_s, at_step_loop
@@ -67,6 +67,7 @@ class _Window:
         self.after_end = 0  # iterations started after that
         self.writer_cpu_s: float | None = None
         self.baseline = baseline  # the clean iterations before it, then those after it
+        self.before_n = 0  # how many came before it (as many after it settle its cost)
         self.closed = False  # no iteration is added to it any more
         self.closed_t: float | None = None
         self.reported = False
@@ -101,7 +102,7 @@ def iteration() -> None:
             settling = _settling
             if settling is not None:
                 settling.baseline.append(duration)
-                if len(settling.baseline) >= 2 * BASELINE_EACH_SIDE:
+                if len(settling.baseline) >= 2 * settling.before_n:
                     with _lock:
                         _report(settling)
         return
@@ -153,6 +154,8 @@ def _expire(window: _Window) -> None:
     with _lock:
         if not window.closed:
             _close(window)
+        elif not window.reported:
+            _report(window)  # settling, and no iteration came since: training ended or paused
 
 
 def _close(window: _Window, settle: bool = False) -> None:
@@ -164,6 +167,7 @@ def _close(window: _Window, settle: bool = False) -> None:
     if _window is window:
         _window = None
     window.baseline = window.baseline[-BASELINE_EACH_SIDE:]
+    window.before_n = len(window.baseline)
     if settle and len(window.baseline) >= _BASELINE_MIN:
         _settling = window
     else:

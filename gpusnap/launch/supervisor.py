@@ -9,7 +9,8 @@ Process model::
 The trainee dies with the supervisor, even one killed with SIGKILL, and a writer with its
 trainee (``gpusnap.lifeline``): nothing goes on running without the run directory's lock.
 
-The supervisor owns the schedule (signals, ``--every`` timer, ``gpusnap snap`` requests), the
+The supervisor owns the schedule (signals, ``--every`` timer, ``--every auto`` from the costs
+the trainee measures: ``launch.schedule``, ``gpusnap snap`` requests), the
 run log (``DIR/log.jsonl``) and the exit status. It starts the trainee with ``GPUSNAP_BOOT``
 set to a JSON object::
 
@@ -34,9 +35,18 @@ trainee → supervisor
                      (``iteration`` optional; ``warning`` and ``hint`` when retention failed
                      after the commit: shown as a warning, the snapshot stays committed)
       ``failed``     ``id`` (optional), ``message``
+      ``progress``   a long write: ``id``, ``bytes_put``, ``bytes_written``, ``s`` (every 0.5 s;
+                     a status line on a terminal, not logged)
+      ``steps``      once, when training runs: ``step_s`` (mean iteration time)
+      ``cost``       what snapshot ``id`` cost training: ``cost_s``, ``stall_s``, ``window_s``,
+                     ``how`` (``iterations``: with ``iterations``, ``step_s``, ``noise_s``;
+                     ``writer_cpu``: with ``writer_cpu_s``) (capture/costs.py)
 supervisor → trainee
-    ``{"op": "snapshot", "reason": "signal" | "timer" | "term" | "request", "stop": bool}``;
-    ``stop`` (SIGTERM with ``--on-term snapshot``): exit with status 75 once it is committed.
+    ``{"op": "snapshot", "reason": "signal" | "timer" | "term" | "request", "stop": bool,
+    "schedule": {...}}``; ``stop`` (SIGTERM with ``--on-term snapshot``): exit with status 75
+    once it is committed. ``{"op": "schedule", "schedule": {...}}`` after each measured cost:
+    the timer's interval and the overhead so far (``Schedule.info``), which the next manifest
+    records.
     Requests made before the trainee connects are queued and sent, in order, after its hello.
 client (``gpusnap snap``) → supervisor
     ``{"op": "snapshot", "reason": "request", "wait": bool}``; the supervisor answers

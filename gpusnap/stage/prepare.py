@@ -131,7 +131,7 @@ def prepare(optimizers) -> None:
 
 def preparing() -> bool:
     """True while the background thread readies memory (what a snapshot's cost includes)."""
-    return not _worker.idle.is_set()
+    return _worker._thread is not None and not _worker.idle.is_set()
 
 
 def drain_region() -> Region:
