@@ -37,7 +37,6 @@ class Writer:
         os.close(self.read_fd)
         _, status, usage = os.wait4(self.pid, 0)
         cpu_s = usage.ru_utime + usage.ru_stime
-        costs.writer_done(self.snap_id, cpu_s)
         try:
             result = json.loads(report or b"{}")
         except ValueError:
@@ -60,6 +59,7 @@ class Writer:
         session.writer = None
         session.prepared = False  # the next optimizer step readies memory for the next snapshot
         control.emit(**result)
+        costs.writer_done(self.snap_id, cpu_s)  # its cost follows once measured
 
 
     def _progress(self, line: bytes) -> None:
