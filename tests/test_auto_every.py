@@ -66,6 +66,9 @@ def test_auto_measures_each_snapshots_cost_and_keeps_the_budget(tmp_path):
     assert all(s["interval_s"] > 0 and 0 < s["overhead"] <= BUDGET * 1.3 for s in listed[1:]), listed
     table = gpusnap("ls", "snaps", cwd=tmp_path).stdout
     assert f"auto {listed[1]['interval_s']:.0f} s" in table and f"{listed[1]['overhead'] * 100:.2f}%" in table
+    inspected = gpusnap("inspect", "snaps", listed[1]["id"], cwd=tmp_path).stdout
+    assert (f"timer: auto {listed[1]['interval_s']:.0f} s; snapshots so far cost {listed[1]['overhead'] * 100:.2f}% "
+            f"of training time (budget {BUDGET * 100:g}%)") in inspected, inspected
 
 
 def test_without_iteration_times_the_cost_is_the_stall_and_the_writers_cpu(tmp_path):

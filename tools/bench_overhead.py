@@ -18,7 +18,8 @@ writes every parameter and both Adam moments):
 Each run's training time is the time from the end of the warm-up (WARMUP_STEPS) to its N-th
 step, read from the step stamps the program writes. The slowdown of an auto run is its
 training time over the mean of the anchors' (true overhead: what the budget is about); next to
-it, the overhead gpusnap measured itself (the last `schedule` record in DIR/log.jsonl), the
+it, the overhead gpusnap measured itself (its costs over the run's training time; the last
+`schedule` record in DIR/log.jsonl has it up to the last cost), the
 intervals it chose, the snapshots it took, and each snapshot's measured cost. The noise is the
 spread of the anchors' times.
 
@@ -140,7 +141,9 @@ def run_once(work: str, size_gb: float, steps: int, minutes: float, auto: bool, 
         "stalls_s": [round(e.get("stall_s", 0), 4) for e in commits],
         "write_s": [round(e.get("write_s", 0), 2) for e in commits],
         "intervals_s": [e.get("interval_s") for e in retunes],
-        "measured_overhead": retunes[-1].get("overhead") if retunes else None,
+        "measured_overhead": retunes[-1].get("overhead") if retunes else None,  # when its last cost came
+        # gpusnap's costs over the whole run (the schedule's figure is up to its last cost)
+        "measured_run_overhead": sum(e["cost_s"] for e in costs) / (t[-1] - t[WARMUP_STEPS] - sum(e["cost_s"] for e in costs)),
         "first_snapshot_after_s": None,
     }
     forked = [e for e in log if e.get("event") == "forked"]
@@ -197,14 +200,15 @@ def bench_size(work: str, size_gb: float, minutes: float, pairs: int, args, thre
         runs.append(r)
         extra = (f", {r['snapshots']} snapshots (first {r['first_snapshot_after_s']} s into training), intervals "
                  f"{r['intervals_s']}, costs {r['costs_s']}, writes {r['write_s']} s, measured overhead "
-                 f"{pct(r['measured_overhead'])}, in-run {pct(r['in_run_overhead'])}") if r["auto"] else ""
+                 f"{pct(r['measured_overhead'])} at its last cost, {pct(r['measured_run_overhead'])} over the run, "
+                 f"in-run {pct(r['in_run_overhead'])}") if r["auto"] else ""
         print(f"  {mode} {i}: {r['steps']} steps, training {r['train_s']:.1f} s{extra}", file=out, flush=True)
     anchors = [r["train_s"] for r in runs if not r["auto"]]
     autos = [r for r in runs if r["auto"]]
     base = statistics.fmean(anchors)
     noise = (max(anchors) - min(anchors)) / base if len(anchors) > 1 else None
     true = [r["train_s"] / base - 1 for r in autos]
-    measured = [r["measured_overhead"] for r in autos if r["measured_overhead"] is not None]
+    measured = [r["measured_run_overhead"] for r in autos]
     in_run = [r["in_run_overhead"] for r in autos if r["in_run_overhead"] is not None]
     median_true = statistics.median(true)
     median_in_run = statistics.median(in_run) if in_run else None

@@ -91,6 +91,12 @@ def inspect_cmd(run_dir, snapshot, as_json):
     head += f"  reason {m.get('reason') or '-'}  resumed from {m.get('resumed_from') or '-'}"
     echo(head)
     echo(f"stall {_secs(m.get('stall_s'))}  write {_secs(m.get('write_s'))}")
+    schedule = m.get("schedule")
+    if schedule:
+        budget = f" (budget {schedule['budget'] * 100:g}%)" if schedule.get("budget") else ""
+        overhead = "-" if schedule.get("overhead") is None else f"{schedule['overhead'] * 100:.2f}%"
+        every = _interval(schedule["every"], schedule.get("interval_s")) if schedule.get("every") else "none"
+        echo(f"timer: {every}; snapshots so far cost {overhead} of training time{budget}")
     echo(
         f"bytes: {human_bytes(st.get('bytes_total'))} total, {human_bytes(st.get('bytes_new'))} new "
         f"(dedup {_ratio(st.get('dedup_ratio'))}), {human_bytes(st.get('bytes_written'))} written "
