@@ -42,6 +42,12 @@ def _non_negative(value: float) -> float:
     return value
 
 
+def _fraction(value: float) -> float:
+    if not 0 < value <= 0.5:
+        raise ValueError(value)
+    return value
+
+
 def _str(name: str, default: str) -> str:
     return os.environ.get(f"GPUSNAP_{name}", default)
 
@@ -106,6 +112,14 @@ HEADROOM_FRACTION = _float("HEADROOM_FRACTION", 0.9)
 
 # How often the supervisor checks its timer and its child (seconds).
 SUPERVISOR_TICK_S = _float("SUPERVISOR_TICK_S", 0.2)
+# --every auto (gpusnap/launch/schedule.py): the first snapshot comes this long after training
+# starts (its cost, which sets the interval, is measured on it), and no two timer snapshots come
+# closer than AUTO_MIN_INTERVAL_S, however little they cost: a program that would lose at most
+# that much work gains little from more, and each snapshot adds a manifest and an index file.
+AUTO_FIRST_S = _parsed("AUTO_FIRST_S", 30.0, lambda raw: _non_negative(float(raw)), "a number of seconds >= 0")
+AUTO_MIN_INTERVAL_S = _parsed("AUTO_MIN_INTERVAL_S", 10.0, lambda raw: _non_negative(float(raw)), "a number of seconds >= 0")
+# Default --overhead: the share of training time --every auto may spend on snapshots.
+AUTO_OVERHEAD = _parsed("AUTO_OVERHEAD", 0.01, lambda raw: _fraction(float(raw)), "a fraction between 0 and 0.5")
 # Default --grace: how long a SIGTERM snapshot may take before the trainee is killed.
 DEFAULT_GRACE_S = _float("DEFAULT_GRACE_S", 120.0)
 # --notices: how often the cloud's metadata service is asked for a spot/preemption notice (AWS
@@ -114,6 +128,10 @@ NOTICE_POLL_S = _float("NOTICE_POLL_S", 5.0)
 METADATA_URL = _str("METADATA_URL", "")
 # How long before a notice's deadline the grace ends (the trainee is killed if still writing).
 NOTICE_MARGIN_S = _float("NOTICE_MARGIN_S", 5.0)
+
+# On a terminal, a snapshot's write and a restore's read that run this long show their progress
+# on a status line redrawn in place (elsewhere, only whole lines are written).
+STATUS_AFTER_S = _parsed("STATUS_AFTER_S", 1.0, lambda raw: _non_negative(float(raw)), "a number of seconds >= 0")
 
 # Where instrumented code objects are cached, keyed by source hash, transform version and
 # Python version. Empty: $XDG_CACHE_HOME/gpusnap (or ~/.cache/gpusnap); "off": no cache.

@@ -5,10 +5,17 @@ whatever the verbosity."""
 from __future__ import annotations
 
 import json
+import os
+import pty
+import select
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 from harness import Run, copy_programs, gpusnap, progress, ref_and_out, snapshots, wait_for
+from harness import _env as harness_env
 
 
 @pytest.mark.parametrize("flag", ["--quiet", None, "--verbose"])
@@ -34,3 +41,52 @@ def test_verbosity_of_run_and_restart(tmp_path, flag):
         assert [line for line in restarted.stderr.splitlines() if line.startswith("gpusnap:")] == []
     log = [json.loads(line)["event"] for line in (tmp_path / "snaps" / "log.jsonl").read_text().splitlines()]
     assert "committed" in log and "request" in log
+
+
+def _on_a_terminal(args, cwd, env, signal_at_step=None, out=None, timeout=120) -> tuple[int, str]:
+    """Run gpusnap with its stderr on a pseudo-terminal (stdout elsewhere); SIGUSR1 to it once
+    the program reached ``signal_at_step``. Returns the exit status and what the terminal got."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "gpusnap", *map(str, args)], cwd=cwd, env=harness_env(env),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    got, deadline, sent = b"", time.monotonic() + timeout, signal_at_step is None
+    try:
+        while time.monotonic() < deadline:
+            if not sent and progress(out) >= signal_at_step:
+                proc.send_signal(signal.SIGUSR1)
+                sent = True
+            ready, _, _ = select.select([master], [], [], 0.05)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # EIO: every writer of the terminal is gone
+                    data = b""
+                if not data:
+                    break
+                got += data
+            elif proc.poll() is not None:
+                break
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    return proc.wait(timeout=30), got.decode(errors="replace")
+
+
+def test_long_writes_and_restores_show_a_status_line_on_a_terminal_only(tmp_path):
+    program = copy_programs(tmp_path) / "big_state.py"
+    _, out = ref_and_out(tmp_path)
+    env = {"GPUSNAP_STATUS_AFTER_S": "0", "TEST_STEP_SLEEP_S": "0.05"}
+    status, said = _on_a_terminal(["run", "--dir", "snaps", program, out, 80, 300], tmp_path, env, signal_at_step=5, out=out)
+    assert status == 0, said
+    # redrawn in place (carriage return, erase the line), then erased before the commit's line
+    assert "\r\x1b[Kgpusnap: writing snapshot 000001: " in said, said
+    assert "\r\x1b[Kgpusnap: snapshot 000001 committed at iteration" in said, said
+    (out / "final.pt").unlink()
+    status, said = _on_a_terminal(["restart", "snaps"], tmp_path, env)
+    assert status == 0, said
+    assert "\r\x1b[Kgpusnap: restoring snapshot 000001: read " in said and "\r\x1b[Kgpusnap: restored snapshot 000001" in said, said
+    # not a terminal: whole lines only
+    piped = gpusnap("restart", "snaps", cwd=tmp_path, env=env)
+    assert piped.returncode == 0 and "restored snapshot 000001" in piped.stderr and "\r" not in piped.stderr, piped.stderr

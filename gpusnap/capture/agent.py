@@ -152,10 +152,11 @@ def _snapshot(loop) -> None:
         arena_fd=stage.arena_fd(),
         drain=drain,
         optimizers=list(session.optimizers),
+        schedule=session.schedule,
     )
     job.generation = stage.writer_starting()  # seals the regions this writer reads
     try:
-        writer = fork.start_writer(job)
+        writer = fork.start_writer(job, at_step_loop=steploop.is_step_loop(loop))
     except OSError as exc:  # fork itself failed (no memory, process limit): training goes on
         stage.writer_done(job.generation)
         message = f"could not fork the writer: {exc.strerror or exc}"

@@ -58,6 +58,8 @@ def _read_control(sock) -> None:
             message = json.loads(line)
         except ValueError:
             continue
+        if isinstance(message.get("schedule"), dict):
+            session.schedule = message["schedule"]  # the next manifest records it
         if message.get("op") == "snapshot":
             request(message.get("reason", "request"), stop=bool(message.get("stop")))
 

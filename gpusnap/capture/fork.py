@@ -20,7 +20,7 @@ import time
 import warnings
 
 from gpusnap import lifeline, stage
-from gpusnap.capture import control, session, watchdog
+from gpusnap.capture import control, costs, session, watchdog
 
 
 class Writer:
@@ -33,9 +33,10 @@ class Writer:
         import psutil  # imported at install
 
         timeout_s = watchdog.timeout_for(psutil.Process().memory_info().rss)
-        report, hung = watchdog.read_report(self.read_fd, self.pid, timeout_s)
+        report, hung = watchdog.read_report(self.read_fd, self.pid, timeout_s, self._progress)
         os.close(self.read_fd)
-        _, status = os.waitpid(self.pid, 0)
+        _, status, usage = os.wait4(self.pid, 0)
+        cpu_s = usage.ru_utime + usage.ru_stime
         try:
             result = json.loads(report or b"{}")
         except ValueError:
@@ -48,6 +49,7 @@ class Writer:
             else:
                 result = {"event": "failed", "message": why}
         result.setdefault("id", self.snap_id)
+        result["writer_cpu_s"] = round(cpu_s, 3)
         if result.get("event") == "failed" and not control.connected():  # else the supervisor says it
             print(f"gpusnap: snapshot {self.snap_id} failed: {result.get('message')}", file=sys.stderr, flush=True)
         session.last_result = result
@@ -57,6 +59,16 @@ class Writer:
         session.writer = None
         session.prepared = False  # the next optimizer step readies memory for the next snapshot
         control.emit(**result)
+        costs.writer_done(self.snap_id, cpu_s)  # its cost follows once measured
+
+
+    def _progress(self, line: bytes) -> None:
+        try:
+            progress = json.loads(line)
+        except ValueError:
+            return
+        if isinstance(progress, dict):
+            control.emit("progress", id=self.snap_id, **progress)
 
 
 def _died(pid: int, status: int) -> str:
@@ -77,7 +89,9 @@ def _committed_anyway(snap_id: str) -> dict | None:
             "bytes_total": stats.get("bytes_total", 0)}
 
 
-def start_writer(job) -> Writer:
+def start_writer(job, at_step_loop: bool = True) -> Writer:
+    """Fork the writer of ``job``; ``at_step_loop``: the safe point is a boundary of the step
+    loop (what ``costs`` needs to know to measure the snapshot's cost)."""
     read_fd, write_fd = os.pipe()
     trainee = os.getpid()
     with warnings.catch_warnings():
@@ -92,6 +106,7 @@ def start_writer(job) -> Writer:
     os.close(write_fd)
     stall_s = time.perf_counter() - job.requested_s
     writer = session.writer = Writer(pid, job.snap_id, read_fd, stall_s, job.generation)
+    costs.forked(job.snap_id, stall_s, at_step_loop)  # before the waiter can report the writer done
     control.emit("forked", id=job.snap_id, stall_s=stall_s, iteration=job.iteration)
     writer.thread.start()
     return writer
@@ -104,6 +119,9 @@ def _child_main(job, write_fd: int) -> None:
             signal.signal(signum, signal.SIG_IGN)  # finish the write; the supervisor kills on --grace
         if "blosc2" in sys.modules:
             sys.modules["blosc2"].free_resources()  # its thread pool did not survive fork
+        from gpusnap.store import writer as store_writer
+
+        store_writer.report_progress = _progress_reporter(write_fd)
         from gpusnap.capture.writer import write_snapshot
 
         result = write_snapshot(job)
@@ -116,6 +134,30 @@ def _child_main(job, write_fd: int) -> None:
         os.write(write_fd, json.dumps(result, default=str).encode())
     finally:
         os._exit(code)
+
+
+# A writer tells the trainee how far it is this often (the live status line of a long write).
+PROGRESS_EVERY_S = 0.5
+
+
+def _progress_reporter(write_fd: int):
+    """In the writer: ``store.writer.report_progress``, a line on the report pipe every
+    ``PROGRESS_EVERY_S`` (the trainee's waiter passes it on to the supervisor)."""
+    started = time.perf_counter()
+    last = [started]
+
+    def report(bytes_put: int, bytes_written: int) -> None:
+        now = time.perf_counter()
+        if now - last[0] < PROGRESS_EVERY_S:
+            return
+        last[0] = now
+        line = json.dumps({"bytes_put": bytes_put, "bytes_written": bytes_written, "s": round(now - started, 1)})
+        try:
+            os.write(write_fd, line.encode() + b"\n")
+        except OSError:
+            pass  # the trainee is gone: the lifeline ends this process
+
+    return report
 
 
 def _describe(exc: BaseException) -> str:

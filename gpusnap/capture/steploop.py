@@ -21,7 +21,7 @@ import sys
 import weakref
 
 from gpusnap import knobs, stage
-from gpusnap.capture import safepoints, session
+from gpusnap.capture import costs, safepoints, session
 from gpusnap.graph import iterators, rng, workers
 from gpusnap.instrument import loops
 
@@ -109,6 +109,7 @@ def _before_optimizer_step(optimizer, *_):
             mark_enclosing(i)
             if _last_stepping[0]() is not loop or _last_stepping[1] != loop.index:
                 session.iterations += 1  # the GAN's second optimizer in the same iteration does not count
+                costs.iteration()
                 _last_stepping = (weakref.ref(loop), loop.index)  # never keeps a frame alive
             break
     if not _stepper_checked:

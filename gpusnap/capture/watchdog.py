@@ -48,10 +48,11 @@ def _sample(pid: int) -> tuple[str, int] | None:
     return state, cpu
 
 
-def read_report(read_fd: int, pid: int, timeout_s: float) -> tuple[bytes, str | None]:
-    """Everything the writer ``pid`` sends on ``read_fd`` until it closes it, and why it was
-    killed (None when it was not): after ``timeout_s`` with no progress it is sent SIGKILL,
-    which closes the pipe."""
+def read_report(read_fd: int, pid: int, timeout_s: float, on_line=None) -> tuple[bytes, str | None]:
+    """What the writer ``pid`` sends on ``read_fd`` after its last newline, until it closes the
+    pipe (its report), and why it was killed (None when it was not): after ``timeout_s`` with
+    no progress it is sent SIGKILL, which closes the pipe. Each line before goes to
+    ``on_line(bytes)`` (its progress)."""
     chunks: list[bytes] = []
     hung = None
     sample_s = min(1.0, timeout_s / 4)
@@ -65,6 +66,12 @@ def read_report(read_fd: int, pid: int, timeout_s: float) -> tuple[bytes, str | 
             if not data:
                 return b"".join(chunks), hung
             chunks.append(data)
+            if b"\n" in data:
+                *lines, rest = b"".join(chunks).split(b"\n")
+                chunks = [rest]
+                for line in lines:
+                    if on_line is not None:
+                        on_line(line)
             quiet_since = now
             continue
         sample = _sample(pid)

@@ -45,6 +45,7 @@ class WriteJob:
     drain: object = None  # the stage.arena.Region the writer drains CPU tensors into (None: no drain)
     optimizers: list = field(default_factory=list)  # what the drain copies first
     generation: int | None = None  # of the arena regions this writer reads (sealed before fork)
+    schedule: dict | None = None  # the supervisor's timer and measured overhead (manifest "schedule")
 
 
 def write_snapshot(job: WriteJob) -> dict:
@@ -85,6 +86,8 @@ def write_snapshot(job: WriteJob) -> dict:
         manifest["drain"] = {"s": drain_s, "bytes": drained.nbytes}
         if job.unforked is not None:
             manifest["unforked_bytes"] = job.unforked.nbytes
+        if job.schedule:
+            manifest["schedule"] = job.schedule
         info = sink.commit(manifest)
     except BaseException:
         sink.abort()

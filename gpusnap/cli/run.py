@@ -32,6 +32,10 @@ SCHEDULE_HELP = """\b
 Snapshots are taken:
   on --signal (SIGUSR1), on SIGTERM (then the program stops, --on-term snapshot),
   every --every, on `gpusnap snap DIR`, and when the program calls gpusnap.snapshot().
+  --every auto measures what each snapshot costs training (the stall, and how much slower
+  the program's iterations run while the writer works and just after) and keeps the
+  interval as short as --overhead allows; `gpusnap ls DIR` shows the interval and the
+  measured overhead.
 A snapshot is taken at the next iteration boundary of the training loop and holds the whole
 program: the main thread's frames and their locals, the globals of the script and of the
 modules under its directory (and --instrument), every CPU tensor, numpy array and RNG state
@@ -45,7 +49,12 @@ goes on."""
 
 def _schedule_options(f):
     for deco in reversed([
-        click.option("--every", "every", metavar="DURATION", help="Also snapshot periodically: 90s, 10m, 1h, 1h30m, 45 (seconds)."),
+        click.option("--every", "every", metavar="DURATION|auto",
+                     help="Also snapshot periodically: 90s, 10m, 1h, 1h30m, 45 (seconds); auto: as often as --overhead allows, "
+                          "from the measured cost of each snapshot."),
+        click.option("--overhead", "overhead", metavar="PERCENT", default=None,
+                     help=f"With --every auto: the share of training time snapshots may cost. Default {knobs.AUTO_OVERHEAD * 100:g}% "
+                          "(GPUSNAP_AUTO_OVERHEAD)."),
         click.option("--signal", "signal_name", metavar="NAME", default="USR1", show_default=True,
                      help="Signal that asks for a snapshot: " + ", ".join(s[3:] for s in opt.SNAPSHOT_SIGNALS) + " (with or without SIG, any case)."),
         click.option("--on-term", type=click.Choice(["snapshot", "exit"]), default="snapshot", show_default=True,
@@ -72,7 +81,7 @@ def _schedule_options(f):
 @click.option("--resume", default="auto", show_default=True, metavar="auto|never|ID",
               help="auto: continue from the newest intact snapshot in DIR, if any; never: start fresh (snapshots go on into DIR); ID: continue from that snapshot.")
 @click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT|-m MODULE [ARGS]...")
-def run(run_dir, every, signal_name, on_term, grace, keep, paranoid, verbosity, notices, instrument, at, resume, program):
+def run(run_dir, every, overhead, signal_name, on_term, grace, keep, paranoid, verbosity, notices, instrument, at, resume, program):
     """Run a Python program under gpusnap, unmodified.
 
     \b
@@ -87,6 +96,7 @@ def run(run_dir, every, signal_name, on_term, grace, keep, paranoid, verbosity, 
     Examples:
       gpusnap run train.py --epochs 3
       gpusnap run --every 10m --keep 3 --dir /scratch/run1 train.py --lr 3e-4
+      gpusnap run --every auto --overhead 0.5% --keep 3 train.py
       gpusnap run -m mypkg.train --config big.yaml
       kill -USR1 <gpusnap pid>          # snapshot now
       gpusnap snap ./gpusnap-runs/train # same, and wait for the commit
@@ -119,7 +129,7 @@ def run(run_dir, every, signal_name, on_term, grace, keep, paranoid, verbosity, 
         kind = "script"
         default_name = os.path.splitext(os.path.basename(target))[0]
     launch = Launch(kind=kind, target=given, args=args, cwd=cwd, run_dir="")
-    _apply_schedule(launch, every, signal_name, on_term, grace, keep, notices, verbosity, paranoid)
+    _apply_schedule(launch, every, overhead, signal_name, on_term, grace, keep, notices, verbosity, paranoid)
     launch.at = opt.resolve_at(at, cwd)
     launch.instrument = opt.resolve_instrument(instrument, cwd)
     if resume not in ("auto", "never") and not resume.strip():
@@ -145,7 +155,7 @@ def run(run_dir, every, signal_name, on_term, grace, keep, paranoid, verbosity, 
 @click.option("--snapshot", "snapshot_id", metavar="ID", help="Continue from this snapshot (default: the newest that verifies).")
 @click.option("--force", is_flag=True, help="Restore even where the program changed in ways that can be overridden.")
 @_schedule_options
-def restart(run_dir, snapshot_id, force, every, signal_name, on_term, grace, keep, paranoid, verbosity, notices):
+def restart(run_dir, snapshot_id, force, every, overhead, signal_name, on_term, grace, keep, paranoid, verbosity, notices):
     """Continue the program of run directory DIR from a snapshot.
 
     Runs the same command, in the same working directory, as the `gpusnap run` that made DIR,
@@ -182,17 +192,18 @@ def restart(run_dir, snapshot_id, force, every, signal_name, on_term, grace, kee
         raise SnapshotNotFound(f"{path} has no snapshot to restart from",
                                hint="run the program with `gpusnap run` and take a snapshot (SIGUSR1, --every, `gpusnap snap`)")
     launch = Launch(kind=kind, target=given, args=args, cwd=cwd, run_dir=path, force=force)
-    _apply_schedule(launch, every, signal_name, on_term, grace, keep, notices, verbosity, paranoid)
+    _apply_schedule(launch, every, overhead, signal_name, on_term, grace, keep, notices, verbosity, paranoid)
     launch.at = ident.get("at")
     launch.instrument = list(ident.get("instrument") or [])
     _supervise(launch, None, snapshot_id or "auto", rd=rd, require_snapshot=True)
 
 
-def _apply_schedule(launch, every, signal_name, on_term, grace, keep, notices, verbosity, paranoid) -> None:
+def _apply_schedule(launch, every, overhead, signal_name, on_term, grace, keep, notices, verbosity, paranoid) -> None:
     global _verbosity
     if knobs.PROBLEMS:  # the trainee and its writers read the same environment
         raise UsageError(knobs.PROBLEMS[0], hint="fix or unset it; gpusnap/knobs.py lists every GPUSNAP_ setting")
-    launch.every_s = opt.parse_duration(every, "--every") if every is not None else None
+    launch.every_s, auto = opt.parse_every(every)
+    launch.overhead = opt.parse_overhead(overhead, auto, knobs.AUTO_OVERHEAD)
     launch.signal = opt.parse_signal(signal_name)
     launch.on_term = on_term
     launch.grace_s = opt.parse_duration(grace, "--grace") if grace is not None else knobs.DEFAULT_GRACE_S

@@ -55,13 +55,21 @@ def ls_cmd(run_dir, as_json):
     if not snaps:
         click.echo(f"no snapshots in {rd.path}")
         return
-    rows = [["ID", "CREATED", "ITERATION", "STALL", "DIRTY", "WRITTEN", "TOTAL", "RESUMED FROM"]]
+    rows = [["ID", "CREATED", "ITERATION", "STALL", "DIRTY", "WRITTEN", "TOTAL", "INTERVAL", "OVERHEAD", "RESUMED FROM"]]
     for s in snaps:
         rows.append([s.id, s.created, "-" if s.iteration is None else str(s.iteration), _secs(s.stall_s),
                      "-" if s.dirty_bytes is None else human_bytes(s.dirty_bytes),
-                     human_bytes(s.bytes_written), human_bytes(s.bytes_total), s.resumed_from or "-"])
+                     human_bytes(s.bytes_written), human_bytes(s.bytes_total), _interval(s.every, s.interval_s),
+                     "-" if s.overhead is None else f"{s.overhead * 100:.2f}%", s.resumed_from or "-"])
     for line in _table(rows):
         click.echo(line)
+
+
+def _interval(every, interval_s) -> str:
+    """``auto 52 s`` (the interval --every auto kept), ``600 s`` (--every 10m), ``-``."""
+    if every == "auto":
+        return "auto" if interval_s is None else f"auto {interval_s:.0f} s"
+    return "-" if interval_s is None else f"{interval_s:g} s"
 
 
 @cli.command("inspect")
@@ -83,6 +91,12 @@ def inspect_cmd(run_dir, snapshot, as_json):
     head += f"  reason {m.get('reason') or '-'}  resumed from {m.get('resumed_from') or '-'}"
     echo(head)
     echo(f"stall {_secs(m.get('stall_s'))}  write {_secs(m.get('write_s'))}")
+    schedule = m.get("schedule")
+    if schedule:
+        budget = f" (budget {schedule['budget'] * 100:g}%)" if schedule.get("budget") else ""
+        overhead = "-" if schedule.get("overhead") is None else f"{schedule['overhead'] * 100:.2f}%"
+        every = _interval(schedule["every"], schedule.get("interval_s")) if schedule.get("every") else "none"
+        echo(f"timer: {every}; snapshots so far cost {overhead} of training time{budget}")
     echo(
         f"bytes: {human_bytes(st.get('bytes_total'))} total, {human_bytes(st.get('bytes_new'))} new "
         f"(dedup {_ratio(st.get('dedup_ratio'))}), {human_bytes(st.get('bytes_written'))} written "

@@ -1,8 +1,10 @@
-"""How the supervisor shows the trainee's events: one line each, on stderr."""
+"""How the supervisor shows the trainee's events: one line each, on stderr; on a terminal, a
+long write's progress on a status line redrawn in place."""
 
 from __future__ import annotations
 
 import json
+import os
 
 
 def format_bytes(n) -> str:
@@ -38,6 +40,13 @@ def describe(ev: dict, iteration=None) -> str | None:
             f"{format_bytes(ev.get('bytes_written'))} of {format_bytes(ev.get('bytes_total'))} "
             f"in {float(ev.get('write_s', 0)):.1f} s"
         )
+    if name == "cost":
+        how = (f"over {ev.get('iterations')} iterations against {float(ev.get('step_s') or 0):.3f} s each, "
+               f"+-{float(ev.get('noise_s') or 0):.2f} s" if ev.get("how") == "iterations"
+               else "stall plus the writer's CPU time: no iteration times to measure it by")
+        return f"{snap} cost training {float(ev.get('cost_s') or 0):.3f} s ({how})"
+    if name == "steps":
+        return f"training: an iteration takes {float(ev.get('step_s') or 0):.3f} s"
     if name == "restored":
         return None  # the trainee printed its restore progress line by line
     if name == "failed":
@@ -52,3 +61,59 @@ def warning(ev: dict) -> tuple[str, str] | None:
     if not ev.get("warning"):
         return None
     return f"warning: {ev['warning']}", str(ev.get("hint") or "see DIR/log.jsonl")
+
+
+def percent(fraction) -> str:
+    return "-" if fraction is None else f"{fraction * 100:.2f}%"
+
+
+def schedule_line(info: dict, due: float | None, now: float) -> str | None:
+    """One line for the schedule a snapshot's measured cost leads to (``launch.schedule``)."""
+    spent = f"snapshots cost {info['cost_s']:.3f} s each, {percent(info['overhead'])} of training time so far"
+    if info["every"] == "auto":
+        if info["interval_s"] is None:
+            return None
+        when = "" if due is None else f"next in {max(0.0, due - now):.0f} s; "
+        return (f"--every auto: a snapshot every {info['interval_s']:.0f} s keeps within {percent(info['budget'])} "
+                f"({when}{spent})")
+    return spent[0].upper() + spent[1:] if info["cost_s"] is not None else None
+
+
+def progress_line(ev: dict, last_total=None) -> str:
+    """A long write's progress (the writer's ``progress``), against the last snapshot's size."""
+    done = float(ev.get("bytes_put") or 0)
+    of = f" of ~{format_bytes(last_total)} ({min(done / last_total, 1.0):.0%})" if last_total else ""
+    return (f"writing snapshot {ev.get('id', '?')}: {format_bytes(done)}{of} read, "
+            f"{format_bytes(ev.get('bytes_written'))} written, {float(ev.get('s') or 0):.0f} s")
+
+
+class StatusLine:
+    """One line redrawn in place, only on a terminal (elsewhere, nothing: logs get whole lines).
+    Anything else written to the stream clears it first (``clear``)."""
+
+    def __init__(self, stream, enabled: bool = True):
+        self.stream = stream
+        try:
+            self.enabled = enabled and os.isatty(stream.fileno())
+        except (AttributeError, OSError, ValueError):
+            self.enabled = False
+        self.shown = False
+
+    def show(self, text: str) -> None:
+        if not self.enabled:
+            return
+        try:
+            self.stream.write("\r\033[K" + text)
+            self.stream.flush()
+            self.shown = True
+        except (OSError, ValueError):
+            pass
+
+    def clear(self) -> None:
+        if self.shown:
+            self.shown = False
+            try:
+                self.stream.write("\r\033[K")
+                self.stream.flush()
+            except (OSError, ValueError):
+                pass

@@ -45,6 +45,36 @@ def parse_duration(text: str, option: str) -> float:
     return seconds
 
 
+OVERHEAD_HINT = "write the budget as a percentage of training time, e.g. --overhead 1% or --overhead 0.5"
+
+
+def parse_every(text: str | None) -> tuple[float | None, bool]:
+    """``--every``: (seconds, False) for a duration, (None, True) for ``auto``, (None, False)
+    when not given."""
+    if text is None:
+        return None, False
+    if text.strip().lower() == "auto":
+        return None, True
+    return parse_duration(text, "--every"), False
+
+
+def parse_overhead(text: str | None, auto: bool, default: float) -> float | None:
+    """``--overhead 1%`` (or ``1``: percent either way) -> 0.01; the budget of ``--every auto``,
+    which it needs: without auto there is nothing for it to set."""
+    if text is None:
+        return default if auto else None
+    if not auto:
+        raise UsageError("--overhead is the budget of --every auto", hint="add --every auto, or drop --overhead")
+    value = text.strip().removesuffix("%").strip()
+    try:
+        percent = float(value)
+    except ValueError:
+        raise UsageError(f"malformed budget {text!r} for --overhead", hint=OVERHEAD_HINT) from None
+    if not 0 < percent <= 50:
+        raise UsageError(f"--overhead must be more than 0% and at most 50%, not {text!r}", hint=OVERHEAD_HINT)
+    return percent / 100
+
+
 def format_duration(seconds: float) -> str:
     if seconds < 1:
         return f"{seconds * 1000:.0f}ms"

@@ -9,7 +9,8 @@ Process model::
 The trainee dies with the supervisor, even one killed with SIGKILL, and a writer with its
 trainee (``gpusnap.lifeline``): nothing goes on running without the run directory's lock.
 
-The supervisor owns the schedule (signals, ``--every`` timer, ``gpusnap snap`` requests), the
+The supervisor owns the schedule (signals, ``--every`` timer, ``--every auto`` from the costs
+the trainee measures: ``launch.schedule``, ``gpusnap snap`` requests), the
 run log (``DIR/log.jsonl``) and the exit status. It starts the trainee with ``GPUSNAP_BOOT``
 set to a JSON object::
 
@@ -34,9 +35,18 @@ trainee → supervisor
                      (``iteration`` optional; ``warning`` and ``hint`` when retention failed
                      after the commit: shown as a warning, the snapshot stays committed)
       ``failed``     ``id`` (optional), ``message``
+      ``progress``   a long write: ``id``, ``bytes_put``, ``bytes_written``, ``s`` (every 0.5 s;
+                     a status line on a terminal, not logged)
+      ``steps``      once, when training runs: ``step_s`` (mean iteration time)
+      ``cost``       what snapshot ``id`` cost training: ``cost_s``, ``stall_s``, ``window_s``,
+                     ``how`` (``iterations``: with ``iterations``, ``step_s``, ``noise_s``;
+                     ``writer_cpu``: with ``writer_cpu_s``) (capture/costs.py)
 supervisor → trainee
-    ``{"op": "snapshot", "reason": "signal" | "timer" | "term" | "request", "stop": bool}``;
-    ``stop`` (SIGTERM with ``--on-term snapshot``): exit with status 75 once it is committed.
+    ``{"op": "snapshot", "reason": "signal" | "timer" | "term" | "request", "stop": bool,
+    "schedule": {...}}``; ``stop`` (SIGTERM with ``--on-term snapshot``): exit with status 75
+    once it is committed. ``{"op": "schedule", "schedule": {...}}`` after each measured cost:
+    the timer's interval and the overhead so far (``Schedule.info``), which the next manifest
+    records.
     Requests made before the trainee connects are queued and sent, in order, after its hello.
 client (``gpusnap snap``) → supervisor
     ``{"op": "snapshot", "reason": "request", "wait": bool}``; the supervisor answers
@@ -69,9 +79,10 @@ import psutil
 from gpusnap import knobs, lifeline
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
 from gpusnap.launch.control import Connection, ControlServer
-from gpusnap.launch.events import describe, warning
+from gpusnap.launch.events import StatusLine, describe, progress_line, schedule_line, warning
 from gpusnap.launch.notices import Watcher
 from gpusnap.launch.options import format_duration
+from gpusnap.launch.schedule import Schedule
 
 TERMINAL_EVENTS = ("committed", "failed", "skipped")
 SUPERVISOR_FILE = "supervisor.json"
@@ -101,6 +112,7 @@ class Launch:
     on_term: str = "snapshot"
     grace_s: float = knobs.DEFAULT_GRACE_S
     every_s: float | None = None
+    overhead: float | None = None  # --every auto's budget (a fraction); None: no auto timer
     keep: int | None = None
     at: str | None = None
     instrument: list[str] = field(default_factory=list)
@@ -172,6 +184,9 @@ class Supervisor:
         self.committed_after_term = False
         self.last_iteration = None
         self.killed = False
+        self.schedule = Schedule(launch.every_s, launch.overhead, time.monotonic())
+        self.status = StatusLine(self.err, launch.verbosity >= 1)
+        self.last_total = None  # bytes of the last committed snapshot: a long write's progress is shown against it
         self._log_fd = -1
         self._wake_r = self._wake_w = -1
         self._old_handlers: dict[int, object] = {}
@@ -187,6 +202,7 @@ class Supervisor:
 
     def _write(self, text: str) -> None:
         try:
+            self.status.clear()
             self.err.write(text)
             self.err.flush()
         except (OSError, ValueError):
@@ -278,16 +294,16 @@ class Supervisor:
     def _loop(self) -> int:
         L = self.launch
         tick = knobs.SUPERVISOR_TICK_S
-        next_timer = time.monotonic() + L.every_s if L.every_s else None
         drain_until = None
         while True:
             self._handle_signals()
             self._handle_notices()
             now = time.monotonic()
+            next_timer = self.schedule.due(now)
             if next_timer is not None and now >= next_timer and self.child.poll() is None:
                 self.request("timer")
-                while next_timer <= now:
-                    next_timer += L.every_s  # missed ticks (a stopped process) are not made up
+                self.schedule.requested(now)
+                next_timer = self.schedule.due(now)
             if self.term_deadline is not None and now >= self.term_deadline and not self.killed:
                 saved = "a snapshot was committed" if self.committed_after_term else "no snapshot was committed"
                 self.say(f"--grace {format_duration(L.grace_s)} is over and {saved}: killing the program")
@@ -443,15 +459,15 @@ class Supervisor:
 
     def request(self, reason: str, stop: bool = False) -> bool:
         """Ask the trainee for a snapshot now, or as soon as it connects. True if sent now."""
-        msg = {"op": "snapshot", "reason": reason, "stop": stop}
+        msg = {"op": "snapshot", "reason": reason, "stop": stop, "schedule": self.schedule.info(time.monotonic())}
         self.log({"source": "supervisor", "event": "request", "reason": reason, "stop": stop,
                   "queued": self.trainee is None})
         self.say(f"asking for a snapshot ({reason}{', then stop' if stop else ''})"
                  f"{'' if self.trainee is not None else ': queued until the program connects'}", level=2)
         if self.trainee is not None and self.trainee.send(msg):
             return True
-        if msg not in self.queue:  # a trainee that never connects must not grow the queue
-            self.queue.append(msg)
+        if not any(m["reason"] == reason and m["stop"] == stop for m in self.queue):
+            self.queue.append(msg)  # a trainee that never connects must not grow the queue
         return False
 
     # -- messages -------------------------------------------------------------------------
@@ -483,6 +499,7 @@ class Supervisor:
         conn.pid = pid if isinstance(pid, int) else -1
         if self.trainee is None and self._is_trainee(conn.pid):
             self.trainee = conn
+            self.schedule.connected(time.monotonic())
             self.log({"source": "supervisor", "event": "connected", "pid": conn.pid})
             self.say(f"the program connected (pid {conn.pid})", level=2)
             queued, self.queue = self.queue, []
@@ -501,11 +518,17 @@ class Supervisor:
     def _on_event(self, msg: dict) -> None:
         ev = {k: v for k, v in msg.items() if k != "op"}
         name = ev.get("event")
+        if name == "progress":  # a long write: the status line on a terminal, nothing in the log
+            if float(ev.get("s") or 0) >= knobs.STATUS_AFTER_S:
+                self.status.show("gpusnap: " + progress_line(ev, self.last_total))
+            return
+        if name == "committed":
+            self.last_total = ev.get("bytes_total")
         if name == "honored" and ev.get("iteration") is not None:
             self.last_iteration = ev["iteration"]
         line = describe(ev, self.last_iteration)
         if line is not None:
-            self.say(line, level=0 if name in ("failed", "skipped") else 1)
+            self.say(line, level=0 if name in ("failed", "skipped") else 2 if name in ("cost", "steps") else 1)
         warned = warning(ev)
         if warned is not None:
             self.say(warned[0])
@@ -515,7 +538,23 @@ class Supervisor:
         self.log({"source": "trainee", **ev})
         if name == "committed" and self.term_deadline is not None:
             self.committed_after_term = True
+        if self.schedule.event(ev, time.monotonic()):
+            self._retuned(ev)
         self._update_waiters(ev)
+
+    def _retuned(self, cost: dict) -> None:
+        """A snapshot's cost is known: log the schedule it leads to, and send it to the trainee
+        (the next manifest records it)."""
+        now = time.monotonic()
+        info = self.schedule.info(now)
+        due = self.schedule.due(now)
+        self.log({"source": "supervisor", "event": "schedule", "snapshot": cost.get("id"), **info,
+                  "next_in_s": None if due is None else round(max(0.0, due - now), 3)})
+        if self.trainee is not None:
+            self.trainee.send({"op": "schedule", "schedule": info})
+        line = schedule_line(info, due, now)
+        if line is not None:
+            self.say(line, level=1 if info["measured"] == 1 and self.schedule.auto else 2)
 
     def _update_waiters(self, ev: dict) -> None:
         name, sid = ev.get("event"), ev.get("id")

@@ -17,11 +17,13 @@ position, frames that differ from the snapshot's, a changed source file, a state
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import os
 import sys
 import time
 
+from gpusnap import knobs
 from gpusnap.graph import rng, roots, workers
 from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, ReplayDiverged, RestoreError
 from gpusnap.graph.load import DEVICE_BASES, LiveOnly
@@ -201,7 +203,8 @@ class Replay:
             DEVICE_BASES.update(self.restore_device(records, lambda name: self.rundir.read_buffer(self.manifest["buffers"][name])))
         device_tensors: list = []
         loading = time.perf_counter()
-        _, payload = load(self.rundir, self.snap_id, device_tensors)
+        with _reading_status(self.snap_id, (self.manifest.get("stats") or {}).get("bytes_total")):
+            _, payload = load(self.rundir, self.snap_id, device_tensors)
         load_s = time.perf_counter() - loading
         live_frames = roots.frames_on_path(loop.frame)
         saved_frames = payload["frames"]
@@ -387,6 +390,41 @@ def _say(text: str, level: int = 0) -> None:
     """A ``gpusnap:`` line; ``level`` as the supervisor's (0: warnings, always)."""
     if level <= _verbosity:
         print(f"gpusnap: {text}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _reading_status(snap_id: str, total: int | None):
+    """On a terminal, a status line redrawn in place while a long restore reads its chunks."""
+    from gpusnap.store import reader
+
+    if _verbosity < 1 or not sys.stderr.isatty():
+        yield
+        return
+    started = last = time.perf_counter()
+    done = [0]
+    shown = [False]
+
+    def report(nbytes: int) -> None:
+        nonlocal last
+        done[0] += nbytes
+        now = time.perf_counter()
+        if now - started < knobs.STATUS_AFTER_S or now - last < 0.2:
+            return
+        last = now
+        of = f" of {total / 1e6:.0f} MB ({min(done[0] / total, 1.0):.0%})" if total else ""
+        sys.stderr.write(f"\r\033[Kgpusnap: restoring snapshot {snap_id}: read {done[0] / 1e6:.0f} MB{of}, "
+                         f"{now - started:.0f} s")
+        sys.stderr.flush()
+        shown[0] = True
+
+    reader.report_read = report
+    try:
+        yield
+    finally:
+        reader.report_read = None
+        if shown[0]:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
 
 
 def _short(path: str) -> str:

@@ -49,6 +49,7 @@ from gpusnap.stage.prepare import (  # noqa: F401  (between snapshots, and the a
     drain_region,
     drained,
     prepare,
+    preparing,
     snapshot_skipped,
     writer_done,
     writer_starting,

@@ -129,6 +129,11 @@ def prepare(optimizers) -> None:
     _worker.start(itertools.chain(*steps))
 
 
+def preparing() -> bool:
+    """True while the background thread readies memory (what a snapshot's cost includes)."""
+    return _worker._thread is not None and not _worker.idle.is_set()
+
+
 def drain_region() -> Region:
     """The drain region of the snapshot being taken (in the stall): the one reserved ahead when
     it is large enough, else a new one. Raises ``ArenaFull``."""

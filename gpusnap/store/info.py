@@ -24,6 +24,11 @@ class SnapshotInfo:
     bytes_total: int
     resumed_from: str | None
     dirty_bytes: int | None = None  # device bytes copied off the GPU (None: no device memory)
+    # The timer when the snapshot was asked for ("auto", its seconds, or None), the interval it
+    # kept, and the overhead measured over the run so far (manifest "schedule")
+    every: str | float | None = None
+    interval_s: float | None = None
+    overhead: float | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -40,4 +45,7 @@ class SnapshotInfo:
             bytes_total=int(stats.get("bytes_total", 0)),
             resumed_from=m.get("resumed_from"),
             dirty_bytes=(m.get("device") or {}).get("dirty_bytes"),
+            every=(m.get("schedule") or {}).get("every"),
+            interval_s=(m.get("schedule") or {}).get("interval_s"),
+            overhead=(m.get("schedule") or {}).get("overhead"),
         )

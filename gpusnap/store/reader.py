@@ -13,6 +13,8 @@ from gpusnap.store.pack import Location, PackReader, pack_path
 # Time this process spent reading chunks (the files), decoding them (blosc2) and checking them
 # against their names (xxh3), and the bytes they came to: a restart reports its read's parts.
 TIMES = {"read_s": 0.0, "decode_s": 0.0, "check_s": 0.0, "nbytes": 0}
+# report_read(nbytes) after every chunk read, when set: a restore sets it to show its progress.
+report_read = None
 
 
 class ChunkProblem(Exception):
@@ -85,6 +87,8 @@ def read_buffer(rd, record: dict, *, snapshot: str | None = None) -> bytearray:
                 cls = ChunkCorrupt if p.kind in ("chunk_corrupt", "pack_truncated") else ChunkMissing
                 raise cls(f"{p.message}{where}") from None
             pos += nb
+            if report_read is not None:
+                report_read(nb)
     finally:
         reader.close()
     if pos != len(out):

@@ -22,6 +22,10 @@ from gpusnap.store.info import FORMAT_VERSION, SnapshotInfo, utc_now
 # A chunk length must fit the entry header (u32) and one blosc2 chunk (< 2 GiB).
 _MAX_CHUNK_BYTES = 1 << 30
 
+# report_progress(bytes_put, bytes_written) after every chunk, when set: a forked writer sets it
+# to tell the trainee how far it is (the live status line of a long write).
+report_progress = None
+
 
 @dataclass
 class WriterStats:
@@ -110,6 +114,8 @@ class SnapshotWriter:
                     self._flush_pack()
             chunks.append([cid, len(piece)])
             n += len(piece)
+            if report_progress is not None:
+                report_progress(st.bytes_total + n, st.bytes_written)
         st.bytes_total += n
         return {"nbytes": n, "dtype": dtype, "chunks": chunks}
 
