@@ -129,3 +129,12 @@ FAKE_DEVICE_BYTES = _int("FAKE_DEVICE_BYTES", 1 << 30)
 DEVICE = _choice("DEVICE", "cuda", ("cuda", "fake"))
 # 1: every snapshot copies every chunk of device memory, fingerprints notwithstanding (--paranoid).
 PARANOID = _int("PARANOID", 0)
+
+# Distributed runs (torchrun; capture/dist.py): how long a rank waits for the others at each
+# phase of a global snapshot (agreeing on an iteration, reaching it, every shard's commit) and
+# for the job's c10d store to answer, before that snapshot is abandoned (training goes on).
+DIST_TIMEOUT_S = _parsed("DIST_TIMEOUT_S", 300.0, lambda raw: _non_negative(float(raw)), "a number of seconds >= 0")
+# The agreed iteration lies this many optimizer steps (or iterations of the safe-point loop, for
+# a program without torch.optim) beyond the furthest rank's posted position: with a collective in
+# every step, no rank can be further than that by the time it learns the target (DESIGN.md).
+DIST_MARGIN = _int("DIST_MARGIN", 2)

@@ -48,14 +48,17 @@ class Writer:
             else:
                 result = {"event": "failed", "message": why}
         result.setdefault("id", self.snap_id)
-        if result.get("event") == "failed" and not control.connected():  # else the supervisor says it
-            print(f"gpusnap: snapshot {self.snap_id} failed: {result.get('message')}", file=sys.stderr, flush=True)
-        session.last_result = result
         if result.get("drain_wanted_bytes") is not None:
             stage.drained(result["drain_wanted_bytes"])  # the size of the next drain region
         stage.writer_done(self.generation)  # the child is reaped: nothing reads its regions now
         session.writer = None
         session.prepared = False  # the next optimizer step readies memory for the next snapshot
+        if session.dist is not None:  # a shard: the coordinator reports the global snapshot
+            session.dist.shard_finished(result)
+            return
+        if result.get("event") == "failed" and not control.connected():  # else the supervisor says it
+            print(f"gpusnap: snapshot {self.snap_id} failed: {result.get('message')}", file=sys.stderr, flush=True)
+        session.last_result = result
         control.emit(**result)
 
 

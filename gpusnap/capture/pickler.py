@@ -48,6 +48,7 @@ from gpusnap.graph.load import (  # noqa: F401  (re-exported: older snapshots na
     _rebuild_ndarray,
     _rebuild_tensor,
     _set_state,
+    _set_state_by_class,
     load_graph,
 )
 from gpusnap.stage.drain import Drained
@@ -313,14 +314,20 @@ def _guarded(obj, rv):
     placeholder for a live-only argument): it is routed through ``_construct``, which then yields
     ``Unbuilt``; plain ``cls.__new__(cls)`` cannot refuse and stays as it is (pickle's compact
     NEWOBJ). Its state goes through ``_set_state`` where the class has a ``__getattr__`` and no
-    ``__setstate__``: pickle's BUILD would ask the half-built object for ``__setstate__``."""
+    ``__setstate__``: pickle's BUILD would ask the half-built object for ``__setstate__``; and
+    through ``_set_state_by_class`` where the class has its own ``__setstate__``, which notes
+    what that method adds (merge keeps the live object's own live resources)."""
     if isinstance(rv, str):
         return rv
     func, args = rv[0], rv[1]
     rest = tuple(rv[2:])
     cls = type(obj)
-    if rest and rest[0] is not None and len(rest) < 4 and hasattr(cls, "__getattr__") and not hasattr(cls, "__setstate__"):
-        rest = (rest + (None, None))[:3] + (_set_state,)
+    if rest and rest[0] is not None and len(rest) < 4:
+        if not hasattr(cls, "__setstate__"):
+            if hasattr(cls, "__getattr__"):
+                rest = (rest + (None, None))[:3] + (_set_state,)
+        elif isinstance(rest[0], dict) or (isinstance(rest[0], tuple) and len(rest[0]) == 2 and isinstance(rest[0][0], dict)):
+            rest = (rest + (None, None))[:3] + (_set_state_by_class,)
     if func is copyreg.__newobj__ and args and getattr(args[0], "__new__", None) is object.__new__:
         return (func, args, *rest)
     return (_construct, (func, args, type_name(obj)), *rest)

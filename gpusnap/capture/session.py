@@ -15,3 +15,4 @@ steps = 0  # optimizer steps seen (two optimizers in one iteration count twice)
 iterations = 0  # iterations of step loops in which an optimizer stepped: what snapshots report
 optimizers = weakref.WeakSet()  # every optimizer that stepped: what the drain copies first
 prepared = False  # stage.prepare has run since the last writer ended and the last new optimizer
+dist = None  # capture.dist's Coordinator in a rank of a torchrun job (global snapshots), else None

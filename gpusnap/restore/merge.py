@@ -35,7 +35,7 @@ import sys
 import types
 
 from gpusnap.errors import StateMismatch
-from gpusnap.graph.load import LiveOnly, Unbuilt
+from gpusnap.graph.load import ADDED_BY_SETSTATE, LiveOnly, Unbuilt
 from gpusnap.graph.walk import ATOMS as _ATOMS
 from gpusnap.graph.walk import Path
 from gpusnap.graph.walk import key_text as _key_text
@@ -306,11 +306,16 @@ class Merger:
     def _merge_attrs(self, live, snap, path: Path):
         live_attrs = live.__dict__
         snap_attrs = snap.__dict__
+        added = ADDED_BY_SETSTATE.get(id(snap), ())
         # Object-keyed dicts (optimizer.state) come last: their keys align while the rest merges.
         for name in sorted(snap_attrs, key=lambda k: _has_object_keys(snap_attrs[k])):
             value = snap_attrs[name]
             if isinstance(value, LiveOnly) and name not in live_attrs:
                 continue  # nothing to keep, and nothing the snapshot could give
+            if name in added and name in live_attrs and not _picklable(value):
+                # Not saved: the class's __setstate__ made it for the loaded copy (DDP's reducer,
+                # hooked to the copy's parameters). The live object keeps its own.
+                continue
             self._store(live_attrs, name, (yield (live_attrs.get(name), value, path + f".{name}")))
         # Attributes the snapshot lacks stay: a class whose __getstate__ leaves some out
         # (torch's optimizers keep only defaults, state and param_groups) rebuilds them itself.
@@ -387,3 +392,12 @@ def _plain_key(key) -> bool:
 
 def _has_object_keys(value) -> bool:
     return isinstance(value, dict) and any(not _plain_key(k) for k in value)
+
+
+def _picklable(value) -> bool:
+    """Can pickle reduce ``value`` (the C++ objects torch binds without pickle support cannot)?"""
+    try:
+        value.__reduce_ex__(5)
+    except Exception:  # noqa: BLE001 - whatever it raises, it is no data the snapshot holds
+        return False
+    return True

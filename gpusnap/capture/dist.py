@@ -1,0 +1,420 @@
+"""Global snapshots of a torchrun job: every rank snapshots at one agreed iteration, and the
+snapshot exists once every rank's shard has committed (DESIGN.md, "Distributed training").
+
+Each rank is an ordinary trainee writing its own shard (``store.shards``: ``DIR/ranks/<rank>``).
+The ranks coordinate through the job's own c10d store (the TCPStore that torchrun's agent hosts
+at MASTER_ADDR:MASTER_PORT), under the prefix ``gpusnap/<restart count>/``, one generation ``g``
+of keys per global snapshot::
+
+    req/g          someone asked: a rank with a request (signal, timer, `gpusnap snap`, SIGTERM
+                   through its supervisor, gpusnap.snapshot()) sets it at its next safe point
+    pos/g/<rank>   where the rank stood at its first safe point after the request: optimizer
+                   steps, the loops on its path, its stop flag and reason, its next shard id
+    plan/g         rank 0, once every position is in: the target position (DIST_MARGIN steps
+                   past the furthest rank), the global snapshot id, stop, reason
+    done/g/<rank>  the rank's shard: committed (with its report) or failed (with why)
+    global/g       rank 0: the global manifest is committed, or why not
+
+No rank ever waits for another at a loop boundary: it posts where it stands and trains on (a
+rank blocked at a boundary while another needs it for DDP's all-reduce would deadlock), then
+snapshots at its first safe point at or past the target. A rank that learns the target only
+after passing it (possible only where ranks do not meet in a collective every step) fails that
+snapshot for everyone, loudly; it never takes a shard at another iteration than the others.
+
+Threads, so that the main thread never talks to the store: the *poster* sends what the main
+thread posts (a queue), the *waiter* blocks on the store for the current generation and moves
+the protocol on. Each has its own client connection (a TCPStore client is not safe to share
+between threads, and one whose wait timed out is discarded: its stale reply would answer the
+next call). Nothing goes through the store while no snapshot is pending: the waiter's one
+outstanding ``wait`` for ``req/g`` is all.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import queue
+import sys
+import threading
+import time
+
+from gpusnap import knobs, lifeline
+from gpusnap.capture import control, session, steploop
+from gpusnap.errors import EXIT_PREEMPTED_UNSAVED, RestoreError, RunDirError
+from gpusnap.instrument import loops
+from gpusnap.store import shards
+from gpusnap.store.rundir import SNAP_DIGITS
+
+coordinator: "Coordinator | None" = None
+_FOREVER = datetime.timedelta(days=3650)
+
+
+def install(config: dict):
+    """From the agent's install, in a rank of a `gpusnap run --nproc-per-node` job: open this
+    rank's shard (locked for the run), map a global snapshot to resume from onto the shard's,
+    and start coordinating once the program has imported torch. Returns the shard RunDir."""
+    global coordinator
+    from gpusnap.store import RunDir
+
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    except (KeyError, ValueError) as exc:
+        _refuse(f"a rank of a distributed run needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT from torchrun ({exc})",
+                "start it with `gpusnap run --nproc-per-node N ...`, which runs torchrun", 2)
+    # Die with torchrun's agent, as the agent dies with the supervisor (gpusnap/lifeline.py): a
+    # rank orphaned by a kill -9 of its node's supervisor would train on, holding its shard.
+    lifeline.arm()
+    lifeline.die_with_parent(os.getppid())
+    try:
+        top = RunDir.open(config["run_dir"], trusted=True)
+        shard = shards.open_shard(top, rank, create=True)
+        lock = shard.lock("run")
+    except RunDirError as exc:
+        _refuse(exc.message, exc.hint, exc.exit_code)
+    resume = (config.get("resume") or {}).get("snapshot")
+    if resume is not None:
+        manifest = top.load_manifest(resume)
+        saved = manifest.get("world_size")
+        if saved != world:
+            _refuse(f"snapshot {resume} was taken by {saved} ranks and this job has {world}: gpusnap restores each "
+                    "rank from its own shard and does not reshard",
+                    f"restart with {saved} ranks in all (--nnodes x --nproc-per-node), or start afresh with --resume never",
+                    RestoreError.exit_code)
+        config["resume"] = {"snapshot": shards.shards_of(manifest)[rank]}
+    coordinator = Coordinator(rank, world, top, shard, addr, port, lock)
+    steploop.after_import("torch", lambda _module: coordinator.start())
+    return shard
+
+
+def _refuse(message: str, hint: str, code: int) -> None:
+    print(f"gpusnap: rank {os.environ.get('RANK', '?')}: {message}\nhint: {hint}", file=sys.stderr, flush=True)
+    os._exit(code)
+
+
+def position(loop) -> dict:
+    """Where this rank stands at a safe point: its optimizer steps, and the loops on its path
+    (for programs without torch.optim, whose step count stays 0)."""
+    path = []
+    for active in loops.ACTIVE:
+        code = active.frame.f_code
+        path.append([code.co_filename, code.co_qualname, active.loop_id, active.index])
+        if active is loop:
+            break
+    return {"steps": session.steps, "path": path}
+
+
+def target(posts: list[dict], margin: int) -> dict:
+    """The position every rank snapshots at: ``margin`` optimizer steps past the furthest rank.
+    Before any rank has stepped (setup, or a program without torch.optim), also ``margin``
+    iterations past the furthest rank of the loop they all stand in, whichever comes first
+    (when they stand in different loops, only the steps count)."""
+    at: dict = {"steps": max(p["steps"] for p in posts) + margin}
+    if any(p["steps"] for p in posts):
+        return at
+    shapes = {tuple(tuple(entry[:3]) for entry in p["path"]) for p in posts}
+    if len(shapes) == 1 and posts[0]["path"]:
+        furthest = max(tuple(entry[3] for entry in p["path"]) for p in posts)
+        at.update(loops=[list(entry[:3]) for entry in posts[0]["path"]], index=[*furthest[:-1], furthest[-1] + margin])
+    return at
+
+
+def reached(pos: dict, at: dict) -> bool:
+    if pos["steps"] >= at["steps"]:
+        return True
+    if at.get("loops") is None or [entry[:3] for entry in pos["path"]] != at["loops"]:
+        return False
+    return tuple(entry[3] for entry in pos["path"]) >= tuple(at["index"])
+
+
+class Coordinator:
+    def __init__(self, rank: int, world: int, top, shard, addr: str, port: int, lock):
+        self.rank, self.world = rank, world
+        self.top, self.shard, self.lock_held = top, shard, lock
+        self.addr, self.port = addr, port
+        self.prefix = f"gpusnap/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+        self.gen = 1  # the global snapshot being agreed or written; one generation of keys each
+        self.requested = 0  # the last generation this rank knows was asked for
+        self.posted = 0  # the last generation this rank posted its position for
+        self.taken = 0  # the last generation this rank took (or gave up) its shard for
+        self.abandoned = 0  # the last generation the waiter gave up on
+        self.plan: dict | None = None  # rank 0's plan for self.gen, once known
+        self.plan_gen = 0
+        self.previous = None  # position at the safe point before this one, since posting
+        self.mine: list[tuple[str, bool]] = []  # this rank's requests folded into its post
+        self.shard_results: dict[int, dict] = {}
+        self.global_results: dict[int, dict] = {}
+        self.cond = threading.Condition()
+        self.outbox: queue.Queue = queue.Queue()
+        self.started = False
+
+    # -- store clients (threads only) ------------------------------------------------------
+    def _client(self, timeout_s: float):
+        from torch.distributed import PrefixStore, TCPStore
+
+        timeout = datetime.timedelta(seconds=timeout_s) if timeout_s else _FOREVER
+        return PrefixStore(self.prefix, TCPStore(self.addr, self.port, is_master=False, timeout=timeout))
+
+    def start(self) -> None:
+        if self.started:
+            return
+        self.started = True
+        threading.Thread(target=self._post_forever, name="gpusnap-dist-post", daemon=True).start()
+        threading.Thread(target=self._wait_forever, name="gpusnap-dist-wait", daemon=True).start()
+
+    def _post_forever(self) -> None:
+        client = None
+        while True:
+            key, value = self.outbox.get()
+            try:
+                if client is None:
+                    client = self._client(knobs.DIST_TIMEOUT_S)
+                client.set(key, json.dumps(value))
+            except Exception as exc:  # noqa: BLE001 - the waiter times out and says so
+                client = None
+                print(f"gpusnap: rank {self.rank}: the job's c10d store did not take {key}: {exc}", file=sys.stderr, flush=True)
+
+    # -- the main thread, at loop boundaries while a snapshot is pending --------------------
+    def on_boundary(self, loop) -> None:
+        if loops.replaying is not None:
+            return  # nothing to post until the replay has merged its snapshot
+        g = self.gen
+        try:
+            if self.posted < g:
+                self._maybe_post(loop, g)
+            elif self.taken < g:
+                self._maybe_take(loop, g)
+        finally:
+            loops.pending = bool(control.requests) or (self.requested >= g > self.taken)
+
+    def _maybe_post(self, loop, g: int) -> None:
+        requests = control.requests
+        if requests:
+            taken = list(requests)
+            del requests[: len(taken)]
+            # One timer runs per node: rank 0's alone decides, or each node would add its own.
+            self.mine += [(reason, stop) for reason, stop in taken if reason != "timer" or self.rank == 0]
+        if self.requested < g and not self.mine:
+            return
+        if not steploop.is_safe_point(loop):
+            return
+        pos = position(loop)
+        stop = any(s for _, s in self.mine)
+        reason = "term" if stop else self.mine[0][0] if self.mine else "peer"
+        if self.requested < g:
+            self.requested = g
+            self.outbox.put((f"req/{g}", {"rank": self.rank, "reason": reason}))
+        self.outbox.put((f"pos/{g}/{self.rank}", {**pos, "stop": stop, "reason": reason,
+                                                    "next": self.shard.next_snapshot_id()}))
+        self.mine = []
+        self.posted, self.previous = g, pos
+
+    def _maybe_take(self, loop, g: int) -> None:
+        plan = self.plan if self.plan_gen == g else None
+        if not steploop.is_safe_point(loop):
+            return
+        pos, previous = position(loop), self.previous
+        self.previous = pos
+        if plan is None or not reached(pos, plan["at"]):
+            return
+        with self.cond:
+            if self.abandoned >= g:
+                return
+            self.taken = g
+        if reached(previous, plan["at"]):
+            self.shard_failed(f"rank {self.rank} learned the agreed iteration only after passing it (its ranks do not "
+                              "meet in a collective every step); no snapshot was taken")
+            return
+        from gpusnap.capture import agent
+
+        agent.take(loop, snap_id=plan["id"], reason=plan["reason"], stop=plan["stop"])
+
+    # -- results ---------------------------------------------------------------------------
+    def shard_failed(self, message: str) -> None:
+        """From the main thread: this rank has no shard for the current generation (skipped, the
+        fork failed, it passed the target). The global snapshot fails and training goes on; a
+        stop request still stops every rank."""
+        g = self.gen
+        self._record_shard(g, {"event": "failed", "message": message})
+        if (self.plan or {}).get("stop"):
+            self.stop_after()
+
+    def shard_finished(self, result: dict) -> dict:
+        """From the writer's waiter thread: this rank's shard is written (committed or not).
+        Returns the global outcome, once known (the coordinator has reported it)."""
+        g = self.gen
+        self._record_shard(g, result)
+        with self.cond:
+            while g not in self.global_results:
+                self.cond.wait()
+            return self.global_results[g]
+
+    def _record_shard(self, g: int, result: dict) -> None:
+        with self.cond:
+            self.shard_results[g] = result
+            self.cond.notify_all()
+
+    def stop_after(self) -> None:
+        """A stop snapshot: wait for its global outcome, then leave (the waiter may be first)."""
+        g = self.gen
+        with self.cond:
+            while g not in self.global_results:
+                self.cond.wait()
+            result = self.global_results[g]
+        _exit(result)
+
+    # -- the waiter thread -----------------------------------------------------------------
+    def _wait_forever(self) -> None:
+        client = None
+        while True:
+            g = self.gen
+            try:
+                if client is None:
+                    client = self._client(knobs.DIST_TIMEOUT_S)
+                client.wait([f"req/{g}"], _FOREVER)
+            except Exception:  # noqa: BLE001 - the store went away: the job is ending, or it comes back
+                client = None
+                time.sleep(1.0)
+                continue
+            if self.requested < g:
+                self.requested = g
+            loops.pending = True
+            client = self._generation(client, g)
+
+    def _generation(self, client, g: int):
+        """One global snapshot, from its request to its outcome. Returns the client to go on
+        with (a new one after a timeout)."""
+        timeout = datetime.timedelta(seconds=knobs.DIST_TIMEOUT_S)
+        plan = None
+        try:
+            if self.rank == 0:
+                keys = [f"pos/{g}/{r}" for r in range(self.world)]
+                client.wait(keys, timeout)
+                posts = [json.loads(v) for v in client.multi_get(keys)]
+                plan = self._plan(posts)
+                client.set(f"plan/{g}", json.dumps(plan))
+            else:
+                client.wait([f"plan/{g}"], timeout)
+                plan = json.loads(client.get(f"plan/{g}"))
+        except Exception as exc:  # noqa: BLE001 - a timeout, or a store that went away
+            client = None
+            outcome = {"event": "failed", "message": f"abandoned: the ranks did not agree on an iteration within "
+                                                      f"{knobs.DIST_TIMEOUT_S:g} s ({_short(exc)})"}
+        else:
+            outcome = None
+            with self.cond:
+                self.plan, self.plan_gen = plan, g
+        shard = outcome if outcome is not None else self._await_shard(g)
+        if outcome is None:
+            outcome, client = self._settle(client, g, plan, shard)
+        else:
+            with self.cond:
+                self.abandoned = max(self.abandoned, g)
+            self.outbox.put((f"done/{g}/{self.rank}", outcome))  # rank 0 need not wait it out
+        self._close(g, plan, outcome)
+        return client
+
+    def _plan(self, posts: list[dict]) -> dict:
+        at = target(posts, knobs.DIST_MARGIN)
+        stop = any(p.get("stop") for p in posts)
+        requested = [p.get("reason") for p in posts if p.get("reason") not in (None, "peer")]
+        top_ids = [int(s) for s in self.top.snapshot_ids() if s.isdigit()]
+        next_id = max([int(p.get("next") or 1) for p in posts] + [max(top_ids) + 1 if top_ids else 1])
+        plan = {"id": f"{next_id:0{SNAP_DIGITS}d}", "stop": stop,
+                "reason": "term" if stop else requested[0] if requested else "request"}
+        return {**plan, "at": at}
+
+    def _await_shard(self, g: int) -> dict:
+        """This rank's shard result: the main thread must reach the target within the timeout
+        (then the write may take as long as it takes: the writer has its own watchdog)."""
+        deadline = time.monotonic() + knobs.DIST_TIMEOUT_S
+        with self.cond:
+            while g not in self.shard_results:
+                left = deadline - time.monotonic()
+                if self.taken < g and left <= 0:
+                    self.abandoned = g
+                    return {"event": "failed", "message": f"rank {self.rank} did not reach the agreed iteration within "
+                                                          f"{knobs.DIST_TIMEOUT_S:g} s"}
+                self.cond.wait(timeout=max(left, 0.05) if self.taken < g else None)
+            return self.shard_results[g]
+
+    def _settle(self, client, g: int, plan: dict, shard: dict):
+        """Post this rank's shard; rank 0 commits the global manifest when every shard is in."""
+        timeout = datetime.timedelta(seconds=knobs.DIST_TIMEOUT_S)
+        try:
+            client.set(f"done/{g}/{self.rank}", json.dumps(shard, default=str))
+            if self.rank == 0:
+                keys = [f"done/{g}/{r}" for r in range(self.world)]
+                client.wait(keys, timeout)
+                dones = [json.loads(v) for v in client.multi_get(keys)]
+                outcome = self._commit(plan, dones)
+                client.set(f"global/{g}", json.dumps(outcome, default=str))
+            else:
+                # Rank 0 waits up to the timeout for the last shard, then commits.
+                client.wait([f"global/{g}"], timeout * 2 + datetime.timedelta(seconds=10))
+                outcome = json.loads(client.get(f"global/{g}"))
+        except Exception as exc:  # noqa: BLE001 - a timeout, or a store that went away
+            return {"event": "failed", "message": f"abandoned: no word from every rank within {knobs.DIST_TIMEOUT_S:g} s "
+                                                  f"({_short(exc)})"}, None
+        return outcome, client
+
+    def _commit(self, plan: dict, dones: list[dict]) -> dict:
+        failed = [(r, d) for r, d in enumerate(dones) if d.get("event") != "committed"]
+        if failed:
+            r, d = failed[0]
+            more = f" (and {len(failed) - 1} more ranks)" if len(failed) > 1 else ""
+            return {"event": "failed", "message": f"rank {r}: {d.get('message', 'no reason given')}{more}"}
+        shard_reports = {r: {**d, "snapshot": d["id"]} for r, d in enumerate(dones)}
+        fields = {"iteration": dones[0].get("iteration"), "reason": plan["reason"], "resumed_from": session.resumed_from}
+        try:
+            info = shards.commit_global(self.top, plan["id"], self.world, shard_reports, fields)
+        except Exception as exc:  # noqa: BLE001 - the shards stay orphans; training goes on
+            return {"event": "failed", "message": f"the global manifest could not be committed: {_short(exc)}"}
+        outcome = {"event": "committed", "id": info.id, "iteration": info.iteration, "stall_s": info.stall_s,
+                   "write_s": max(float(d.get("write_s") or 0) for d in dones), "bytes_written": info.bytes_written,
+                   "bytes_total": info.bytes_total, "ranks": self.world}
+        keep = session.config.get("keep")
+        if keep:
+            try:
+                self.top.prune(keep)
+            except Exception as exc:  # noqa: BLE001 - a commit is a commit
+                outcome.update(warning=f"retention (--keep {keep}) failed after the commit: {_short(exc)}",
+                               hint="run `gpusnap gc DIR --keep N` once the cause is fixed")
+        return outcome
+
+    def _close(self, g: int, plan: dict | None, outcome: dict) -> None:
+        outcome = {**outcome, "id": outcome.get("id") or (plan or {}).get("id")}
+        if plan is not None and plan.get("stop"):
+            outcome["stop"] = True
+        if outcome.get("event") == "committed":
+            try:
+                shards.prune_shard(self.top, self.shard)  # beyond --keep, and orphans of failed ones
+            except Exception as exc:  # noqa: BLE001 - a commit is a commit
+                outcome.setdefault("warning", f"removing rank {self.rank}'s old shards failed: {_short(exc)}")
+                outcome.setdefault("hint", "`gpusnap gc DIR` removes them")
+        elif not control.connected():
+            print(f"gpusnap: snapshot {outcome.get('id') or ''} failed: {outcome.get('message')}", file=sys.stderr, flush=True)
+        session.last_result = outcome
+        control.emit(**outcome)
+        with self.cond:
+            self.global_results[g] = outcome
+            self.plan = None
+            self.gen = g + 1
+            self.cond.notify_all()
+        loops.pending = True  # requests that came meanwhile are served by the next generation
+        if outcome.get("stop"):
+            _exit(outcome)
+
+
+def _exit(outcome: dict) -> None:
+    """A stop snapshot's end on every rank: 0 once committed (torchrun then ends quietly, and
+    each node's supervisor exits 75 on the committed event), 76 otherwise."""
+    from gpusnap.capture.fork import exit_now
+
+    exit_now(0 if outcome.get("event") == "committed" else EXIT_PREEMPTED_UNSAVED)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
