@@ -6,8 +6,10 @@ The ranks coordinate through the job's own c10d store (the TCPStore that torchru
 at MASTER_ADDR:MASTER_PORT), under the prefix ``gpusnap/<restart count>/``, one generation ``g``
 of keys per global snapshot::
 
-    req/g          someone asked: a rank with a request (signal, timer, `gpusnap snap`, SIGTERM
-                   through its supervisor, gpusnap.snapshot()) sets it at its next safe point
+    wake/g/<rank>  someone asked: a rank with a request (signal, timer, `gpusnap snap`, SIGTERM
+                   through its supervisor, gpusnap.snapshot()) sets it for every rank at its next
+                   safe point (one key per rank: each rank's watcher waits for its own, and sets
+                   it itself to stop waiting once the generation is over without it)
     pos/g/<rank>   where the rank stood at its first safe point after the request: optimizer
                    steps, the loops on its path, its stop flag and reason, its next shard id
     plan/g         rank 0, once every position is in: the target position (DIST_MARGIN steps
@@ -22,11 +24,12 @@ after passing it (possible only where ranks do not meet in a collective every st
 snapshot for everyone, loudly; it never takes a shard at another iteration than the others.
 
 Threads, so that the main thread never talks to the store: the *poster* sends what the main
-thread posts (a queue), the *waiter* blocks on the store for the current generation and moves
-the protocol on. Each has its own client connection (a TCPStore client is not safe to share
-between threads, and one whose wait timed out is discarded: its stale reply would answer the
-next call). Nothing goes through the store while no snapshot is pending: the waiter's one
-outstanding ``wait`` for ``req/g`` is all.
+thread posts (a queue), the *watcher* waits for this rank's ``wake`` key, the *runner* moves a
+generation on once this rank knows it was asked for (from the watcher, or from its own post:
+the store may not answer). Each has its own client connection (a TCPStore client is not safe to
+share between threads, and one whose wait timed out is discarded: its stale reply would answer
+the next call). Nothing goes through the store while no snapshot is pending: the watcher's one
+outstanding ``wait`` is all.
 """
 
 from __future__ import annotations
@@ -147,6 +150,7 @@ class Coordinator:
         self.global_results: dict[int, dict] = {}
         self.cond = threading.Condition()
         self.outbox: queue.Queue = queue.Queue()
+        self.wake = threading.Event()  # the runner has a generation to run
         self.started = False
 
     # -- store clients (threads only) ------------------------------------------------------
@@ -156,21 +160,34 @@ class Coordinator:
         timeout = datetime.timedelta(seconds=timeout_s) if timeout_s else _FOREVER
         return PrefixStore(self.prefix, TCPStore(self.addr, self.port, is_master=False, timeout=timeout))
 
+    def _connect(self):
+        return _within(knobs.DIST_TIMEOUT_S, self._client, knobs.DIST_TIMEOUT_S)
+
     def start(self) -> None:
         if self.started:
             return
         self.started = True
         threading.Thread(target=self._post_forever, name="gpusnap-dist-post", daemon=True).start()
-        threading.Thread(target=self._wait_forever, name="gpusnap-dist-wait", daemon=True).start()
+        threading.Thread(target=self._watch_forever, name="gpusnap-dist-watch", daemon=True).start()
+        threading.Thread(target=self._run_forever, name="gpusnap-dist-run", daemon=True).start()
+
+    def _first_client(self):
+        """Each thread connects as it starts, while the store surely answers (the job has just
+        rendezvoused): a set on a connected client never blocks, a new connection may."""
+        try:
+            return self._connect()
+        except Exception:  # noqa: BLE001 - the thread connects again when it needs to
+            return None
 
     def _post_forever(self) -> None:
-        client = None
+        client = self._first_client()
         while True:
             key, value = self.outbox.get()
             try:
                 if client is None:
-                    client = self._client(knobs.DIST_TIMEOUT_S)
-                client.set(key, json.dumps(value))
+                    client = self._connect()
+                for one in [key] if isinstance(key, str) else key:
+                    client.set(one, json.dumps(value))
             except Exception as exc:  # noqa: BLE001 - the waiter times out and says so
                 client = None
                 print(f"gpusnap: rank {self.rank}: the job's c10d store did not take {key}: {exc}", file=sys.stderr, flush=True)
@@ -203,12 +220,12 @@ class Coordinator:
         stop = any(s for _, s in self.mine)
         reason = "term" if stop else self.mine[0][0] if self.mine else "peer"
         if self.requested < g:
-            self.requested = g
-            self.outbox.put((f"req/{g}", {"rank": self.rank, "reason": reason}))
+            self.outbox.put(([f"wake/{g}/{r}" for r in range(self.world) if r != self.rank], {"rank": self.rank}))
         self.outbox.put((f"pos/{g}/{self.rank}", {**pos, "stop": stop, "reason": reason,
                                                     "next": self.shard.next_snapshot_id()}))
         self.mine = []
         self.posted, self.previous = g, pos
+        self._asked(g)
 
     def _maybe_take(self, loop, g: int) -> None:
         plan = self.plan if self.plan_gen == g else None
@@ -264,39 +281,60 @@ class Coordinator:
             result = self.global_results[g]
         _exit(result)
 
-    # -- the waiter thread -----------------------------------------------------------------
-    def _wait_forever(self) -> None:
-        client = None
+    # -- the watcher and runner threads ------------------------------------------------------
+    def _asked(self, g: int) -> None:
+        """Generation ``g`` was asked for (by a peer, or by this rank's own post)."""
+        with self.cond:
+            if self.gen != g or self.requested >= g:
+                return
+            self.requested = g
+        loops.pending = True
+        self.wake.set()
+
+    def _watch_forever(self) -> None:
+        client = self._first_client()
         while True:
             g = self.gen
             try:
                 if client is None:
-                    client = self._client(knobs.DIST_TIMEOUT_S)
-                client.wait([f"req/{g}"], _FOREVER)
+                    client = self._connect()
+                client.wait([f"wake/{g}/{self.rank}"], _FOREVER)
             except Exception:  # noqa: BLE001 - the store went away: the job is ending, or it comes back
                 client = None
                 time.sleep(1.0)
                 continue
-            if self.requested < g:
-                self.requested = g
-            loops.pending = True
-            client = self._generation(client, g)
+            self._asked(g)
+            with self.cond:
+                while self.gen == g:
+                    self.cond.wait()
+
+    def _run_forever(self) -> None:
+        client, ran = self._first_client(), 0
+        while True:
+            self.wake.wait()
+            self.wake.clear()
+            while self.requested >= self.gen > ran:
+                ran = self.gen
+                if client is None:
+                    try:
+                        client = self._connect()
+                    except Exception:  # noqa: BLE001 - _generation says so
+                        client = None
+                client = self._generation(client, ran)
 
     def _generation(self, client, g: int):
         """One global snapshot, from its request to its outcome. Returns the client to go on
         with (a new one after a timeout)."""
-        timeout = datetime.timedelta(seconds=knobs.DIST_TIMEOUT_S)
         plan = None
         try:
+            if client is None:
+                raise ConnectionError("no connection to the job's c10d store")
             if self.rank == 0:
-                keys = [f"pos/{g}/{r}" for r in range(self.world)]
-                client.wait(keys, timeout)
-                posts = [json.loads(v) for v in client.multi_get(keys)]
+                posts = _within(knobs.DIST_TIMEOUT_S, _wait_get, client, [f"pos/{g}/{r}" for r in range(self.world)])
                 plan = self._plan(posts)
                 client.set(f"plan/{g}", json.dumps(plan))
             else:
-                client.wait([f"plan/{g}"], timeout)
-                plan = json.loads(client.get(f"plan/{g}"))
+                plan = _within(knobs.DIST_TIMEOUT_S, _wait_get, client, [f"plan/{g}"])[0]
         except Exception as exc:  # noqa: BLE001 - a timeout, or a store that went away
             client = None
             outcome = {"event": "failed", "message": f"abandoned: the ranks did not agree on an iteration within "
@@ -341,19 +379,15 @@ class Coordinator:
 
     def _settle(self, client, g: int, plan: dict, shard: dict):
         """Post this rank's shard; rank 0 commits the global manifest when every shard is in."""
-        timeout = datetime.timedelta(seconds=knobs.DIST_TIMEOUT_S)
         try:
             client.set(f"done/{g}/{self.rank}", json.dumps(shard, default=str))
             if self.rank == 0:
-                keys = [f"done/{g}/{r}" for r in range(self.world)]
-                client.wait(keys, timeout)
-                dones = [json.loads(v) for v in client.multi_get(keys)]
+                dones = _within(knobs.DIST_TIMEOUT_S, _wait_get, client, [f"done/{g}/{r}" for r in range(self.world)])
                 outcome = self._commit(plan, dones)
                 client.set(f"global/{g}", json.dumps(outcome, default=str))
             else:
                 # Rank 0 waits up to the timeout for the last shard, then commits.
-                client.wait([f"global/{g}"], timeout * 2 + datetime.timedelta(seconds=10))
-                outcome = json.loads(client.get(f"global/{g}"))
+                outcome = _within(knobs.DIST_TIMEOUT_S * 2 + 10, _wait_get, client, [f"global/{g}"])[0]
         except Exception as exc:  # noqa: BLE001 - a timeout, or a store that went away
             return {"event": "failed", "message": f"abandoned: no word from every rank within {knobs.DIST_TIMEOUT_S:g} s "
                                                   f"({_short(exc)})"}, None
@@ -403,8 +437,37 @@ class Coordinator:
             self.gen = g + 1
             self.cond.notify_all()
         loops.pending = True  # requests that came meanwhile are served by the next generation
+        self.outbox.put((f"wake/{g}/{self.rank}", {"closed": True}))  # the watcher may still wait for it
         if outcome.get("stop"):
             _exit(outcome)
+
+
+def _wait_get(client, keys: list[str]) -> list:
+    client.wait(keys, _FOREVER)
+    return [json.loads(v) for v in client.multi_get(keys)]
+
+
+def _within(timeout_s: float, call, *args):
+    """``call(*args)``, or TimeoutError after ``timeout_s``. A TCPStore client blocks in recv,
+    whatever its timeout, on a store that holds the connection but does not answer (a stopped
+    agent), and its constructor too: the call runs in a thread of its own, which is left behind
+    (with its connection, never used again) when it does not return in time."""
+    done: dict = {}
+
+    def run():
+        try:
+            done["value"] = call(*args)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            done["error"] = exc
+
+    thread = threading.Thread(target=run, name="gpusnap-dist-call", daemon=True)
+    thread.start()
+    thread.join(timeout_s or None)
+    if "error" in done:
+        raise done["error"]
+    if "value" not in done:
+        raise TimeoutError(f"the job's c10d store did not answer within {timeout_s:g} s")
+    return done["value"]
 
 
 def _exit(outcome: dict) -> None:

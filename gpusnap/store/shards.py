@@ -27,7 +27,7 @@ import time
 
 from gpusnap.errors import RunDirError, SnapshotNotFound, StoreError
 from gpusnap.store import atomic
-from gpusnap.store.check import Finding
+from gpusnap.store.check import Finding, Leftover, leftovers as _leftovers
 from gpusnap.store.info import FORMAT_VERSION, SnapshotInfo, utc_now
 from gpusnap.store.rundir import RunDir
 
@@ -184,7 +184,8 @@ def prune(rd: RunDir, keep: int | None) -> dict:
     totals = {k: report[k] for k in ("removed_packs", "removed_bytes", "removed_temp", "reindexed_chunks")}
     report["shards"] = {}
     for rank in shard_ranks(rd):
-        sub = shard.prune(None, drop=orphans(rd, open_shard(rd, rank)))
+        shard = open_shard(rd, rank)
+        sub = shard.prune(None, drop=orphans(rd, shard))
         report["shards"][str(rank)] = sub["removed_snapshots"]
         for k in totals:
             totals[k] += sub[k]
@@ -205,3 +206,15 @@ def lock_all(rd: RunDir, purpose: str) -> list:
             lock.release()
         raise
     return locks
+
+
+def leftovers(rd: RunDir) -> list[Leftover]:
+    """Temp files anywhere in the tree, each shard's packs no index names, and orphan shard
+    snapshots (their global snapshot failed): what gc removes."""
+    out = [x for x in _leftovers(rd)]
+    for rank in shard_ranks(rd):
+        shard = open_shard(rd, rank)
+        prefix = f"{RANKS}/{rank}/"
+        out += [Leftover(x.kind, prefix + x.path) for x in _leftovers(shard) if x.kind != "temp_file"]
+        out += [Leftover("orphan_shard", f"{prefix}snapshots/{sid}.json") for sid in orphans(rd, shard)]
+    return out
