@@ -277,3 +277,27 @@ def test_sharded_directory_ls_verify_gc_and_a_restart_with_another_world_size(tm
     assert sorted(committed_ids(run_dir)) == [third]
     for rank in ("0", "1"):
         assert sorted(p.stem for p in (run_dir / "ranks" / rank / "snapshots").glob("*.json")) == [third]
+
+
+def test_fsdp2_state_is_refused_loudly_and_training_goes_on(tmp_path):
+    """FSDP2 (fully_shard) runs on CPU over gloo, but its DTensor parameters are not captured
+    yet: the snapshot fails on every rank with one line saying so, never a snapshot that would
+    restore the replay's weights; SIGTERM then stops with 76 (nothing committed)."""
+    progs, _, out, run_dir = _setup(tmp_path)
+    run = Run("run", "--nproc-per-node", "2", "--dir", run_dir, "fsdp.py", out, "400", cwd=progs, env=STEP_SLEEP)
+    try:
+        wait_for(lambda: least_progress(out, 2) >= 3, "step 3", proc=run, timeout=180)
+        run.signal(signal.SIGUSR1)
+        failed = wait_for(lambda: [e for e in _log(run_dir) if e["event"] == "failed"], "the snapshot to fail",
+                          proc=run, timeout=120)[0]
+        reached = least_progress(out, 2)
+        wait_for(lambda: least_progress(out, 2) > reached + 3, "training to go on", proc=run)
+        run.signal(signal.SIGTERM)
+        code, _, err = run.wait(timeout=120)
+    finally:
+        if run.proc.poll() is None:
+            run.kill_group()
+    assert failed["message"].startswith("rank 0: CaptureError: torch.distributed.tensor.DTensor (FSDP2's fully_shard, "
+                                        "tensor parallelism) is not captured yet"), failed
+    assert code == 76, err[-3000:]
+    assert committed_ids(run_dir) == set()

@@ -105,6 +105,9 @@ def _child_main(job, write_fd: int) -> None:
     try:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(signum, signal.SIG_IGN)  # finish the write; the supervisor kills on --grace
+        # The walks touch every attribute of the program's objects and modules (deprecated ones
+        # of torch.distributed warn): the writer speaks only through its report.
+        warnings.simplefilter("ignore")
         if "blosc2" in sys.modules:
             sys.modules["blosc2"].free_resources()  # its thread pool did not survive fork
         from gpusnap.capture.writer import write_snapshot
