@@ -28,12 +28,13 @@ thread posts (a queue), the *watcher* waits for this rank's ``wake`` key, the *r
 generation on once this rank knows it was asked for (from the watcher, or from its own post:
 the store may not answer). Each has its own client connection (a TCPStore client is not safe to
 share between threads, and one whose wait timed out is discarded: its stale reply would answer
-the next call). Nothing goes through the store while no snapshot is pending: the watcher's one
-outstanding ``wait`` is all.
+the next call). At rest, the watcher asks whether its ``wake`` key is set five times a second:
+that is all the store hears while no snapshot is pending, whatever the step rate.
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import json
 import os
@@ -51,6 +52,8 @@ from gpusnap.store.rundir import SNAP_DIGITS
 
 coordinator: "Coordinator | None" = None
 _FOREVER = datetime.timedelta(days=3650)
+_POLL_S = 0.002  # how often a rank asks the store while a snapshot is being agreed and written
+_WATCH_POLL_S = 0.2  # how often it asks whether a peer wants one: the only traffic at rest
 
 
 def install(config: dict):
@@ -151,6 +154,8 @@ class Coordinator:
         self.cond = threading.Condition()
         self.outbox: queue.Queue = queue.Queue()
         self.wake = threading.Event()  # the runner has a generation to run
+        self.closing = threading.Event()  # the program is exiting: the threads end, and their clients
+        self.threads: list[threading.Thread] = []
         self.started = False
 
     # -- store clients (threads only) ------------------------------------------------------
@@ -167,9 +172,33 @@ class Coordinator:
         if self.started:
             return
         self.started = True
-        threading.Thread(target=self._post_forever, name="gpusnap-dist-post", daemon=True).start()
-        threading.Thread(target=self._watch_forever, name="gpusnap-dist-watch", daemon=True).start()
-        threading.Thread(target=self._run_forever, name="gpusnap-dist-run", daemon=True).start()
+        for target, name in ((self._post_forever, "post"), (self._watch_forever, "watch"), (self._run_forever, "run")):
+            thread = threading.Thread(target=target, name=f"gpusnap-dist-{name}", daemon=True)
+            thread.start()
+            self.threads.append(thread)
+        atexit.register(self.shutdown)
+
+    def shutdown(self) -> None:
+        """At exit, before the interpreter finalizes: end the threads and drop their store
+        clients. A daemon thread that is inside a store call, or a client torn down with the
+        interpreter, when finalization comes aborts the process ("terminate called without an
+        active exception"), and the rank would exit -6 after a run that went well."""
+        with self.cond:  # a shard in flight: its global snapshot may still commit (as a writer is waited for)
+            g, deadline = self.gen, time.monotonic() + knobs.DIST_TIMEOUT_S
+            while self.taken >= g and g not in self.global_results and time.monotonic() < deadline:
+                self.cond.wait(0.1)
+        self.closing.set()
+        self.wake.set()
+        self.outbox.put((None, None))
+        with self.cond:
+            self.cond.notify_all()
+        deadline = time.monotonic() + 2.0
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        with self.cond:  # nothing waits for a generation that will not end now
+            if g not in self.global_results:
+                self.global_results[g] = {"event": "failed", "message": "the program exited before the snapshot was committed"}
+            self.cond.notify_all()
 
     def _first_client(self):
         """Each thread connects as it starts, while the store surely answers (the job has just
@@ -181,8 +210,10 @@ class Coordinator:
 
     def _post_forever(self) -> None:
         client = self._first_client()
-        while True:
+        while not self.closing.is_set():
             key, value = self.outbox.get()
+            if key is None:
+                break
             try:
                 if client is None:
                     client = self._connect()
@@ -293,27 +324,27 @@ class Coordinator:
 
     def _watch_forever(self) -> None:
         client = self._first_client()
-        while True:
+        while not self.closing.is_set():
             g = self.gen
             try:
                 if client is None:
                     client = self._connect()
-                client.wait([f"wake/{g}/{self.rank}"], _FOREVER)
+                _poll(client, [f"wake/{g}/{self.rank}"], _WATCH_POLL_S, None, self.closing)
             except Exception:  # noqa: BLE001 - the store went away: the job is ending, or it comes back
                 client = None
                 time.sleep(1.0)
                 continue
             self._asked(g)
             with self.cond:
-                while self.gen == g:
+                while self.gen == g and not self.closing.is_set():
                     self.cond.wait()
 
     def _run_forever(self) -> None:
         client, ran = self._first_client(), 0
-        while True:
+        while not self.closing.is_set():
             self.wake.wait()
             self.wake.clear()
-            while self.requested >= self.gen > ran:
+            while self.requested >= self.gen > ran and not self.closing.is_set():
                 ran = self.gen
                 if client is None:
                     try:
@@ -330,11 +361,11 @@ class Coordinator:
             if client is None:
                 raise ConnectionError("no connection to the job's c10d store")
             if self.rank == 0:
-                posts = _within(knobs.DIST_TIMEOUT_S, _wait_get, client, [f"pos/{g}/{r}" for r in range(self.world)])
+                posts = _wait_get(client, [f"pos/{g}/{r}" for r in range(self.world)], knobs.DIST_TIMEOUT_S)
                 plan = self._plan(posts)
                 client.set(f"plan/{g}", json.dumps(plan))
             else:
-                plan = _within(knobs.DIST_TIMEOUT_S, _wait_get, client, [f"plan/{g}"])[0]
+                plan = _wait_get(client, [f"plan/{g}"], knobs.DIST_TIMEOUT_S)[0]
         except Exception as exc:  # noqa: BLE001 - a timeout, or a store that went away
             client = None
             outcome = {"event": "failed", "message": f"abandoned: the ranks did not agree on an iteration within "
@@ -382,12 +413,12 @@ class Coordinator:
         try:
             client.set(f"done/{g}/{self.rank}", json.dumps(shard, default=str))
             if self.rank == 0:
-                dones = _within(knobs.DIST_TIMEOUT_S, _wait_get, client, [f"done/{g}/{r}" for r in range(self.world)])
+                dones = _wait_get(client, [f"done/{g}/{r}" for r in range(self.world)], knobs.DIST_TIMEOUT_S)
                 outcome = self._commit(plan, dones)
                 client.set(f"global/{g}", json.dumps(outcome, default=str))
             else:
                 # Rank 0 waits up to the timeout for the last shard, then commits.
-                outcome = _within(knobs.DIST_TIMEOUT_S * 2 + 10, _wait_get, client, [f"global/{g}"])[0]
+                outcome = _wait_get(client, [f"global/{g}"], knobs.DIST_TIMEOUT_S * 2 + 10)[0]
         except Exception as exc:  # noqa: BLE001 - a timeout, or a store that went away
             return {"event": "failed", "message": f"abandoned: no word from every rank within {knobs.DIST_TIMEOUT_S:g} s "
                                                   f"({_short(exc)})"}, None
@@ -442,9 +473,23 @@ class Coordinator:
             _exit(outcome)
 
 
-def _wait_get(client, keys: list[str]) -> list:
-    client.wait(keys, _FOREVER)
-    return [json.loads(v) for v in client.multi_get(keys)]
+def _poll(client, keys: list[str], every_s: float, deadline: float | None, closing=None) -> list:
+    """The keys' values once all are set. Polled with ``check``, not waited for with ``wait``:
+    a thread blocked inside a store call when the interpreter finalizes (a program that ends
+    while a snapshot is being agreed) aborts the process as it returns (pthread_exit through
+    C++), so the threads stay in short calls and sleeps."""
+    while deadline is None or time.monotonic() < deadline:
+        if closing is not None and closing.is_set():
+            raise TimeoutError("the program is exiting")
+        if client.check(keys):
+            return [json.loads(v) for v in client.multi_get(keys)]
+        time.sleep(every_s)
+    raise TimeoutError("timed out")
+
+
+def _wait_get(client, keys: list[str], timeout_s: float) -> list:
+    deadline = time.monotonic() + timeout_s
+    return _within(timeout_s, _poll, client, keys, _POLL_S, deadline, coordinator.closing if coordinator else None)
 
 
 def _within(timeout_s: float, call, *args):
