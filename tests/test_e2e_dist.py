@@ -8,6 +8,7 @@ the reference's. Seeds are logged.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -76,6 +77,23 @@ def compare(ref: Path, out: Path, ranks: int) -> None:
                     torch.load(ref / f"rank{r}" / "final.pt", weights_only=False), f"rank {r}")
 
 
+@contextlib.contextmanager
+def running(*runs: Run):
+    """The runs, killed (whole process groups) if a test leaves them running."""
+    try:
+        yield runs
+    finally:
+        for run in runs:
+            if run.proc.poll() is None:
+                run.kill_group()
+
+
+def stop(run: Run) -> tuple[int, str, str]:
+    """SIGTERM to the supervisor: a global snapshot, then the exit status."""
+    run.signal(signal.SIGTERM)
+    return run.wait(timeout=120)
+
+
 def _setup(tmp_path: Path):
     progs = copy_programs(tmp_path) / "dist"
     ref, out = tmp_path / "ref", tmp_path / "out"
@@ -132,16 +150,12 @@ def test_two_nodes_sigterm_exits_75_on_each_and_both_restart(tmp_path):
     progs, ref, out, run_dir = _setup(tmp_path)
     torchrun("--standalone", "--nproc-per-node", "2", "ddp.py", ref, "6", cwd=progs)
     nodes = _run_two_nodes(progs, run_dir, out, ["6"])
-    try:
+    with running(*nodes):
         first = snapshot_at(nodes[0], run_dir, out, 2, 5)
         wait_for(lambda: least_progress(out, 2) >= 25, "step 25", proc=nodes[1])
         for node in nodes:
             node.signal(signal.SIGTERM)
         results = [node.wait(timeout=120) for node in nodes]
-    finally:
-        for node in nodes:
-            if node.proc.poll() is None:
-                node.kill_group()
     for code, _, err in results:
         assert code == 75, err[-3000:]
         assert "gpusnap: stopped after a committed snapshot: exit status 75 (requeue to continue)" in err
@@ -170,7 +184,7 @@ def test_a_failing_writer_on_one_rank_fails_the_snapshot_for_all_and_training_go
     progs, _, out, run_dir = _setup(tmp_path)
     run = Run("run", "--nproc-per-node", "2", "--dir", run_dir, "ddp.py", out, "20", cwd=progs,
               env={**STEP_SLEEP, "GPUSNAP_WRITER_TIMEOUT_S": "3"})
-    try:
+    with running(run):
         wait_for(lambda: least_progress(out, 2) >= 3, "step 3", proc=run, timeout=180)
         rank1 = psutil.Process(wait_for(lambda: rank_pids(run).get(1), "rank 1", proc=run))
         run.signal(signal.SIGUSR1)
@@ -183,11 +197,7 @@ def test_a_failing_writer_on_one_rank_fails_the_snapshot_for_all_and_training_go
         reached = least_progress(out, 2)
         wait_for(lambda: least_progress(out, 2) > reached + 3, "training to go on", proc=run)
         later = snapshot_at(run, run_dir, out, 2, reached + 4)
-        run.signal(signal.SIGTERM)
-        code, _, err = run.wait(timeout=120)
-    finally:
-        if run.proc.poll() is None:
-            run.kill_group()
+        code, _, err = stop(run)
     assert code == 75, err[-3000:]
     assert f"gpusnap: snapshot {failed['id']} failed: {failed['message']}" in err.splitlines()
     assert later > failed["id"]
@@ -204,7 +214,7 @@ def test_a_store_that_stops_answering_abandons_the_snapshot_and_training_goes_on
     progs, _, out, run_dir = _setup(tmp_path)
     run = Run("run", "--nproc-per-node", "2", "--dir", run_dir, "ddp.py", out, "30", cwd=progs,
               env={**STEP_SLEEP, "GPUSNAP_DIST_TIMEOUT_S": "4"})
-    try:
+    with running(run):
         wait_for(lambda: least_progress(out, 2) >= 3, "step 3", proc=run, timeout=180)
         agent = psutil.Process(run.proc.pid).children()[0]
         agent.suspend()
@@ -220,11 +230,7 @@ def test_a_store_that_stops_answering_abandons_the_snapshot_and_training_goes_on
         time.sleep(5)  # what the ranks posted meanwhile reaches the store, and their timeouts run out
         assert committed_ids(run_dir) == set()
         later = snapshot_at(run, run_dir, out, 2, least_progress(out, 2) + 2)
-        run.signal(signal.SIGTERM)
-        code, _, err = run.wait(timeout=120)
-    finally:
-        if run.proc.poll() is None:
-            run.kill_group()
+        code, _, err = stop(run)
     assert code == 75, err[-3000:]
     assert f"gpusnap: snapshot failed: {failed['message']}" in err.splitlines()  # no id: none was agreed
     assert later in committed_ids(run_dir)
@@ -235,14 +241,10 @@ def test_sharded_directory_ls_verify_gc_and_a_restart_with_another_world_size(tm
     shards; a restart with another number of ranks refuses before starting anything."""
     progs, _, out, run_dir = _setup(tmp_path)
     run = Run("run", "--nproc-per-node", "2", "--dir", run_dir, "ddp.py", out, "20", cwd=progs, env=STEP_SLEEP)
-    try:
+    with running(run):
         first = snapshot_at(run, run_dir, out, 2, 3)
         second = snapshot_at(run, run_dir, out, 2, least_progress(out, 2) + 2)
-        run.signal(signal.SIGTERM)
-        code, _, err = run.wait(timeout=120)
-    finally:
-        if run.proc.poll() is None:
-            run.kill_group()
+        code, _, err = stop(run)
     assert code == 75, err[-3000:]
     listed = json.loads(gpusnap("ls", run_dir, "--json", cwd=progs).stdout)
     third = sorted(committed_ids(run_dir))[-1]
@@ -285,18 +287,14 @@ def test_fsdp2_state_is_refused_loudly_and_training_goes_on(tmp_path):
     restore the replay's weights; SIGTERM then stops with 76 (nothing committed)."""
     progs, _, out, run_dir = _setup(tmp_path)
     run = Run("run", "--nproc-per-node", "2", "--dir", run_dir, "fsdp.py", out, "400", cwd=progs, env=STEP_SLEEP)
-    try:
+    with running(run):
         wait_for(lambda: least_progress(out, 2) >= 3, "step 3", proc=run, timeout=180)
         run.signal(signal.SIGUSR1)
         failed = wait_for(lambda: [e for e in _log(run_dir) if e["event"] == "failed"], "the snapshot to fail",
                           proc=run, timeout=120)[0]
         reached = least_progress(out, 2)
         wait_for(lambda: least_progress(out, 2) > reached + 3, "training to go on", proc=run)
-        run.signal(signal.SIGTERM)
-        code, _, err = run.wait(timeout=120)
-    finally:
-        if run.proc.poll() is None:
-            run.kill_group()
+        code, _, err = stop(run)
     assert failed["message"].startswith("rank 0: CaptureError: torch.distributed.tensor.DTensor (FSDP2's fully_shard, "
                                         "tensor parallelism) is not captured yet"), failed
     assert code == 76, err[-3000:]

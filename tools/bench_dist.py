@@ -2,7 +2,7 @@
 state on the same ranks, in one run.
 
     python tools/bench_dist.py [--ranks 2,4] [--mb 32] [--steps 60] [--snap-at 15,35]
-                               [--dir /tmp/bench-dist] [--out FILE]
+                               [--dir /tmp/bench-dist] [--result FILE] [--reuse]
 
 The job: DDP over gloo on CPU, one rank per process, an MLP of square fp32 Linear layers of
 --mb MB of parameters per rank (so 3x that with AdamW's state), AdamW, small batches, every
@@ -16,9 +16,11 @@ step touches every parameter. Three runs per rank count, each under torchrun:
              gpusnap.snapshot() at the same steps (the ranks agree on an iteration DIST_MARGIN
              steps later); the stall is each rank's `forked` stall_s (safe point to fork)
 
-Every rank stamps each step's duration. Per run: the median step of the baseline; the extra
-time is the sum over all steps of (step - baseline median), the total cost of the snapshots
-(stall, copy-on-write faults, the writer's or DCP's background threads' CPU); stall per
+Every rank stamps each step's duration. The extra time is the sum over all steps of (step -
+the baseline run's median step), the total cost of the snapshots
+(stall, copy-on-write faults, the writer's or DCP's background threads' CPU); beside it, the
+same against the run's own median step (robust to a machine whose load changes between runs,
+blind to a cost that every step pays, such as writers competing for the cores); stall per
 snapshot is the largest over ranks, averaged over snapshots. On the 2-core CI machine 4 ranks
 oversubscribe the cores: the figures are relative, measured side by side.
 """
@@ -87,6 +89,8 @@ def train(mode: str, out: str, mb: int, steps: int, snap_at: list[int]) -> None:
 
 def _run(mode: str, ranks: int, args, work: Path) -> dict:
     out = work / f"{mode}-{ranks}"
+    if args.reuse:  # report again from the files an earlier run left in --dir
+        return _read(mode, ranks, out, None)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     program = [str(Path(__file__).resolve()), "--train", mode, "--out", str(out), "--mb", str(args.mb),
@@ -100,7 +104,11 @@ def _run(mode: str, ranks: int, args, work: Path) -> dict:
     done = subprocess.run(cmd, cwd=out, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         sys.exit(f"{mode} with {ranks} ranks failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    result = {"wall_s": time.perf_counter() - started, "ranks": []}
+    return _read(mode, ranks, out, time.perf_counter() - started)
+
+
+def _read(mode: str, ranks: int, out: Path, wall_s: float | None) -> dict:
+    result = {"wall_s": wall_s, "ranks": []}
     for r in range(ranks):
         result["ranks"].append(json.loads((out / f"rank{r}.json").read_text()))
     if mode == "gpusnap":
@@ -118,9 +126,12 @@ def _run(mode: str, ranks: int, args, work: Path) -> dict:
     return result
 
 
-def _extra(run: dict, base: float) -> float:
-    """Largest over ranks of the summed step time beyond the baseline median."""
-    return max(sum(s - base for s in r["steps"]) for r in run["ranks"])
+def _extra(run: dict, base: float | None = None) -> float:
+    """Largest over ranks of the summed step time beyond the baseline run's median step (or,
+    without ``base``, beyond that rank's own median in the same run: blind to a slowdown of
+    every step, such as a writer that competes for the cores through the whole run)."""
+    return max(sum(s - (base if base is not None else statistics.median(r["steps"][5:])) for s in r["steps"])
+               for r in run["ranks"])
 
 
 def main() -> None:
@@ -133,6 +144,7 @@ def main() -> None:
     ap.add_argument("--snap-at", default="15,35", help="steps after which a snapshot / async_save is asked for")
     ap.add_argument("--dir", default="/tmp/bench-dist")
     ap.add_argument("--result", help="also write the report to this file")
+    ap.add_argument("--reuse", action="store_true", help="report from the runs an earlier call left in --dir")
     args = ap.parse_args()
     snap_at = [int(s) for s in args.snap_at.split(",") if s]
     if args.train:
@@ -151,16 +163,18 @@ def main() -> None:
             run = runs[mode]
             stalls = run["snap_stalls"]
             n = max(1, len(snap_at))
-            extra = _extra(run, base)
+            extra, own = _extra(run, base), _extra(run)
             what = "DCP async_save" if mode == "dcp" else "gpusnap       "
             lines.append(f"  {what}  stall per snapshot {statistics.mean(stalls) * 1000 if stalls else float('nan'):8.1f} ms "
-                         f"(max over ranks; {len(stalls)} snapshots)   extra time per snapshot {extra / n * 1000:8.1f} ms"
+                         f"(max over ranks; {len(stalls)} taken)   extra time per request {extra / n * 1000:8.1f} ms "
+                         f"(against its own median step: {own / n * 1000:.1f} ms)"
                          + (f"   committed {run['committed']}, rank 0 write {[round(w, 2) for w in run['write_s']]} s"
                             if mode == "gpusnap" else ""))
         d, g = runs["dcp"], runs["gpusnap"]
         if d["snap_stalls"] and g["snap_stalls"]:
+            ratio = f"{_extra(g, base) / _extra(d, base):.2f}x" if _extra(d, base) > 0 else "n/a (DCP's is within the noise)"
             lines.append(f"  ratio gpusnap/DCP: stall {statistics.mean(g['snap_stalls']) / statistics.mean(d['snap_stalls']):.2f}x, "
-                         f"extra time {_extra(g, base) / max(_extra(d, base), 1e-9):.2f}x")
+                         f"extra time {ratio}")
     report = "\n".join(lines)
     print(report)
     if args.result:
