@@ -16,7 +16,8 @@ set to a JSON object::
     {"run_dir": "/abs/DIR", "control": "/tmp/gpusnap-XXXX/control.sock",
      "signal": "SIGUSR1", "on_term": "snapshot" | "exit", "keep": 3 | null,
      "at": "/abs/FILE:LINE" | null, "instrument": ["/abs/path", "pkg.mod", ...],
-     "resume": null | {"snapshot": "000003"}, "force": false}
+     "resume": null | {"snapshot": "000003"}, "force": false,
+     "dist": true}                  (only in the ranks of a torchrun job: capture/dist.py)
 
 Control protocol: newline-delimited JSON objects over the unix socket named by ``"control"``
 (mode 0600; ``DIR/supervisor.json`` holds ``{"pid", "socket", "started"}``). Every message has
@@ -124,7 +125,7 @@ class Launch:
             "force": self.force,
             "verbosity": self.verbosity,
             "paranoid": self.paranoid,
-            "dist": self.torchrun is not None,
+            **({"dist": True} if self.torchrun is not None else {}),  # a rank of a torchrun job
         }
 
 
