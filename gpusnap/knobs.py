@@ -165,3 +165,12 @@ def _device_map(raw: str) -> dict:
 
 
 DEVICE_MAP = _parsed("DEVICE_MAP", {}, _device_map, 'a list of SAVED:NEW device ordinals, e.g. "1:0,2:cpu"')
+
+# Distributed runs (torchrun; capture/dist.py): how long a rank waits for the others at each
+# phase of a global snapshot (agreeing on an iteration, reaching it, every shard's commit) and
+# for the job's c10d store to answer, before that snapshot is abandoned (training goes on).
+DIST_TIMEOUT_S = _parsed("DIST_TIMEOUT_S", 300.0, lambda raw: _non_negative(float(raw)), "a number of seconds >= 0")
+# The agreed iteration lies this many optimizer steps (or iterations of the safe-point loop, for
+# a program without torch.optim) beyond the furthest rank's posted position: with a collective in
+# every step, no rank can be further than that by the time it learns the target (DESIGN.md).
+DIST_MARGIN = _int("DIST_MARGIN", 2)

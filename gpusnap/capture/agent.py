@@ -52,9 +52,16 @@ def install(config: dict, note_source) -> None:
     preload()
     codec.decode_on_one_thread()  # this process forks writers: blosc2's pool must never run here
     lifeline.arm()  # each writer dies with the trainee (fork.start_writer)
-    session.rundir = RunDir.open(session.config["run_dir"], trusted=True)
+    if session.config.get("dist"):  # a rank of a torchrun job: its own shard, global snapshots
+        from gpusnap.capture import dist
+
+        session.rundir = dist.install(session.config)
+        session.dist = dist.coordinator
+        loops.on_boundary = session.dist.on_boundary
+    else:
+        session.rundir = RunDir.open(session.config["run_dir"], trusted=True)
+        loops.on_boundary = _on_boundary
     session.resumed_from = (session.config.get("resume") or {}).get("snapshot")
-    loops.on_boundary = _on_boundary
     control.install_signals()
     control.connect(session.config.get("control"))
     steploop.install(note_source)
@@ -94,7 +101,6 @@ def _on_boundary(loop) -> None:
 
 
 def _snapshot(loop) -> None:
-    global _coalesced_said
     requested_s = time.perf_counter()
     loops.pending = False
     requests = control.requests
@@ -104,6 +110,16 @@ def _snapshot(loop) -> None:
         loops.pending = True
     stop = any(s for _, s in reasons)
     reason = "term" if stop else reasons[0][0] if reasons else "request"
+    take(loop, None, reason, stop, requested_s)
+
+
+def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float | None = None) -> None:
+    """Snapshot ``snap_id`` (None: the run directory's next) at this safe point. In a rank of a
+    distributed run (``session.dist``) the id is the global snapshot's, and what becomes of it
+    (a shard that fails, a stop) is the coordinator's to settle with the other ranks."""
+    global _coalesced_said
+    requested_s = time.perf_counter() if requested_s is None else requested_s
+    coordinator = session.dist
     iteration = session.iterations if session.iterations else loop.index
     if loop in loops.ACTIVE:
         steploop.mark_enclosing(loops.ACTIVE.index(loop))
@@ -113,7 +129,7 @@ def _snapshot(loop) -> None:
         running.thread.join()
     _coalesced_said = False
 
-    snap_id = session.rundir.next_snapshot_id()
+    snap_id = snap_id or session.rundir.next_snapshot_id()
     try:
         device = stage.stage_device_memory(snap_id, _written, paranoid=bool(knobs.PARANOID or session.config.get("paranoid")))
         unforked = stage.stage_unforked(roots.frames_on_path(loop.frame))
@@ -124,6 +140,9 @@ def _snapshot(loop) -> None:
         refusal, hint = exc.message, exc.hint
     if refusal is not None:
         stage.snapshot_skipped()
+        if coordinator is not None:
+            coordinator.shard_failed(f"snapshot skipped: {refusal}")
+            return
         if not control.connected():  # otherwise the supervisor prints the event
             print(f"gpusnap: snapshot skipped: {refusal}", file=sys.stderr, flush=True)
             if hint:
@@ -135,7 +154,7 @@ def _snapshot(loop) -> None:
     from gpusnap.capture.writer import WriteJob  # imported at install: free here
 
     job = WriteJob(
-        run_dir=session.config["run_dir"],
+        run_dir=str(session.rundir.path),
         snap_id=snap_id,
         frame=loop.frame,
         active_loops=list(loops.ACTIVE),
@@ -144,7 +163,7 @@ def _snapshot(loop) -> None:
         iteration=iteration,
         reason=reason,
         resumed_from=session.resumed_from,
-        keep=session.config.get("keep"),
+        keep=session.config.get("keep") if coordinator is None else None,  # a shard's retention is global
         steps=session.steps,
         sources=_sources(),
         device=device,
@@ -160,6 +179,9 @@ def _snapshot(loop) -> None:
     except OSError as exc:  # fork itself failed (no memory, process limit): training goes on
         stage.writer_done(job.generation)
         message = f"could not fork the writer: {exc.strerror or exc}"
+        if coordinator is not None:
+            coordinator.shard_failed(message)
+            return
         if not control.connected():
             print(f"gpusnap: snapshot {job.snap_id} failed: {message}", file=sys.stderr, flush=True)
         control.emit("failed", id=job.snap_id, message=message)
@@ -167,6 +189,8 @@ def _snapshot(loop) -> None:
             fork.exit_now(EXIT_PREEMPTED_UNSAVED)
         return
     if stop:
+        if coordinator is not None:
+            coordinator.stop_after()
         writer.thread.join()
         fork.exit_now(EXIT_PREEMPTED if session.last_result.get("event") == "committed" else EXIT_PREEMPTED_UNSAVED)
 

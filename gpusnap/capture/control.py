@@ -32,7 +32,9 @@ def install_signals() -> None:
     name = session.config.get("signal") or "SIGUSR1"
     signum = getattr(signal, name if name.startswith("SIG") else "SIG" + name)
     signal.signal(signum, lambda *_: request("signal"))
-    if session.config.get("on_term", "snapshot") == "snapshot":
+    # A rank of a torchrun job hears of SIGTERM from its supervisor; a SIGTERM of its own is
+    # torchrun's agent ending the job (another rank died): it must end the rank at once.
+    if session.config.get("on_term", "snapshot") == "snapshot" and not session.config.get("dist"):
         signal.signal(signal.SIGTERM, lambda *_: request("term", stop=True))
 
 
@@ -48,7 +50,10 @@ def connect(path: str | None) -> None:
         print(f"gpusnap: no supervisor at {path} ({exc.strerror}); snapshots on signal still work", file=sys.stderr)
         return
     _control = sock
-    _send({"op": "hello", "pid": os.getpid()})
+    hello = {"op": "hello", "pid": os.getpid()}
+    if session.config.get("dist"):
+        hello["rank"] = int(os.environ.get("RANK", "0"))
+    _send(hello)
     threading.Thread(target=_read_control, args=(sock,), name="gpusnap-control", daemon=True).start()
 
 

@@ -50,17 +50,19 @@ class Writer:
                 result = {"event": "failed", "message": why}
         result.setdefault("id", self.snap_id)
         result["writer_cpu_s"] = round(cpu_s, 3)
-        if result.get("event") == "failed" and not control.connected():  # else the supervisor says it
-            print(f"gpusnap: snapshot {self.snap_id} failed: {result.get('message')}", file=sys.stderr, flush=True)
-        session.last_result = result
         if result.get("drain_wanted_bytes") is not None:
             stage.drained(result["drain_wanted_bytes"])  # the size of the next drain region
         stage.writer_done(self.generation)  # the child is reaped: nothing reads its regions now
         session.writer = None
         session.prepared = False  # the next optimizer step readies memory for the next snapshot
+        if session.dist is not None:  # a shard: the coordinator reports the global snapshot
+            session.dist.shard_finished(result)
+            return
+        if result.get("event") == "failed" and not control.connected():  # else the supervisor says it
+            print(f"gpusnap: snapshot {self.snap_id} failed: {result.get('message')}", file=sys.stderr, flush=True)
+        session.last_result = result
         control.emit(**result)
         costs.writer_done(self.snap_id, cpu_s)  # its cost follows once measured
-
 
     def _progress(self, line: bytes) -> None:
         try:
@@ -117,6 +119,9 @@ def _child_main(job, write_fd: int) -> None:
     try:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(signum, signal.SIG_IGN)  # finish the write; the supervisor kills on --grace
+        # The walks touch every attribute of the program's objects and modules (deprecated ones
+        # of torch.distributed warn): the writer speaks only through its report.
+        warnings.simplefilter("ignore")
         if "blosc2" in sys.modules:
             sys.modules["blosc2"].free_resources()  # its thread pool did not survive fork
         from gpusnap.store import writer as store_writer

@@ -60,6 +60,7 @@ from gpusnap.graph.load import (  # noqa: F401  (re-exported: older snapshots na
     _rebuild_ndarray,
     _rebuild_tensor,
     _set_state,
+    _set_state_by_class,
     load_graph,
 )
 from gpusnap.stage.drain import Drained
@@ -95,6 +96,8 @@ _ALWAYS_LIVE = (
 # leaves out what a process that goes on needs (a LightningModule's trainer) because it was
 # written for sending a copy elsewhere.
 LIVE_NAMES: set[str] = set()
+_SHARDED_TENSORS = {"torch.distributed.tensor.DTensor", "torch.distributed._tensor.api.DTensor",
+                    "torch.distributed.tensor._api.DTensor"}
 WHOLE_STATE: set[str] = set()
 # "module.Qualname" -> attributes the snapshot leaves out, so that restore keeps what the replay
 # holds there: a framework's references to live objects that the replay, which skips the
@@ -306,6 +309,11 @@ class GraphPickler(pickle.Pickler):
     # -- torch ----------------------------------------------------------------------------
     def _reduce_tensor(self, t):
         torch = self._torch
+        if _is_named(type(t), _SHARDED_TENSORS):
+            # Its bytes live in a local shard behind a wrapper that has no storage of its own;
+            # kept live-only, the restart would silently keep the replay's weights.
+            raise CaptureError(f"{type_name(t)} (FSDP2's fully_shard, tensor parallelism) is not captured yet: no snapshot "
+                               "of a program that holds one", hint="wrap the model with DistributedDataParallel, or use FSDP1")
         if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided or t.is_quantized:
             try:
                 return _guarded(t, t.__reduce_ex__(PROTOCOL))
@@ -458,14 +466,20 @@ def _guarded(obj, rv):
     placeholder for a live-only argument): it is routed through ``_construct``, which then yields
     ``Unbuilt``; plain ``cls.__new__(cls)`` cannot refuse and stays as it is (pickle's compact
     NEWOBJ). Its state goes through ``_set_state`` where the class has a ``__getattr__`` and no
-    ``__setstate__``: pickle's BUILD would ask the half-built object for ``__setstate__``."""
+    ``__setstate__``: pickle's BUILD would ask the half-built object for ``__setstate__``; and
+    through ``_set_state_by_class`` where the class has its own ``__setstate__``, which notes
+    what that method adds (merge keeps the live object's own live resources)."""
     if isinstance(rv, str):
         return rv
     func, args = rv[0], rv[1]
     rest = tuple(rv[2:])
     cls = type(obj)
-    if rest and rest[0] is not None and len(rest) < 4 and hasattr(cls, "__getattr__") and not hasattr(cls, "__setstate__"):
-        rest = (rest + (None, None))[:3] + (_set_state,)
+    if rest and rest[0] is not None and len(rest) < 4:
+        if not hasattr(cls, "__setstate__"):
+            if hasattr(cls, "__getattr__"):
+                rest = (rest + (None, None))[:3] + (_set_state,)
+        elif isinstance(rest[0], dict) or (isinstance(rest[0], tuple) and len(rest[0]) == 2 and isinstance(rest[0][0], dict)):
+            rest = (rest + (None, None))[:3] + (_set_state_by_class,)
     if func is copyreg.__newobj__ and args and getattr(args[0], "__new__", None) is object.__new__:
         return (func, args, *rest)
     return (_construct, (func, args, type_name(obj)), *rest)

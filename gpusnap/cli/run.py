@@ -11,8 +11,9 @@ import click
 
 from gpusnap import knobs
 from gpusnap.cli import cli
-from gpusnap.errors import GpusnapError, NoActiveRun, SnapshotError, SnapshotNotFound, UsageError
+from gpusnap.errors import GpusnapError, NoActiveRun, RestoreError as RestoreRefused, RunDirMismatch, SnapshotError, SnapshotNotFound, UsageError
 from gpusnap.launch import options as opt
+from gpusnap.launch import torchrun
 
 _PASSTHROUGH = {"ignore_unknown_options": True, "allow_interspersed_args": False}
 
@@ -80,8 +81,9 @@ def _schedule_options(f):
 @click.option("--at", "at", metavar="FILE:LINE", help="The step loop: the loop statement at FILE:LINE (when gpusnap cannot find it).")
 @click.option("--resume", default="auto", show_default=True, metavar="auto|never|ID",
               help="auto: continue from the newest intact snapshot in DIR, if any; never: start fresh (snapshots go on into DIR); ID: continue from that snapshot.")
+@torchrun.options
 @click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT|-m MODULE [ARGS]...")
-def run(run_dir, every, overhead, signal_name, on_term, grace, keep, paranoid, verbosity, notices, instrument, at, resume, program):
+def run(run_dir, every, overhead, signal_name, on_term, grace, keep, paranoid, verbosity, notices, instrument, at, resume, program, **dist):
     """Run a Python program under gpusnap, unmodified.
 
     \b
@@ -101,6 +103,9 @@ def run(run_dir, every, overhead, signal_name, on_term, grace, keep, paranoid, v
       kill -USR1 <gpusnap pid>          # snapshot now
       gpusnap snap ./gpusnap-runs/train # same, and wait for the commit
       sbatch --signal=B:USR1@120 ...    # Slurm: snapshot 2 minutes before the time limit
+      gpusnap run --nproc-per-node 4 train.py             # a torchrun job on this node
+      gpusnap run --nproc-per-node 8 --nnodes 2 --rdzv-backend c10d \
+          --rdzv-endpoint node0:29400 --rdzv-id job1 --dir /shared/run1 train.py   # on each node
     """
     from gpusnap.launch.supervisor import Launch
 
@@ -132,6 +137,7 @@ def run(run_dir, every, overhead, signal_name, on_term, grace, keep, paranoid, v
     _apply_schedule(launch, every, overhead, signal_name, on_term, grace, keep, notices, verbosity, paranoid)
     launch.at = opt.resolve_at(at, cwd)
     launch.instrument = opt.resolve_instrument(instrument, cwd)
+    launch.torchrun = torchrun.arguments(dist)
     if resume not in ("auto", "never") and not resume.strip():
         raise UsageError("--resume takes auto, never or a snapshot id")
     path = os.path.abspath(run_dir if run_dir else os.path.join("gpusnap-runs", default_name))
@@ -147,6 +153,8 @@ def run(run_dir, every, overhead, signal_name, on_term, grace, keep, paranoid, v
         "instrument": launch.instrument,
         "at": launch.at,
     }
+    if launch.torchrun is not None:
+        identity["dist"] = {"torchrun": launch.torchrun}
     _supervise(launch, identity, resume)
 
 
@@ -155,13 +163,19 @@ def run(run_dir, every, overhead, signal_name, on_term, grace, keep, paranoid, v
 @click.option("--snapshot", "snapshot_id", metavar="ID", help="Continue from this snapshot (default: the newest that verifies).")
 @click.option("--force", is_flag=True, help="Restore even where the program changed in ways that can be overridden.")
 @_schedule_options
-def restart(run_dir, snapshot_id, force, every, overhead, signal_name, on_term, grace, keep, paranoid, verbosity, notices):
+@torchrun.options
+def restart(run_dir, snapshot_id, force, every, overhead, signal_name, on_term, grace, keep, paranoid, verbosity, notices, **dist):
     """Continue the program of run directory DIR from a snapshot.
 
     Runs the same command, in the same working directory, as the `gpusnap run` that made DIR,
     and continues it from the snapshot: setup code runs again, the loops skip ahead to where
     they were, and the saved state is written over the live one. Scheduling options are not
     remembered; pass them again.
+
+    \b
+    A distributed run (made by `gpusnap run --nproc-per-node ...`) restarts with the torchrun
+    options it was started with, or with those given here (new nodes, a new rendezvous); the
+    number of ranks must stay the same. Run it on every node.
 
     \b
     Examples:
@@ -195,6 +209,11 @@ def restart(run_dir, snapshot_id, force, every, overhead, signal_name, on_term, 
     _apply_schedule(launch, every, overhead, signal_name, on_term, grace, keep, notices, verbosity, paranoid)
     launch.at = ident.get("at")
     launch.instrument = list(ident.get("instrument") or [])
+    if ident.get("dist"):
+        launch.torchrun = torchrun.arguments(dist) or list(ident["dist"].get("torchrun") or [])
+    elif torchrun.arguments(dist) is not None:
+        raise UsageError(f"{path} holds a single-process run; torchrun options do not apply to it",
+                         hint="restart it without --nproc-per-node and the other torchrun options")
     _supervise(launch, None, snapshot_id or "auto", rd=rd, require_snapshot=True)
 
 
@@ -217,15 +236,35 @@ def _supervise(launch, identity, resume: str, rd=None, require_snapshot: bool = 
     from gpusnap.launch.supervisor import Supervisor
     from gpusnap.store.rundir import RunDir
 
+    from gpusnap.store import shards
+
     if rd is None:
-        rd = RunDir.create(launch.run_dir, identity)
-    lock = rd.lock("run")
+        rd = shards.create_top(launch.run_dir, identity) if launch.torchrun is not None else RunDir.create(launch.run_dir, identity)
+    if shards.is_sharded(rd) != (launch.torchrun is not None):
+        held = "a distributed run (torchrun)" if shards.is_sharded(rd) else "a single-process run"
+        raise RunDirMismatch(f"{rd.path} holds {held}",
+                             hint="pass the same torchrun options as the run that made it, or another --dir")
+    # The nodes of a distributed run share the directory: each rank locks its own shard instead.
+    lock = rd.lock("run") if launch.torchrun is None else None
     try:
         launch.resume = _choose_snapshot(rd, resume, require_snapshot)
+        if launch.resume is not None and launch.torchrun is not None:
+            _check_world_size(rd, launch)
         status = Supervisor(launch).run()
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
     sys.exit(status)
+
+
+def _check_world_size(rd, launch) -> None:
+    saved = rd.load_manifest(launch.resume).get("world_size")
+    now = torchrun.world_size(launch.torchrun)
+    if now is not None and saved is not None and now != saved:
+        raise RestoreRefused(
+            f"snapshot {launch.resume} was taken by {saved} ranks and this job would have {now}: gpusnap restores "
+            "each rank from its own shard and does not reshard",
+            hint=f"restart with {saved} ranks in all (--nnodes x --nproc-per-node), or start afresh with --resume never")
 
 
 def _choose_snapshot(rd, resume: str, require: bool) -> str | None:

@@ -9,7 +9,7 @@ import time
 import click
 
 from gpusnap.cli import cli
-from gpusnap.errors import StoreDamaged
+from gpusnap.errors import SnapshotNotFound, StoreDamaged, UsageError
 
 
 def _open(path: str):
@@ -72,20 +72,48 @@ def _interval(every, interval_s) -> str:
     return "-" if interval_s is None else f"{interval_s:g} s"
 
 
+def _shard_of(rd, snapshot: str | None, rank: int | None):
+    """(the run directory to read, the global manifest or None): a sharded directory is read
+    through one rank's shard, whose snapshot has the global snapshot's id."""
+    from gpusnap.store import shards
+
+    if not shards.is_sharded(rd):
+        if rank is not None:
+            raise UsageError(f"{rd.path} is not a distributed run; --rank does not apply")
+        return rd, None
+    top = rd.manifest(snapshot)
+    rank = 0 if rank is None else rank
+    if rank not in shards.shards_of(top):
+        raise SnapshotNotFound(f"snapshot {top['id']} has no rank {rank} (its ranks: 0..{top.get('world_size', 0) - 1})")
+    return shards.open_shard(rd, rank), top
+
+
 @cli.command("inspect")
 @click.argument("run_dir", metavar="DIR")
 @click.argument("snapshot", required=False, metavar="[SNAP]")
+@click.option("--rank", type=int, default=None, metavar="R", help="A distributed run: show this rank's shard (default 0).")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest and a summary as JSON.")
-def inspect_cmd(run_dir, snapshot, as_json):
+def inspect_cmd(run_dir, snapshot, rank, as_json):
     """Show what a snapshot (default: the newest) holds: roots, objects by path, buffers,
-    live-only objects, dedup and compression ratios, stall and write times."""
-    rd = _open(run_dir)
-    m = rd.manifest(snapshot)
+    live-only objects, dedup and compression ratios, stall and write times. In a distributed
+    run, each rank's shard of the global snapshot, then one rank's contents (--rank)."""
+    rd, top = _shard_of(_open(run_dir), snapshot, rank)
+    m = rd.manifest(top["id"] if top is not None else snapshot)
     st = m.get("stats") or {}
     if as_json:
-        click.echo(json.dumps(m, indent=1))
+        click.echo(json.dumps({"global": top, "shard": m} if top is not None else m, indent=1))
         return
     echo = click.echo
+    if top is not None:
+        echo(f"global snapshot {top['id']} of {top.get('world_size')} ranks  created {top.get('created', '-')}  "
+             f"iteration {top.get('iteration') if top.get('iteration') is not None else '-'}")
+        rows = [["RANK", "SHARD", "STALL", "WRITE", "WRITTEN", "TOTAL"]]
+        for r, shard in sorted((top.get("shards") or {}).items(), key=lambda kv: int(kv[0])):
+            rows.append([r, shard.get("snapshot") or "-", _secs(shard.get("stall_s")), _secs(shard.get("write_s")),
+                         human_bytes(shard.get("bytes_written")), human_bytes(shard.get("bytes_total"))])
+        for line in _table(rows):
+            echo("  " + line)
+        echo(f"rank {rd.identity.get('rank')}:")
     head = f"snapshot {m['id']}  created {m.get('created', '-')}"
     head += f"  iteration {m.get('iteration') if m.get('iteration') is not None else '-'}"
     head += f"  reason {m.get('reason') or '-'}  resumed from {m.get('resumed_from') or '-'}"
@@ -187,7 +215,9 @@ def verify_cmd(run_dir, snapshot, as_json):
     t0 = time.perf_counter()
     findings = rd.verify(snapshot)
     ids = [snapshot] if snapshot else rd.snapshot_ids()
-    extra = leftovers(rd)
+    from gpusnap.store import shards
+
+    extra = shards.leftovers(rd) if shards.is_sharded(rd) else leftovers(rd)
     if as_json:
         click.echo(json.dumps({"snapshots": ids, "findings": [f.to_json() for f in findings],
                                "leftovers": [{"kind": x.kind, "path": x.path} for x in extra]}, indent=1))
@@ -230,9 +260,19 @@ def verify_cmd(run_dir, snapshot, as_json):
 def gc_cmd(run_dir, keep, as_json):
     """Remove the snapshots beyond the newest N, then every chunk, pack and temp file nothing
     references. Crash-safe at every step; refuses while a run holds the directory."""
+    from gpusnap.store import shards
+
     rd = _open(run_dir)
-    with rd.lock("gc"):
-        report = rd.prune(keep)
+    if shards.is_sharded(rd):  # the global manifests' retention, then each rank's shard
+        locks = shards.lock_all(rd, "gc")
+        try:
+            report = shards.prune(rd, keep)
+        finally:
+            for lock in locks:
+                lock.release()
+    else:
+        with rd.lock("gc"):
+            report = rd.prune(keep)
     if as_json:
         click.echo(json.dumps(report, indent=1))
         return
@@ -256,11 +296,12 @@ def gc_cmd(run_dir, keep, as_json):
 @click.argument("snapshot", required=False, metavar="[SNAP]")
 @click.option("--out", "out", required=True, metavar="FILE.safetensors", help="Where to write the tensors.")
 @click.option("--module", "module", metavar="PATH", help="Only the module at this object path (keys unprefixed).")
-def export_cmd(run_dir, snapshot, out, module):
+@click.option("--rank", type=int, default=None, metavar="R", help="A distributed run: this rank's weights (default 0).")
+def export_cmd(run_dir, snapshot, out, module, rank):
     """Write the tensors of the program's modules, by their state_dict names, to a safetensors
     file (keys are prefixed with the module path when there are several modules)."""
     from gpusnap.store.export import export_safetensors
 
-    rd = _open(run_dir)
-    r = export_safetensors(rd, snapshot, out, module=module)
+    rd, top = _shard_of(_open(run_dir), snapshot, rank)
+    r = export_safetensors(rd, top["id"] if top is not None else snapshot, out, module=module)
     click.echo(f"wrote {r['tensors']} tensors ({human_bytes(r['nbytes'])}) of snapshot {r['snapshot']} to {out}")

@@ -181,6 +181,24 @@ def _set_state(obj, state):
         object.__setattr__(obj, name, value)
 
 
+# id(loaded object) -> names of the attributes its class's ``__setstate__`` added beyond the
+# saved state, for the objects of the last ``load_graph`` (merge reads it; see _set_state_by_class).
+ADDED_BY_SETSTATE: dict[int, frozenset] = {}
+
+
+def _set_state_by_class(obj, state):
+    """pickle's BUILD for a class with its own ``__setstate__``, noting what that method added
+    besides the saved state: DistributedDataParallel's builds a new reducer, logger and process
+    group reference for the copy, which must not replace the live object's own (merge)."""
+    obj.__setstate__(state)
+    saved = state[0] if isinstance(state, tuple) and len(state) == 2 else state
+    attrs = getattr(obj, "__dict__", None)
+    if isinstance(saved, dict) and isinstance(attrs, dict):
+        added = frozenset(name for name in attrs if name not in saved)
+        if added:
+            ADDED_BY_SETSTATE[id(obj)] = added
+
+
 def _load_storage(name, device):
     cache = _loading.storages
     storage = cache.get(name)
@@ -292,6 +310,7 @@ def load_graph(stream: bytes, read_buffer, device_tensors: list | None = None):
     _loading.device_storages = {}
     _loading.device_tensors = device_tensors if device_tensors is not None else []
     _loading.read_buffer = read_buffer
+    ADDED_BY_SETSTATE.clear()
     try:
         return pickle.loads(stream)
     finally:

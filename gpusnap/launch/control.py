@@ -34,6 +34,7 @@ class Connection:
         self._out = b""
         self.closed = False
         self.pid: int | None = None  # from its "hello"
+        self.rank: int | None = None  # a rank of a distributed run: its global rank, from its "hello"
         self.close_after_flush = False  # a client answered for good
 
     def fileno(self) -> int:

@@ -17,7 +17,8 @@ set to a JSON object::
     {"run_dir": "/abs/DIR", "control": "/tmp/gpusnap-XXXX/control.sock",
      "signal": "SIGUSR1", "on_term": "snapshot" | "exit", "keep": 3 | null,
      "at": "/abs/FILE:LINE" | null, "instrument": ["/abs/path", "pkg.mod", ...],
-     "resume": null | {"snapshot": "000003"}, "force": false}
+     "resume": null | {"snapshot": "000003"}, "force": false,
+     "dist": true}                  (only in the ranks of a torchrun job: capture/dist.py)
 
 Control protocol: newline-delimited JSON objects over the unix socket named by ``"control"``
 (mode 0600; ``DIR/supervisor.json`` holds ``{"pid", "socket", "started"}``). Every message has
@@ -121,6 +122,7 @@ class Launch:
     notices: str = "off"  # "off", "auto" or a provider of notices.PROVIDERS
     paranoid: bool = False  # copy every chunk of device memory, fingerprints notwithstanding
     verbosity: int = 1  # 0 --quiet: problems and stops only; 1: every snapshot; 2 --verbose: requests too
+    torchrun: list[str] | None = None  # a distributed run: torchrun's arguments (launch.torchrun)
 
     def boot_config(self, control_path: str) -> dict:
         return {
@@ -135,6 +137,7 @@ class Launch:
             "force": self.force,
             "verbosity": self.verbosity,
             "paranoid": self.paranoid,
+            **({"dist": True} if self.torchrun is not None else {}),  # a rank of a torchrun job
         }
 
 
@@ -153,6 +156,18 @@ def _write_json(path: str, obj: dict) -> None:
     from gpusnap.store.atomic import write_file
 
     write_file(path, [json.dumps(obj, indent=1).encode() + b"\n"])
+
+
+def _live_supervisor(path: str) -> bool:
+    """Does ``path`` (supervisor.json) name a live supervisor on this host? The nodes of a
+    distributed run share the run directory; the first node's supervisor answers `gpusnap snap`."""
+    try:
+        with open(path) as f:
+            pid = int(json.load(f)["pid"])
+        os.kill(pid, 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
 
 
 def _tty_foreground() -> bool:
@@ -187,6 +202,8 @@ class Supervisor:
         self.schedule = Schedule(launch.every_s, launch.overhead, time.monotonic())
         self.status = StatusLine(self.err, launch.verbosity >= 1)
         self.last_total = None  # bytes of the last committed snapshot: a long write's progress is shown against it
+        self.ranks: dict[int, Connection] = {}  # a distributed run: this node's ranks by global rank
+        self.stop_outcome: str | None = None  # a distributed run: a global stop snapshot's event
         self._log_fd = -1
         self._wake_r = self._wake_w = -1
         self._old_handlers: dict[int, object] = {}
@@ -226,11 +243,17 @@ class Supervisor:
         self.server = ControlServer()
         info_path = os.path.join(L.run_dir, SUPERVISOR_FILE)
         try:
-            _write_json(info_path, {"pid": os.getpid(), "socket": self.server.path, "started": time.time()})
+            if L.torchrun is None or not _live_supervisor(info_path):  # the first node's answers `snap`
+                _write_json(info_path, {"pid": os.getpid(), "socket": self.server.path, "started": time.time()})
             self._install_signals()
             env = dict(os.environ)
             env["GPUSNAP_BOOT"] = json.dumps(L.boot_config(self.server.path))
-            cmd = _trainee_command(L.kind, L.target, L.args)
+            if L.torchrun is not None:
+                from gpusnap.launch.torchrun import command
+
+                cmd = command(L.torchrun, L.kind, L.target, L.args)
+            else:
+                cmd = _trainee_command(L.kind, L.target, L.args)
             lifeline.arm()
             me = os.getpid()
             # The trainee dies with us, even when we are killed with SIGKILL (gpusnap/lifeline.py).
@@ -325,7 +348,10 @@ class Supervisor:
 
     def _final_status(self) -> int:
         rc = self.child.returncode
-        if self.term_deadline is not None and (self.launch.on_term == "snapshot" or self.stop_by_notice):
+        if self.stop_outcome is not None and not (self.killed and not self.committed_after_term):
+            # The ranks of a distributed run end themselves after a global stop snapshot.
+            status = EXIT_PREEMPTED if self.stop_outcome == "committed" else EXIT_PREEMPTED_UNSAVED
+        elif self.term_deadline is not None and (self.launch.on_term == "snapshot" or self.stop_by_notice):
             if self.killed:
                 status = EXIT_PREEMPTED if self.committed_after_term else EXIT_PREEMPTED_UNSAVED
             elif rc == EXIT_PREEMPTED or (rc == -signal.SIGTERM and self.committed_after_term):
@@ -375,6 +401,10 @@ class Supervisor:
         self.waiters = [w for w in self.waiters if w.conn is not conn]
         if conn is self.trainee:
             self.trainee = None
+        if conn.rank is not None and self.ranks.get(conn.rank) is conn:
+            del self.ranks[conn.rank]
+            if self.trainee is None and self.ranks:
+                self.trainee = self.ranks[min(self.ranks)]
 
     # -- signals and requests -------------------------------------------------------------
 
@@ -479,7 +509,10 @@ class Supervisor:
         elif op == "event":
             if conn.pid is None:
                 conn.pid = msg.get("pid", -1)
-            self._on_event(msg)
+            if self.ranks and conn is not self.trainee:
+                self._on_rank_event(conn, msg)
+            else:
+                self._on_event(msg)
         elif op == "snapshot":
             wait = bool(msg.get("wait", True))
             sent = self.request(str(msg.get("reason", "request")), stop=False)
@@ -497,15 +530,29 @@ class Supervisor:
     def _on_hello(self, conn: Connection, msg: dict) -> None:
         pid = msg.get("pid")
         conn.pid = pid if isinstance(pid, int) else -1
-        if self.trainee is None and self._is_trainee(conn.pid):
-            self.trainee = conn
-            self.schedule.connected(time.monotonic())
+        rank = msg.get("rank")
+        if not self._is_trainee(conn.pid):
+            return
+        if isinstance(rank, int):
+            # A distributed run: this node's lowest rank speaks for the node (requests go to it,
+            # its events are shown); every rank's events are logged.
+            conn.rank = rank
+            self.ranks[rank] = conn
+            self.log({"source": "supervisor", "event": "connected", "pid": conn.pid, "rank": rank})
+            if self.trainee is not None and self.trainee.rank is not None and self.trainee.rank < rank:
+                return
+        elif self.trainee is not None:
+            return
+        if self.trainee is None and rank is None:
             self.log({"source": "supervisor", "event": "connected", "pid": conn.pid})
+        if self.trainee is None:
             self.say(f"the program connected (pid {conn.pid})", level=2)
-            queued, self.queue = self.queue, []
-            for m in queued:
-                if not conn.send(m):
-                    self.queue.append(m)
+            self.schedule.connected(time.monotonic())
+        self.trainee = conn
+        queued, self.queue = self.queue, []
+        for m in queued:
+            if not conn.send(m):
+                self.queue.append(m)
 
     def _is_trainee(self, pid: int) -> bool:
         if pid == self.child.pid:
@@ -515,8 +562,22 @@ class Supervisor:
         except psutil.NoSuchProcess:
             return False
 
+    def _on_rank_event(self, conn: Connection, msg: dict) -> None:
+        """An event of a rank that is not this node's lead: the lead says the same (each rank
+        reports the global snapshot's outcome); logged, and a stop's outcome noted."""
+        ev = {k: v for k, v in msg.items() if k != "op"}
+        self.log({"source": "trainee", "rank": conn.rank, **ev})
+        self._note_stop(ev)
+
+    def _note_stop(self, ev: dict) -> None:
+        if ev.get("stop") and ev.get("event") in ("committed", "failed"):
+            self.stop_outcome = self.stop_outcome or ev["event"]
+            if ev["event"] == "committed":
+                self.committed_after_term = True
+
     def _on_event(self, msg: dict) -> None:
         ev = {k: v for k, v in msg.items() if k != "op"}
+        self._note_stop(ev)
         name = ev.get("event")
         if name == "progress":  # a long write: the status line on a terminal, nothing in the log
             if float(ev.get("s") or 0) >= knobs.STATUS_AFTER_S:
@@ -535,7 +596,8 @@ class Supervisor:
             self._write(f"hint: {warned[1]}\n")
         elif name in ("failed", "skipped") and ev.get("hint"):
             self._write(f"hint: {ev['hint']}\n")
-        self.log({"source": "trainee", **ev})
+        rank = self.trainee.rank if self.trainee is not None else None
+        self.log({"source": "trainee", **({"rank": rank} if rank is not None else {}), **ev})
         if name == "committed" and self.term_deadline is not None:
             self.committed_after_term = True
         if self.schedule.event(ev, time.monotonic()):

@@ -40,7 +40,7 @@ import sys
 import types
 
 from gpusnap.errors import StateMismatch
-from gpusnap.graph.load import LiveFunction, LiveGenerator, LiveObject, LiveOnly, Unbuilt
+from gpusnap.graph.load import ADDED_BY_SETSTATE, LiveFunction, LiveGenerator, LiveObject, LiveOnly, Unbuilt
 from gpusnap.graph.walk import ATOMS as _ATOMS
 from gpusnap.graph.walk import Path
 from gpusnap.graph.walk import key_text as _key_text
@@ -232,7 +232,7 @@ class Merger:
             return self._align(snap, live, path)
         if hasattr(snap, "__dict__") and isinstance(getattr(live, "__dict__", None), dict):
             self._align(snap, live, path)
-            return _Steps(self._merge_attrs(live, snap.__dict__, path))
+            return _Steps(self._merge_attrs(live, snap.__dict__, path, added=ADDED_BY_SETSTATE.get(id(snap), ())))
         return self._adopt(snap, path)
 
     def _wait(self, snap, path: Path) -> _Pending:
@@ -353,13 +353,17 @@ class Merger:
                 keys.append(self._adopt(key, path + f"[<key {type(key).__name__}>]"))
         return keys
 
-    def _merge_attrs(self, live, snap_attrs: dict, path: Path, snap_slots: dict | None = None):
+    def _merge_attrs(self, live, snap_attrs: dict, path: Path, snap_slots: dict | None = None, added=()):
         live_attrs = live.__dict__ if snap_attrs else {}
         # Object-keyed dicts (optimizer.state) come last: their keys align while the rest merges.
         for name in sorted(snap_attrs, key=lambda k: _has_object_keys(snap_attrs[k])):
             value = snap_attrs[name]
             if isinstance(value, LiveOnly) and name not in live_attrs:
                 continue  # nothing to keep, and nothing the snapshot could give
+            if name in added and name in live_attrs and not _picklable(value):
+                # Not saved: the class's __setstate__ made it for the loaded copy (DDP's reducer,
+                # hooked to the copy's parameters). The live object keeps its own.
+                continue
             self._store(live_attrs, name, (yield (live_attrs.get(name), value, path + f".{name}")))
         for name, value in (snap_slots or {}).items():
             self._store(_Attr(live), name, (yield (getattr(live, name, None), value, path + f".{name}")))
@@ -467,3 +471,12 @@ def _plain_key(key) -> bool:
 
 def _has_object_keys(value) -> bool:
     return isinstance(value, dict) and any(not _plain_key(k) for k in value)
+
+
+def _picklable(value) -> bool:
+    """Can pickle reduce ``value`` (the C++ objects torch binds without pickle support cannot)?"""
+    try:
+        value.__reduce_ex__(5)
+    except Exception:  # noqa: BLE001 - whatever it raises, it is no data the snapshot holds
+        return False
+    return True

@@ -32,9 +32,10 @@ from gpusnap.store.info import utc_now
 _TEMP_MAX_AGE_S = 3600.0
 
 
-def prune(rd, keep: int | None) -> dict:
-    """Keep the newest ``keep`` snapshots (all when None) and remove every chunk, pack, index
-    entry and temp file that nothing references. The caller holds the lock or knows that no
+def prune(rd, keep: int | None, drop: list[str] | None = None) -> dict:
+    """Keep the newest ``keep`` snapshots (all when None), less those named in ``drop`` (the
+    orphan shard snapshots of a sharded directory: ``store.shards``), and remove every chunk,
+    pack, index entry and temp file that nothing references. The caller holds the lock or knows that no
     writer runs: gc takes any pack no index names for the debris of a dead writer."""
     if keep is not None and keep < 1:
         raise UsageError("--keep must be at least 1")
@@ -45,7 +46,11 @@ def prune(rd, keep: int | None) -> dict:
 
     # 1. retention
     ids = rd.snapshot_ids()
-    drop = ids[: len(ids) - keep] if keep is not None and len(ids) > keep else []
+    dropped = set(drop or ())
+    ids_left = [sid for sid in ids if sid not in dropped]
+    drop = [sid for sid in ids if sid in dropped]
+    drop += ids_left[: len(ids_left) - keep] if keep is not None and len(ids_left) > keep else []
+    drop.sort()
     for sid in drop:
         atomic.remove_file(root / "snapshots" / f"{sid}.json")
     if drop:

@@ -215,16 +215,22 @@ class RunDir:
         return read_buffer(self, record, snapshot=snapshot)
 
     def verify(self, snap_id: str | None = None) -> list:
-        from gpusnap.store.check import verify
+        if self.identity.get("dist"):  # a sharded directory: its global snapshots' shards
+            from gpusnap.store.shards import verify
+        else:
+            from gpusnap.store.check import verify
 
         return verify(self, snap_id)
 
     def newest_intact(self):
-        from gpusnap.store.check import newest_intact
+        if self.identity.get("dist"):
+            from gpusnap.store.shards import newest_intact
+        else:
+            from gpusnap.store.check import newest_intact
 
         return newest_intact(self)
 
-    def prune(self, keep: int | None) -> dict:
+    def prune(self, keep: int | None, drop: list[str] | None = None) -> dict:
         from gpusnap.store.gc import prune
 
-        return prune(self, keep)
+        return prune(self, keep, drop)

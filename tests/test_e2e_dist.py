@@ -1,0 +1,301 @@
+"""Distributed runs end to end: torchrun jobs on CPU over gloo, under the real CLI.
+
+Each program in tests/programs/dist runs once under plain torchrun (the reference) and once under
+`gpusnap run --nproc-per-node N`; the second is snapshotted at a random step, killed -9 (the whole
+job, or one rank alone), restarted, and must end with every rank's final state byte for byte
+the reference's. Seeds are logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import Run, _env, assert_same, committed_ids, copy_programs, gpusnap, wait_for
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                                reason="torch.distributed with gloo is not available")
+
+# Startup of several ranks on the CI machine's 2 cores takes seconds; the programs pace their steps.
+STEP_SLEEP = {"TEST_STEP_SLEEP_S": "0.05"}
+
+
+def torchrun(*args, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", *map(str, args)], cwd=cwd,
+                            capture_output=True, text=True, timeout=timeout, env=_env({**STEP_SLEEP, **(env or {})}))
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def rank_progress(out: Path, rank: int) -> int:
+    try:
+        return int((out / f"rank{rank}" / "progress").read_text() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def least_progress(out: Path, ranks: int) -> int:
+    return min(rank_progress(out, r) for r in range(ranks))
+
+
+def rank_pids(run: Run) -> dict[int, int]:
+    """rank -> pid of the job's rank processes (children of torchrun's agent)."""
+    import psutil
+
+    found = {}
+    for p in psutil.Process(run.proc.pid).children(recursive=True):
+        try:
+            if "gpusnap.boot" in p.cmdline():
+                env = p.environ()
+                if "RANK" in env:
+                    found[int(env["RANK"])] = p.pid
+        except psutil.Error:
+            continue
+    return found
+
+
+def snapshot_at(run: Run, run_dir: Path, out: Path, ranks: int, step: int) -> str:
+    wait_for(lambda: least_progress(out, ranks) >= step, f"step {step} on every rank", proc=run, timeout=180)
+    before = committed_ids(run_dir)
+    run.signal(signal.SIGUSR1)
+    return max(wait_for(lambda: committed_ids(run_dir) - before, "a committed global snapshot", proc=run, timeout=120))
+
+
+def compare(ref: Path, out: Path, ranks: int) -> None:
+    for r in range(ranks):
+        assert_same(torch.load(out / f"rank{r}" / "final.pt", weights_only=False),
+                    torch.load(ref / f"rank{r}" / "final.pt", weights_only=False), f"rank {r}")
+
+
+@contextlib.contextmanager
+def running(*runs: Run):
+    """The runs, killed (whole process groups) if a test leaves them running."""
+    try:
+        yield runs
+    finally:
+        for run in runs:
+            if run.proc.poll() is None:
+                run.kill_group()
+
+
+def stop(run: Run) -> tuple[int, str, str]:
+    """SIGTERM to the supervisor: a global snapshot, then the exit status."""
+    run.signal(signal.SIGTERM)
+    return run.wait(timeout=120)
+
+
+def _setup(tmp_path: Path):
+    progs = copy_programs(tmp_path) / "dist"
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    return progs, ref, out, tmp_path / "run"
+
+
+@pytest.mark.parametrize("program,args,ranks,victim", [
+    ("ddp.py", ["5"], 2, "all"),
+    ("ddp.py", ["5"], 2, "one"),
+    ("allreduce.py", ["150"], 2, "all"),
+    ("allreduce.py", ["150"], 4, "all"),
+])
+def test_kill_and_restart_matches_uninterrupted(tmp_path, program, args, ranks, victim):
+    seed = int(os.environ.get("TEST_SEED") or random.randrange(1 << 30))
+    print(f"seed {seed}")
+    rnd = random.Random(seed)
+    progs, ref, out, run_dir = _setup(tmp_path)
+    reference = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+                                  program, ref, *args], cwd=progs, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 text=True, env=_env(STEP_SLEEP))
+    run = Run("run", "--nproc-per-node", ranks, "--dir", run_dir, program, out, *args, cwd=progs, env=STEP_SLEEP)
+    snap = snapshot_at(run, run_dir, out, ranks, rnd.randint(3, 15))
+    kill_at = least_progress(out, ranks) + rnd.randint(1, 5)
+    wait_for(lambda: least_progress(out, ranks) >= kill_at, f"step {kill_at}", proc=run, timeout=120)
+    if victim == "all":
+        run.kill_group()
+    else:  # one rank alone: torchrun's agent ends the others, and the job fails
+        os.kill(rank_pids(run)[rnd.randrange(ranks)], signal.SIGKILL)
+        code, _, err = run.wait(timeout=120)
+        assert code not in (0, 75), err[-3000:]
+    assert not any((out / f"rank{r}" / "final.pt").exists() for r in range(ranks)), "finished before the kill"
+    listed = json.loads(gpusnap("ls", run_dir, "--json", cwd=progs).stdout)
+    assert [s["id"] for s in listed][-1] == snap
+    restart = gpusnap("restart", run_dir, cwd=progs, timeout=300, env=STEP_SLEEP)
+    assert restart.returncode == 0, restart.stderr[-4000:]
+    assert f"resuming from snapshot {snap}" in restart.stderr
+    _, err = reference.communicate(timeout=300)
+    assert reference.returncode == 0, err[-3000:]
+    compare(ref, out, ranks)
+
+
+def _run_two_nodes(progs: Path, run_dir: Path, out: Path, args, env: dict | None = None) -> list[Run]:
+    """Two `gpusnap run`s, one per "node", meeting through torchrun's c10d rendezvous on localhost."""
+    port = random.randrange(20000, 30000)
+    common = ["--nproc-per-node", "1", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}",
+              "--rdzv-id", f"test{port}", "--dir", run_dir]
+    return [Run("run", *common, "ddp.py", out, *args, cwd=progs, env={**STEP_SLEEP, **(env or {})}) for _ in range(2)]
+
+
+def test_two_nodes_sigterm_exits_75_on_each_and_both_restart(tmp_path):
+    """Two torchrun agents on localhost (c10d rendezvous), one `gpusnap run` each, one run
+    directory: a snapshot asked of one node is global; SIGTERM to both supervisors snapshots
+    and exits 75 on each; `gpusnap restart DIR` on each continues to the uninterrupted bytes."""
+    progs, ref, out, run_dir = _setup(tmp_path)
+    torchrun("--standalone", "--nproc-per-node", "2", "ddp.py", ref, "6", cwd=progs)
+    nodes = _run_two_nodes(progs, run_dir, out, ["6"])
+    with running(*nodes):
+        first = snapshot_at(nodes[0], run_dir, out, 2, 5)
+        wait_for(lambda: least_progress(out, 2) >= 25, "step 25", proc=nodes[1])
+        for node in nodes:
+            node.signal(signal.SIGTERM)
+        results = [node.wait(timeout=120) for node in nodes]
+    for code, _, err in results:
+        assert code == 75, err[-3000:]
+        assert "gpusnap: stopped after a committed snapshot: exit status 75 (requeue to continue)" in err
+    ids = sorted(committed_ids(run_dir))
+    assert ids[0] == first and len(ids) == 2
+    assert sorted(os.listdir(run_dir / "ranks")) == ["0", "1"]
+    restarts = [subprocess.Popen([sys.executable, "-m", "gpusnap", "restart", str(run_dir)], cwd=progs, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=_env(STEP_SLEEP)) for _ in range(2)]
+    for p in restarts:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        assert f"resuming from snapshot {ids[1]}" in err
+    compare(ref, out, 2)
+
+
+def _log(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+
+
+def test_a_failing_writer_on_one_rank_fails_the_snapshot_for_all_and_training_goes_on(tmp_path):
+    """Rank 1's writer hangs (stopped) and its watchdog kills it: the global snapshot fails on
+    every rank with one line naming the rank, no global manifest names its shards, training goes
+    on, and the next snapshot commits."""
+    import psutil
+
+    progs, _, out, run_dir = _setup(tmp_path)
+    run = Run("run", "--nproc-per-node", "2", "--dir", run_dir, "ddp.py", out, "20", cwd=progs,
+              env={**STEP_SLEEP, "GPUSNAP_WRITER_TIMEOUT_S": "3"})
+    with running(run):
+        wait_for(lambda: least_progress(out, 2) >= 3, "step 3", proc=run, timeout=180)
+        rank1 = psutil.Process(wait_for(lambda: rank_pids(run).get(1), "rank 1", proc=run))
+        run.signal(signal.SIGUSR1)
+        writer = wait_for(lambda: rank1.children(), "rank 1's writer", proc=run, timeout=60)[0]
+        writer.suspend()
+        failed = wait_for(lambda: [e for e in _log(run_dir) if e["event"] == "failed" and e.get("rank") == 0],
+                          "the global snapshot to fail", proc=run, timeout=120)[0]
+        assert failed["message"].startswith(f"rank 1: the writer (pid {writer.pid}) made no progress for 3 s"), failed
+        assert committed_ids(run_dir) == set()
+        reached = least_progress(out, 2)
+        wait_for(lambda: least_progress(out, 2) > reached + 3, "training to go on", proc=run)
+        later = snapshot_at(run, run_dir, out, 2, reached + 4)
+        code, _, err = stop(run)
+    assert code == 75, err[-3000:]
+    assert f"gpusnap: snapshot {failed['id']} failed: {failed['message']}" in err.splitlines()
+    assert later > failed["id"]
+    verified = gpusnap("verify", run_dir, cwd=progs)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_a_store_that_stops_answering_abandons_the_snapshot_and_training_goes_on(tmp_path):
+    """The job's c10d store lives in torchrun's agent: stopped (SIGSTOP), it answers nothing.
+    A snapshot asked meanwhile is abandoned after GPUSNAP_DIST_TIMEOUT_S with one line, the ranks
+    train on (their collectives do not use the store); once it answers again, snapshots commit."""
+    import psutil
+
+    progs, _, out, run_dir = _setup(tmp_path)
+    run = Run("run", "--nproc-per-node", "2", "--dir", run_dir, "ddp.py", out, "30", cwd=progs,
+              env={**STEP_SLEEP, "GPUSNAP_DIST_TIMEOUT_S": "4"})
+    with running(run):
+        wait_for(lambda: least_progress(out, 2) >= 3, "step 3", proc=run, timeout=180)
+        agent = psutil.Process(run.proc.pid).children()[0]
+        agent.suspend()
+        try:
+            run.signal(signal.SIGUSR1)
+            failed = wait_for(lambda: [e for e in _log(run_dir) if e["event"] == "failed"], "the snapshot to be abandoned",
+                              proc=run, timeout=120)[0]
+            reached = least_progress(out, 2)
+            wait_for(lambda: least_progress(out, 2) > reached + 5, "training to go on", proc=run)
+        finally:
+            agent.resume()
+        assert failed["message"].startswith("abandoned: "), failed
+        time.sleep(5)  # what the ranks posted meanwhile reaches the store, and their timeouts run out
+        assert committed_ids(run_dir) == set()
+        later = snapshot_at(run, run_dir, out, 2, least_progress(out, 2) + 2)
+        code, _, err = stop(run)
+    assert code == 75, err[-3000:]
+    assert f"gpusnap: snapshot failed: {failed['message']}" in err.splitlines()  # no id: none was agreed
+    assert later in committed_ids(run_dir)
+
+
+def test_sharded_directory_ls_verify_gc_and_a_restart_with_another_world_size(tmp_path):
+    """ls lists global snapshots; verify names the rank of damage; gc --keep removes old
+    shards; a restart with another number of ranks refuses before starting anything."""
+    progs, _, out, run_dir = _setup(tmp_path)
+    run = Run("run", "--nproc-per-node", "2", "--dir", run_dir, "ddp.py", out, "20", cwd=progs, env=STEP_SLEEP)
+    with running(run):
+        first = snapshot_at(run, run_dir, out, 2, 3)
+        second = snapshot_at(run, run_dir, out, 2, least_progress(out, 2) + 2)
+        code, _, err = stop(run)
+    assert code == 75, err[-3000:]
+    listed = json.loads(gpusnap("ls", run_dir, "--json", cwd=progs).stdout)
+    third = sorted(committed_ids(run_dir))[-1]
+    assert [s["id"] for s in listed] == [first, second, third]
+    shard = json.loads((run_dir / "ranks" / "1" / "snapshots" / f"{second}.json").read_text())
+    assert listed[1]["bytes_total"] > shard["stats"]["bytes_total"]  # the sum over ranks
+
+    inspected = gpusnap("inspect", run_dir, second, "--rank", "1", cwd=progs)
+    assert inspected.returncode == 0, inspected.stderr
+    assert f"global snapshot {second} of 2 ranks" in inspected.stdout
+    assert "globals[__main__].model" in inspected.stdout
+
+    refused = gpusnap("restart", run_dir, "--nproc-per-node", "3", cwd=progs)
+    assert refused.returncode == 6, refused.stderr
+    assert refused.stderr.splitlines()[-2:] == [
+        f"gpusnap: snapshot {third} was taken by 2 ranks and this job would have 3: "
+        "gpusnap restores each rank from its own shard and does not reshard",
+        "hint: restart with 2 ranks in all (--nnodes x --nproc-per-node), or start afresh with --resume never"]
+
+    # Damage in rank 1's shard of the second snapshot: verify says so, restart falls back.
+    packs = sorted((run_dir / "ranks" / "1" / "packs").rglob("*.pack"))
+    for pack in packs:
+        data = bytearray(pack.read_bytes())
+        data[-100] ^= 0xFF
+        pack.write_bytes(bytes(data))
+    verified = gpusnap("verify", run_dir, cwd=progs)
+    assert verified.returncode == 4, verified.stdout + verified.stderr
+    assert "rank 1: " in verified.stdout
+
+    gc = gpusnap("gc", run_dir, "--keep", "1", cwd=progs)
+    assert gc.returncode == 0, gc.stderr
+    assert sorted(committed_ids(run_dir)) == [third]
+    for rank in ("0", "1"):
+        assert sorted(p.stem for p in (run_dir / "ranks" / rank / "snapshots").glob("*.json")) == [third]
+
+
+def test_fsdp2_state_is_refused_loudly_and_training_goes_on(tmp_path):
+    """FSDP2 (fully_shard) runs on CPU over gloo, but its DTensor parameters are not captured
+    yet: the snapshot fails on every rank with one line saying so, never a snapshot that would
+    restore the replay's weights; SIGTERM then stops with 76 (nothing committed)."""
+    progs, _, out, run_dir = _setup(tmp_path)
+    run = Run("run", "--nproc-per-node", "2", "--dir", run_dir, "fsdp.py", out, "400", cwd=progs, env=STEP_SLEEP)
+    with running(run):
+        wait_for(lambda: least_progress(out, 2) >= 3, "step 3", proc=run, timeout=180)
+        run.signal(signal.SIGUSR1)
+        failed = wait_for(lambda: [e for e in _log(run_dir) if e["event"] == "failed"], "the snapshot to fail",
+                          proc=run, timeout=120)[0]
+        reached = least_progress(out, 2)
+        wait_for(lambda: least_progress(out, 2) > reached + 3, "training to go on", proc=run)
+        code, _, err = stop(run)
+    assert failed["message"].startswith("rank 0: CaptureError: torch.distributed.tensor.DTensor (FSDP2's fully_shard, "
+                                        "tensor parallelism) is not captured yet"), failed
+    assert code == 76, err[-3000:]
+    assert committed_ids(run_dir) == set()
