@@ -27,7 +27,9 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not torc
                                 reason="torch.distributed with gloo is not available")
 
 # Startup of several ranks on the CI machine's 2 cores takes seconds; the programs pace their steps.
-STEP_SLEEP = {"TEST_STEP_SLEEP_S": "0.05"}
+# Writers at normal priority: at idle priority, four of them starve behind the ranks and whatever
+# else the machine runs, and a program could end before its snapshot commits.
+STEP_SLEEP = {"TEST_STEP_SLEEP_S": "0.05", "GPUSNAP_WRITER_PRIORITY": "0"}
 
 
 def torchrun(*args, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:

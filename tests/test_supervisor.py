@@ -18,6 +18,7 @@ import textwrap
 import time
 
 import pytest
+from harness import _env
 
 FAKE_TRAINEE = r'''
 """A stand-in for the trainee side, speaking the supervisor protocol with the stdlib only.
@@ -101,7 +102,9 @@ WRAPPER = textwrap.dedent("""
     main()
 """)
 
-ENV = {**os.environ, "GPUSNAP_SUPERVISOR_TICK_S": "0.05"}
+# This checkout's gpusnap (harness._env puts it first on PYTHONPATH), whatever checkout the
+# interpreter's editable install names.
+ENV = _env({"GPUSNAP_SUPERVISOR_TICK_S": "0.05"})
 
 
 @pytest.fixture
@@ -268,7 +271,7 @@ def test_snap_fails_when_the_program_exits_first(work):
     try:
         wait_connected(work)
         snap = subprocess.Popen([sys.executable, "-m", "gpusnap", "snap", str(work / "rd")], cwd=work,
-                                stderr=subprocess.PIPE, text=True)
+                                env=ENV, stderr=subprocess.PIPE, text=True)
         wait_for(lambda: len(received(work)) == 1, what="the request")
         os.kill(boot_info(work)["pid"], signal.SIGKILL)
         _, err = snap.communicate(timeout=20)
