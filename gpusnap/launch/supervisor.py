@@ -243,9 +243,11 @@ class Supervisor:
         self.server = ControlServer()
         info_path = os.path.join(L.run_dir, SUPERVISOR_FILE)
         try:
+            # Handlers first: supervisor.json tells the world where to send signals, and a
+            # SIGUSR1 before its handler would kill the supervisor.
+            self._install_signals()
             if L.torchrun is None or not _live_supervisor(info_path):  # the first node's answers `snap`
                 _write_json(info_path, {"pid": os.getpid(), "socket": self.server.path, "started": time.time()})
-            self._install_signals()
             env = dict(os.environ)
             env["GPUSNAP_BOOT"] = json.dumps(L.boot_config(self.server.path))
             if L.torchrun is not None:
