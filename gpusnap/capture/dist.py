@@ -114,15 +114,21 @@ def position(loop) -> dict:
 def target(posts: list[dict], margin: int) -> dict:
     """The position every rank snapshots at: ``margin`` optimizer steps past the furthest rank.
     Before any rank has stepped (setup, or a program without torch.optim), also ``margin``
-    iterations past the furthest rank of the loop they all stand in, whichever comes first
-    (when they stand in different loops, only the steps count)."""
+    iterations past the furthest rank of the innermost loop they all stand in, whichever comes
+    first. Ranks may post from different boundaries (without a step loop, any loop's boundary is
+    a safe point: one rank stands in the inner loop of an iteration, another at the end of it):
+    the target is then a boundary of the loops their paths share, which every rank reaches."""
     at: dict = {"steps": max(p["steps"] for p in posts) + margin}
     if any(p["steps"] for p in posts):
         return at
-    shapes = {tuple(tuple(entry[:3]) for entry in p["path"]) for p in posts}
-    if len(shapes) == 1 and posts[0]["path"]:
-        furthest = max(tuple(entry[3] for entry in p["path"]) for p in posts)
-        at.update(loops=[list(entry[:3]) for entry in posts[0]["path"]], index=[*furthest[:-1], furthest[-1] + margin])
+    common = []
+    for level in zip(*(p["path"] for p in posts)):
+        if any(entry[:3] != level[0][:3] for entry in level):
+            break
+        common.append(list(level[0][:3]))
+    if common:
+        furthest = max(tuple(entry[3] for entry in p["path"][: len(common)]) for p in posts)
+        at.update(loops=common, index=[*furthest[:-1], furthest[-1] + margin])
     return at
 
 

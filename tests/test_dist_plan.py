@@ -1,0 +1,41 @@
+"""The iteration the ranks of a distributed run agree on (capture/dist.py), from their posts."""
+
+from __future__ import annotations
+
+from gpusnap.capture.dist import reached, target
+
+OUTER = ["train.py", "main", "20:4"]
+INNER = ["train.py", "main", "26:12"]
+
+
+def post(steps: int, *path) -> dict:
+    return {"steps": steps, "path": [list(entry) for entry in path]}
+
+
+def test_the_target_is_margin_steps_past_the_furthest_rank():
+    at = target([post(7, [*OUTER, 7]), post(9, [*OUTER, 9])], margin=2)
+    assert at == {"steps": 11}
+    assert reached(post(11, [*OUTER, 3]), at) and not reached(post(10, [*OUTER, 99]), at)
+
+
+def test_without_steps_the_target_is_an_iteration_of_the_loop_every_rank_stands_in():
+    at = target([post(0, [*OUTER, 4], [*INNER, 1]), post(0, [*OUTER, 5], [*INNER, 0])], margin=2)
+    assert at == {"steps": 2, "loops": [OUTER, INNER], "index": [5, 2]}
+
+
+def test_ranks_that_posted_from_different_loops_meet_at_a_boundary_of_the_loops_they_share():
+    # Without a step loop any boundary is a safe point: one rank posted inside the inner loop of
+    # iteration 9, the others at the end of iterations 10 and 11. Before, the target named no
+    # loop at all, only optimizer steps, which a program without torch.optim never takes: no
+    # rank ever reached it, and the snapshot never came.
+    posts = [post(0, [*OUTER, 9], [*INNER, 1]), post(0, [*OUTER, 11]), post(0, [*OUTER, 10]), post(0, [*OUTER, 11])]
+    at = target(posts, margin=2)
+    assert at == {"steps": 2, "loops": [OUTER], "index": [13]}
+    assert reached(post(0, [*OUTER, 13]), at)
+    assert not reached(post(0, [*OUTER, 12]), at)
+    assert not reached(post(0, [*OUTER, 13], [*INNER, 0]), at)  # only at that loop's own boundary
+
+
+def test_ranks_that_share_no_loop_meet_by_steps_alone():
+    at = target([post(0, ["a.py", "f", "1:0", 3]), post(0, ["b.py", "g", "2:0", 3])], margin=2)
+    assert at == {"steps": 2}
