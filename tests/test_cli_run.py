@@ -154,6 +154,28 @@ def test_resume_id_absent_in_an_existing_run(work):
     assert first_line(r) == f"gpusnap: no snapshot 000004 in {work / 'd'}"
 
 
+def test_the_same_command_after_a_clean_end_starts_over_and_restart_still_continues(work):
+    (work / "count.py").write_text(
+        "import gpusnap, sys\n"
+        "total = 0\n"
+        "for i in range(6):\n"
+        "    if i == 3 and not sys.argv[1:]:\n"
+        "        gpusnap.snapshot()\n"
+        "    total += i\n"
+        "    print(i, flush=True)\n")
+    first = gpusnap("run", "--dir", "d", "count.py", cwd=work)
+    assert first.returncode == 0 and first.stdout.split() == [str(i) for i in range(6)], first.stderr
+    assert "committed at iteration" in first.stderr
+    again = gpusnap("run", "--dir", "d", "count.py", cwd=work)
+    assert again.returncode == 0, again.stderr
+    assert "ran to its end last time: starting from the beginning" in again.stderr
+    assert again.stdout.split() == [str(i) for i in range(6)]
+    # Explicit restart continues from the snapshot: only the iterations after it print again.
+    cont = gpusnap("restart", "d", cwd=work)
+    assert cont.returncode == 0, cont.stderr
+    assert "resuming from snapshot" in cont.stderr and len(cont.stdout.split()) < 6
+
+
 def test_directory_of_another_command_is_refused(work):
     (work / "other.py").write_text("pass\n")
     assert gpusnap("run", "--dir", "d", "ok.py", "--a", cwd=work).returncode == 0

@@ -40,12 +40,12 @@ Snapshots are taken:
 A snapshot is taken at the next iteration boundary of the training loop and holds the whole
 program: the main thread's frames and their locals, the globals of the script and of the
 modules under its directory (and --instrument), every CPU tensor, numpy array and RNG state
-they reach, raw device memory the program allocated through cuda-python (only the chunks that
-changed since the last snapshot are copied off the GPU; --paranoid copies all), and where each
-loop stands. Open files, sockets, threads and DataLoader workers are not saved; a restart
-re-creates them by running the setup code again. torch CUDA tensors are not captured yet: a
-snapshot of a program that holds them is skipped with a message that says so, and training
-goes on."""
+they reach, the device memory behind its torch and CuPy CUDA tensors and the raw memory it
+allocated through cuda-python (only the chunks that changed since the last snapshot are copied
+off the GPU; --paranoid copies all), and where each loop stands. Open files, sockets, threads
+and DataLoader workers are not saved; a restart re-creates them by running the setup code
+again, and places CUDA tensors on the same GPU, another one (GPUSNAP_DEVICE_MAP) or the CPU
+when the machine has no GPU."""
 
 
 def _schedule_options(f):
@@ -80,7 +80,8 @@ def _schedule_options(f):
 @click.option("--instrument", multiple=True, metavar="PATH_OR_MODULE", help="Also instrument these sources (files, directories, or module names; repeatable).")
 @click.option("--at", "at", metavar="FILE:LINE", help="The step loop: the loop statement at FILE:LINE (when gpusnap cannot find it).")
 @click.option("--resume", default="auto", show_default=True, metavar="auto|never|ID",
-              help="auto: continue from the newest intact snapshot in DIR, if any; never: start fresh (snapshots go on into DIR); ID: continue from that snapshot.")
+              help="auto: continue from the newest intact snapshot in DIR, if any, unless the program ran to its end last time; "
+                   "never: start fresh (snapshots go on into DIR); ID: continue from that snapshot.")
 @torchrun.options
 @click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT|-m MODULE [ARGS]...")
 def run(run_dir, every, overhead, signal_name, on_term, grace, keep, paranoid, verbosity, notices, instrument, at, resume, program, **dist):
@@ -280,6 +281,12 @@ def _choose_snapshot(rd, resume: str, require: bool) -> str | None:
         if require:
             raise SnapshotNotFound(f"{rd.path} has no snapshot to restart from")
         return None
+    if not require and _finished(rd):
+        # A scheduler requeues only a job that did not end well, so the same command again after a
+        # clean end is somebody running the program anew; `gpusnap restart DIR` still continues.
+        _say(f"the program in {rd.path} ran to its end last time: starting from the beginning", level=1)
+        _say("hint: `gpusnap restart DIR` continues from its newest snapshot instead", level=1)
+        return None
     info, skipped = rd.newest_intact()
     for sid, why in skipped:
         _say(f"skipping snapshot {sid}: {why}")
@@ -293,6 +300,25 @@ def _choose_snapshot(rd, resume: str, require: bool) -> str | None:
     newest = " (the newest)" if not skipped else ""
     _say(f"resuming from snapshot {info.id}{at}{newest}", level=1)
     return info.id
+
+
+def _finished(rd) -> bool:
+    """Whether the last run in ``rd`` ended with the program's own exit status 0."""
+    from gpusnap.launch.supervisor import LOG_FILE
+
+    last = None
+    try:
+        with open(os.path.join(rd.path, LOG_FILE), "rb") as log:
+            for line in log:
+                if b'"event":"exit"' in line or b'"event":"start"' in line:
+                    last = line
+    except OSError:
+        return False
+    try:
+        ev = json.loads(last) if last else {}
+    except ValueError:  # a torn last line: the supervisor died mid-write, so not a clean end
+        return False
+    return ev.get("event") == "exit" and ev.get("source") == "supervisor" and ev.get("status") == 0
 
 
 _verbosity = 1  # run/restart: --quiet 0, --verbose 2

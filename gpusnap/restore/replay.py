@@ -377,8 +377,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 def fail(exc: GpusnapError) -> None:
-    print(f"gpusnap: restore refused: {exc.message}", file=sys.stderr)
-    print(f"hint: {exc.hint}", file=sys.stderr, flush=True)
+    _write(f"gpusnap: {_rank_prefix()}restore refused: {exc.message}\nhint: {exc.hint}\n")
     sys.stdout.flush()
     os._exit(exc.exit_code)
 
@@ -387,9 +386,21 @@ _verbosity = 1  # the run's --quiet (0) / --verbose (2), from the boot configura
 
 
 def _say(text: str, level: int = 0) -> None:
-    """A ``gpusnap:`` line; ``level`` as the supervisor's (0: warnings, always)."""
-    if level <= _verbosity:
-        print(f"gpusnap: {text}", file=sys.stderr, flush=True)
+    """A ``gpusnap:`` line; ``level`` as the supervisor's (0: warnings, always). In a distributed
+    run every rank restores at once: progress is rank 0's (every rank's with --verbose)."""
+    if level > _verbosity or (level >= 1 and _verbosity < 2 and os.environ.get("RANK", "0") != "0"):
+        return
+    _write(f"gpusnap: {_rank_prefix()}{text}\n")
+
+
+def _rank_prefix() -> str:
+    return f"rank {os.environ['RANK']}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ else ""
+
+
+def _write(lines: str) -> None:
+    # One write, so that the lines of ranks sharing a terminal do not interleave mid-line.
+    sys.stderr.write(lines)
+    sys.stderr.flush()
 
 
 @contextlib.contextmanager
