@@ -13,6 +13,7 @@ from gpusnap.device import AllocKind
 from gpusnap.device import fingerprint as fp
 from gpusnap.device.calls import check
 from gpusnap.errors import CudaCallFailed, NoDevice
+from gpusnap.stage.unforked import vmflags
 
 
 @pytest.fixture(params=["fake", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -218,19 +219,6 @@ def test_a_forked_writer_reads_what_was_staged_into_the_registered_arena(gpu):
     assert in_child(lambda: bytes(writer_view(fd, offset, nbytes)) == data.tobytes()) == {"ok": True}
     backend.unregister_host(arena.address)
     program.free(ptr)
-
-
-def vmflags(address: int) -> str:
-    inside = False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            head = line.split()[0]
-            if "-" in head and ":" not in head:
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo <= address < hi
-            elif inside and head == "VmFlags:":
-                return line.split(":", 1)[1].strip()
-    return "?"
 
 
 def test_the_kernel_agrees_with_the_definition_on_the_self_check(gpu):

@@ -139,6 +139,7 @@ def anchors(argv) -> None:
 
     from gpusnap.device.cuda import CudaBackend
     from gpusnap.stage.arena import Arena
+    from gpusnap.stage.unforked import vmflags
 
     backend = CudaBackend()
     arena = Arena(capacity=int(min(gb, 4) * 1e9) + (1 << 20))
@@ -147,7 +148,7 @@ def anchors(argv) -> None:
     t = time.perf_counter()
     backend.register_host(arena.address, region.end)
     result["register_s"], result["register_bytes"] = time.perf_counter() - t, region.end
-    result["arena_vmflags"] = _vmflags(arena.address)
+    result["arena_vmflags"] = vmflags(arena.address)
     forks = []
     for _ in range(5):
         t = time.perf_counter()
@@ -159,20 +160,6 @@ def anchors(argv) -> None:
     result["fork_s"] = forks
     backend.unregister_host(arena.address)
     print(json.dumps(result))
-
-
-def _vmflags(address: int) -> str:
-    """The VmFlags of the mapping holding ``address`` ("dc": not passed on by fork)."""
-    inside = False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            head = line.split()[0]
-            if "-" in head and ":" not in head:
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo <= address < hi
-            elif inside and head == "VmFlags:":
-                return line.split(":", 1)[1].strip()
-    return "?"
 
 
 if __name__ == "__main__":

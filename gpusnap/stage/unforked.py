@@ -41,19 +41,28 @@ def dontfork_ranges(refresh: bool = False) -> list[tuple[int, int]]:
     writer's check (``memory.mapped``)."""
     global _ranges
     if _ranges is None or refresh:
-        ranges, current = [], None
-        with open("/proc/self/smaps") as f:
-            for line in f:
-                head = line.split(" ", 1)[0]
-                if "-" in head and not head.endswith(":"):
-                    lo, _, hi = head.partition("-")
-                    current = (int(lo, 16), int(hi, 16), "r" in line.split()[1])
-                elif head == "VmFlags:" and current is not None:
-                    flags = line.split()[1:]
-                    if "dc" in flags and current[2] and not {"io", "pf"} & set(flags):
-                        ranges.append((current[0], current[1]))
-        _ranges = ranges
+        _ranges = [(lo, hi) for lo, hi, perms, flags in mappings()
+                   if "dc" in flags and "r" in perms and not {"io", "pf"} & set(flags)]
     return _ranges
+
+
+def mappings():
+    """(lo, hi, perms, vmflags) of each mapping of this process, from /proc/self/smaps."""
+    current = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(" ", 1)[0]
+            if "-" in head and not head.endswith(":"):
+                lo, _, hi = head.partition("-")
+                current = (int(lo, 16), int(hi, 16), line.split()[1])
+            elif head == "VmFlags:" and current is not None:
+                yield (*current, line.split()[1:])
+                current = None
+
+
+def vmflags(address: int) -> str:
+    """The VmFlags of the mapping holding ``address`` ("dc": fork does not pass it on), or "?"."""
+    return next((" ".join(flags) for lo, hi, _, flags in mappings() if lo <= address < hi), "?")
 
 
 def _inside(ranges, address: int, nbytes: int) -> bool:
