@@ -3,11 +3,12 @@ language model, DCGAN, MNIST, LBFGS time series, ImageNet, VAE and REINFORCE; tq
 script's usual furniture, and torch's own (SWA, hooks, parametrizations); a torch.compile'd
 model; a char-RNN in `while True`; closures that own the optimizer; a home-made trainer with
 callbacks and a model class defined in a function; batches taken by hand; a streaming dataset
-with workers) continue with the same bytes after a kill: each is run uninterrupted, and again
-under `gpusnap run` with SIGUSR1 at a random step, kill -9 of the whole process group a few steps
-later, then `gpusnap restart`. One seed per program by default (printed; pytest shows it on
-failure); GPUSNAP_TEST_SEEDS=1,2,3 runs more. The programs in ``MORE`` pass in shapes the others
-already cover; GPUSNAP_TEST_CORPUS=all runs them too."""
+with workers; augmentation from a generator the dataset keeps) continue with the same bytes
+after a kill: each is run uninterrupted, and again under `gpusnap run` with SIGUSR1 at a random
+step, kill -9 of the whole process group a few steps later, then `gpusnap restart`. One seed per
+program by default (printed; pytest shows it on failure); GPUSNAP_TEST_SEEDS=1,2,3 runs more.
+The programs in ``MORE`` pass in shapes the others already cover; GPUSNAP_TEST_CORPUS=all runs
+them too."""
 
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ CORPUS = {
     "next_batch-cycle": ("next_batch.py", ["--variant", "cycle"], 12, "ran the generator at frame[1].locals.train_iter to item"),
     # workers draw a random flip per sample: fast-forward must take the skipped batches
     "imagenet_style-workers": ("imagenet_style.py", ["--workers", "2"], 0, "by consuming"),
+    # workers draw from a generator the dataset holds: the same, though no global state moves
+    "augment_rng": ("augment_rng.py", [], 0, "by consuming"),
 }
 MORE = {
     "imagenet_style": ("imagenet_style.py", []),

@@ -76,8 +76,9 @@ def _note_loader_iters(module) -> None:
 
 
 def _note_worker_draws(module) -> None:
-    """In a DataLoader worker, a fetch that changes the global RNG states is noted
-    (``graph.workers``): fast-forward cannot skip such a loader's batches by index."""
+    """In a DataLoader worker, a fetch that changes the global RNG states or a generator the
+    dataset holds is noted (``graph.workers``): fast-forward cannot skip such a loader's
+    batches by index."""
     for cls in (module._MapDatasetFetcher, module._IterableDatasetFetcher):
         fetch = cls.fetch
 
@@ -86,9 +87,9 @@ def _note_worker_draws(module) -> None:
             # Imported while torch.utils.data initializes: its worker module is loaded by now.
             if sys.modules["torch.utils.data._utils.worker"].get_worker_info() is None:  # the main process: the snapshot holds its RNG states
                 return _fetch(self, possibly_batched_index)
-            before = rng.compact()
+            before, held = rng.compact(), workers.held_states(self.dataset)
             data = _fetch(self, possibly_batched_index)
-            if not rng.same(before, rng.compact()):
+            if not rng.same(before, rng.compact()) or workers.held_states(self.dataset) != held:
                 workers.mark()
             return data
 
