@@ -76,19 +76,25 @@ def mapped(address: int, nbytes: int) -> bool:
     """Whether [address, address + nbytes) is mapped in this process. A forked writer asks
     before it reads a buffer: memory the parent marked do-not-fork (CUDA's page-locked host
     memory may be) is not in the child, and reading it would kill the writer. The map is read
-    once per process: the writer's image does not change while it reads."""
+    once per process (a forked writer's image does not change while it reads) and again on a
+    miss (a process that pickles in place maps memory between calls)."""
     global _maps
     if nbytes <= 0:
         return True
-    if _maps is None or _maps[0] != os.getpid():
-        starts, ends = [], []
-        with open("/proc/self/maps") as f:
-            for line in f:
-                lo, _, hi = line.split(" ", 1)[0].partition("-")
-                starts.append(int(lo, 16))
-                ends.append(int(hi, 16))
-        _maps = (os.getpid(), starts, ends)
-    _, starts, ends = _maps
+    if _maps is not None and _maps[0] == os.getpid() and _covered(_maps, address, nbytes):
+        return True
+    starts, ends = [], []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, _, hi = line.split(" ", 1)[0].partition("-")
+            starts.append(int(lo, 16))
+            ends.append(int(hi, 16))
+    _maps = (os.getpid(), starts, ends)
+    return _covered(_maps, address, nbytes)
+
+
+def _covered(maps, address: int, nbytes: int) -> bool:
+    _, starts, ends = maps
     i = bisect.bisect_right(starts, address) - 1
     end = address + nbytes
     while 0 <= i < len(starts) and starts[i] <= address:  # contiguous mappings may cover it together
