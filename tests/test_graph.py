@@ -5,6 +5,7 @@ a freshly built ("replayed") copy and checks the live copy's values and identity
 
 from __future__ import annotations
 
+import collections
 import functools
 import io
 import os
@@ -220,10 +221,58 @@ def test_an_object_that_cannot_be_rebuilt_keeps_the_live_one_or_refuses(tmp_path
     live.call = functools.partial(local_fn, 2)
     kept = live.call
     merge_into(live, snap)
-    assert live.call is kept and live.count == 7
+    assert live.call is kept and live.call.args == (1,) and live.count == 7  # the snapshot's arguments
 
     with pytest.raises(StateMismatch, match=r"root\.call: the snapshot's functools\.partial cannot be rebuilt here"):
         merge_into(Obj(), snap)
+
+
+class NeedsCallable:
+    """Built from a callable, then given state: as a framework's hook holder is."""
+
+    def __init__(self, fn):
+        if not callable(fn):
+            raise TypeError("fn must be callable")
+        self.fn, self.n = fn, 0
+
+    def __reduce__(self):
+        return NeedsCallable, (self.fn,), {"n": self.n}
+
+
+def test_what_an_unbuildable_object_was_given_is_merged_or_refused(tmp_path):
+    """Its constructor met a live-only argument; what pickle gave it afterwards must reach the
+    replayed object (a defaultdict's entries, a partial's closure cells), or restore refuses:
+    keeping the replay's object silently would restart from its state."""
+    def make(start):
+        seen = {"n": start}
+
+        def count(step):
+            seen["n"] += step
+            return seen["n"]
+
+        return count
+
+    trained = Obj()
+    trained.counts = collections.defaultdict(lambda: 0, {"a": 3, "b": 1})
+    trained.step = functools.partial(make(10), 2)
+    trained.step()
+    trained.holder = NeedsCallable(make(0))
+    trained.holder.n = 5
+    snap, _ = snapshot_and_load(tmp_path, trained)
+
+    live = Obj()
+    live.counts = collections.defaultdict(lambda: 0)
+    live.step = functools.partial(make(10), 2)
+    live.holder = NeedsCallable(make(0))
+    counts, step = live.counts, live.step
+    with pytest.raises(StateMismatch, match=r"root\.holder: the snapshot's .*NeedsCallable cannot be rebuilt here .* cannot put"):
+        merge_into(live, snap)
+
+    del snap.holder
+    del live.holder
+    merge_into(live, snap)
+    assert live.counts is counts and dict(counts) == {"a": 3, "b": 1} and counts["c"] == 0
+    assert live.step is step and step() == 14  # its closure went on from 12
 
 
 def test_an_object_born_mid_run_at_a_root_place_follows_the_live_objects(tmp_path):

@@ -65,28 +65,34 @@ class LiveOnly:
 
 
 class Unbuilt:
-    """Stands where an object's reconstruction failed; absorbs the state pickle applies next."""
+    """Stands where an object's reconstruction failed. Keeps what pickle applies to it next (its
+    state, list items, dict entries): the merge puts them into the replayed object where it
+    knows how (a ``functools.partial``, a ``defaultdict``) and refuses where it does not."""
 
-    __slots__ = ("type_name", "error")
+    __slots__ = ("type_name", "error", "state", "items", "entries")
 
     def __init__(self, type_name: str, error: str):
         self.type_name, self.error = type_name, error
+        self.state, self.items, self.entries = None, [], {}
 
     def __repr__(self) -> str:
         return f"<unbuilt {self.type_name}: {self.error}>"
 
     # pickle's BUILD / APPENDS / SETITEMS on the object that could not be made
     def __setstate__(self, state) -> None:
-        pass
+        self.state = state
 
     def append(self, item) -> None:
-        pass
+        self.items.append(item)
 
     def extend(self, items) -> None:
-        pass
+        self.items.extend(items)
 
     def __setitem__(self, key, value) -> None:
-        pass
+        self.entries[key] = value
+
+    def holds_anything(self) -> bool:
+        return self.state is not None or bool(self.items) or bool(self.entries)
 
 
 class LiveFunction(LiveOnly):
@@ -171,6 +177,7 @@ def _set_state(obj, state):
     ``__getattr__`` reads its own attributes (a wrapper that forwards to ``self._wrapped``)
     would recurse forever on the half-built object."""
     if isinstance(obj, Unbuilt):
+        obj.__setstate__(state)
         return
     slots = None
     if isinstance(state, tuple) and len(state) == 2:

@@ -9,8 +9,10 @@
 - lists, dicts (also dicts keyed by objects, such as an optimizer's per-parameter state, whose
   keys are mapped through the alignment built while merging) in place;
 - numpy and CuPy arrays in place; ``random.Random``, numpy ``Generator`` and ``torch.Generator`` by state;
-- a live-only placeholder keeps the live object; so does an object that could not be rebuilt;
-  where the replayed program has no object at that place (inside a merged object or container),
+- a live-only placeholder keeps the live object; so does an object that could not be rebuilt,
+  with what the snapshot gave it after its constructor merged in (a ``functools.partial``'s
+  function, arguments and keywords; a ``defaultdict``'s entries) or a ``StateMismatch`` where
+  it held more than that; where the replayed program has no object at that place (inside a merged object or container),
   that is an error: the program would meet None where it held a live object;
 - a local function keeps the live one, and what the snapshot's closure cells held is merged
   into the live function's cells, by free variable name (a function of another name there is a
@@ -33,6 +35,7 @@ step is a generator that yields the child places it needs), so depth costs memor
 
 from __future__ import annotations
 
+import collections
 import enum
 import functools
 import random
@@ -193,6 +196,9 @@ class Merger:
                 # inside a framework's fetcher): it cannot continue from this state.
                 why = f"cannot be rebuilt here ({snap.error})" if isinstance(snap, Unbuilt) else "is not captured (live-only)"
                 raise StateMismatch(f"{path}: the snapshot's {snap.type_name} {why}, and the replayed program has nothing at this place")
+            if isinstance(snap, Unbuilt) and live is not None and id(snap) not in self._state_merged:
+                self._state_merged.add(id(snap))
+                return _Steps(self._merge_unbuilt(live, snap, path))
             if isinstance(snap, (LiveFunction, LiveObject, LiveGenerator)) and live is not None and id(snap) not in self._state_merged:
                 self._state_merged.add(id(snap))
                 if isinstance(snap, LiveFunction):
@@ -398,6 +404,23 @@ class Merger:
             except ValueError:  # not bound in the replay yet
                 current = None
             self._store(_Cell(cell), None, (yield (current, value, path + f".__closure__[{i}].cell_contents")))
+        return live
+
+    def _merge_unbuilt(self, live, snap: Unbuilt, path: Path):
+        """An object that could not be rebuilt here because its constructor met a live-only
+        argument: what the snapshot gave it afterwards goes into the replayed object. Dropping
+        that would restart with the replay's state and say nothing (the counts of a
+        ``defaultdict(lambda: 0)``, the cells of a closure behind a ``functools.partial``)."""
+        if type(live) is functools.partial and isinstance(snap.state, tuple) and len(snap.state) == 4:
+            merged = yield (live.__reduce__()[2], snap.state, path)
+            live.__setstate__(self.settled(merged))  # its function (cells merged), arguments, keywords
+            return live
+        if isinstance(live, collections.defaultdict) and snap.state is None and not snap.items:
+            return (yield from self._merge_dict(live, snap.entries, path))  # the factory stays the replay's
+        if snap.holds_anything():
+            raise StateMismatch(
+                f"{path}: the snapshot's {snap.type_name} cannot be rebuilt here ({snap.error}), and gpusnap "
+                f"cannot put what it held into the replayed {type(live).__qualname__}")
         return live
 
     # -- adopted objects -----------------------------------------------------------------

@@ -1,8 +1,10 @@
 """Object graphs as real scripts hold them: a top-level argparse parser (its actions and groups
 point back at each other), a linked structure 100,000 deep, a list that contains itself, a dict
 keyed by tuples, children that point back at their parent, a functools.partial of a local
-function, an object created mid-run that refers to the model. usage: graph_shapes.py OUT STEPS"""
+function, a partial whose closure counts its calls, a defaultdict(lambda: 0), an object created
+mid-run that refers to the model. usage: graph_shapes.py OUT STEPS"""
 import argparse
+import collections
 import functools
 
 import torch
@@ -13,6 +15,19 @@ parser.add_argument("out")
 parser.add_argument("steps", type=int)
 parser.add_argument("--lr", type=float, default=0.1)
 args = parser.parse_args()
+
+
+calls_by_parity = collections.defaultdict(lambda: 0)
+
+
+def make_counted(factor):
+    calls = {"n": 0}
+
+    def counted(offset, x):
+        calls["n"] += 1
+        return x * factor + offset * calls["n"]
+
+    return functools.partial(counted, 0.01)
 
 
 class Node:
@@ -56,9 +71,11 @@ def main():
         return x * scale
 
     scaler = functools.partial(scaled)
+    counted = make_counted(0.5)
     tracker = None
     for step in range(args.steps):
-        weights += args.lr * scaler(torch.randn(8))
+        weights += args.lr * scaler(torch.randn(8)) + counted(torch.ones(8))
+        calls_by_parity[step % 2] += step
         chain.value += step
         selfish[0] += 1
         by_pair[(step % 2, "ab"[step % 2])] += step
@@ -78,7 +95,8 @@ def main():
         assert leaf.children[0].parent is leaf
         leaf, levels = leaf.children[0], levels + 1
     assert selfish[2] is selfish and tracker.weights is weights
-    finish(weights=weights, head=chain.value, depth=depth, selfish=selfish[0], pairs=sorted(by_pair.items()), levels=levels, seen=tracker.seen)
+    finish(weights=weights, head=chain.value, depth=depth, selfish=selfish[0], pairs=sorted(by_pair.items()), levels=levels, seen=tracker.seen,
+           parity=sorted(calls_by_parity.items()))
 
 
 main()
