@@ -231,7 +231,7 @@ def main(argv=None) -> None:
     if resuming is not None:
         from gpusnap.restore import replay
 
-        replay.install(*resuming, config, agent.emit, agent.resumed, agent.restore_device)
+        replay.install(*resuming, config, agent.emit, agent.resumed, agent.restore_device, agent.before_merge)
     _run(code, namespace)
 
 

@@ -42,6 +42,12 @@ def _non_negative(value: float) -> float:
     return value
 
 
+def _positive(value: float) -> float:
+    if not value > 0:  # also refuses nan
+        raise ValueError(value)
+    return value
+
+
 def _fraction(value: float) -> float:
     if not 0 < value <= 0.5:
         raise ValueError(value)
@@ -169,7 +175,7 @@ DEVICE_MAP = _parsed("DEVICE_MAP", {}, _device_map, 'a list of SAVED:NEW device 
 # Distributed runs (torchrun; capture/dist.py): how long a rank waits for the others at each
 # phase of a global snapshot (agreeing on an iteration, reaching it, every shard's commit) and
 # for the job's c10d store to answer, before that snapshot is abandoned (training goes on).
-DIST_TIMEOUT_S = _parsed("DIST_TIMEOUT_S", 300.0, lambda raw: _non_negative(float(raw)), "a number of seconds >= 0")
+DIST_TIMEOUT_S = _parsed("DIST_TIMEOUT_S", 300.0, lambda raw: _positive(float(raw)), "a number of seconds > 0")
 # The agreed iteration lies this many optimizer steps (or iterations of the safe-point loop, for
 # a program without torch.optim) beyond the furthest rank's posted position: with a collective in
 # every step, no rank can be further than that by the time it learns the target (DESIGN.md).

@@ -127,6 +127,7 @@ BAD_KNOBS = [
     ({"GPUSNAP_WRITER_PRIORITY": "low"}, "gpusnap: GPUSNAP_WRITER_PRIORITY='low' is not idle or a nice value"),
     ({"GPUSNAP_HUGEPAGES": "yes"}, "gpusnap: GPUSNAP_HUGEPAGES='yes' is not one of on, off"),
     ({"GPUSNAP_WRITER_TIMEOUT_S": "-5"}, "gpusnap: GPUSNAP_WRITER_TIMEOUT_S='-5' is not a number of seconds >= 0"),
+    ({"GPUSNAP_DIST_TIMEOUT_S": "0"}, "gpusnap: GPUSNAP_DIST_TIMEOUT_S='0' is not a number of seconds > 0"),
 ]
 
 

@@ -148,7 +148,8 @@ def _run_two_nodes(progs: Path, run_dir: Path, out: Path, args, env: dict | None
 def test_two_nodes_sigterm_exits_75_on_each_and_both_restart(tmp_path):
     """Two torchrun agents on localhost (c10d rendezvous), one `gpusnap run` each, one run
     directory: a snapshot asked of one node is global; SIGTERM to both supervisors snapshots
-    and exits 75 on each; `gpusnap restart DIR` on each continues to the uninterrupted bytes."""
+    and exits 75 on each; restarts that would resume the nodes from different snapshots refuse;
+    `gpusnap restart DIR` on each continues to the uninterrupted bytes."""
     progs, ref, out, run_dir = _setup(tmp_path)
     torchrun("--standalone", "--nproc-per-node", "2", "ddp.py", ref, "6", cwd=progs)
     nodes = _run_two_nodes(progs, run_dir, out, ["6"])
@@ -164,8 +165,18 @@ def test_two_nodes_sigterm_exits_75_on_each_and_both_restart(tmp_path):
     ids = sorted(committed_ids(run_dir))
     assert ids[0] == first and len(ids) == 2
     assert sorted(os.listdir(run_dir / "ranks")) == ["0", "1"]
-    restarts = [subprocess.Popen([sys.executable, "-m", "gpusnap", "restart", str(run_dir)], cwd=progs, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, env=_env(STEP_SLEEP)) for _ in range(2)]
+
+    def restart_each(*extra):
+        return [subprocess.Popen([sys.executable, "-m", "gpusnap", "restart", str(run_dir), *more], cwd=progs, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=_env(STEP_SLEEP)) for more in extra]
+
+    # Nodes that choose different snapshots (here by --snapshot on one) must not train on as one job.
+    mixed = [p.communicate(timeout=300)[1] for p in restart_each(["--snapshot", ids[0]], [])]
+    said = "".join(mixed)
+    assert f"restore refused: the ranks of this job resume from different snapshots (rank 0: snapshot " in said, said[-3000:]
+    assert not (out / "rank0" / "final.pt").exists() and sorted(committed_ids(run_dir)) == ids
+
+    restarts = restart_each([], [])
     for p in restarts:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-3000:]
@@ -175,6 +186,20 @@ def test_two_nodes_sigterm_exits_75_on_each_and_both_restart(tmp_path):
 
 def _log(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+
+
+def test_every_auto_goes_on_taking_global_snapshots_timed_by_their_measured_cost(tmp_path):
+    """--every auto in a distributed run: each global snapshot's cost is measured on the node's
+    lowest rank, and the timer asks for the next one (it waited forever for the first cost)."""
+    progs, _, out, run_dir = _setup(tmp_path)
+    fast = {**STEP_SLEEP, "GPUSNAP_AUTO_FIRST_S": "1", "GPUSNAP_AUTO_MIN_INTERVAL_S": "0.5"}
+    done = gpusnap("run", "--nproc-per-node", 2, "--every", "auto", "--overhead", "20%", "--dir", run_dir, "ddp.py", out, "6",
+                   cwd=progs, timeout=300, env=fast)
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = _log(run_dir)
+    costs = [e for e in log if e.get("event") == "cost" and e.get("source") != "supervisor"]
+    assert len(committed_ids(run_dir)) >= 3 and len(costs) >= 2, [e.get("event") for e in log]
+    assert [e["every"] for e in log if e.get("event") == "schedule"][-1:] == ["auto"]
 
 
 def test_a_failing_writer_on_one_rank_fails_the_snapshot_for_all_and_training_goes_on(tmp_path):

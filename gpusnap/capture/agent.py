@@ -77,6 +77,12 @@ def resuming():
 emit = control.emit
 
 
+def before_merge() -> None:
+    """The replay is about to merge: in a distributed run, every rank resumes from one snapshot."""
+    if session.dist is not None:
+        session.dist.agree_resume()
+
+
 def resumed(snap_id: str, steps: int, iteration: int | None) -> None:
     """The replay merged snapshot ``snap_id``: count steps and iterations on from it."""
     session.steps, session.resumed_from = steps, snap_id

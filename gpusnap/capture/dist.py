@@ -45,7 +45,7 @@ import time
 
 from gpusnap import knobs, lifeline
 from gpusnap.capture import control, session, steploop
-from gpusnap.errors import EXIT_PREEMPTED_UNSAVED, RestoreError, RunDirError
+from gpusnap.errors import EXIT_PREEMPTED_UNSAVED, GpusnapError, RestoreError, RunDirError
 from gpusnap.instrument import loops
 from gpusnap.store import shards
 from gpusnap.store.rundir import SNAP_DIGITS
@@ -81,15 +81,23 @@ def install(config: dict):
         _refuse(exc.message, exc.hint, exc.exit_code)
     resume = (config.get("resume") or {}).get("snapshot")
     if resume is not None:
-        manifest = top.load_manifest(resume)
+        try:
+            manifest = top.load_manifest(resume)
+        except GpusnapError as exc:
+            _refuse(exc.message, exc.hint, exc.exit_code)
         saved = manifest.get("world_size")
         if saved != world:
             _refuse(f"snapshot {resume} was taken by {saved} ranks and this job has {world}: gpusnap restores each "
                     "rank from its own shard and does not reshard",
                     f"restart with {saved} ranks in all (--nnodes x --nproc-per-node), or start afresh with --resume never",
                     RestoreError.exit_code)
-        config["resume"] = {"snapshot": shards.shards_of(manifest)[rank]}
+        own = shards.shards_of(manifest).get(rank)
+        if own is None:
+            _refuse(f"snapshot {resume} holds no shard for rank {rank}", "see `gpusnap verify DIR`; restart from "
+                    "another snapshot with --snapshot ID", RestoreError.exit_code)
+        config["resume"] = {"snapshot": own}
     coordinator = Coordinator(rank, world, top, shard, addr, port, lock)
+    coordinator.resume = resume
     steploop.after_import("torch", lambda _module: coordinator.start())
     return shard
 
@@ -163,6 +171,7 @@ class Coordinator:
         self.closing = threading.Event()  # the program is exiting: the threads end, and their clients
         self.threads: list[threading.Thread] = []
         self.started = False
+        self.resume: str | None = None  # the global snapshot this rank resumes from
 
     # -- store clients (threads only) ------------------------------------------------------
     def _client(self, timeout_s: float):
@@ -178,11 +187,30 @@ class Coordinator:
         if self.started:
             return
         self.started = True
+        # Every rank says which global snapshot it resumes from; a rank that resumes compares
+        # them all before it merges (agree_resume).
+        self.outbox.put((f"resume/{self.rank}", self.resume or "none"))
         for target, name in ((self._post_forever, "post"), (self._watch_forever, "watch"), (self._run_forever, "run")):
             thread = threading.Thread(target=target, name=f"gpusnap-dist-{name}", daemon=True)
             thread.start()
             self.threads.append(thread)
         atexit.register(self.shutdown)
+
+    def agree_resume(self) -> None:
+        """Before the replay merges: every rank of the job resumes from the same global
+        snapshot. Each node's supervisor chooses it on its own (the newest intact one it sees,
+        or what its command line named), and ranks merged from different ones would train on
+        as one job with mixed state."""
+        try:
+            said = _wait_get(self._connect(), [f"resume/{r}" for r in range(self.world)], knobs.DIST_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - a refusal either way: the agreement is not known
+            raise RestoreError(f"the other ranks did not say which snapshot they resume from ({exc})",
+                               "start every node of the job; GPUSNAP_DIST_TIMEOUT_S sets how long ranks wait") from None
+        if any(value != said[self.rank] for value in said):
+            which = ", ".join(f"rank {r}: {'the beginning' if v == 'none' else 'snapshot ' + v}" for r, v in enumerate(said))
+            raise RestoreError(f"the ranks of this job resume from different snapshots ({which})",
+                               "start every node with the same command (the same --resume), or `gpusnap restart DIR "
+                               "--snapshot ID` on every node")
 
     def shutdown(self) -> None:
         """At exit, before the interpreter finalizes: end the threads and drop their store

@@ -56,13 +56,14 @@ class Writer:
         session.writer = None
         session.prepared = False  # the next optimizer step readies memory for the next snapshot
         if session.dist is not None:  # a shard: the coordinator reports the global snapshot
+            costs.writer_done(self.snap_id, cpu_s)  # a rank's cost too: --every auto times the job by it
             session.dist.shard_finished(result)
             return
         if result.get("event") == "failed" and not control.connected():  # else the supervisor says it
             print(f"gpusnap: snapshot {self.snap_id} failed: {result.get('message')}", file=sys.stderr, flush=True)
         session.last_result = result
         control.emit(**result)
-        costs.writer_done(self.snap_id, cpu_s)  # its cost follows once measured
+        costs.writer_done(self.snap_id, cpu_s)  # its cost follows once measured (after the result: the supervisor's order)
 
     def _progress(self, line: bytes) -> None:
         try:

@@ -248,7 +248,7 @@ def _supervise(launch, identity, resume: str, rd=None, require_snapshot: bool = 
     # The nodes of a distributed run share the directory: each rank locks its own shard instead.
     lock = rd.lock("run") if launch.torchrun is None else None
     try:
-        launch.resume = _choose_snapshot(rd, resume, require_snapshot)
+        launch.resume = _choose_snapshot(rd, resume, require_snapshot, anew_after_end=launch.torchrun is None)
         if launch.resume is not None and launch.torchrun is not None:
             _check_world_size(rd, launch)
         status = Supervisor(launch).run()
@@ -268,7 +268,7 @@ def _check_world_size(rd, launch) -> None:
             hint=f"restart with {saved} ranks in all (--nnodes x --nproc-per-node), or start afresh with --resume never")
 
 
-def _choose_snapshot(rd, resume: str, require: bool) -> str | None:
+def _choose_snapshot(rd, resume: str, require: bool, anew_after_end: bool = True) -> str | None:
     if resume == "never":
         return None
     if resume != "auto":
@@ -281,9 +281,10 @@ def _choose_snapshot(rd, resume: str, require: bool) -> str | None:
         if require:
             raise SnapshotNotFound(f"{rd.path} has no snapshot to restart from")
         return None
-    if not require and _finished(rd):
+    if not require and anew_after_end and _finished(rd):
         # A scheduler requeues only a job that did not end well, so the same command again after a
         # clean end is somebody running the program anew; `gpusnap restart DIR` still continues.
+        # Not for a distributed run: its nodes share the log, and each would read another's start.
         _say(f"the program in {rd.path} ran to its end last time: starting from the beginning", level=1)
         _say("hint: `gpusnap restart DIR` continues from its newest snapshot instead", level=1)
         return None

@@ -196,6 +196,9 @@ class Replay:
         started = time.perf_counter()
         read_before = dict(reader.TIMES)
         _say(f"merging snapshot {self.snap_id} at {_short(loop.where())}", level=1)
+        self._stage = "agreeing with the other ranks"
+        self.before_merge()
+        self._stage = f"loading snapshot {self.snap_id}"
         check_sources(self.manifest, self.force)
         records = self.manifest.get("allocations") or []
         if records:
@@ -301,13 +304,15 @@ def check_sources(manifest: dict, force: bool) -> None:
             raise ProgramChanged(f"{path} changed since snapshot {manifest['id']} was taken")
 
 
-def install(rundir, snap_id: str, config: dict, emit, on_merged, restore_device=None) -> Replay:
+def install(rundir, snap_id: str, config: dict, emit, on_merged, restore_device=None, before_merge=None) -> Replay:
     """Replay snapshot ``snap_id`` of ``rundir``; ``emit(event, **fields)`` reports to the
-    supervisor, ``on_merged(snap_id, steps, iteration)`` runs once the snapshot is merged."""
+    supervisor, ``before_merge()`` may refuse (a ``GpusnapError``) at the saved boundary,
+    ``on_merged(snap_id, steps, iteration)`` runs once the snapshot is merged."""
     global active, _verbosity
     _verbosity = int(config.get("verbosity", 1))
     replay = Replay(rundir, snap_id, config, emit, on_merged)
     replay.restore_device = restore_device or _no_device
+    replay.before_merge = before_merge or (lambda: None)
     if replay.manifest.get("workers_draw"):
         workers.mark()  # fast-forward takes worker loaders' batches; later snapshots keep saying so
     it = replay.manifest.get("iteration")
