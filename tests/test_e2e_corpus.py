@@ -42,6 +42,8 @@ CORPUS = {
     "imagenet_style-workers": ("imagenet_style.py", ["--workers", "2"], 0, "by consuming"),
     # workers draw from a generator the dataset holds: the same, though no global state moves
     "augment_rng": ("augment_rng.py", [], 0, "by consuming"),
+    # spawned workers run nothing of gpusnap's: their loader counts as drawing
+    "augment_rng-spawn": ("augment_rng.py", ["--context", "spawn"], 0, "by consuming"),
 }
 MORE = {
     "imagenet_style": ("imagenet_style.py", []),

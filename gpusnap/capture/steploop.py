@@ -64,6 +64,8 @@ def _note_loader_iters(module) -> None:
 
     @functools.wraps(loader_iter)
     def __iter__(self):
+        if self.num_workers > 0 and not workers.seen() and _start_method(self) != "fork":
+            workers.mark()  # workers gpusnap does not start in (spawn, forkserver) are not watched
         made_with = rng.compact(), (self.generator.get_state() if self.generator is not None else None)
         it = loader_iter(self)
         try:
@@ -73,6 +75,12 @@ def _note_loader_iters(module) -> None:
         return it
 
     module.DataLoader.__iter__ = __iter__
+
+
+def _start_method(loader) -> str:
+    import multiprocessing
+
+    return (loader.multiprocessing_context or multiprocessing.get_context()).get_start_method()
 
 
 def _note_worker_draws(module) -> None:

@@ -11,7 +11,9 @@ after it, and the states of the generators the dataset holds itself (``held_stat
 made in ``worker_init_fn`` and kept on the dataset or a transform, or a generator among the
 globals of the dataset's module), and ``mark``s a change here. The writer records ``seen()``
 in the manifest (``workers_draw``), and restore then takes a worker loader's skipped batches
-for real. A generator held anywhere else (a closure, another module) is not seen.
+for real. A generator held anywhere else (a closure, another module) is not seen. Workers
+started otherwise than by fork (``multiprocessing_context`` spawn or forkserver) run no wrapped
+fetch and share no byte: a loader that uses them counts as drawing.
 """
 
 from __future__ import annotations
