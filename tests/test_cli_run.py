@@ -245,6 +245,14 @@ def test_snap_without_an_active_run(work):
     r = gpusnap("snap", "d", cwd=work)
     assert r.returncode == 3
     assert first_line(r) == f"gpusnap: no run is active in {work / 'd'} (its supervisor, pid {dead.pid}, is gone)"
+    # A distributed run's nodes each say where they listen; none of them on this host.
+    (work / "d" / "supervisor.json").unlink()
+    (work / "d" / "supervisor-node7.json").write_text(json.dumps({"pid": 1, "socket": "/x", "started": 0, "host": "node7"}))
+    r = gpusnap("snap", "d", cwd=work)
+    assert r.returncode == 3
+    assert r.stderr.splitlines() == [
+        f"gpusnap: no node of the run in {work / 'd'} runs on this host (its nodes: node7)",
+        "hint: run `gpusnap snap DIR` on one of them: a snapshot asked of one node is global"]
 
 
 def test_restart_needs_a_snapshot(work):

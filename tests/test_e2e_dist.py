@@ -13,6 +13,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -232,6 +233,19 @@ def test_a_failing_writer_on_one_rank_fails_the_snapshot_for_all_and_training_go
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
+def test_restart_of_a_static_rendezvous_asks_for_this_nodes_options(tmp_path):
+    """--node-rank differs per node: the recorded one (the first node's) must not be reused."""
+    (tmp_path / "ok.py").write_text("print('ok')\n")
+    port = str(random.randrange(20000, 30000))
+    static = ["--nproc-per-node", "1", "--nnodes", "1", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port", port]
+    done = gpusnap("run", *static, "--dir", "run", "ok.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    refused = gpusnap("restart", "run", cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.splitlines()[0] == (
+        f"gpusnap: {tmp_path / 'run'} was started with a static rendezvous (--node-rank), which differs per node")
+
+
 def test_a_store_that_stops_answering_abandons_the_snapshot_and_training_goes_on(tmp_path):
     """The job's c10d store lives in torchrun's agent: stopped (SIGSTOP), it answers nothing.
     A snapshot asked meanwhile is abandoned after GPUSNAP_DIST_TIMEOUT_S with one line, the ranks
@@ -270,7 +284,11 @@ def test_sharded_directory_ls_verify_gc_and_a_restart_with_another_world_size(tm
     run = Run("run", "--nproc-per-node", "2", "--dir", run_dir, "ddp.py", out, "20", cwd=progs, env=STEP_SLEEP)
     with running(run):
         first = snapshot_at(run, run_dir, out, 2, 3)
-        second = snapshot_at(run, run_dir, out, 2, least_progress(out, 2) + 2)
+        # `gpusnap snap` finds this host's node through its own supervisor file
+        assert (run_dir / f"supervisor-{socket.gethostname()}.json").exists()
+        snapped = gpusnap("snap", run_dir, cwd=progs)
+        assert snapped.returncode == 0 and "committed" in snapped.stderr, snapped.stderr
+        second = max(committed_ids(run_dir))
         code, _, err = stop(run)
     assert code == 75, err[-3000:]
     listed = json.loads(gpusnap("ls", run_dir, "--json", cwd=progs).stdout)
@@ -306,6 +324,14 @@ def test_sharded_directory_ls_verify_gc_and_a_restart_with_another_world_size(tm
     assert sorted(committed_ids(run_dir)) == [third]
     for rank in ("0", "1"):
         assert sorted(p.stem for p in (run_dir / "ranks" / rank / "snapshots").glob("*.json")) == [third]
+
+    # A global manifest that names no shard for a rank is damage, not an intact snapshot.
+    manifest_path = run_dir / "snapshots" / f"{third}.json"
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["shards"]["1"]
+    manifest_path.write_text(json.dumps(manifest))
+    verified = gpusnap("verify", run_dir, cwd=progs)
+    assert verified.returncode == 4 and "the manifest names no shard for rank 1" in verified.stdout, verified.stdout
 
 
 def test_fsdp2_state_is_refused_loudly_and_training_goes_on(tmp_path):

@@ -315,24 +315,24 @@ def test_restart_runs_the_same_command_from_a_snapshot(work):
 
 
 def test_resume_auto_skips_snapshots_that_do_not_verify(work):
-    p = start(work, mode=("exit", "0"))
+    p = start(work, mode=("exit", "1"))  # runs that do not end well: the same command continues them
     p.communicate(timeout=20)
     snaps = work / "rd" / "snapshots"
     (snaps / "000001.json").write_text(json.dumps({"format": 1, "buffers": {}, "iteration": 40}))
     (snaps / "000002.json").write_text('{"format": 1, "buf')
-    p = start(work, mode=("exit", "0"))
+    p = start(work, mode=("exit", "1"))
     _, err = p.communicate(timeout=20)
-    assert p.returncode == 0, err
+    assert p.returncode == 1, err
     lines = err.splitlines()
     assert lines[0].startswith("gpusnap: skipping snapshot 000002: ")
     assert lines[1] == "gpusnap: resuming from snapshot 000001 (iteration 40)"
     assert boot_info(work)["config"]["resume"] == {"snapshot": "000001"}
 
-    p = start(work, "--resume", "never", mode=("exit", "0"))
+    p = start(work, "--resume", "never", mode=("exit", "1"))
     _, err = p.communicate(timeout=20)
-    assert p.returncode == 0 and err == ""
+    assert p.returncode == 1 and err == ""
     assert boot_info(work)["config"]["resume"] is None
 
-    r = gpusnap("run", "--dir", str(work / "rd"), "--resume", "000002", "fake.py", "exit", "0", cwd=work)
+    r = gpusnap("run", "--dir", str(work / "rd"), "--resume", "000002", "fake.py", "exit", "1", cwd=work)
     assert r.returncode == 4
     assert r.stderr.startswith("gpusnap: manifest of snapshot 000002 is damaged: ")

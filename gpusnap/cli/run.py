@@ -197,6 +197,11 @@ def restart(run_dir, snapshot_id, force, every, overhead, signal_name, on_term, 
         raise GpusnapError(f"{path}/run.json names no command to restart")
     if not os.path.isdir(cwd):
         raise UsageError(f"the run's working directory {cwd} does not exist", hint="restart on a machine that has it")
+    if ident.get("dist") and torchrun.arguments(dist) is None and "--node-rank" in (ident["dist"].get("torchrun") or []):
+        # Recorded by the node that made the directory: every node would take its rank.
+        raise UsageError(f"{path} was started with a static rendezvous (--node-rank), which differs per node",
+                         hint="pass this node's torchrun options to restart (--nproc-per-node, --nnodes, "
+                              "--node-rank, --master-addr, --master-port)")
     if kind == "script":
         opt.resolve_script(target, cwd)
         rel = os.path.relpath(target, cwd)
@@ -346,11 +351,20 @@ def snap(run_dir, no_wait, timeout):
     """
     from gpusnap.launch import control
     from gpusnap.launch.events import warning
-    from gpusnap.launch.supervisor import SUPERVISOR_FILE, describe
+    import glob
+
+    from gpusnap.launch.supervisor import SUPERVISOR_FILE, alive, describe, supervisor_file
 
     timeout_s = opt.parse_duration(timeout, "--timeout") if timeout is not None else None
     path = os.path.abspath(run_dir)
     info_path = os.path.join(path, SUPERVISOR_FILE)
+    if not os.path.exists(info_path) and os.path.exists(supervisor_file(path, True)):
+        info_path = supervisor_file(path, True)  # a distributed run: this host's node
+    elif not os.path.exists(info_path):
+        hosts = sorted(os.path.basename(f)[len("supervisor-"):-len(".json")] for f in glob.glob(os.path.join(path, "supervisor-*.json")))
+        if hosts:
+            raise NoActiveRun(f"no node of the run in {path} runs on this host (its nodes: {', '.join(hosts)})",
+                              hint="run `gpusnap snap DIR` on one of them: a snapshot asked of one node is global")
     try:
         with open(info_path) as f:
             info = json.load(f)
@@ -361,7 +375,7 @@ def snap(run_dir, no_wait, timeout):
         raise NoActiveRun(f"no run is active in {path}") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise NoActiveRun(f"no run is active in {path} ({SUPERVISOR_FILE} is unreadable: {exc})") from exc
-    if not _alive(pid):
+    if not alive(pid):
         raise NoActiveRun(f"no run is active in {path} (its supervisor, pid {pid}, is gone)")
     try:
         sock = control.connect(sock_path)
@@ -393,13 +407,3 @@ def snap(run_dir, no_wait, timeout):
             click.echo(f"hint: {warned[1]}", err=True)
         return
     raise SnapshotError(describe(ev))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -21,7 +21,8 @@ set to a JSON object::
      "dist": true}                  (only in the ranks of a torchrun job: capture/dist.py)
 
 Control protocol: newline-delimited JSON objects over the unix socket named by ``"control"``
-(mode 0600; ``DIR/supervisor.json`` holds ``{"pid", "socket", "started"}``). Every message has
+(mode 0600; ``DIR/supervisor.json``, in a distributed run ``DIR/supervisor-HOST.json`` per node,
+holds ``{"pid", "socket", "started", "host"}``). Every message has
 an ``"op"``.
 
 trainee → supervisor
@@ -70,6 +71,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -158,16 +160,31 @@ def _write_json(path: str, obj: dict) -> None:
     write_file(path, [json.dumps(obj, indent=1).encode() + b"\n"])
 
 
+def supervisor_file(run_dir: str, distributed: bool) -> str:
+    """Where a supervisor says where it listens. The nodes of a distributed run share the run
+    directory, and a unix socket answers only on its own host: one file per host there."""
+    return os.path.join(run_dir, f"supervisor-{socket.gethostname()}.json" if distributed else SUPERVISOR_FILE)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
 def _live_supervisor(path: str) -> bool:
-    """Does ``path`` (supervisor.json) name a live supervisor on this host? The nodes of a
-    distributed run share the run directory; the first node's supervisor answers `gpusnap snap`."""
+    """Does ``path`` name a live supervisor? (Two nodes of a distributed run on one host: the
+    first one's answers `gpusnap snap`.)"""
     try:
         with open(path) as f:
             pid = int(json.load(f)["pid"])
-        os.kill(pid, 0)
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    return True
+    return alive(pid)
 
 
 def _tty_foreground() -> bool:
@@ -241,13 +258,14 @@ class Supervisor:
         L = self.launch
         self._log_fd = os.open(os.path.join(L.run_dir, LOG_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         self.server = ControlServer()
-        info_path = os.path.join(L.run_dir, SUPERVISOR_FILE)
+        info_path = supervisor_file(L.run_dir, L.torchrun is not None)
         try:
             # Handlers first: supervisor.json tells the world where to send signals, and a
             # SIGUSR1 before its handler would kill the supervisor.
             self._install_signals()
             if L.torchrun is None or not _live_supervisor(info_path):  # the first node's answers `snap`
-                _write_json(info_path, {"pid": os.getpid(), "socket": self.server.path, "started": time.time()})
+                _write_json(info_path, {"pid": os.getpid(), "socket": self.server.path, "started": time.time(),
+                                        "host": socket.gethostname()})
             env = dict(os.environ)
             env["GPUSNAP_BOOT"] = json.dumps(L.boot_config(self.server.path))
             if L.torchrun is not None:

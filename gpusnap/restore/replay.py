@@ -413,8 +413,8 @@ def _reading_status(snap_id: str, total: int | None):
     """On a terminal, a status line redrawn in place while a long restore reads its chunks."""
     from gpusnap.store import reader
 
-    if _verbosity < 1 or not sys.stderr.isatty():
-        yield
+    if _verbosity < 1 or not sys.stderr.isatty() or os.environ.get("RANK", "0") != "0":
+        yield  # (the ranks of a distributed run share a terminal: rank 0 draws the line)
         return
     started = last = time.perf_counter()
     done = [0]

@@ -139,7 +139,8 @@ class Unforked:
 
 def stage_unforked(frames) -> Unforked | None:
     """In the stall: copy the unforked buffers the frames hold into the arena's ``pinned``
-    region. None when there are none (the common case: one read of /proc/self/maps)."""
+    region. None when there are none (the common case, decided by the do-not-fork ranges read
+    once per process)."""
     ranges = dontfork_ranges()
     torch = sys.modules.get("torch")
     if not ranges and not (torch is not None and torch.cuda.is_initialized()):

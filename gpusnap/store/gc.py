@@ -129,7 +129,9 @@ def prune(rd, keep: int | None, drop: list[str] | None = None) -> dict:
 
     # 7. debris of killed writers
     now = time.time()
-    for dirpath, _dirs, files in os.walk(root):
+    for dirpath, dirs, files in os.walk(root):
+        if dirpath == str(root) and "ranks" in dirs:
+            dirs.remove("ranks")  # a distributed run's shards: each is pruned as a run directory of its own
         for name in files:
             if not atomic.is_temp(name):
                 continue

@@ -132,6 +132,10 @@ def verify(rd: RunDir, snap_id: str | None = None) -> list[Finding]:
         except StoreError as exc:
             findings.append(Finding("manifest_damaged", sid, None, None, None, exc.message))
             continue
+        absent = sorted(set(range(int(m.get("world_size") or 0))) - set(shards_of(m)))
+        if absent:
+            findings.append(Finding("shard_missing", sid, None, None, None,
+                                    f"the manifest names no shard for rank{'s' if len(absent) > 1 else ''} {', '.join(map(str, absent))}"))
         for rank, shard_id in sorted(shards_of(m).items()):
             if rank not in shards_dirs:
                 try:
