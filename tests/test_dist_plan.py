@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpusnap.capture.dist import reached, target
+from gpusnap.capture.dist import left_before, reached, target
 
 OUTER = ["train.py", "main", "20:4"]
 INNER = ["train.py", "main", "26:12"]
@@ -39,3 +39,14 @@ def test_ranks_that_posted_from_different_loops_meet_at_a_boundary_of_the_loops_
 def test_ranks_that_share_no_loop_meet_by_steps_alone():
     at = target([post(0, ["a.py", "f", "1:0", 3]), post(0, ["b.py", "g", "2:0", 3])], margin=2)
     assert at == {"steps": 2}
+
+
+def test_a_rank_that_leaves_the_agreed_loop_before_its_iteration_has_passed_it():
+    # Targets in the setup loop (OUTER) before anyone stepped: a rank that learns it only after
+    # leaving that loop for the step loop would reach it by steps, somewhere else entirely.
+    at = target([post(0, [*OUTER, 4]), post(0, [*OUTER, 5])], margin=2)
+    step_loop = post(1, ["train.py", "main", "40:9", 0])
+    assert left_before(post(0, [*OUTER, 6]), step_loop, at)
+    assert not left_before(post(0, [*OUTER, 7]), step_loop, at)  # it reached the target there
+    assert not left_before(post(0, [*OUTER, 5]), post(0, [*OUTER, 6]), at)  # still inside
+    assert not left_before(None, step_loop, at) and not left_before(post(0, [*OUTER, 6]), step_loop, {"steps": 3})

@@ -148,6 +148,20 @@ def reached(pos: dict, at: dict) -> bool:
     return tuple(entry[3] for entry in pos["path"]) >= tuple(at["index"])
 
 
+def left_before(previous: dict | None, pos: dict, at: dict) -> bool:
+    """Did this rank leave the loops of the agreed iteration (``at``) without reaching it, since
+    its last safe point? It would reach the target by steps alone, elsewhere in the program than
+    the ranks that reached it in those loops: their shards would not be one snapshot."""
+    loops = at.get("loops")
+    if not loops or previous is None or reached(previous, at):
+        return False
+
+    def inside(p: dict) -> bool:
+        return [entry[:3] for entry in p["path"][: len(loops)]] == loops
+
+    return inside(previous) and not inside(pos)
+
+
 class Coordinator:
     def __init__(self, rank: int, world: int, top, shard, addr: str, port: int, lock):
         self.rank, self.world = rank, world
@@ -298,6 +312,14 @@ class Coordinator:
             return
         pos, previous = position(loop), self.previous
         self.previous = pos
+        if plan is not None and left_before(previous, pos, plan["at"]):
+            with self.cond:
+                if self.abandoned >= g:
+                    return
+                self.taken = g
+            self.shard_failed(f"rank {self.rank} left the loop of the agreed iteration before reaching it (its ranks do "
+                              "not meet in a collective every iteration); no snapshot was taken")
+            return
         if plan is None or not reached(pos, plan["at"]):
             return
         with self.cond:
