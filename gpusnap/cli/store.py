@@ -73,19 +73,20 @@ def _interval(every, interval_s) -> str:
 
 
 def _shard_of(rd, snapshot: str | None, rank: int | None):
-    """(the run directory to read, the global manifest or None): a sharded directory is read
-    through one rank's shard, whose snapshot has the global snapshot's id."""
+    """(the run directory to read, the snapshot id there, the global manifest or None): a
+    sharded directory is read through one rank's shard, as its global manifest names it."""
     from gpusnap.store import shards
 
     if not shards.is_sharded(rd):
         if rank is not None:
             raise UsageError(f"{rd.path} is not a distributed run; --rank does not apply")
-        return rd, None
+        return rd, snapshot, None
     top = rd.manifest(snapshot)
     rank = 0 if rank is None else rank
-    if rank not in shards.shards_of(top):
+    named = shards.shards_of(top)
+    if rank not in named:
         raise SnapshotNotFound(f"snapshot {top['id']} has no rank {rank} (its ranks: 0..{top.get('world_size', 0) - 1})")
-    return shards.open_shard(rd, rank), top
+    return shards.open_shard(rd, rank), named[rank], top
 
 
 @cli.command("inspect")
@@ -97,8 +98,8 @@ def inspect_cmd(run_dir, snapshot, rank, as_json):
     """Show what a snapshot (default: the newest) holds: roots, objects by path, buffers,
     live-only objects, dedup and compression ratios, stall and write times. In a distributed
     run, each rank's shard of the global snapshot, then one rank's contents (--rank)."""
-    rd, top = _shard_of(_open(run_dir), snapshot, rank)
-    m = rd.manifest(top["id"] if top is not None else snapshot)
+    rd, snapshot, top = _shard_of(_open(run_dir), snapshot, rank)
+    m = rd.manifest(snapshot)
     st = m.get("stats") or {}
     if as_json:
         click.echo(json.dumps({"global": top, "shard": m} if top is not None else m, indent=1))
@@ -302,6 +303,6 @@ def export_cmd(run_dir, snapshot, out, module, rank):
     file (keys are prefixed with the module path when there are several modules)."""
     from gpusnap.store.export import export_safetensors
 
-    rd, top = _shard_of(_open(run_dir), snapshot, rank)
-    r = export_safetensors(rd, top["id"] if top is not None else snapshot, out, module=module)
+    rd, snapshot, _ = _shard_of(_open(run_dir), snapshot, rank)
+    r = export_safetensors(rd, snapshot, out, module=module)
     click.echo(f"wrote {r['tensors']} tensors ({human_bytes(r['nbytes'])}) of snapshot {r['snapshot']} to {out}")
