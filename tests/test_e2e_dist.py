@@ -108,6 +108,7 @@ def _setup(tmp_path: Path):
     ("ddp.py", ["5"], 2, "one"),
     ("allreduce.py", ["150"], 2, "all"),
     ("allreduce.py", ["150"], 4, "all"),
+    ("fsdp.py", ["150"], 2, "all"),
 ])
 def test_kill_and_restart_matches_uninterrupted(tmp_path, program, args, ranks, victim):
     seed = int(os.environ.get("TEST_SEED") or random.randrange(1 << 30))
@@ -332,23 +333,3 @@ def test_sharded_directory_ls_verify_gc_and_a_restart_with_another_world_size(tm
     manifest_path.write_text(json.dumps(manifest))
     verified = gpusnap("verify", run_dir, cwd=progs)
     assert verified.returncode == 4 and "the manifest names no shard for rank 1" in verified.stdout, verified.stdout
-
-
-def test_fsdp2_state_is_refused_loudly_and_training_goes_on(tmp_path):
-    """FSDP2 (fully_shard) runs on CPU over gloo, but its DTensor parameters are not captured
-    yet: the snapshot fails on every rank with one line saying so, never a snapshot that would
-    restore the replay's weights; SIGTERM then stops with 76 (nothing committed)."""
-    progs, _, out, run_dir = _setup(tmp_path)
-    run = Run("run", "--nproc-per-node", "2", "--dir", run_dir, "fsdp.py", out, "400", cwd=progs, env=STEP_SLEEP)
-    with running(run):
-        wait_for(lambda: least_progress(out, 2) >= 3, "step 3", proc=run, timeout=180)
-        run.signal(signal.SIGUSR1)
-        failed = wait_for(lambda: [e for e in _log(run_dir) if e["event"] == "failed"], "the snapshot to fail",
-                          proc=run, timeout=120)[0]
-        reached = least_progress(out, 2)
-        wait_for(lambda: least_progress(out, 2) > reached + 3, "training to go on", proc=run)
-        code, _, err = stop(run)
-    assert failed["message"].startswith("rank 0: CaptureError: torch.distributed.tensor.DTensor (FSDP2's fully_shard, "
-                                        "tensor parallelism) is not captured yet"), failed
-    assert code == 76, err[-3000:]
-    assert committed_ids(run_dir) == set()

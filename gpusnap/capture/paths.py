@@ -89,6 +89,7 @@ def module_tensors(module, storage_names: dict, key_of, storage_offsets: dict | 
     (``byte_offset``: where the storage starts in its buffer, when not at 0)."""
     entries: dict[str, dict] = {}
     for name, tensor in _named_state(module):
+        tensor = getattr(tensor, "_local_tensor", tensor)  # a DTensor: this rank's shard
         key = key_of(tensor.untyped_storage())
         buffer = storage_names.get(key)
         if buffer is None:

@@ -56,6 +56,8 @@ from gpusnap.graph.load import (  # noqa: F401  (re-exported: older snapshots na
     _load_device_storage,
     _load_storage,
     _rebuild_cupy,
+    _sharded_tensor,
+    dtensor_layout,
     _module_attribute,
     _rebuild_ndarray,
     _rebuild_tensor,
@@ -298,7 +300,11 @@ class GraphPickler(pickle.Pickler):
                 continue
         if not isinstance(attrs, dict) and not slots:
             return _live_only, args
-        return _live_object, args, (type(obj).__qualname__, dict(attrs or {}), slots)
+        attrs = dict(attrs or {})
+        if REPLAYED_ATTRS and _replayed_attrs(type(obj)):
+            left_out = _replayed_attrs(type(obj))
+            attrs = {k: v for k, v in attrs.items() if k not in left_out}
+        return _live_object, args, (type(obj).__qualname__, attrs, slots)
 
     def _live(self, obj):
         serial = len(self.live_only)
@@ -307,13 +313,18 @@ class GraphPickler(pickle.Pickler):
         return _live_only, (serial, name)
 
     # -- torch ----------------------------------------------------------------------------
+    def _reduce_dtensor(self, t):
+        """A DTensor (FSDP2's parameters and optimizer state, tensor parallelism): its bytes are
+        this rank's local shard, a plain tensor; its mesh and placements say how the shards make
+        the whole. Restore merges the local shard into the replay's DTensor (``ShardedState``)."""
+        grad = t.grad if t.is_leaf else None
+        return _sharded_tensor, (t._local_tensor, dtensor_layout(t), tuple(t._spec.placements), tuple(t.shape), tuple(t.stride()),
+                                 t.requires_grad and t.is_leaf, isinstance(t, self._torch.nn.Parameter), grad)
+
     def _reduce_tensor(self, t):
         torch = self._torch
         if _is_named(type(t), _SHARDED_TENSORS):
-            # Its bytes live in a local shard behind a wrapper that has no storage of its own;
-            # kept live-only, the restart would silently keep the replay's weights.
-            raise CaptureError(f"{type_name(t)} (FSDP2's fully_shard, tensor parallelism) is not captured yet: no snapshot "
-                               "of a program that holds one", hint="wrap the model with DistributedDataParallel, or use FSDP1")
+            return self._reduce_dtensor(t)
         if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided or t.is_quantized:
             try:
                 return _guarded(t, t.__reduce_ex__(PROTOCOL))

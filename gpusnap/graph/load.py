@@ -95,6 +95,33 @@ class Unbuilt:
         return self.state is not None or bool(self.items) or bool(self.entries)
 
 
+class ShardedState:
+    """A DTensor of the snapshot: this rank's local shard (a plain tensor) and how the shards
+    make the whole. The merge copies the shard into the replay's DTensor, or builds one on a
+    device mesh the replay has, of the same ``layout``."""
+
+    __slots__ = ("local", "layout", "placements", "shape", "stride", "requires_grad", "is_param", "grad")
+
+    def __init__(self, local, layout, placements, shape, stride, requires_grad, is_param, grad):
+        self.local, self.layout, self.placements = local, layout, placements
+        self.shape, self.stride, self.requires_grad, self.is_param, self.grad = shape, stride, requires_grad, is_param, grad
+
+    def __repr__(self) -> str:
+        return f"<sharded {self.shape} of {self.layout}>"
+
+
+def dtensor_layout(t) -> tuple:
+    """How a DTensor's shards make the whole: (device type, the mesh's ranks, its dimension
+    names, the placements), comparable between the snapshot and the replay."""
+    spec = t._spec
+    mesh = spec.mesh
+    return (mesh.device_type, str(mesh.mesh.tolist()), mesh.mesh_dim_names, tuple(repr(p) for p in spec.placements))
+
+
+def _sharded_tensor(*fields):
+    return ShardedState(*fields)
+
+
 class LiveFunction(LiveOnly):
     """Stands where the snapshot held a local function: the function is the replay's, but its
     closure cells hold state the program goes on with (an optimizer a factory made and only a

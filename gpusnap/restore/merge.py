@@ -43,7 +43,7 @@ import sys
 import types
 
 from gpusnap.errors import StateMismatch
-from gpusnap.graph.load import ADDED_BY_SETSTATE, LiveFunction, LiveGenerator, LiveObject, LiveOnly, Unbuilt
+from gpusnap.graph.load import ADDED_BY_SETSTATE, LiveFunction, LiveGenerator, LiveObject, LiveOnly, ShardedState, Unbuilt, dtensor_layout
 from gpusnap.graph.walk import ATOMS as _ATOMS
 from gpusnap.graph.walk import Path
 from gpusnap.graph.walk import key_text as _key_text
@@ -110,6 +110,7 @@ class Merger:
         self.nbytes = 0
         self._torch = sys.modules.get("torch")
         self._np = sys.modules.get("numpy")
+        self._meshes: dict = {}  # DTensor layout (device type, ranks, names) -> the replay's device mesh
 
     def value(self, live, snap, path: str | Path):
         return self._drive(self._place(live, snap, Path(path) if isinstance(path, str) else path))
@@ -219,6 +220,10 @@ class Merger:
             return done
         if id(snap) in self._building:
             return snap  # a tuple reached through its own items: the one place it cannot be rebuilt
+        if isinstance(snap, ShardedState):
+            if live is None or not hasattr(live, "_local_tensor"):
+                return self._wait(snap, path)
+            return self._align(snap, self._merge_sharded(live, snap, path), path)
         if torch is not None and isinstance(snap, torch.Tensor):
             if not isinstance(live, torch.Tensor):
                 return self._wait(snap, path)
@@ -253,6 +258,8 @@ class Merger:
             self._fixups.append((container, key, value))
 
     def _adopt(self, snap, path: Path):
+        if isinstance(snap, ShardedState):
+            return self._align(snap, self._built_dtensor(snap, path), path)
         self._adopted.append((snap, path))
         return self._align(snap, snap, path)
 
@@ -302,6 +309,43 @@ class Merger:
         self.tensors += 1
         self.nbytes += snap.numel() * snap.element_size()
         return live
+
+    # -- DTensors: this rank's shard ------------------------------------------------------
+    def _merge_sharded(self, live, snap: ShardedState, path: Path):
+        layout = dtensor_layout(live)
+        if layout != snap.layout or tuple(live.shape) != snap.shape:
+            raise StateMismatch(f"{path}: the snapshot holds a DTensor {snap.shape} sharded as {snap.layout}, the program "
+                                f"built {tuple(live.shape)} sharded as {layout}")
+        self._meshes[layout[:3]] = live._spec.mesh
+        local = live._local_tensor
+        if local.shape != snap.local.shape or local.dtype != snap.local.dtype:
+            raise StateMismatch(f"{path}: this rank's shard is {tuple(snap.local.shape)} {snap.local.dtype} in the snapshot, "
+                                f"{tuple(local.shape)} {local.dtype} in the program")
+        torch = self._torch
+        with torch.no_grad():
+            local.copy_(snap.local)
+            live.grad = None if snap.grad is None else self._built_dtensor(snap.grad, path + ".grad")
+        self.tensors += 1
+        self.nbytes += snap.local.numel() * snap.local.element_size()
+        return live
+
+    def _built_dtensor(self, snap: ShardedState, path: Path):
+        """A DTensor made from the snapshot's shard, on the replay's device mesh of its layout
+        (optimizer state made after the replay's point: AdamW's moments of FSDP2 parameters)."""
+        mesh = self._meshes.get(snap.layout[:3])
+        if mesh is None:
+            raise StateMismatch(f"{path}: the snapshot holds a DTensor on device mesh {snap.layout[1]}, and the replayed "
+                                "program has no DTensor on such a mesh")
+        from torch.distributed.tensor import DTensor
+
+        local = snap.local.to(mesh.device_type) if snap.local.device.type != mesh.device_type else snap.local
+        built = DTensor.from_local(local, mesh, snap.placements, run_check=False, shape=self._torch.Size(snap.shape),
+                                   stride=snap.stride)
+        if snap.is_param:
+            built = self._torch.nn.Parameter(built, requires_grad=snap.requires_grad)
+        self.tensors += 1
+        self.nbytes += snap.local.numel() * snap.local.element_size()
+        return built
 
     # -- containers: generators that yield (live child, snapshot child, path) ------------
     def _merge_list(self, live: list, snap: list, path: Path):

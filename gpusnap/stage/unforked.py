@@ -83,6 +83,7 @@ def held_by(frames, ranges) -> list[tuple[int, int]]:
             continue
         seen.add(id(value))
         if torch is not None and isinstance(value, torch.Tensor):
+            value = getattr(value, "_local_tensor", value)  # a DTensor's bytes are its local shard's
             if value.device.type == "cpu" and value.layout == torch.strided:
                 storage = value.untyped_storage()
                 address, nbytes = storage.data_ptr(), storage.nbytes()
