@@ -106,6 +106,9 @@ WHOLE_STATE: set[str] = set()
 # iterations that made some of them, cannot hold alike (accelerate's list of every DataLoader it
 # prepared, the evaluations' included).
 REPLAYED_ATTRS: dict[str, frozenset[str]] = {}
+# "module.Qualname" -> a function of the object giving attributes to save beside its state: what
+# the object knows only through a C++ part its __getstate__ leaves out (DDP's gradient buckets).
+EXTRA_STATE: dict[str, object] = {}
 _named: dict[tuple[type, int], bool] = {}
 _replayed_attrs_of: dict[type, frozenset[str]] = {}
 
@@ -239,6 +242,9 @@ class GraphPickler(pickle.Pickler):
             rv = reducer(obj) if reducer is not None else obj.__reduce_ex__(PROTOCOL)
             if WHOLE_STATE and _is_named(type(obj), WHOLE_STATE) and isinstance(rv, tuple) and len(rv) > 2 and isinstance(rv[2], dict):
                 rv = (*rv[:2], dict(vars(obj)), *rv[3:])
+            extra = EXTRA_STATE.get(f"{type(obj).__module__}.{type(obj).__qualname__}") if EXTRA_STATE else None
+            if extra is not None and isinstance(rv, tuple) and len(rv) > 2 and isinstance(rv[2], dict):
+                rv = (*rv[:2], {**rv[2], **extra(obj)}, *rv[3:])
             if REPLAYED_ATTRS and isinstance(rv, tuple) and len(rv) > 2 and isinstance(rv[2], dict) and _replayed_attrs(type(obj)):
                 left_out = _replayed_attrs(type(obj))
                 rv = (*rv[:2], {k: v for k, v in rv[2].items() if k not in left_out}, *rv[3:])

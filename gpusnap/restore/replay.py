@@ -237,6 +237,9 @@ class Replay:
             for saved, where in devices.place(merger.aligned, device_tensors).items():
                 if where != saved:
                     _say(f"tensors saved on {saved} that the replay does not hold are placed on {where}", level=1)
+        for name, after in AFTER_MERGE.items():
+            self._stage = name
+            after(merger.aligned.values())
         self._stage = "restoring the random number generators"
         rng.restore(payload["rng"])
         self.on_merged(self.snap_id, self.manifest.get("steps") or 0, self.manifest.get("iteration"))
@@ -388,6 +391,9 @@ def fail(exc: GpusnapError) -> None:
 
 
 _verbosity = 1  # the run's --quiet (0) / --verbose (2), from the boot configuration
+# What a framework adapter does once the snapshot is merged, by what the restore is doing then
+# (named in a refusal): called with every live object the snapshot's objects merged into.
+AFTER_MERGE: dict[str, object] = {}
 
 
 def _say(text: str, level: int = 0) -> None:
