@@ -20,6 +20,7 @@ import time
 import warnings
 
 from gpusnap import lifeline, stage
+from gpusnap.stage import memory
 from gpusnap.capture import control, costs, session, watchdog
 
 
@@ -103,6 +104,9 @@ def start_writer(job, at_step_loop: bool = True) -> Writer:
         warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*fork.*")
         pid = os.fork()
     if pid == 0:
+        # The address space fork passed on, before the writer maps anything into the holes that
+        # do-not-fork memory left (stage.memory.mapped).
+        memory.freeze_maps()
         lifeline.die_with_parent(trainee)  # an orphaned writer's snapshot would never be reported
         os.close(read_fd)
         _child_main(job, write_fd)

@@ -70,19 +70,37 @@ def merge_ranges(ranges) -> list[tuple[int, int, int]]:
 
 
 _maps: tuple[int, list[int], list[int]] | None = None  # (pid, starts, ends) of this process's mappings
+_frozen = False  # a forked writer's map, read at fork and never again (freeze_maps)
+
+
+def freeze_maps() -> None:
+    """In a forked writer, first thing: read the mappings fork passed on, once for good. The
+    writer maps memory of its own as it works (the arena, the codec's buffers), and the kernel
+    may place it in a hole that do-not-fork memory left: a map read later would call that
+    address mapped, and the writer would save what its own buffer holds there."""
+    global _maps, _frozen
+    _maps, _frozen = None, False
+    _read_maps()
+    _frozen = True
 
 
 def mapped(address: int, nbytes: int) -> bool:
     """Whether [address, address + nbytes) is mapped in this process. A forked writer asks
     before it reads a buffer: memory the parent marked do-not-fork (CUDA's page-locked host
-    memory may be) is not in the child, and reading it would kill the writer. The map is read
-    once per process (a forked writer's image does not change while it reads) and again on a
-    miss (a process that pickles in place maps memory between calls)."""
-    global _maps
+    memory may be) is not in the child, and reading it would kill the writer. The writer's map
+    is the one it froze at fork; a process that pickles in place (tests) maps memory between
+    calls, and reads its map again on a miss."""
     if nbytes <= 0:
         return True
     if _maps is not None and _maps[0] == os.getpid() and _covered(_maps, address, nbytes):
         return True
+    if _frozen and _maps is not None and _maps[0] == os.getpid():
+        return False
+    return _covered(_read_maps(), address, nbytes)
+
+
+def _read_maps():
+    global _maps
     starts, ends = [], []
     with open("/proc/self/maps") as f:
         for line in f:
@@ -90,7 +108,7 @@ def mapped(address: int, nbytes: int) -> bool:
             starts.append(int(lo, 16))
             ends.append(int(hi, 16))
     _maps = (os.getpid(), starts, ends)
-    return _covered(_maps, address, nbytes)
+    return _maps
 
 
 def _covered(maps, address: int, nbytes: int) -> bool:
