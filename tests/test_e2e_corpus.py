@@ -43,7 +43,7 @@ CORPUS = {
     # workers draw from a generator the dataset holds: the same, though no global state moves
     "augment_rng": ("augment_rng.py", [], 0, "by consuming"),
     # spawned workers run nothing of gpusnap's: their loader counts as drawing
-    "augment_rng-spawn": ("augment_rng.py", ["--context", "spawn"], 0, "by consuming"),
+    "augment_rng-spawn": ("augment_rng.py", ["--context", "spawn", "--epochs", "2"], 0, "by consuming"),
 }
 MORE = {
     "imagenet_style": ("imagenet_style.py", []),
