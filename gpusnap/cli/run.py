@@ -291,7 +291,8 @@ def _choose_snapshot(rd, resume: str, require: bool, anew_after_end: bool = True
         # clean end is somebody running the program anew; `gpusnap restart DIR` still continues.
         # Not for a distributed run: its nodes share the log, and each would read another's start.
         _say(f"the program in {rd.path} ran to its end last time: starting from the beginning", level=1)
-        _say("hint: `gpusnap restart DIR` continues from its newest snapshot instead", level=1)
+        if _verbosity >= 1:
+            click.echo("hint: `gpusnap restart DIR` continues from its newest snapshot instead", err=True)
         return None
     info, skipped = rd.newest_intact()
     for sid, why in skipped:

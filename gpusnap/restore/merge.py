@@ -12,8 +12,11 @@
 - a live-only placeholder keeps the live object; so does an object that could not be rebuilt,
   with what the snapshot gave it after its constructor merged in (a ``functools.partial``'s
   function, arguments and keywords; a ``defaultdict``'s entries) or a ``StateMismatch`` where
-  it held more than that; where the replayed program has no object at that place (inside a merged object or container),
-  that is an error: the program would meet None where it held a live object;
+  it held more than that; where the replayed program has no object at that place (inside a
+  merged object or container), that is an error: the program would meet None where it held a
+  live object;
+- a DTensor: this rank's shard copied into the live DTensor's local tensor (another layout is a
+  ``StateMismatch``); one the replay lacks is built on its device mesh of the same layout;
 - a local function keeps the live one, and what the snapshot's closure cells held is merged
   into the live function's cells, by free variable name (a function of another name there is a
   ``StateMismatch``); an object of a class pickle cannot name (defined inside a function, made at
