@@ -184,8 +184,25 @@ class Chaos:
         os.kill(self.job.pid, signal.SIGUSR1)
         if not self.wait(lambda: self.writer() is not None or not self.alive(), 10):
             return None
-        time.sleep(self.rng.uniform(0.0, 0.25))
+        # A random moment of the write: within the time the last committed write took (on an idle
+        # machine a fixed window outlasts most writes, and the strike finds no writer left).
+        time.sleep(self.rng.uniform(0.0, 0.9 * self.last_write_s()))
         return self.writer()
+
+    def last_write_s(self) -> float:
+        """How long the last committed snapshot's write took (from the run log), or 0.25 s."""
+        try:
+            lines = (self.work / "snaps" / "log.jsonl").read_text().splitlines()
+        except OSError:
+            return 0.25
+        for line in reversed(lines):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") == "committed" and event.get("write_s"):
+                return float(event["write_s"])
+        return 0.25
 
     def strike(self, kind: str) -> str:
         if kind in ("kill-trainee", "kill-writer", "kill-supervisor", "kill-job", "ENOSPC", "EIO", "EROFS"):
