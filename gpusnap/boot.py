@@ -231,7 +231,8 @@ def main(argv=None) -> None:
     if resuming is not None:
         from gpusnap.restore import replay
 
-        replay.install(*resuming, config, agent.emit, agent.resumed, agent.restore_device, agent.before_merge)
+        replay.install(*resuming, config, agent.emit, agent.resumed, agent.restore_device, agent.before_merge,
+                       agent.write_device)
     _run(code, namespace)
 
 

@@ -220,3 +220,23 @@ def kill_and_restart(
     assert restarted.returncode == 0, restarted.stderr
     assert f"restored snapshot {snap['id']}" in restarted.stderr
     return restarted
+
+
+def snapshotted_twice_and_killed(script: Path, steps: int, tmp: Path, env: dict, paced: dict, first_at: int):
+    """An uninterrupted reference run of ``script`` (to ``tmp/ref``), and a run paced by ``paced``
+    (to ``tmp/out``, run directory ``tmp/snaps``) snapshotted at step ``first_at`` and 5 steps
+    later, then killed -9 3 steps after that. Returns (ref, out, first id, second id)."""
+    ref, out = ref_and_out(tmp)
+    done = gpusnap("run", "--dir", "refsnaps", script, ref, steps, cwd=tmp, env=env)
+    assert done.returncode == 0, done.stderr
+    run = Run("run", "--dir", "snaps", script, out, steps, cwd=tmp, env={**env, **paced})
+    wait_for(lambda: progress(out) >= first_at, f"step {first_at}", proc=run)
+    first = request_snapshot(run, tmp / "snaps")
+    at = progress(out)
+    wait_for(lambda: progress(out) >= at + 5, f"step {at + 5}", proc=run)
+    second = request_snapshot(run, tmp / "snaps")
+    at = progress(out)
+    wait_for(lambda: progress(out) >= at + 3, f"step {at + 3}", proc=run)
+    run.kill_group()
+    assert not (out / "final.json").exists(), "the program finished before it was killed"
+    return ref, out, first, second

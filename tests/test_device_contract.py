@@ -1,12 +1,15 @@
 """The fake cuda.bindings modules held against the real cuda-bindings package (installed by the
 test extras; it needs no GPU): every fake function exists there with the same parameters and
-returns a tuple of the same length, and every enum member the fake names exists."""
+returns a tuple of the same length, and every enum member the fake names exists. The fake
+cuda.core against the real cuda-core: every class and member exists there, properties are
+properties, and methods take the same parameters (names, and which are keyword-only)."""
 
 from __future__ import annotations
 
 import inspect
 import pathlib
 import re
+import types
 
 import pytest
 
@@ -186,3 +189,95 @@ def test_what_fake_calls_return_has_the_documented_types():
             assert isinstance(value, expected), (name, declared, type(value))
     cu.cuCtxPopCurrent()
 
+
+
+# ---- the fake cuda.core against the real one (cuda-core, installed with cuda-python)
+
+real_core = pytest.importorskip("cuda.core")
+from gpusnap.device.fake import core as fake_core  # noqa: E402
+
+CORE_CLASSES = [name for name in fake_core.__all__ if isinstance(getattr(fake_core, name), type)]
+CORE_MEMBERS = [(cls, name) for cls in CORE_CLASSES for name in dir(getattr(fake_core, cls))
+                if not name.startswith("_")]
+
+
+def parameters(obj) -> list[tuple[str, str]]:
+    """(name, kind) of each parameter of a function but self and cls: from the first line of its
+    docstring where that is a signature (Cython writes "Device.allocate(self, int size: int, *,
+    stream: ...)"), else from ``inspect.signature`` (``__text_signature__``, or Python code)."""
+    doc = (getattr(obj, "__doc__", None) or "").strip().splitlines()
+    if doc and re.match(rf"^[\w.]*\b{re.escape(obj.__name__)}\(", doc[0]):
+        found = _documented(doc[0])
+    else:
+        found = [(p.name, _KINDS[p.kind]) for p in inspect.signature(obj).parameters.values()]
+    return [p for p in found if p[0] not in ("self", "cls")]
+
+
+def constructor(cls) -> list[tuple[str, str]]:
+    """The parameters a class is made with: those of the nearest class in its MRO that documents
+    a signature ("Buffer(*args, **kwargs)") or defines an ``__init__`` or ``__new__`` in Python
+    (or Cython's Python-level functions); a C slot says nothing."""
+    for klass in cls.__mro__[:-1]:
+        doc = (klass.__doc__ or "").strip().splitlines()
+        if doc and doc[0].startswith(f"{klass.__name__}("):
+            return _documented(doc[0])
+        for method in ("__init__", "__new__"):
+            function = vars(klass).get(method)
+            function = getattr(function, "__func__", function)  # a staticmethod's
+            if type(function).__name__ in ("function", "cython_function_or_method"):
+                return parameters(function)
+    return []
+
+
+_KINDS = {inspect.Parameter.POSITIONAL_ONLY: "positional", inspect.Parameter.POSITIONAL_OR_KEYWORD: "positional",
+          inspect.Parameter.KEYWORD_ONLY: "keyword", inspect.Parameter.VAR_POSITIONAL: "var",
+          inspect.Parameter.VAR_KEYWORD: "var"}
+
+
+def _documented(line: str) -> list[tuple[str, str]]:
+    """Parameters of a signature line: names after their Cython type, "*" starting keywords."""
+    inside, depth, parts, part = line[line.index("(") + 1 :], 0, [], ""
+    for char in inside:
+        if char == ")" and depth == 0:
+            break
+        depth += (char in "([{") - (char in ")]}")
+        if char == "," and depth == 0:
+            parts, part = parts + [part.strip()], ""
+        else:
+            part += char
+    parts.append(part.strip())
+    found, kind = [], "positional"
+    for part in filter(None, parts):
+        if part in ("*", "/"):
+            kind = "keyword" if part == "*" else kind
+            continue
+        head = part.split(":")[0].split("=")[0].split()[-1]
+        found.append((head.lstrip("*"), "var" if head.startswith("*") else kind))
+    return found
+
+
+def _is_property(attr) -> bool:
+    return isinstance(attr, (property, types.GetSetDescriptorType, types.MemberDescriptorType))
+
+
+def test_every_name_the_fake_cuda_core_exports_is_a_real_one():
+    for name in fake_core.__all__:
+        assert hasattr(real_core, name), name
+    for name in ("Buffer", "ManagedBuffer", "Device", "Stream", "DeviceMemoryResource", "ManagedMemoryResource",
+                 "LegacyPinnedMemoryResource", "LEGACY_DEFAULT_STREAM"):
+        assert name in fake_core.__all__, name
+
+
+@pytest.mark.parametrize("cls", CORE_CLASSES)
+def test_each_fake_cuda_core_class_is_made_with_the_real_ones_parameters(cls):
+    assert constructor(getattr(fake_core, cls)) == constructor(getattr(real_core, cls))
+
+
+@pytest.mark.parametrize("cls,name", CORE_MEMBERS, ids=[f"{c}.{n}" for c, n in CORE_MEMBERS])
+def test_each_fake_cuda_core_member_is_a_real_one_of_the_same_kind_and_parameters(cls, name):
+    fake_cls, real_cls = getattr(fake_core, cls), getattr(real_core, cls)
+    assert hasattr(real_cls, name), f"{cls}.{name} is not in cuda.core"
+    is_property = _is_property(inspect.getattr_static(fake_cls, name))
+    assert is_property == _is_property(inspect.getattr_static(real_cls, name)), f"{cls}.{name}: property or method"
+    if not is_property:
+        assert parameters(getattr(fake_cls, name)) == parameters(getattr(real_cls, name))

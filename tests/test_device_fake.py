@@ -371,15 +371,46 @@ def test_a_launch_with_too_few_blocks_gives_wrong_fingerprints(program):
 def test_install_and_uninstall_swap_the_modules_a_program_imports():
     import importlib
 
+    import cuda
     import cuda.bindings
 
     real = importlib.import_module("cuda.bindings.driver")
+    real_core = importlib.import_module("cuda.core")
     fake.install()
     try:
         assert importlib.import_module("cuda.bindings.driver") is cu and cuda.bindings.runtime is rt
+        assert importlib.import_module("cuda.core") is fake.core and cuda.core is fake.core
     finally:
         fake.uninstall()
     assert importlib.import_module("cuda.bindings.driver") is real and cuda.bindings.driver is real
+    assert importlib.import_module("cuda.core") is real_core and cuda.core is real_core
+
+
+def test_the_fake_cuda_core_is_as_strict_as_the_fake_driver():
+    core = fake.core
+    fake.reset(devices=1, device_bytes=64 << 20)
+    device = core.Device(0)
+    with pytest.raises(core.CUDAError, match="Device 0 is not yet initialized"):
+        device.create_stream()
+    device.set_current()
+    stream = device.create_stream()
+    buffer = device.allocate(4096, stream=stream)
+    pinned = core.LegacyPinnedMemoryResource().allocate(4096)
+    managed = core.ManagedMemoryResource().allocate(4096, stream=stream)
+    buffer.fill(9, stream=stream)
+    buffer.copy_to(pinned, stream=stream)
+    assert ctypes.string_at(pinned.handle, 4) == bytes(4)  # enqueued: nothing ran yet
+    stream.sync()
+    assert ctypes.string_at(pinned.handle, 4) == b"\x09" * 4
+    assert (buffer.is_host_accessible, pinned.is_host_accessible, managed.is_managed, managed.device_id) == (False, True, True, -1)
+    assert in_child(lambda: ctypes.string_at(pinned.handle, 1)) == {"signal": SIGSEGV}  # pinned: not passed on
+    assert in_child(lambda: ctypes.string_at(managed.handle, 1)) == {"signal": SIGSEGV}
+    assert in_child(lambda: buffer.fill(1, stream=stream)) == {"error": "CUDAError: CUDA_ERROR_NOT_INITIALIZED"}
+    with pytest.raises(ValueError, match="buffer sizes mismatch"):
+        buffer.copy_from(core.LegacyPinnedMemoryResource().allocate(512), stream=stream)
+    buffer.close()
+    with pytest.raises(RuntimeError, match="Buffer has been closed"):
+        buffer.device_id
 
 
 def test_a_machine_without_devices_is_no_device_with_a_hint():

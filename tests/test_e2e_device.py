@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from harness import Run, _env, copy_programs, gpusnap, progress, request_snapshot, wait_for
+from harness import Run, _env, copy_programs, gpusnap, progress, request_snapshot, snapshotted_twice_and_killed, wait_for
 
 CHUNK = 64 << 10
 FAKE = {"GPUSNAP_DEVICE": "fake", "GPUSNAP_CHUNK_BYTES": str(CHUNK), "TEST_STEP_SLEEP_S": "0"}
@@ -29,41 +29,40 @@ def _cuda_usable() -> bool:
     return subprocess.run([sys.executable, "-c", probe], capture_output=True, env=_env(), timeout=120).returncode == 0
 
 
-@pytest.fixture(scope="module", params=["fake", pytest.param("cuda", marks=pytest.mark.gpu)])
-def killed(request, tmp_path_factory):
-    """An uninterrupted reference run, and a run snapshotted twice and killed -9 after."""
-    if request.param == "cuda" and not _cuda_usable():
-        pytest.skip("no CUDA device here")
-    env = {**FAKE, "GPUSNAP_DEVICE": request.param}
-    tmp = tmp_path_factory.mktemp("rawcuda")
-    programs = copy_programs(tmp)
-    script = programs / "notorch" / "rawcuda.py"
-    ref, out = tmp / "ref", tmp / "out"
-    ref.mkdir()
-    out.mkdir()
-    done = gpusnap("run", "--dir", "refsnaps", script, ref, STEPS, cwd=tmp, env=env)
-    assert done.returncode == 0, done.stderr
-    run = Run("run", "--dir", "snaps", script, out, STEPS, cwd=tmp, env={**env, **PACED})
-    wait_for(lambda: progress(out) >= 5, "step 5", proc=run)
-    first = request_snapshot(run, tmp / "snaps")
-    at = progress(out)
-    wait_for(lambda: progress(out) >= at + 5, f"step {at + 5}", proc=run)
-    second = request_snapshot(run, tmp / "snaps")
-    at = progress(out)
-    wait_for(lambda: progress(out) >= at + 3, f"step {at + 3}", proc=run)
-    run.kill_group()
-    assert not (out / "final.json").exists(), "the program finished before it was killed"
-    return tmp, ref, out, first, second, env
+def killed_fixture(program: str, first_at: int):
+    """A module fixture, on the fake GPU and on a real one: an uninterrupted reference run of
+    tests/programs/notorch/PROGRAM.py, and a run snapshotted twice (first at step ``first_at``)
+    and killed -9 after; gives (tmp, ref, out, first id, second id, env)."""
+
+    @pytest.fixture(scope="module", params=["fake", pytest.param("cuda", marks=pytest.mark.gpu)])
+    def killed(request, tmp_path_factory):
+        if request.param == "cuda" and not _cuda_usable():
+            pytest.skip("no CUDA device here")
+        env = {**FAKE, "GPUSNAP_DEVICE": request.param}
+        tmp = tmp_path_factory.mktemp(program)
+        script = copy_programs(tmp) / "notorch" / f"{program}.py"
+        ref, out, first, second = snapshotted_twice_and_killed(script, STEPS, tmp, env, PACED, first_at)
+        return tmp, ref, out, first, second, env
+
+    return killed
+
+
+killed = killed_fixture("rawcuda", first_at=5)
+
+
+def refused_restart(tmp, env: dict) -> tuple[str, str]:
+    """`gpusnap restart snaps`, which must refuse with exit 6: its refusal line, and its stderr."""
+    refused = gpusnap("restart", "snaps", cwd=tmp, env=env)
+    assert refused.returncode == 6, refused.stderr
+    return next(line for line in refused.stderr.splitlines() if line.startswith("gpusnap: restore refused:")), refused.stderr
 
 
 def test_unmatched_raw_allocation_refuses_the_restart_with_exit_6(killed):
     tmp, _, out, _, second, env = killed
-    refused = gpusnap("restart", "snaps", cwd=tmp, env={**env, "TEST_RAWCUDA_DEV_BYTES": str(128 << 10)})
-    assert refused.returncode == 6, refused.stderr
-    line = next(line for line in refused.stderr.splitlines() if line.startswith("gpusnap: restore refused:"))
+    line, stderr = refused_restart(tmp, {**env, "TEST_RAWCUDA_DEV_BYTES": str(128 << 10)})
     assert line == (f"gpusnap: restore refused: raw device memory allocated at {tmp / 'programs' / 'notorch' / 'rawcuda.py'}:35 "
                     "(cuMemAlloc call #0, 262,144 bytes) has no counterpart in the replayed program")
-    assert "hint: the replay must make the same cuda-python allocations" in refused.stderr
+    assert "hint: the replay must make the same cuda-python allocations" in stderr
     assert not (out / "final.json").exists()
 
 

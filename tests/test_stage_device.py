@@ -1,10 +1,14 @@
 """Device staging in the trainee, on the strict fake GPU: the bytes staged are the device's after
 the program's pending work, only dirty chunks are copied, managed memory is staged by the parent
-and never read by a forked child, and CUDA errors become one-line StageErrors."""
+and never read by a forked child, and CUDA errors become one-line StageErrors. cuda.core
+Buffers (on the fake cuda.core): listed by kind, pickled as their span of a staged range (or a
+buffer of their own, over host memory), loaded as host copies, merged into the replay's Buffers
+or made anew."""
 
 from __future__ import annotations
 
 import pickle
+import sys
 
 import numpy as np
 import pytest
@@ -16,7 +20,7 @@ from gpusnap.device.backend import ORIGINAL_ATTR, AllocKind
 from gpusnap.device.calls import check
 from gpusnap.device.fake import driver as cu
 from gpusnap.device.registry import Registry, track, untrack
-from gpusnap.errors import CaptureError, CudaCallFailed, RestoreError, StageError
+from gpusnap.errors import CaptureError, CudaCallFailed, RestoreError, StageError, StateMismatch
 from gpusnap.stage import device as staging
 from gpusnap.stage import sources
 from gpusnap.store import RunDir
@@ -301,19 +305,149 @@ def test_a_device_storage_travels_from_its_staged_range_to_a_cpu_tensor_placed_b
         assert devices.place({}, placed) == {"cuda:0": "cpu"} and tensor.device.type == "cpu"
 
 
-def test_a_cuda_core_buffer_fails_the_snapshot_instead_of_being_left_out(tmp_path):
+# ---- cuda.core Buffers, on the fake cuda.core (its allocations bypass the registry, as the real one's do)
+
+
+@pytest.fixture
+def core(gpu, monkeypatch):
+    """The fake cuda.core as the program's, device 0 set current, and a stream of it."""
+    monkeypatch.setitem(sys.modules, "cuda.core", fake.core)
+    device = fake.core.Device(0)
+    device.set_current()
+    return device, device.create_stream()
+
+
+def test_cuda_core_buffers_are_device_ranges_by_kind_and_host_ones_are_noted(core):
+    device, stream = core
+    weights = device.allocate(1 << 20, stream=stream)
+    managed = fake.core.ManagedMemoryResource().allocate(1 << 16, stream=stream)
+    pinned = fake.core.LegacyPinnedMemoryResource().allocate(1 << 16)
+    closed = device.allocate(4096, stream=stream)
+    closed.close()
+    head = fake.core.Buffer.from_handle(weights.handle, 4096)  # a smaller Buffer at the same address
+    ranges = {r.base: r for r in sources.device_ranges()}
+    assert {base: (r.owner, r.kind, r.device, r.nbytes) for base, r in ranges.items()} == {
+        weights.handle: ("core", AllocKind.DEVICE, 0, 1 << 20),
+        managed.handle: ("core", AllocKind.MANAGED, 0, 1 << 16),  # no preferred device: the current one
+    }
+    assert ranges[weights.handle].name == sources.owned_name("core", 0, weights.handle, 1 << 20)
+    assert sources.CORE_BUFFERS[pinned.handle] == (-1, "pinned", 1 << 16)
+    assert sources.core_host_buffers() == [(pinned.handle, 1 << 16)]
+    assert head.size == 4096 and not tracking.registry().live()
+
+
+def test_cuda_core_buffers_travel_from_the_stage_to_host_copies_of_their_bytes(core, tmp_path):
+    import ctypes
     import io
 
-    from cuda.core import Buffer
+    from gpusnap.capture.pickler import GraphPickler
+    from gpusnap.graph.load import load_graph
+    from gpusnap.stage.unforked import stage_unforked
+
+    device, stream = core
+    weights = device.allocate(1 << 20, stream=stream)
+    weights.fill(3, stream=stream)  # pending: staging waits for it
+    managed = fake.core.ManagedMemoryResource().allocate(1 << 16, stream=stream)
+    ctypes.memset(managed.handle, 5, 1 << 16)
+    pinned = fake.core.LegacyPinnedMemoryResource().allocate(4096)
+    ctypes.memset(pinned.handle, 7, 4096)
+    closed = device.allocate(4096, stream=stream)
+    closed.close()
+    rundir = RunDir.create(tmp_path / "run", {"command": {"kind": "script", "target": "t.py", "args": []}})
+    sink = rundir.begin_snapshot("000001")
+    stage = staging.stage_device_memory("000001", committed())
+    stream_bytes = io.BytesIO()
+    pickler = GraphPickler(stream_bytes, sink, device=stage, unforked=stage_unforked([]))
+    pickler.dump_graph({"w": weights, "m": managed, "p": pinned, "c": closed, "again": [weights]})
+    buffers = {**pickler.buffers, **staging.put_ranges(stage, trainee_arena().fd, sink, {}, pickler.device_wanted)}
+    assert set(pickler.device_wanted) == {f"core/cuda0/{weights.handle:x}/{1 << 20}", f"core/cuda0/{managed.handle:x}/{1 << 16}"}
+    assert [(b["kind"], b["device"], b["memory"]) for b in buffers.values()] == [("core", "cpu", "pinned"), ("core", "cuda", "device"),
+                                                                                ("core", "cuda", "managed")]
+    sink.commit({"buffers": buffers})
+    saved = RunDir.open(tmp_path / "run").load_manifest("000001")["buffers"]
+    loaded = load_graph(stream_bytes.getvalue(), lambda name: rundir.read_buffer(saved[name]))
+    assert [(b.kind, b.device, b.nbytes, bytes(b.data[:2])) for b in (loaded["w"], loaded["m"], loaded["p"], loaded["c"])] == [
+        ("device", 0, 1 << 20, b"\x03\x03"), ("managed", 0, 1 << 16, b"\x05\x05"), ("pinned", -1, 4096, b"\x07\x07"),
+        ("closed", -1, 0, b"")]
+    assert loaded["again"][0] is loaded["w"]
+
+
+def test_a_cuda_core_buffer_outside_the_staged_memory_fails_the_snapshot(core, tmp_path):
+    import io
 
     from gpusnap.capture.pickler import GraphPickler
 
+    device, stream = core
+    device.allocate(4096, stream=stream)
+    stage = staging.stage_device_memory("000001", committed())
     rundir = RunDir.create(tmp_path / "run", {"command": {"kind": "script", "target": "t.py", "args": []}})
-    buffer = Buffer.from_handle(0x1000, 4096)  # an address it never reads: no GPU here
-    pickler = GraphPickler(io.BytesIO(), rundir.begin_snapshot("000001"))
+    pickler = GraphPickler(io.BytesIO(), rundir.begin_snapshot("000001"), device=stage)
+    stray = fake.core.Buffer.from_handle(0x1000, 4096)  # made after the stage: nothing staged it
     with pytest.raises(CaptureError) as info:
-        pickler.dump_graph({"state": [buffer]})
-    assert info.value.message == "the program holds a cuda.core Buffer (4,096 bytes), which gpusnap does not capture yet"
+        pickler.dump_graph({"state": [stray]})
+    assert info.value.message == "a cuda.core Buffer of 4,096 bytes at 0x1000 lies outside the memory gpusnap staged"
+
+
+def _bytes_of(buffer, stream) -> bytes:
+    """A device Buffer's bytes, through a pinned one."""
+    import ctypes
+
+    host = fake.core.LegacyPinnedMemoryResource().allocate(buffer.size)
+    buffer.copy_to(host, stream=stream)
+    stream.sync()
+    return ctypes.string_at(host.handle, buffer.size)
+
+
+def test_the_merge_fills_the_replays_buffers_and_makes_the_missing_ones(core):
+    import ctypes
+
+    from gpusnap.graph.load import CoreBuffer
+    from gpusnap.restore.merge import Merger
+
+    device, stream = core
+    live = device.allocate(4096, stream=stream)
+    live.fill(0, stream=stream)  # the replay's own pending work: done before the snapshot's bytes land
+    data = bytes(range(256)) * 16
+    merger = Merger(staging.write_device_memory)
+    snap = {"w": CoreBuffer(memoryview(data), 0, "device", 4096), "made": CoreBuffer(data, 0, "managed", 4096),
+            "pinned": CoreBuffer(data[:1024], -1, "pinned", 1024), "closed": CoreBuffer(b"", -1, "closed", 0)}
+    state = merger.value({"w": live}, snap, "frame[1].locals.state")
+    merger.finish()
+    state = merger.settled(state)
+    assert state["w"] is live and _bytes_of(live, stream) == data
+    assert type(state["made"]).__name__ == "ManagedBuffer" and ctypes.string_at(state["made"].handle, 4096) == data
+    assert state["pinned"].is_host_accessible and ctypes.string_at(state["pinned"].handle, 1024) == data[:1024]
+    assert state["closed"].is_closed
+    with pytest.raises(StateMismatch) as info:
+        Merger(staging.write_device_memory).value({"w": live}, {"w": CoreBuffer(data * 2, 0, "device", 8192)}, "frame[1].locals")
+    assert info.value.message == ("frame[1].locals['w']: the snapshot holds a cuda.core Buffer of 8,192 bytes, "
+                                  "the replayed program one of 4,096 bytes")
+
+
+def test_a_buffer_the_replay_lacks_is_refused_where_its_device_was_never_set_current(core):
+    import threading
+
+    from gpusnap.graph.load import CoreBuffer
+    from gpusnap.restore.merge import Merger
+
+    refused = []
+
+    def merge():  # another thread: cuda.core's Devices are per thread, and this one set none current
+        merger = Merger(staging.write_device_memory)
+        merger.value({}, {"made": CoreBuffer(bytes(4096), 0, "device", 4096)}, "frame[1].locals.state")
+        try:
+            merger.finish()
+        except StateMismatch as exc:
+            refused.append(exc)
+
+    thread = threading.Thread(target=merge)
+    thread.start()
+    thread.join()
+    assert refused[0].exit_code == 6
+    assert refused[0].message == (
+        "frame[1].locals.state['made']: the snapshot holds a cuda.core Buffer of 4,096 bytes of device memory that the "
+        "replayed program does not hold, and making one failed: CUDAError: Device 0 is not yet initialized, perhaps you "
+        "forgot to call .set_current() first?")
 
 
 def test_a_copy_never_spans_two_driver_allocations(blocks, monkeypatch):

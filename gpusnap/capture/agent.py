@@ -212,6 +212,7 @@ def _written(snap_id: str) -> frozenset | None:
 
 # What boot hands the replay, so that restore reaches the device side without importing stage.
 restore_device = stage.restore_allocations
+write_device = stage.write_device_memory
 
 
 def _sources() -> dict:

@@ -7,6 +7,8 @@ intercepts, through ``reducer_override``:
   storage pickled once per (device, address, size) as a reference to a *buffer*: views and tied
   weights share one buffer and come back sharing one storage; ``.grad`` travels with its tensor.
 - numpy arrays (plain dtypes) -> a buffer plus dtype and shape.
+- CuPy arrays and cuda.core Buffers -> their span of the staged device range they lie in (a
+  cuda.core Buffer over host memory: a buffer of its own, from the bytes the trainee staged).
 - objects that cannot or should not be pickled (modules, files, sockets, locks, threads,
   generators, DataLoaders and their iterators, functions that cannot be found by name, anything
   whose ``__reduce_ex__`` raises) -> ``_live_only(serial, type)``: restore keeps the object the
@@ -47,6 +49,7 @@ from gpusnap.graph.load import (  # noqa: F401  (re-exported: older snapshots na
     LiveOnly,
     Unbuilt,
     _construct,
+    _core_buffer,
     _device_pointer,
     _raw_ndarray,
     _live_function,
@@ -67,6 +70,7 @@ from gpusnap.graph.load import (  # noqa: F401  (re-exported: older snapshots na
 )
 from gpusnap.stage.drain import Drained
 from gpusnap.stage.memory import address_view, mapped
+from gpusnap.stage.sources import HOST_KINDS
 
 PROTOCOL = 5
 
@@ -153,10 +157,12 @@ class GraphPickler(pickle.Pickler):
 
     After ``dump``: ``buffers`` {name: record}, ``live_only`` [(obj, type name)], ``tensors``
     [(tensor, storage key)] for the path pass, ``storage_names`` {storage key: buffer name},
-    ``storage_offsets`` {storage key: byte offset in that buffer} where it is not 0, and
+    ``storage_offsets`` {storage key: byte offset in that buffer} where it is not 0,
     ``device_wanted`` {staged range name: (dtype, typesize)}: the device ranges the graph's
-    storages lie in, which the writer then stores (``stage.put_ranges``). ``device`` is the
-    ``stage.device.DeviceStage`` of this snapshot (None: the program holds no device memory).
+    storages lie in, which the writer then stores (``stage.put_ranges``), and ``core_buffers``
+    [(cuda.core Buffer, buffer name; None when closed or empty)] for the path pass. ``device``
+    is the ``stage.device.DeviceStage`` of this snapshot (None: the program holds no device
+    memory).
     ``drained`` says which CPU memory the writer moved to its drain region of the staging arena
     (stage.drain): those bytes are read there, never at their address.
     """
@@ -173,10 +179,13 @@ class GraphPickler(pickle.Pickler):
         self.storage_names: dict[tuple, str] = {}
         self.storage_offsets: dict[tuple, int] = {}
         self.device_wanted: dict[str, tuple[str, int]] = {}
+        self.core_buffers: list[tuple[object, str | None]] = []
         self._storage_dtype: dict[tuple, tuple[str, int]] = {}
         self._torch = sys.modules.get("torch")
         self._np = sys.modules.get("numpy")
         self._cupy = sys.modules.get("cupy")
+        core = sys.modules.get("cuda.core")
+        self._core_buffer = getattr(core, "Buffer", None)
         self._live_types = _ALWAYS_LIVE + _torch_live_types(self._torch)
         # CUdeviceptr values inside a staged raw allocation are saved as (allocation, offset):
         # the replay's allocation has another base (stage.device.DeviceStage.pointer).
@@ -216,13 +225,8 @@ class GraphPickler(pickle.Pickler):
             return self._reduce_ndarray(obj)
         if self._cupy is not None and type(obj) is self._cupy.ndarray:
             return self._reduce_cupy(obj)
-        if type(obj).__module__.startswith("cuda.core") and type(obj).__name__ in ("Buffer", "ManagedBuffer"):
-            # Its own pickling exports an IPC handle: a CUDA call, which a forked writer cannot
-            # make. Keeping the replay's buffer would be a silent partial restore.
-            raise CaptureError(f"the program holds a cuda.core {type(obj).__name__} ({obj.size:,} bytes), "
-                               "which gpusnap does not capture yet",
-                               hint="this snapshot fails and training goes on; keep the state in torch tensors, "
-                                    "CuPy arrays or cuda.bindings allocations")
+        if self._core_buffer is not None and isinstance(obj, self._core_buffer):
+            return self._reduce_core_buffer(obj)
         if type(obj) is types.GeneratorType and obj.gi_suspended and safepoints.instrumented(obj.gi_code):
             return self._live_generator(obj)
         if isinstance(obj, self._live_types) or (LIVE_NAMES and _is_named(type(obj), LIVE_NAMES)):
@@ -413,6 +417,46 @@ class GraphPickler(pickle.Pickler):
         self.device_wanted.setdefault(staged.range.name, (arr.dtype.name, arr.itemsize))
         return _rebuild_cupy, (staged.range.name, offset, nbytes, arr.dtype.str, arr.shape,
                                tuple(arr.strides), f"cuda:{device}", address - lowest)
+
+    # -- cuda.core ------------------------------------------------------------------------
+    def _reduce_core_buffer(self, buf):
+        """A cuda.core Buffer: its span of the staged range it lies in, or, over host memory, a
+        buffer of its own from the copy the trainee staged. Its own pickling exports an IPC
+        handle (a CUDA call, which a forked writer cannot make), and so may its properties: the
+        writer reads ``handle``, ``size`` and ``is_closed`` only, the rest from the stage."""
+        if buf.is_closed or not buf.size:
+            self.core_buffers.append((buf, None))
+            return _core_buffer, (None, 0, 0, -1, "closed" if buf.is_closed else "empty")
+        address, nbytes = int(buf.handle), int(buf.size)
+        where = self.device.core.get(address) if self.device is not None else None
+        found = None
+        if where is not None and where[1] in HOST_KINDS:
+            found = self._core_host_buffer(address, nbytes, where[1])
+        elif where is not None:
+            staged = self.device.containing(where[0], address, nbytes)
+            if staged is not None:
+                self.device_wanted.setdefault(staged[0].range.name, ("uint8", 1))
+                found = staged[0].range.name, staged[1]
+        if found is None:
+            raise CaptureError(
+                f"a cuda.core Buffer of {nbytes:,} bytes at {address:#x} lies outside the memory gpusnap staged",
+                hint="this snapshot fails and training goes on; please report this with how the Buffer was made")
+        name, offset = found
+        self.core_buffers.append((buf, name))
+        return _core_buffer, (name, offset, nbytes, where[0], where[1])
+
+    def _core_host_buffer(self, address: int, nbytes: int, kind: str) -> tuple[str, int]:
+        """(buffer name, 0) of a Buffer over host memory, written on first meeting from the copy
+        the trainee staged (``HostMemory``: fork does not pass pinned memory on)."""
+        key = ("core", address, nbytes)
+        name = self.storage_names.get(key)
+        if name is None:
+            name = self.storage_names[key] = f"c{len(self.storage_names)}"
+            view = self.host.view(address, nbytes, f"cuda.core {kind} Buffer")
+            record = self.sink.put_buffer(view, dtype="uint8", typesize=1)
+            record.update(kind="core", device="cpu", memory=kind)
+            self.buffers[name] = record
+        return name, 0
 
     # -- numpy ----------------------------------------------------------------------------
     def _reduce_ndarray(self, arr):

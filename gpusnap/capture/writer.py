@@ -168,6 +168,7 @@ def _manifest(job: WriteJob, payload: dict, pickler: GraphPickler, graph: dict, 
     torch = sys.modules.get("torch")
     named = roots.named_roots(payload)
     wanted = {id(obj) for obj, _ in pickler.live_only} | {id(t) for t, _ in pickler.tensors}
+    wanted |= {id(b) for b, _ in pickler.core_buffers}
     where = paths.find_paths(named, wanted, torch)
 
     buffers = dict(pickler.buffers)
@@ -189,6 +190,18 @@ def _manifest(job: WriteJob, payload: dict, pickler: GraphPickler, graph: dict, 
                 "buffer": name,
             }
         )
+    by_path = {entry["path"]: entry for entry in objects}
+    for buffer, name in pickler.core_buffers:
+        path = where.get(id(buffer))
+        if path is None:
+            continue
+        if name is not None:
+            buffers[name].setdefault("path", path)
+        entry = by_path.get(path)
+        if entry is None:  # not a root itself
+            entry = {"path": path, "type": type_name(buffer)}
+            objects.append(entry)
+        entry.update(buffer=name, nbytes=buffer.size)
     modules = {
         path: paths.module_tensors(module, pickler.storage_names, _storage_key, pickler.storage_offsets)
         for path, module in paths.top_modules(named, torch)

@@ -171,18 +171,21 @@ def inspect_cmd(run_dir, snapshot, rank, as_json):
 
 
 def _device_memory(m: dict, echo) -> None:
-    """Device memory by kind, by owner (raw allocations by call site, tensors and arrays by
-    object path), what was copied and not kept, and what nothing accounts for."""
+    """Device memory by kind, by owner (raw allocations by call site, tensors, arrays and
+    cuda.core Buffers by object path; Buffers of pinned host memory too), what was copied and
+    not kept, and what nothing accounts for."""
     allocations = m.get("allocations") or []
     device = m.get("device")
     if device is None:
         return
-    owned = [(name, b) for name, b in (m.get("buffers") or {}).items() if b.get("device") == "cuda" and b.get("dirty_bytes") is not None]
+    owned = [(name, b) for name, b in (m.get("buffers") or {}).items()
+             if (b.get("device") == "cuda" and b.get("dirty_bytes") is not None) or b.get("kind") == "core"]
     by_kind: dict[str, int] = {}
     for a in allocations:
         by_kind[a["kind"]] = by_kind.get(a["kind"], 0) + a["nbytes"]
     for _, b in owned:
-        by_kind["device"] = by_kind.get("device", 0) + b["nbytes"]
+        memory = b.get("memory", "device")
+        by_kind[memory] = by_kind.get(memory, 0) + b["nbytes"]
     kinds = ", ".join(f"{kind} {human_bytes(n)}" for kind, n in sorted(by_kind.items())) or "-"
     echo(f"device memory: {kinds}; {human_bytes(device.get('dirty_bytes'))} dirty (copied off the GPU), "
          f"the rest reused from {device.get('reused_from') or '-'}")
@@ -191,8 +194,10 @@ def _device_memory(m: dict, echo) -> None:
         rows.append([f"{a['call_site']} #{a['ordinal']}", a["api"], a["kind"], str(a["device"]), human_bytes(a["nbytes"]),
                      human_bytes(a["dirty_bytes"]), a["buffer"]])
     for name, b in owned:
-        rows.append([b.get("path") or "?", f"{b.get('kind')} allocator", "device", str(b.get("device_index")),
-                     human_bytes(b["nbytes"]), human_bytes(b["dirty_bytes"]), name])
+        api = "cuda.core Buffer" if b.get("kind") == "core" else f"{b.get('kind')} allocator"
+        dirty = "-" if b.get("dirty_bytes") is None else human_bytes(b["dirty_bytes"])  # host memory: copied whole
+        rows.append([b.get("path") or "?", api, b.get("memory", "device"), str(b.get("device_index", "-")),
+                     human_bytes(b["nbytes"]), dirty, name])
     for line in _table(rows):
         echo("  " + line)
     for ordinal, nbytes in sorted((device.get("unreached_bytes") or {}).items()):

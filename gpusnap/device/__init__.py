@@ -7,7 +7,7 @@ Modules, in the order a snapshot meets them:
 - ``registry``    raw allocations the program makes through cuda-python (``track`` wraps them)
 - ``tracking``    the run's one registry, installed by boot (on import of the bindings)
 - ``cuda``        ``CudaBackend``: cuda-python's driver API (``cuda.bindings.driver``)
-- ``fake``        the strict fake GPU for CI: fake ``cuda.bindings`` modules and ``FakeBackend``
+- ``fake``        the strict fake GPU for CI: fake ``cuda.bindings`` and ``cuda.core`` modules and ``FakeBackend``
 - ``fingerprint`` the dirty-chunk fingerprint's definition (NumPy reference)
 - ``kernels``     the CUDA kernels' source (``*.cu`` here) and their NVRTC compilation
 - ``calls``       cuda-python's ``(status, outputs...)`` convention turned into gpusnap errors

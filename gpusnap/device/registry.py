@@ -5,7 +5,8 @@ modules *by module attribute*; called before the program's imports (``tracking.i
 boot), the program's ``from cuda.bindings import driver`` and ``driver.cuMemAlloc`` reach the wrappers. Each wrapper
 calls the original, and on success records or forgets an ``Allocation``. Code that bound a
 function before ``track`` ran, cuda.core's pools and Cython ``cimport`` users are not seen; the
-unaccounted report covers them, not this module.
+unaccounted report covers them, not this module (cuda.core's open Buffers are found by
+``stage.sources.core_ranges`` instead).
 
 Each wrapper keeps the function it wraps as ``ORIGINAL_ATTR``; backends call through it, so
 gpusnap's own allocations never appear here. The registry is read in the trainee only: the

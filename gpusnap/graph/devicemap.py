@@ -15,13 +15,15 @@ from gpusnap import knobs
 from gpusnap.errors import RestoreError
 
 
-def target(saved: str) -> str:
-    """The device for a tensor saved on ``saved`` ("cuda:1")."""
-    torch = sys.modules.get("torch")
+def target(saved: str, gpus: int | None = None) -> str:
+    """The device for a tensor saved on ``saved`` ("cuda:1"); ``gpus``: how many GPUs the
+    library that will hold it sees (default: torch's count, or CuPy's)."""
     kind, _, index = saved.partition(":")
     ordinal = int(index or 0)
     mapped = knobs.DEVICE_MAP.get(ordinal)
-    count = _gpus(torch) if kind == "cuda" and mapped != "cpu" else 0
+    count = 0
+    if kind == "cuda" and mapped != "cpu":
+        count = _gpus(sys.modules.get("torch")) if gpus is None else gpus
     if not count:
         return "cpu"
     if mapped is not None:

@@ -13,7 +13,9 @@ importable by both sides: restore must never import capture. Placeholders:
   attributes into it;
 - ``Unbuilt`` stands where an object was captured but cannot be rebuilt in this process (its
   constructor refused an argument that is itself live-only, such as a ``functools.partial`` of a
-  local function): restore keeps the replayed object there, and refuses if there is none.
+  local function): restore keeps the replayed object there, and refuses if there is none;
+- ``CoreBuffer`` stands where the snapshot held a cuda.core Buffer: its bytes on the host, which
+  the merge copies into the replayed program's Buffer at that place, or into one it makes.
 """
 
 from __future__ import annotations
@@ -120,6 +122,35 @@ def dtensor_layout(t) -> tuple:
 
 def _sharded_tensor(*fields):
     return ShardedState(*fields)
+
+
+class CoreBuffer:
+    """A cuda.core Buffer of the snapshot: ``data``, a view of its bytes; ``device``, the ordinal
+    it was on (-1: host memory); ``kind``, "device", "managed", "pinned" or "host" ("closed" and
+    "empty" hold no bytes); ``nbytes``, its size (``restore.corebuffers``)."""
+
+    __slots__ = ("data", "device", "kind", "nbytes")
+
+    def __init__(self, data, device: int, kind: str, nbytes: int):
+        self.data, self.device, self.kind, self.nbytes = data, device, kind, nbytes
+
+    @property
+    def host(self) -> bool:
+        """Host memory (pinned, or the program's own pages): written by the CPU on restore."""
+        return self.kind in ("pinned", "host")
+
+    def __repr__(self) -> str:
+        return f"<cuda.core {self.kind} Buffer of {self.nbytes} bytes>"
+
+
+def _core_buffer(name, offset, nbytes, device, kind):
+    """A cuda.core Buffer: ``nbytes`` at ``offset`` of buffer ``name`` (None: no bytes)."""
+    data = b""
+    if name is not None:
+        data = _buffer_view(name)[offset : offset + nbytes]
+        if len(data) != nbytes:
+            raise pickle.UnpicklingError(f"a cuda.core Buffer of {nbytes} bytes at {offset} lies outside buffer {name}")
+    return CoreBuffer(data, device, kind, nbytes)
 
 
 class LiveFunction(LiveOnly):
@@ -259,9 +290,7 @@ def _load_device_storage(name, offset, nbytes, device):
     if storage is None:
         import torch
 
-        data = cache.get(name)
-        if data is None:
-            data = cache[name] = memoryview(_loading.read_buffer(name))
+        data = _buffer_view(name)
         if offset + nbytes > len(data):
             raise pickle.UnpicklingError(f"a {device} storage of {nbytes} bytes at {offset} lies outside buffer {name}")
         storage = torch.frombuffer(data[offset : offset + nbytes], dtype=torch.uint8).untyped_storage()
@@ -298,10 +327,7 @@ def _rebuild_cupy(name, offset, nbytes, dtype, shape, strides, device, start=0):
     if name is None:
         host = np.empty(shape, np.dtype(dtype))
     else:
-        data = _loading.storages.get(name)
-        if data is None:
-            data = _loading.storages[name] = memoryview(_loading.read_buffer(name))
-        host = _strided(np.frombuffer(data[offset : offset + nbytes], np.uint8), start, dtype, shape, strides)
+        host = _strided(np.frombuffer(_buffer_view(name)[offset : offset + nbytes], np.uint8), start, dtype, shape, strides)
     try:
         import cupy
     except ImportError:
@@ -313,6 +339,14 @@ def _rebuild_cupy(name, offset, nbytes, dtype, shape, strides, device, start=0):
         return host
     with cupy.cuda.Device(int(where.partition(":")[2] or 0)):
         return cupy.asarray(np.ascontiguousarray(host))
+
+
+def _buffer_view(name: str) -> memoryview:
+    """Buffer ``name``'s bytes, read once per load: device ranges hold many objects' bytes."""
+    data = _loading.storages.get(name)
+    if data is None:
+        data = _loading.storages[name] = memoryview(_loading.read_buffer(name))
+    return data
 
 
 def _strided(span, start: int, dtype: str, shape, strides):

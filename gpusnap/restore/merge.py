@@ -9,6 +9,8 @@
 - lists, dicts (also dicts keyed by objects, such as an optimizer's per-parameter state, whose
   keys are mapped through the alignment built while merging) in place;
 - numpy and CuPy arrays in place; ``random.Random``, numpy ``Generator`` and ``torch.Generator`` by state;
+- a cuda.core Buffer: the snapshot's bytes copied into the live Buffer (another size is a
+  ``StateMismatch``); one the replay lacks is made and filled (``restore.corebuffers``);
 - a live-only placeholder keeps the live object; so does an object that could not be rebuilt,
   with what the snapshot gave it after its constructor merged in (a ``functools.partial``'s
   function, arguments and keywords; a ``defaultdict``'s entries) or a ``StateMismatch`` where
@@ -46,10 +48,21 @@ import sys
 import types
 
 from gpusnap.errors import StateMismatch
-from gpusnap.graph.load import ADDED_BY_SETSTATE, LiveFunction, LiveGenerator, LiveObject, LiveOnly, ShardedState, Unbuilt, dtensor_layout
+from gpusnap.graph.load import (
+    ADDED_BY_SETSTATE,
+    CoreBuffer,
+    LiveFunction,
+    LiveGenerator,
+    LiveObject,
+    LiveOnly,
+    ShardedState,
+    Unbuilt,
+    dtensor_layout,
+)
 from gpusnap.graph.walk import ATOMS as _ATOMS
 from gpusnap.graph.walk import Path
 from gpusnap.graph.walk import key_text as _key_text
+from gpusnap.restore import corebuffers
 from gpusnap.restore.frames import write_locals
 
 
@@ -96,7 +109,11 @@ class _Pending:
 
 
 class Merger:
-    def __init__(self):
+    """``write_device(address, data, host)`` copies bytes into the program's device or pinned
+    memory (``stage.device.write_device_memory``, which boot hands down): cuda.core Buffers need it."""
+
+    def __init__(self, write_device=None):
+        self.write_device = write_device or _no_device_writes
         self.aligned: dict[int, object] = {}  # id(snapshot object) -> what stands for it now
         self._keep: list = []  # snapshot objects stay alive so their ids stay unique
         self._first_path: dict[int, str] = {}
@@ -227,6 +244,11 @@ class Merger:
             if live is None or not hasattr(live, "_local_tensor"):
                 return self._wait(snap, path)
             return self._align(snap, self._merge_sharded(live, snap, path), path)
+        if isinstance(snap, CoreBuffer):
+            if not corebuffers.is_buffer(live):
+                return self._wait(snap, path)
+            self.nbytes += snap.nbytes
+            return self._align(snap, corebuffers.merge_into(live, snap, path, self.write_device), path)
         if torch is not None and isinstance(snap, torch.Tensor):
             if not isinstance(live, torch.Tensor):
                 return self._wait(snap, path)
@@ -263,6 +285,9 @@ class Merger:
     def _adopt(self, snap, path: Path):
         if isinstance(snap, ShardedState):
             return self._align(snap, self._built_dtensor(snap, path), path)
+        if isinstance(snap, CoreBuffer):
+            self.nbytes += snap.nbytes
+            return self._align(snap, corebuffers.build(snap, path, self.write_device), path)
         self._adopted.append((snap, path))
         return self._align(snap, snap, path)
 
@@ -524,6 +549,11 @@ class Merger:
 
 
 _MISSING = object()
+
+
+def _no_device_writes(address: int, data, host: bool = False) -> None:
+    raise StateMismatch("the snapshot holds a cuda.core Buffer, and this restore writes no device memory",
+                        hint="restart with gpusnap, which restores device memory")
 
 
 def _plain_key(key) -> bool:

@@ -54,6 +54,7 @@ class Replay:
         self.fastforwards: list[dict] = []
         self._positioned: set[int] = set()  # ids of what fast-forward positioned (livecheck)
         self._boundary_hook = None
+        self.write_device = None  # install's: how the merge fills device memory (cuda.core Buffers)
 
     # -- replay ----------------------------------------------------------------------------
     def on_loop_start(self, loop, iterable):
@@ -212,7 +213,7 @@ class Replay:
         live_frames = roots.frames_on_path(loop.frame)
         saved_frames = payload["frames"]
         _check_frames(live_frames, saved_frames)
-        merger = Merger()
+        merger = Merger(self.write_device)
         self._stage = "merging"
         self._merger = merger
         live_modules = roots.instrumented_modules()
@@ -307,14 +308,19 @@ def check_sources(manifest: dict, force: bool) -> None:
             raise ProgramChanged(f"{path} changed since snapshot {manifest['id']} was taken")
 
 
-def install(rundir, snap_id: str, config: dict, emit, on_merged, restore_device=None, before_merge=None) -> Replay:
+def install(rundir, snap_id: str, config: dict, emit, on_merged, restore_device=None, before_merge=None,
+            write_device=None) -> Replay:
     """Replay snapshot ``snap_id`` of ``rundir``; ``emit(event, **fields)`` reports to the
     supervisor, ``before_merge()`` may refuse (a ``GpusnapError``) at the saved boundary,
-    ``on_merged(snap_id, steps, iteration)`` runs once the snapshot is merged."""
+    ``on_merged(snap_id, steps, iteration)`` runs once the snapshot is merged.
+    ``restore_device(records, read_buffer)`` restores raw allocations and ``write_device(address,
+    data, host)`` fills device memory (cuda.core Buffers): the device side, which restore does
+    not import."""
     global active, _verbosity
     _verbosity = int(config.get("verbosity", 1))
     replay = Replay(rundir, snap_id, config, emit, on_merged)
     replay.restore_device = restore_device or _no_device
+    replay.write_device = write_device
     replay.before_merge = before_merge or (lambda: None)
     if replay.manifest.get("workers_draw"):
         workers.mark()  # fast-forward takes worker loaders' batches; later snapshots keep saying so

@@ -6,9 +6,9 @@ stages: it synchronizes every device the program uses (only those: a context mad
 would cost that GPU memory, and every rank of a job would make one on every GPU), so that the
 program's pending work is in the bytes, then copies what changed since the last snapshot off
 the devices into the staging arena, for every range of device memory the program holds
-(``sources``: raw cuda-python allocations, torch's CUDA storages, CuPy arrays). The forked
-writer reads the staged bytes from the arena (``put_ranges``), and the pickler finds the range
-under each device storage it meets (``DeviceStage.containing``).
+(``sources``: raw cuda-python allocations, torch's CUDA storages, CuPy arrays, cuda.core
+Buffers). The forked writer reads the staged bytes from the arena (``put_ranges``), and the
+pickler finds the range under each device storage it meets (``DeviceStage.containing``).
 
 Staged bytes live in the staging arena (``arena``): one memfd mapped MAP_SHARED in the trainee,
 carved by one allocator into regions for device staging, managed memory, pinned CPU tensors and
@@ -30,18 +30,25 @@ keeping the replayed tensor on restore would be a silent partial restore.
 
 Host memory that fork does not pass on (CUDA's pinned memory, do-not-fork mappings) is staged
 in the stall too, by ``stage_unforked(frames)``: what the frames on the snapshot's path hold of
-it is copied into the arena's ``pinned`` region, where the writer reads it.
+it, and every cuda.core Buffer over host memory, is copied into the arena's ``pinned`` region,
+where the writer reads it.
 
 Modules: ``sources`` (which device memory there is), ``device`` (staging it, writing it,
-restoring raw allocations), ``unforked`` (pinned and do-not-fork host memory), ``arena`` (the arena, its regions, ``writer_view``), ``limits``
-(host and cgroup memory), ``memory`` (raw views, madvise, page rounding), ``drain`` (the
-writer's copy of CPU tensors), ``prepare`` (the trainee's background work and the arena's
-writer-done path), ``hugepages``.
+restoring raw allocations, filling cuda.core Buffers on restore), ``unforked`` (pinned and
+do-not-fork host memory), ``arena`` (the arena, its regions, ``writer_view``), ``limits`` (host
+and cgroup memory), ``memory`` (raw views, madvise, page rounding), ``drain`` (the writer's copy
+of CPU tensors), ``prepare`` (the trainee's background work and the arena's writer-done path),
+``hugepages``.
 """
 
 from __future__ import annotations
 
-from gpusnap.stage.device import put_ranges, restore_allocations, stage_device_memory  # noqa: F401  (device memory)
+from gpusnap.stage.device import (  # noqa: F401  (device memory)
+    put_ranges,
+    restore_allocations,
+    stage_device_memory,
+    write_device_memory,
+)
 from gpusnap.stage.unforked import stage_unforked  # noqa: F401  (host memory fork does not pass on)
 from gpusnap.stage.arena import trainee_arena  # noqa: F401  (the trainee's arena, created on first use)
 from gpusnap.stage.prepare import (  # noqa: F401  (between snapshots, and the arena's generations)

@@ -3,7 +3,8 @@
 In the trainee, inside the stall (``stage_device_memory``):
 
 1. list the device memory the program holds (``sources.device_ranges``: its raw cuda-python
-   allocations, the blocks torch's caching allocator has handed out, CuPy's arrays);
+   allocations, the blocks torch's caching allocator has handed out, CuPy's arrays, cuda.core's
+   open Buffers);
 2. synchronize the devices the program uses (``devices_in_use``: no new context anywhere), so
    that work the program enqueued and did not wait for is in the bytes staged;
 3. fingerprint every store chunk of each range on the device (once per device and process,
@@ -16,20 +17,23 @@ In the trainee, inside the stall (``stage_device_memory``):
    snapshot), and the writer gets a ``DeviceStage``: plain data, no backend, no registry.
 
 In the writer (``put_ranges``): each range becomes a buffer of its own name (``raw/<seq>`` for
-raw memory, always written; a torch or CuPy range only where a storage or array of the pickled
-graph lies in it), its dirty chunks read from the arena through ``writer_view`` (mapped afresh
-from the memfd), its clean chunks by the previous snapshot's ids. No CUDA call is made there.
+raw memory, always written; a torch, CuPy or cuda.core range only where a storage, array or
+Buffer of the pickled graph lies in it), its dirty chunks read from the arena through
+``writer_view`` (mapped afresh from the memfd), its clean chunks by the previous snapshot's
+ids. No CUDA call is made there.
 
 On restore, in the replayed program at the merge: raw allocations (``restore_allocations``)
 are matched by (call site, ordinal, size, kind) to ones the replay made and copied
 host->device; the map {saved seq: new base} lets the graph's ``CUdeviceptr`` values land at the
 new addresses, and an allocation without a match refuses the restore (exit 6). Tensors and
-arrays come back by path: the merge copies their bytes into the live ones.
+arrays come back by path: the merge copies their bytes into the live ones; cuda.core Buffers
+too, through ``write_device_memory``, which boot hands the merge (restore never imports stage).
 """
 
 from __future__ import annotations
 
 import bisect
+import ctypes
 import sys
 from dataclasses import dataclass, field
 
@@ -78,6 +82,7 @@ class DeviceStage:
     devices: list = field(default_factory=list)
     used_bytes: dict = field(default_factory=dict)  # device -> memory the driver says is in use
     reserved_bytes: dict = field(default_factory=dict)  # device -> cached by an allocator, free
+    core: dict = field(default_factory=dict)  # the open cuda.core Buffers: sources.CORE_BUFFERS
 
     def __post_init__(self) -> None:
         by_device: dict[int, list] = {}
@@ -95,7 +100,7 @@ class DeviceStage:
 
     def unaccounted(self) -> dict:
         """device -> bytes in use that no staged range accounts for and no allocator holds in
-        reserve (cuda.core pools, memory of functions bound before boot, CUDA's own)."""
+        reserve (what cuda.core pools keep, memory of functions bound before boot, CUDA's own)."""
         known = dict(self.reserved_bytes)
         for s in self.ranges:
             if s.range.kind is not AllocKind.MANAGED:
@@ -150,10 +155,11 @@ def stage_device_memory(snap_id: str, committed, paranoid: bool = False) -> Devi
     """Stage the program's device memory for snapshot ``snap_id``. ``committed(snap_id)`` gives
     the buffer names an earlier snapshot wrote, or None when it is not committed (or no longer
     there): only a committed snapshot's chunk ids may be reused, and only for the ranges it
-    wrote. None when the program holds no device memory. Raises ``StageError`` (the snapshot
-    is skipped, training goes on)."""
+    wrote. None when the program holds no device memory (nor a cuda.core Buffer over host
+    memory, whose pending copies must be done too). Raises ``StageError`` (the snapshot is
+    skipped, training goes on)."""
     ranges = device_ranges()
-    if not ranges:
+    if not ranges and not sources.CORE_BUFFERS:
         return None
     if _state.candidate is not None:
         snap, prints = _state.candidate
@@ -234,7 +240,8 @@ def _stage(snap_id: str, ranges: list, paranoid: bool) -> DeviceStage:
     _state.candidate = (snap_id, prints)
     used_bytes = {ordinal: gpu.memory_used(ordinal) for ordinal in used}
     staged = [StagedRange(r, tuple(offsets[r.name]), dirty_bytes[r.name]) for r in ranges]
-    return DeviceStage(staged, _state.of if previous else None, chunk_bytes, used, used_bytes, dict(sources.RESERVED))
+    return DeviceStage(staged, _state.of if previous else None, chunk_bytes, used, used_bytes, dict(sources.RESERVED),
+                       dict(sources.CORE_BUFFERS))
 
 
 class _Plan:
@@ -339,8 +346,8 @@ def put_ranges(stage: DeviceStage, arena_fd: int, sink, previous_buffers: dict, 
                                  hint="run with GPUSNAP_PARANOID=1 and report this")
         record = buffers[r.name] = sink.put_chunks(pieces, dtype=dtype, typesize=typesize)
         record["dirty_bytes"] = staged.dirty_bytes
-        if r.owner != "raw":  # reached by storages or arrays of the graph, by path
-            record.update(kind=r.owner, device="cuda", device_index=r.device)
+        if r.owner != "raw":  # reached by storages, arrays or Buffers of the graph, by path
+            record.update(kind=r.owner, device="cuda", device_index=r.device, memory=r.kind.value)
     return buffers
 
 
@@ -377,3 +384,20 @@ def restore_allocations(records: list, read_buffer) -> dict:
     for ordinal in sorted({entry.device for _, entry in matched}):
         gpu.synchronize(ordinal)
     return {record["seq"]: entry.base for record, entry in matched}
+
+
+def write_device_memory(address: int, data, host: bool = False) -> None:
+    """Copy ``data`` into the replayed program's memory at ``address`` (a cuda.core Buffer the
+    merge fills), once the work the program enqueued on its devices is done: device or managed
+    memory on gpusnap's stream, then synchronized; host memory (a pinned Buffer) by the CPU.
+    Raises ``CudaCallFailed``."""
+    gpu = backend()
+    for ordinal in gpu.devices_in_use():
+        gpu.synchronize(ordinal)
+    source = np.frombuffer(data, np.uint8)
+    if host:
+        ctypes.memmove(address, source.ctypes.data, source.nbytes)
+        return
+    ordinal = gpu.pointer(address).device
+    gpu.copy_to_device(ordinal, address, source.ctypes.data, source.nbytes)
+    gpu.synchronize(ordinal)

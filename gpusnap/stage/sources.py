@@ -11,7 +11,14 @@ Sources, each asked in the trainee inside the stall, never by a forked writer:
                     them, restored by that object's path (merge);
 - ``cupy_ranges``   the memory under every ``cupy.ndarray`` alive in the process (CuPy keeps
                     its pool's bookkeeping to itself, so the arrays are found through the
-                    garbage collector, only when the program imported CuPy).
+                    garbage collector, only when the program imported CuPy);
+- ``core_ranges``   every open ``cuda.core`` ``Buffer`` of device or managed memory, found
+                    through the garbage collector too, only when the program imported
+                    cuda.core (its allocations go through Cython, past the raw-allocation
+                    wrappers). Buffers over host memory (pinned, or the program's own pages)
+                    are no device range: ``stage.unforked`` copies them in the stall. Every
+                    open Buffer is noted in ``CORE_BUFFERS`` for the writer, which must not ask
+                    a Buffer itself (its properties may call the driver).
 
 Why the allocator and not a walk of the object graph in the stall: a walk costs time per
 object (a model with its optimizer is 10^5 of them), the allocator's table costs time per
@@ -38,7 +45,7 @@ class DeviceRange:
     allocation lives in this process, which is what reusing clean chunk ids needs)."""
 
     name: str
-    owner: str  # "raw", "torch", "cupy"
+    owner: str  # "raw", "torch", "cupy", "core"
     kind: AllocKind
     device: int
     base: int
@@ -109,16 +116,59 @@ def cupy_ranges() -> list[DeviceRange]:
     return ranges
 
 
+# address -> (device, kind, nbytes) of every open cuda.core Buffer at the last
+# ``device_ranges``; kind is "device", "managed", "pinned" (page-locked host memory) or "host".
+CORE_BUFFERS: dict[int, tuple[int, str, int]] = {}
+HOST_KINDS = ("pinned", "host")
+
+
+def core_ranges() -> list[DeviceRange]:
+    core = sys.modules.get("cuda.core")
+    if core is None:
+        return []
+    classes = {getattr(core, name, None) for name in ("Buffer", "ManagedBuffer")} - {None}
+    for obj in gc.get_objects():
+        if type(obj) not in classes or obj.is_closed or not obj.size:
+            continue
+        base, nbytes = int(obj.handle), int(obj.size)
+        known = CORE_BUFFERS.get(base)
+        if known is not None and known[2] >= nbytes:  # Buffers at one address: the largest holds the others
+            continue
+        try:
+            CORE_BUFFERS[base] = (*_core_place(core, obj), nbytes)
+        except Exception:  # noqa: BLE001 - the driver knows no such memory: the pickler fails the snapshot if it matters
+            continue
+    return [DeviceRange(owned_name("core", device, base, nbytes), "core", AllocKind(kind), device, base, nbytes)
+            for base, (device, kind, nbytes) in CORE_BUFFERS.items() if kind not in HOST_KINDS]
+
+
+def _core_place(core, buffer) -> tuple[int, str]:
+    """(device, kind) of an open Buffer; in the trainee only (it may ask the driver)."""
+    managed = buffer.is_managed
+    if not managed and buffer.is_host_accessible:
+        return -1, "pinned" if buffer.is_device_accessible else "host"  # a pinned resource has no device
+    device = buffer.device_id
+    if device < 0:  # managed memory without a preferred device: staged through the current device
+        device = core.Device().device_id
+    return device, "managed" if managed else "device"
+
+
+def core_host_buffers() -> list[tuple[int, int]]:
+    """(address, nbytes) of the open cuda.core Buffers over host memory at the last ``device_ranges``."""
+    return [(base, nbytes) for base, (_, kind, nbytes) in CORE_BUFFERS.items() if kind in HOST_KINDS]
+
+
 def owned_name(owner: str, device: int, base: int, nbytes: int) -> str:
     return f"{owner}/cuda{device}/{base:x}/{nbytes}"
 
 
-SOURCES = (raw_ranges, torch_ranges, cupy_ranges)
+SOURCES = (raw_ranges, torch_ranges, cupy_ranges, core_ranges)
 
 
 def device_ranges() -> list[DeviceRange]:
     """Every range of every source, each address once (a raw allocation that torch also
-    reports, through a pluggable allocator, is the raw one)."""
+    reports, through a pluggable allocator, is the raw one; so is one a cuda.core Buffer wraps)."""
+    CORE_BUFFERS.clear()
     ranges: list[DeviceRange] = []
     taken: set[tuple[int, int]] = set()
     for source in SOURCES:

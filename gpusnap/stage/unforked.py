@@ -12,7 +12,9 @@ most (a batch ``x, y``, the ``inputs`` dict a trainer's loop keeps, a list of mi
 (``Tensor.is_pinned()``) or lies in a do-not-fork mapping. That walk is shallow on purpose: it
 runs in the stall, and pinned memory deeper in the program's objects is rare; the writer checks
 every buffer it reads (``memory.mapped``) and fails the snapshot, with a hint, rather than read
-what the fork did not pass on.
+what the fork did not pass on. Also every open cuda.core Buffer over host memory (a
+``LegacyPinnedMemoryResource``'s or ``PinnedMemoryResource``'s, found by ``sources.core_ranges``,
+which runs first in the stall, after the devices were synchronized): whole, at every snapshot.
 
 The do-not-fork mappings come from /proc/self/smaps, read once per process
 (``dontfork_ranges``).
@@ -139,19 +141,25 @@ class Unforked:
 
 
 def stage_unforked(frames) -> Unforked | None:
-    """In the stall: copy the unforked buffers the frames hold into the arena's ``pinned``
-    region. None when there are none (the common case, decided by the do-not-fork ranges read
-    once per process)."""
+    """In the stall: copy the unforked buffers the frames hold, and cuda.core's host Buffers, into
+    the arena's ``pinned`` region. None when there are none (the common case, decided by the
+    do-not-fork ranges read once per process)."""
+    from gpusnap.stage.sources import core_host_buffers
+
     ranges = dontfork_ranges()
     torch = sys.modules.get("torch")
-    if not ranges and not (torch is not None and torch.cuda.is_initialized()):
+    core = core_host_buffers()
+    if not ranges and not core and not (torch is not None and torch.cuda.is_initialized()):
         return None
     from gpusnap.stage.arena import trainee_arena
 
     arena = trainee_arena()
     arena_lo = arena.address
     ranges = [(lo, hi) for lo, hi in ranges if not (lo <= arena_lo < hi)]
-    held = held_by(frames, ranges)
+    held = dict(held_by(frames, ranges))
+    for address, nbytes in core:
+        held[address] = max(held.get(address, 0), nbytes)
+    held = sorted(held.items())
     if not held:
         return None
     region = arena.reserve(sum(n for _, n in held), "pinned")

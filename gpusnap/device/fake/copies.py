@@ -102,7 +102,7 @@ def _memset(dstDevice, value: int, count: int, width: int, hStream):
     if address % width:
         raise CudaFault("CUDA_ERROR_INVALID_VALUE")
     m.device_address(address, count * width)
-    dtype = np.uint8 if width == 1 else np.uint32
+    dtype = {1: np.uint8, 2: np.uint16, 4: np.uint32}[width]
 
     def op():
         host = m.device_address(address, count * width, "CUDA_ERROR_ILLEGAL_ADDRESS")

@@ -13,8 +13,9 @@ It is strict where a real GPU would punish a bug that CI could otherwise never s
   before synchronize.
 - Managed memory is host memory at its own address, marked do-not-fork: a forked child that
   touches it dies of SIGSEGV (a real child cannot use UVM either).
-- Registered host ranges are marked do-not-fork too, as CUDA may mark pinned memory: a writer
-  must map the staging memfd afresh instead of trusting the inherited mapping.
+- Registered host ranges, and the pinned host memory it allocates (``alloc_pinned``), are
+  marked do-not-fork too, as CUDA may mark pinned memory: a writer must map the staging memfd
+  afresh instead of trusting the inherited mapping, and never reads pinned memory in place.
 - After fork, every call in the child fails with CUDA_ERROR_NOT_INITIALIZED.
 - An operation that meets freed or unmapped memory when it runs leaves the context with a
   sticky CUDA_ERROR_ILLEGAL_ADDRESS, as a faulting kernel does.
@@ -152,6 +153,7 @@ class Machine:
         self.physical: dict[int, Physical] = {}
         self.reservations: dict[int, int] = {}  # VMM address reservations: base -> nbytes
         self.registered: dict[int, int] = {}  # host address -> nbytes
+        self.pinned_allocs: dict[int, int] = {}  # cuMemAllocHost's: address -> nbytes (registered too)
         self.tls = threading.local()  # per thread: the context stack, the runtime's device
         self.runtime_devices: set[int] = set()  # primary contexts the runtime has retained
         self.device_bytes = device_bytes
@@ -204,8 +206,9 @@ class Machine:
             raise CudaFault("CUDA_ERROR_INVALID_CONTEXT")
         return ctx
 
-    def new_stream(self, blocking: bool) -> Stream:
-        ctx = self.current()
+    def new_stream(self, blocking: bool, ctx: Context | None = None) -> Stream:
+        """A stream of ``ctx`` (default: the calling thread's current context)."""
+        ctx = ctx or self.current()
         stream = Stream(self.new_handle(), ctx, blocking)
         ctx.streams[stream.handle] = stream
         self.streams[stream.handle] = stream
@@ -463,6 +466,23 @@ class Machine:
             raise CudaFault("CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED")
         hostmem.madvise(address, nbytes, hostmem.MADV_DOFORK)
 
+    def alloc_pinned(self, nbytes: int) -> int:
+        """Page-locked host memory (cuMemAllocHost): host pages, registered, so do-not-fork and
+        stream-ordered in copies, as CUDA's own are."""
+        if nbytes <= 0:
+            raise CudaFault("CUDA_ERROR_INVALID_VALUE")
+        address = _host_pages(nbytes)
+        self.register(address, hostmem.page_up(nbytes))
+        self.pinned_allocs[address] = nbytes
+        return address
+
+    def free_pinned(self, address: int) -> None:
+        nbytes = self.pinned_allocs.pop(int(address), None)
+        if nbytes is None:
+            raise CudaFault("CUDA_ERROR_INVALID_VALUE")
+        self.unregister(int(address))
+        hostmem.unmap(int(address), nbytes)
+
     def close(self) -> None:
         """Give every mapping back (tests build many machines in one process)."""
         for alloc in list(self.allocs.values()):
@@ -475,6 +495,8 @@ class Machine:
                 hostmem.madvise(address, nbytes, hostmem.MADV_DOFORK)
             except OSError:
                 pass  # the program unmapped it while registered; nothing left to undo
+        for address, nbytes in self.pinned_allocs.items():
+            hostmem.unmap(address, nbytes)
         for base, nbytes in self.reservations.items():
             hostmem.unmap(base, nbytes)
         for dev in self.devices:
@@ -483,6 +505,7 @@ class Machine:
         self.allocs.clear()
         self.physical.clear()
         self.registered.clear()
+        self.pinned_allocs.clear()
 
 
 def _host_pages(nbytes: int) -> int:
