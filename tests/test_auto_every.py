@@ -11,7 +11,7 @@ import pytest
 from harness import copy_programs, gpusnap, ref_and_out, snapshots
 
 from gpusnap.capture.costs import measure
-from gpusnap.launch.schedule import INTERVAL_PER_WINDOW, Schedule
+from gpusnap.launch.schedule import COSTS_KEPT, INTERVAL_PER_WINDOW, Schedule
 
 STEP_S, SLOW_S, SLOW_ITERATIONS = 0.02, 0.05, 4
 BUDGET = 0.1
@@ -49,8 +49,9 @@ def test_auto_measures_each_snapshots_cost_and_keeps_the_budget(tmp_path):
     # Each re-tune: the interval the costs so far and the budget ask for; and each timer request
     # came no sooner after the last fork than the interval in force when it was made.
     for i, r in enumerate(retunes):
-        so_far = [c["cost_s"] for c in costs[: i + 1]]
-        want = max(0.5, INTERVAL_PER_WINDOW * costs[i]["window_s"], statistics.fmean(so_far) * (1 + BUDGET) / BUDGET)
+        so_far = [c["cost_s"] for c in costs[: i + 1]][-COSTS_KEPT:]
+        estimate = statistics.fmean(so_far) + (statistics.stdev(so_far) / len(so_far) ** 0.5 if len(so_far) > 1 else 0.0)
+        want = max(0.5, INTERVAL_PER_WINDOW * costs[i]["window_s"], estimate * (1 + BUDGET) / BUDGET)
         assert r["every"] == "auto" and r["budget"] == BUDGET and r["interval_s"] == pytest.approx(want, abs=0.01), (r, so_far)
     timer = [e for e in log if e["event"] == "request" and e["reason"] == "timer"]
     for request in timer[1:]:
@@ -122,6 +123,24 @@ def test_the_account_makes_a_costly_snapshot_wait_for_the_budget():
     assert s.due(45.0) == pytest.approx(5.0 + 6.0 * 101)
     assert s.overhead(45.0) == pytest.approx(3.0 / (40.0 - 3.0))
     assert s.info(45.0)["every"] == "auto"
+
+
+def test_the_interval_budgets_the_recent_costs_mean_plus_its_standard_error():
+    """Costs that scatter (measured against iterations as noisy as the cost) space snapshots
+    further apart than their mean alone would: the budget is a bound."""
+    s = Schedule(budget=0.01)
+    s.connected(0.0)
+    s.event({"event": "steps"}, 0.0)
+    for i, cost in enumerate([0.1, 0.5, 0.1, 0.5]):
+        s.event({"event": "forked", "id": f"{i:06d}"}, 100.0 * i)
+        s.event({"event": "cost", "id": f"{i:06d}", "cost_s": cost, "window_s": 3.0}, 100.0 * i + 5)
+    estimate = 0.3 + statistics.stdev([0.1, 0.5, 0.1, 0.5]) / 2
+    assert s.cost_s() == pytest.approx(estimate)
+    assert s.interval_s() == pytest.approx(estimate * 101)
+    for i in range(4, 4 + COSTS_KEPT):  # costs that agree: the estimate is their mean
+        s.event({"event": "forked", "id": f"{i:06d}"}, 100.0 * i)
+        s.event({"event": "cost", "id": f"{i:06d}", "cost_s": 0.2, "window_s": 3.0}, 100.0 * i + 5)
+    assert s.cost_s() == pytest.approx(0.2)
 
 
 def test_a_fixed_interval_is_kept_and_its_overhead_measured():

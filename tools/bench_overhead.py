@@ -2,6 +2,7 @@
 choose? For a small and a large state, in one run.
 
     python tools/bench_overhead.py [--sizes 0.02,0.6] [--minutes 4,12] [--pairs 2,1] [--overhead 1]
+                                   [--tail-s 2] [--calibrate MINUTES]
                                    [--trainee-threads spare|all|N] [--dir /work/bench-tmp]
                                    [--out FILE]
 
@@ -24,11 +25,20 @@ intervals it chose, the snapshots it took, and each snapshot's measured cost. Th
 spread of the anchors' times.
 
 On a machine shared with other jobs, whole runs minutes apart differ by far more than a 1%
-budget, so each auto run is also measured from within, independently of gpusnap's own windows:
-every step from a snapshot's fork to LONG_TAIL_S after its commit counts as affected, and is
+budget (on the CI machine, the same 0.6 GB run took 0.40 s a step in one run and 0.70 s in the
+next), so each auto run is also measured from within, independently of gpusnap's own windows:
+every step from a snapshot's fork to --tail-s after its commit counts as affected, and is
 compared with the unaffected steps within AROUND_S of that period (in-run overhead: the sum of
-the affected steps' excess over the training time). Its long tail catches any slowdown that
-outlasts gpusnap's short window; its local baseline follows the machine's load.
+the affected steps' excess over the training time, +- its standard error from the spread of the
+periods' excesses). Its baseline is local, so it follows the machine's load.
+
+How long after its commit does a snapshot still slow training? --calibrate MINUTES answers it
+first, per size: one run with a snapshot every CALIBRATE_EVERY_S, and for each snapshot the
+excess of the steps from its fork to its commit plus 0, 2, 5, 10 and 20 s over the steps far
+from any snapshot (at least FAR_S away, within AROUND_S), beside the cost gpusnap measured for
+it. Where the excess stops growing with the tail, the slowdown has ended: that tail is the
+right --tail-s (a longer one only adds noise). It also shows whether gpusnap's own measure is
+biased against one that waits far longer.
 
 Verdict: from the anchors when their spread is below the budget (HELD when the median true
 overhead is at most the budget), else from the in-run overhead (HELD (in-run) when its median is
@@ -52,8 +62,16 @@ import time
 
 GB = 1e9
 WARMUP_STEPS = 5
-LONG_TAIL_S = 10.0  # in-run measure: steps this long after a commit still count as affected
+# In-run measure: steps this long after a commit still count as affected (--tail-s). Measured
+# with --calibrate on the CI machine (tools/results/bench_overhead-cpu-2026-11-26-calibrate.txt):
+# a 0.6 GB snapshot's excess was 0.28 +- 0.07 s up to its commit and no more with any longer
+# tail; the 10 s used before only added noise, and at intervals of 12-20 s left almost no
+# unaffected step to compare with.
+TAIL_S = 2.0
 AROUND_S = 60.0  # ... against the unaffected steps this close to the affected period
+CALIBRATE_EVERY_S = 60  # --calibrate: one snapshot a minute, so that most steps are far from any
+CALIBRATE_TAILS_S = (0, 2, 5, 10, 20)
+FAR_S = 20.0  # --calibrate: baseline steps start at least this far from any snapshot's period
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PROGRAM = textwrap.dedent(
@@ -111,7 +129,10 @@ def _log(run_dir: str) -> list[dict]:
         return []
 
 
-def run_once(work: str, size_gb: float, steps: int, minutes: float, auto: bool, overhead: float, threads: int, tag: str) -> dict:
+def run_once(work: str, size_gb: float, steps: int, minutes: float, auto: bool, overhead: float, threads: int, tag: str,
+             tail_s: float = TAIL_S, every_s: int | None = None) -> dict:
+    """One run of the program; ``auto``: under --every auto, ``every_s``: a fixed interval
+    (--calibrate), neither: the anchor."""
     run_dir = os.path.join(work, f"run-{tag}")
     shutil.rmtree(run_dir, ignore_errors=True)
     stamps = os.path.join(work, f"stamps-{tag}")
@@ -120,6 +141,8 @@ def run_once(work: str, size_gb: float, steps: int, minutes: float, auto: bool, 
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
     deadline = time.time() + minutes * 60 if steps <= 0 else time.time() + 24 * 3600
     schedule = ["--every", "auto", "--overhead", f"{overhead:g}%", "--keep", "2"] if auto else []
+    if every_s:
+        schedule = ["--every", f"{every_s}s", "--keep", "2"]
     cmd = [sys.executable, "-m", "gpusnap", "run", "-q", "--dir", run_dir, "--resume", "never", *schedule,
            os.path.join(work, "train.py"), str(size_gb * GB), stamps, str(steps if steps > 0 else 10**9), str(deadline)]
     started = time.monotonic()
@@ -148,8 +171,12 @@ def run_once(work: str, size_gb: float, steps: int, minutes: float, auto: bool, 
     }
     forked = [e for e in log if e.get("event") == "forked"]
     commit_t = {e["id"]: e["t"] for e in commits}
-    periods = [(f["t"], commit_t.get(f["id"], f["t"]) + LONG_TAIL_S) for f in forked]
-    result["in_run_overhead"] = in_run_overhead(t[WARMUP_STEPS:], periods) if periods else None
+    periods = [(f["t"], commit_t.get(f["id"], f["t"]) + tail_s) for f in forked]
+    result["in_run_overhead"], result["in_run_se"] = in_run_overhead(t[WARMUP_STEPS:], periods) if periods else (None, None)
+    if every_s:
+        measured = {e["id"]: e["cost_s"] for e in costs}
+        result["calibration"] = calibrate([(f["t"], commit_t.get(f["id"], f["t"]), measured.get(f["id"])) for f in forked],
+                                          t[WARMUP_STEPS:])
     steps_ev = [e for e in log if e.get("event") == "steps"]
     if forked and steps_ev:
         result["first_snapshot_after_s"] = round(forked[0]["t"] - steps_ev[0]["t"], 1)
@@ -157,36 +184,92 @@ def run_once(work: str, size_gb: float, steps: int, minutes: float, auto: bool, 
     return result
 
 
-def in_run_overhead(stamps: list[float], periods: list[tuple[float, float]]) -> float:
-    """The excess of the steps that start inside ``periods`` over the mean of the unaffected
-    steps within AROUND_S of each period, against the training time it left."""
+def _steps(stamps: list[float]) -> list[tuple[float, float]]:
+    return list(zip(stamps, (b - a for a, b in zip(stamps, stamps[1:]))))
+
+
+def in_run_overhead(stamps: list[float], periods: list[tuple[float, float]]) -> tuple[float | None, float | None]:
+    """(overhead, its standard error): the excess of the steps that start inside ``periods`` over
+    the mean of the unaffected steps within AROUND_S of each period, against the training time it
+    left; the error from the spread of the periods' excesses."""
     merged: list[list[float]] = []
     for a, b in sorted(periods):
         if merged and a <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], b)
         else:
             merged.append([a, b])
-    steps = list(zip(stamps, (b - a for a, b in zip(stamps, stamps[1:]))))
+    steps = _steps(stamps)
 
     def affected(t: float) -> bool:
         return any(a <= t < b for a, b in merged)
 
-    excess = 0.0
+    excesses = []
     for a, b in merged:
         inside = [d for t, d in steps if a <= t < b]
         near = [d for t, d in steps if a - AROUND_S <= t < b + AROUND_S and not affected(t)]
         if inside and near:
-            excess += sum(inside) - len(inside) * statistics.fmean(near)
-    train_s = stamps[-1] - stamps[0]
-    return excess / (train_s - excess)
+            excesses.append(sum(inside) - len(inside) * statistics.fmean(near))
+    if not excesses:
+        return None, None
+    excess = sum(excesses)
+    train_s = stamps[-1] - stamps[0] - excess
+    se = statistics.stdev(excesses) * len(excesses) ** 0.5 / train_s if len(excesses) > 1 else None
+    return excess / train_s, se
+
+
+def calibrate(snapshots: list[tuple[float, float, float | None]], stamps: list[float]) -> dict:
+    """For each tail of CALIBRATE_TAILS_S: the excess, per snapshot, of the steps from its fork to
+    its commit plus the tail over the steps far from every snapshot (FAR_S, within AROUND_S);
+    beside gpusnap's own cost of the same snapshots. ``snapshots``: (fork, commit, measured cost)."""
+    steps = _steps(stamps)
+
+    def far(t: float, d: float) -> bool:
+        return all(t + d <= f - FAR_S or t >= c + FAR_S for f, c, _ in snapshots)
+
+    # The last snapshot may have been cut by the end of training: only those with a full tail count.
+    full = [(f, c, m) for f, c, m in snapshots if c + max(CALIBRATE_TAILS_S) + FAR_S < stamps[-1]]
+    table = {}
+    for tail in CALIBRATE_TAILS_S:
+        excess = []
+        for f, c, _ in full:
+            inside = [d for t, d in steps if t + d > f and t < c + tail]
+            base = [d for t, d in steps if f - AROUND_S <= t < c + AROUND_S and far(t, d)]
+            if inside and base:
+                excess.append(sum(inside) - len(inside) * statistics.fmean(base))
+        table[tail] = excess
+    return {"tails_s": list(CALIBRATE_TAILS_S), "excess_s": table, "measured_s": [m for _, _, m in full]}
+
+
+def _mean_se(xs: list[float]) -> str:
+    if len(xs) < 2:
+        return "-"
+    return f"{statistics.fmean(xs):+.3f} +- {statistics.stdev(xs) / len(xs) ** 0.5:.3f} s"
+
+
+def calibration_report(size_gb: float, r: dict, out) -> None:
+    cal = r["calibration"]
+    measured = [m for m in cal["measured_s"] if m is not None]
+    print(f"  calibration: {len(cal['measured_s'])} snapshots every {CALIBRATE_EVERY_S} s with a full tail; "
+          f"gpusnap measured {_mean_se(measured)} each", file=out)
+    for tail in cal["tails_s"]:
+        xs = cal["excess_s"][tail]
+        print(f"    fork to commit + {tail:>2} s: excess {_mean_se(xs)} each  ({' '.join(f'{x:+.2f}' for x in xs)})", file=out)
+    print("    (where the excess stops growing with the tail, the slowdown has ended: --tail-s; gpusnap's own measure "
+          "is unbiased when its mean is within the errors of that excess)", file=out, flush=True)
 
 
 def pct(x) -> str:
     return "-" if x is None else f"{x * 100:+.2f}%"
 
 
-def bench_size(work: str, size_gb: float, minutes: float, pairs: int, args, threads: int, out) -> dict:
+def bench_size(work: str, size_gb: float, minutes: float, pairs: int, calibrate_min: float, args, threads: int, out) -> dict:
     budget = args.overhead / 100
+    calibration = None
+    if calibrate_min:
+        cal = run_once(work, size_gb, 0, calibrate_min, False, args.overhead, threads, f"{size_gb}-calibrate",
+                       every_s=CALIBRATE_EVERY_S)
+        calibration_report(size_gb, cal, out)
+        calibration = cal["calibration"]
     runs = []
     first = run_once(work, size_gb, 0, minutes, False, budget * 100, threads, f"{size_gb}-anchor-0")
     steps = first["steps"]
@@ -196,12 +279,13 @@ def bench_size(work: str, size_gb: float, minutes: float, pairs: int, args, thre
     for i in range(pairs):
         order += [("auto", i)] if i == 0 else ([("anchor", i), ("auto", i)] if i % 2 == 0 else [("auto", i), ("anchor", i)])
     for mode, i in order:
-        r = run_once(work, size_gb, steps, minutes, mode == "auto", args.overhead, threads, f"{size_gb}-{mode}-{i}")
+        r = run_once(work, size_gb, steps, minutes, mode == "auto", args.overhead, threads, f"{size_gb}-{mode}-{i}",
+                     tail_s=args.tail_s)
         runs.append(r)
         extra = (f", {r['snapshots']} snapshots (first {r['first_snapshot_after_s']} s into training), intervals "
                  f"{r['intervals_s']}, costs {r['costs_s']}, writes {r['write_s']} s, measured overhead "
                  f"{pct(r['measured_overhead'])} at its last cost, {pct(r['measured_run_overhead'])} over the run, "
-                 f"in-run {pct(r['in_run_overhead'])}") if r["auto"] else ""
+                 f"in-run {pct(r['in_run_overhead'])} +- {pct(r['in_run_se'])}") if r["auto"] else ""
         print(f"  {mode} {i}: {r['steps']} steps, training {r['train_s']:.1f} s{extra}", file=out, flush=True)
     anchors = [r["train_s"] for r in runs if not r["auto"]]
     autos = [r for r in runs if r["auto"]]
@@ -221,7 +305,7 @@ def bench_size(work: str, size_gb: float, minutes: float, pairs: int, args, thre
         verdict = "INCONCLUSIVE"
     return {"size_gb": size_gb, "steps": steps, "anchor_train_s": anchors, "noise": noise, "true_overhead": true,
             "median_true_overhead": median_true, "measured_overhead": measured, "in_run_overhead": in_run,
-            "median_in_run_overhead": median_in_run, "verdict": verdict, "runs": runs}
+            "median_in_run_overhead": median_in_run, "verdict": verdict, "runs": runs, "calibration": calibration}
 
 
 def main() -> None:
@@ -231,6 +315,11 @@ def main() -> None:
                     "of every run of that size; a large state needs runs several times its interval)")
     ap.add_argument("--pairs", default="2,1", help="auto runs per size, comma-separated (each with an anchor beside it)")
     ap.add_argument("--overhead", type=float, default=1.0, help="the budget, in percent (--overhead of gpusnap run)")
+    ap.add_argument("--tail-s", type=float, default=TAIL_S, help="in-run measure: seconds after a commit that still "
+                    "count as affected (what --calibrate finds)")
+    ap.add_argument("--calibrate", default="0", help="minutes of a run with a snapshot every "
+                    f"{CALIBRATE_EVERY_S} s before each size's runs, to see how long a snapshot slows training, "
+                    "comma-separated per size (0: none)")
     ap.add_argument("--trainee-threads", default="spare", help="spare (cores - 1, as a GPU job leaves), all, or N")
     ap.add_argument("--dir", default=None, help="work directory (default: a temporary one)")
     ap.add_argument("--out", default=None, help="also write the report to this file")
@@ -262,6 +351,7 @@ def main() -> None:
           f"{os.getloadavg()[0]:.2f}; python {platform.python_version()}, torch {torch.__version__}; "
           f"trainee threads {threads}", file=out)
     print(f"# budget --overhead {args.overhead:g}%; anchor {args.minutes} min; pairs {args.pairs}; sizes {args.sizes} GB; "
+          f"in-run tail {args.tail_s:g} s; calibrate {args.calibrate} min; "
           f"knobs {' '.join(f'{k}={v}' for k, v in os.environ.items() if k.startswith('GPUSNAP_')) or 'defaults'}", file=out, flush=True)
     results = []
     started = time.monotonic()
@@ -270,9 +360,11 @@ def main() -> None:
     minutes += minutes[-1:] * (len(sizes) - len(minutes))
     pairs = [int(x) for x in args.pairs.split(",")]
     pairs += pairs[-1:] * (len(sizes) - len(pairs))
-    for size, length, n in zip(sizes, minutes, pairs):
+    calibrate = [float(x) for x in args.calibrate.split(",")]
+    calibrate += calibrate[-1:] * (len(sizes) - len(calibrate))
+    for size, length, n, cal_min in zip(sizes, minutes, pairs, calibrate):
         print(f"\n== state {size:g} GB, anchor {length:g} min, {n} auto run{'s' if n > 1 else ''} ==", file=out, flush=True)
-        r = bench_size(work, size, length, n, args, threads, out)
+        r = bench_size(work, size, length, n, cal_min, args, threads, out)
         results.append(r)
         print(f"  anchors: {', '.join(f'{t:.1f}' for t in r['anchor_train_s'])} s (spread {pct(r['noise'])}); "
               f"auto true overhead {', '.join(pct(x) for x in r['true_overhead'])} (median {pct(r['median_true_overhead'])}); "

@@ -9,7 +9,7 @@ step loop reports): the measured overhead is ``spent / (elapsed - spent)``, the 
 against the same run without snapshots. Every schedule measures it; ``gpusnap ls`` shows it.
 
 ``--every auto`` turns the costs into the interval. With the budget b (``--overhead``, default
-1%) and c the mean cost of the last ``COSTS_KEPT`` snapshots, the next timer request is due at
+1%) and c the estimate of the next snapshot's cost (below), the next timer request is due at
 
     max(last + max(AUTO_MIN_INTERVAL_S, 2 last window_s, c (1 + b) / b),   the steady state
         start + (spent + c (in flight + 1)) (1 + b) / b)                    the account
@@ -22,6 +22,13 @@ by a signal) delays the next one until the run has earned it. The first snapshot
 a program that reports no iterations gets it ``NO_STEPS_FACTOR`` times that long after it
 started. Costs are re-measured at every snapshot, so the interval follows a program, a state
 or a machine whose costs change.
+
+The estimate c is the mean of the last ``COSTS_KEPT`` costs plus its standard error. A cost is
+measured against iterations whose own times vary by as much as a snapshot costs (0.6 GB of
+state on the 2-core CI machine: 0.2-0.3 s a snapshot, 8 iterations of 0.45 +- 0.1 s), so single
+costs scatter widely (0.01-0.5 s there). The budget is a bound, not a target: spacing snapshots
+by the mean alone overshoots it whenever the mean of the last few happens to be low, and the
+standard error is what it is likely to be low by. It vanishes as costs agree.
 """
 
 from __future__ import annotations
@@ -96,7 +103,14 @@ class Schedule:
         return False
 
     def cost_s(self) -> float | None:
-        return statistics.fmean(self.costs) if self.costs else None
+        """The next snapshot's cost as the interval budgets it: the recent costs' mean plus its
+        standard error (see the module's docstring)."""
+        if not self.costs:
+            return None
+        mean = statistics.fmean(self.costs)
+        if len(self.costs) < 2:
+            return mean
+        return mean + statistics.stdev(self.costs) / len(self.costs) ** 0.5
 
     def interval_s(self) -> float | None:
         """The interval the timer keeps now (``--every auto``: None until a cost is known)."""
