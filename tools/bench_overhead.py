@@ -63,10 +63,10 @@ import time
 GB = 1e9
 WARMUP_STEPS = 5
 # In-run measure: steps this long after a commit still count as affected (--tail-s). Measured
-# with --calibrate on the CI machine (tools/results/bench_overhead-cpu-2026-11-26-calibrate.txt):
-# a 0.6 GB snapshot's excess was 0.28 +- 0.07 s up to its commit and no more with any longer
-# tail; the 10 s used before only added noise, and at intervals of 12-20 s left almost no
-# unaffected step to compare with.
+# with --calibrate on the CI machine (tools/results/bench_overhead-cpu-2026-11-26*.txt): a 0.6
+# GB snapshot's excess up to its commit was 0.31 +- 0.26 s and 0.33 +- 0.10 s in two runs, and
+# no more with longer tails (within their errors); the 10 s used before only added noise, and at
+# intervals of 12-20 s left almost no unaffected step to compare with.
 TAIL_S = 2.0
 AROUND_S = 60.0  # ... against the unaffected steps this close to the affected period
 CALIBRATE_EVERY_S = 60  # --calibrate: one snapshot a minute, so that most steps are far from any
