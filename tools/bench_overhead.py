@@ -25,8 +25,8 @@ intervals it chose, the snapshots it took, and each snapshot's measured cost. Th
 spread of the anchors' times.
 
 On a machine shared with other jobs, whole runs minutes apart differ by far more than a 1%
-budget (on the CI machine, the same 0.6 GB run took 0.40 s a step in one run and 0.70 s in the
-next), so each auto run is also measured from within, independently of gpusnap's own windows:
+budget (on the CI machine, the same 0.6 GB program took 0.40 s a step in one run and 0.70 s in
+another, minutes apart), so each auto run is also measured from within, independently of gpusnap's own windows:
 every step from a snapshot's fork to --tail-s after its commit counts as affected, and is
 compared with the unaffected steps within AROUND_S of that period (in-run overhead: the sum of
 the affected steps' excess over the training time, +- its standard error from the spread of the
@@ -246,7 +246,7 @@ def _mean_se(xs: list[float]) -> str:
     return f"{statistics.fmean(xs):+.3f} +- {statistics.stdev(xs) / len(xs) ** 0.5:.3f} s"
 
 
-def calibration_report(size_gb: float, r: dict, out) -> None:
+def calibration_report(r: dict, out) -> None:
     cal = r["calibration"]
     measured = [m for m in cal["measured_s"] if m is not None]
     print(f"  calibration: {len(cal['measured_s'])} snapshots every {CALIBRATE_EVERY_S} s with a full tail; "
@@ -268,7 +268,7 @@ def bench_size(work: str, size_gb: float, minutes: float, pairs: int, calibrate_
     if calibrate_min:
         cal = run_once(work, size_gb, 0, calibrate_min, False, args.overhead, threads, f"{size_gb}-calibrate",
                        every_s=CALIBRATE_EVERY_S)
-        calibration_report(size_gb, cal, out)
+        calibration_report(cal, out)
         calibration = cal["calibration"]
     runs = []
     first = run_once(work, size_gb, 0, minutes, False, budget * 100, threads, f"{size_gb}-anchor-0")
@@ -285,7 +285,7 @@ def bench_size(work: str, size_gb: float, minutes: float, pairs: int, calibrate_
         extra = (f", {r['snapshots']} snapshots (first {r['first_snapshot_after_s']} s into training), intervals "
                  f"{r['intervals_s']}, costs {r['costs_s']}, writes {r['write_s']} s, measured overhead "
                  f"{pct(r['measured_overhead'])} at its last cost, {pct(r['measured_run_overhead'])} over the run, "
-                 f"in-run {pct(r['in_run_overhead'])} +- {pct(r['in_run_se'])}") if r["auto"] else ""
+                 f"in-run {pct(r['in_run_overhead'])} +- {pct(r['in_run_se']).lstrip('+')}") if r["auto"] else ""
         print(f"  {mode} {i}: {r['steps']} steps, training {r['train_s']:.1f} s{extra}", file=out, flush=True)
     anchors = [r["train_s"] for r in runs if not r["auto"]]
     autos = [r for r in runs if r["auto"]]
@@ -360,9 +360,9 @@ def main() -> None:
     minutes += minutes[-1:] * (len(sizes) - len(minutes))
     pairs = [int(x) for x in args.pairs.split(",")]
     pairs += pairs[-1:] * (len(sizes) - len(pairs))
-    calibrate = [float(x) for x in args.calibrate.split(",")]
-    calibrate += calibrate[-1:] * (len(sizes) - len(calibrate))
-    for size, length, n, cal_min in zip(sizes, minutes, pairs, calibrate):
+    calibrate_min = [float(x) for x in args.calibrate.split(",")]
+    calibrate_min += calibrate_min[-1:] * (len(sizes) - len(calibrate_min))
+    for size, length, n, cal_min in zip(sizes, minutes, pairs, calibrate_min):
         print(f"\n== state {size:g} GB, anchor {length:g} min, {n} auto run{'s' if n > 1 else ''} ==", file=out, flush=True)
         r = bench_size(work, size, length, n, cal_min, args, threads, out)
         results.append(r)
@@ -385,8 +385,8 @@ def main() -> None:
               f"{pct(statistics.median(r['measured_overhead']) if r['measured_overhead'] else None):>9}  "
               f"{r['verdict']}", file=out)
     print(f"(total {time.monotonic() - started:.0f} s; true ovh: median over the auto runs of training time / mean of the "
-          f"anchors' - 1; noise: spread of the anchors; in-run: median of the in-run overhead (long windows, local "
-          f"baselines); measured: what gpusnap measured itself)", file=out)
+          f"anchors' - 1; noise: spread of the anchors; in-run: median of the in-run overhead (from each fork to --tail-s "
+          f"after its commit, against local baselines); measured: what gpusnap measured itself)", file=out)
     print("# raw " + json.dumps(results), file=out)
     shutil.rmtree(work, ignore_errors=True)
 

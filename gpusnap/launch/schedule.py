@@ -26,7 +26,7 @@ or a machine whose costs change.
 The estimate c is the mean of the last ``COSTS_KEPT`` costs plus its standard error. A cost is
 measured against iterations whose own times vary by as much as a snapshot costs (0.6 GB of
 state on the 2-core CI machine: 0.2-0.3 s a snapshot, 8 iterations of 0.45 +- 0.1 s), so single
-costs scatter widely (0.01-0.5 s there). The budget is a bound, not a target: spacing snapshots
+costs scatter widely (0.01-1.8 s there). The budget is a bound, not a target: spacing snapshots
 by the mean alone overshoots it whenever the mean of the last few happens to be low, and the
 standard error is what it is likely to be low by. It vanishes as costs agree.
 """
