@@ -8,10 +8,8 @@ snapshot here also shows that the writer read both from the staging arena."""
 
 from __future__ import annotations
 
-import json
-
 from harness import gpusnap
-from test_e2e_device import CHUNK, killed_fixture, manifest, refused_restart
+from test_e2e_device import CHUNK, killed_fixture, manifest, refused_restart, restarted_at_new_bases
 
 
 # The first snapshot past the second copy of the weights: one Buffer made in training, one closed.
@@ -27,16 +25,8 @@ def test_a_buffer_of_another_size_refuses_the_restart_with_exit_6(killed):
 
 
 def test_killed_cuda_core_program_restarts_to_the_same_bytes_at_new_bases(killed):
-    tmp, ref, out, _, second, env = killed
-    restarted = gpusnap("restart", "snaps", cwd=tmp, env=env)
-    assert restarted.returncode == 0, restarted.stderr
-    assert f"restored snapshot {second}" in restarted.stderr
-    final = json.loads((out / "final.json").read_text())
-    assert final == json.loads((ref / "final.json").read_text())
+    final = restarted_at_new_bases(killed)  # device, managed, pinned: all moved
     assert final["retired_closed"] is True
-    bases = [line.split() for line in (out / "bases").read_text().splitlines()]
-    killed_bases, restarted_bases = bases[-2], bases[-1]
-    assert all(a != b for a, b in zip(killed_bases, restarted_bases)), bases  # device, managed, pinned: all moved
 
 
 def test_buffers_are_written_by_kind_and_clean_chunks_keep_their_ids(killed):

@@ -66,16 +66,25 @@ def test_unmatched_raw_allocation_refuses_the_restart_with_exit_6(killed):
     assert not (out / "final.json").exists()
 
 
-def test_killed_raw_cuda_program_restarts_to_the_same_bytes_at_new_bases(killed):
+def restarted_at_new_bases(killed) -> dict:
+    """`gpusnap restart snaps` continues from the last snapshot and ends with the uninterrupted
+    run's bytes, every allocation the program wrote to `bases` at another address than in the
+    killed run: the final state."""
     tmp, ref, out, _, second, env = killed
     restarted = gpusnap("restart", "snaps", cwd=tmp, env=env)
     assert restarted.returncode == 0, restarted.stderr
     assert f"restored snapshot {second}" in restarted.stderr
-    assert json.loads((out / "final.json").read_text()) == json.loads((ref / "final.json").read_text())
+    final = json.loads((out / "final.json").read_text())
+    assert final == json.loads((ref / "final.json").read_text())
     bases = [line.split() for line in (out / "bases").read_text().splitlines()]
     assert len(bases) >= 2
     killed_bases, restarted_bases = bases[-2], bases[-1]
-    assert all(a != b for a, b in zip(killed_bases, restarted_bases)), bases  # device, managed, VMM all moved
+    assert all(a != b for a, b in zip(killed_bases, restarted_bases)), bases
+    return final
+
+
+def test_killed_raw_cuda_program_restarts_to_the_same_bytes_at_new_bases(killed):
+    restarted_at_new_bases(killed)  # device, managed, VMM: all moved
 
 
 def test_only_dirty_chunks_are_copied_and_clean_ones_keep_their_ids(killed):
