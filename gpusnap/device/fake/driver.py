@@ -377,7 +377,7 @@ def cuPointerGetAttribute(attribute, ptr):
     raise CudaFault("CUDA_ERROR_NOT_SUPPORTED")
 
 
-# ---- host registration
+# ---- host registration, page-locked host memory
 
 
 @_api()
@@ -388,6 +388,18 @@ def cuMemHostRegister(p, bytesize, Flags):
 @_api()
 def cuMemHostUnregister(p):
     _m().unregister(hostmem.address_of(p))
+
+
+@_api(1)
+def cuMemAllocHost(bytesize):
+    m = _m()
+    m.current()  # it needs a context
+    return m.alloc_pinned(_n(bytesize))
+
+
+@_api()
+def cuMemFreeHost(p):
+    _m().free_pinned(hostmem.address_of(p))
 
 
 # ---- virtual memory management
