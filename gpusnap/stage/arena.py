@@ -6,7 +6,12 @@ the CPU drain (``drain``). Regions never overlap. The memfd is sparse: reserving
 costs nothing, its pages are allocated when first written (``populate`` does it ahead, between
 snapshots) and stay for the next snapshot that reuses the offsets. Because the arena is one
 mapping made once, the device code registers it with the GPU once (cuMemHostRegister runs at
-~1-2 GB/s: never per snapshot).
+~1-2 GB/s: never per snapshot): only its *pinned part* at the top (``pinned``), where the regions
+the GPU copies into lie (``DMA_USES``: device and managed staging) and nothing else, grown
+downward by doubling. CUDA pins pages, not addresses, so that part is never trimmed or
+populated: a page replaced under a registration takes no more of the GPU's copies, and the
+writer would read zeros (docs/gpu.md). The drain and the pinned CPU tensors, which the CPU
+writes, lie below it, where trimming and populating are safe.
 
 Call order, in the trainee::
 
