@@ -148,6 +148,14 @@ CACHE_DIR = _str("CACHE_DIR", "")
 # how many bytes each can allocate (address space reserved up front; pages only as written).
 FAKE_DEVICES = _int("FAKE_DEVICES", 2)
 FAKE_DEVICE_BYTES = _int("FAKE_DEVICE_BYTES", 1 << 30)
+# The seed of the order in which the fake GPU runs work that CUDA leaves unordered (streams
+# without an event between them, "synchronous" calls still in flight): unset, each process picks
+# one at random; the tests print theirs on a failure, and setting it replays that order.
+FAKE_SEED = _parsed("FAKE_SEED", None, int, "an integer")
+# Where the fake GPU puts device memory: "random" (another base in every process, so that a
+# restore that kept an old address fails) or "repeat" (the same bases in every process, as a
+# real GPU often gives them: nothing may assume that a restart moved them).
+FAKE_BASES = _choice("FAKE_BASES", "random", ("random", "repeat"))
 # Which GPU a run uses: "cuda" (cuda-python over the real driver) or "fake" (the fake GPU above,
 # installed as cuda.bindings.driver/runtime before the program's imports: CI and tests).
 DEVICE = _choice("DEVICE", "cuda", ("cuda", "fake"))

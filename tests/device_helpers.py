@@ -35,7 +35,11 @@ class Program:
         return int(check("cuMemAllocManaged", self.cu.cuMemAllocManaged(nbytes, flags)))
 
     def put(self, ptr: int, data: np.ndarray) -> None:
+        """Bytes to the device, there for every stream once this returns: a synchronous copy
+        from pageable memory may still be in flight when it returns, ordered only with the
+        legacy stream, and gpusnap's stream is a non-blocking one."""
         check("cuMemcpyHtoD", self.cu.cuMemcpyHtoD(ptr, data, data.nbytes))
+        check("cuCtxSynchronize", self.cu.cuCtxSynchronize())
 
     def get(self, ptr: int, nbytes: int) -> np.ndarray:
         out = np.zeros(nbytes, np.uint8)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from gpusnap.errors import CudaCallFailed
 R = cu.CUresult
 E = rt.cudaError_t
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RANDOM_BASES = {"GPUSNAP_FAKE_BASES": "random"}  # what these tests are about, whatever the suite's setting
 
 
 @pytest.fixture
@@ -51,7 +53,7 @@ def test_each_process_gets_device_memory_at_another_base():
         cu.cuCtxPushCurrent(ctx)
         print(json.dumps({"base": int(cu.cuMemAlloc(4096)[1]), "managed": int(cu.cuMemAllocManaged(4096, 1)[1])}))
     """
-    first, second = run_python(code), run_python(code)
+    first, second = run_python(code, RANDOM_BASES), run_python(code, RANDOM_BASES)
     assert first["base"] != second["base"] and first["managed"] != second["managed"]
 
 
@@ -246,6 +248,7 @@ def test_restored_bytes_land_at_another_base_in_another_process(tmp_path):
         ptr = int(check("", cu.cuMemAlloc(1 << 20)))
         data = (np.arange(1 << 18, dtype=np.uint32) * 2654435761).astype(np.uint32)
         check("", cu.cuMemcpyHtoD(ptr, data, data.nbytes))
+        check("", cu.cuCtxSynchronize())  # the copy may still be in flight, and staging uses another stream
         arena = np.zeros(1 << 20, np.uint8)
         backend.register_host(arena.ctypes.data, arena.nbytes)
         backend.copy_to_host(0, ptr, arena.ctypes.data, arena.nbytes)
@@ -270,7 +273,7 @@ def test_restored_bytes_land_at_another_base_in_another_process(tmp_path):
         want = (np.arange(1 << 18, dtype=np.uint32) * 2654435761).astype(np.uint32)
         print(json.dumps({{"base": ptr, "equal": bool((back.view(np.uint32) == want).all())}}))
     """
-    first, second = run_python(stage), run_python(restore)
+    first, second = run_python(stage, RANDOM_BASES), run_python(restore, RANDOM_BASES)
     assert second["equal"] and second["base"] != first["base"]
 
 
@@ -338,6 +341,107 @@ def test_events_order_work_across_streams_only_when_waited_on(program):
     assert cu.cuEventQuery(later) == (cu.CUresult.CUDA_ERROR_NOT_READY,)
     check("cuEventSynchronize", cu.cuEventSynchronize(later))
     assert (program.get(dst, 4096) == 1).all()
+
+
+SEEDS = range(16)  # stream orders: each seed picks one, a few seeds show every order of two ops
+
+
+def last_write_wins(seed: int, how: str) -> int:
+    """A fresh fake at ``seed``: a "synchronous" memset of 1 (still in flight on the legacy
+    stream when it returns), then a memset of 2 on a second stream, ordered after it ``how``
+    ("event", "blocking" stream) or not at all ("none"); the byte once the context is synchronized."""
+    fake.reset(devices=1, device_bytes=16 << 20, seed=seed)
+    program = Program(cu)
+    ptr = program.alloc(16)
+    flags = 0 if how == "blocking" else int(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
+    other = check("cuStreamCreate", cu.cuStreamCreate(flags))
+    check("cuMemsetD8", cu.cuMemsetD8(ptr, 1, 16))
+    if how == "event":
+        done = check("cuEventCreate", cu.cuEventCreate(0))
+        check("cuEventRecord", cu.cuEventRecord(done, 0))
+        check("cuStreamWaitEvent", cu.cuStreamWaitEvent(other, done, 0))
+    check("cuMemsetD8Async", cu.cuMemsetD8Async(ptr, 2, 16, other))
+    check("cuCtxSynchronize", cu.cuCtxSynchronize())
+    value = int(program.get(ptr, 1)[0])
+    program.close()
+    return value
+
+
+def test_unordered_streams_run_in_either_order_and_an_event_or_a_blocking_stream_orders_them():
+    assert {last_write_wins(seed, "none") for seed in SEEDS} == {1, 2}, "a non-blocking stream may overtake the legacy one"
+    assert {last_write_wins(seed, "event") for seed in SEEDS} == {2}
+    assert {last_write_wins(seed, "blocking") for seed in SEEDS} == {2}
+
+
+def test_the_order_is_the_seeds_own_so_a_failure_replays():
+    orders = [last_write_wins(seed, "none") for seed in SEEDS]
+    assert [last_write_wins(seed, "none") for seed in SEEDS] == orders
+    fake.reset(devices=1, seed=1234)
+    assert fake.seed() == 1234
+    code = "from gpusnap.device.fake import driver as cu; from gpusnap.device import fake; cu.cuInit(0); print(fake.seed())"
+    environ = dict(os.environ, PYTHONPATH=REPO, GPUSNAP_FAKE_SEED="4321")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, timeout=120)
+    assert done.stdout.strip() == "4321", done.stderr  # the knob every process of a test run shares
+
+
+def test_a_pageable_copy_to_the_device_may_still_be_in_flight_when_it_returns(program):
+    """cuMemcpyHtoD from pageable memory returns once the bytes are staged; only later
+    legacy-stream work (or a synchronize) is ordered after it, not another stream's."""
+    ptr = program.alloc(4096)
+    check("cuMemcpyHtoD", cu.cuMemcpyHtoD(ptr, pattern("mixed", 4096), 4096))
+    region, host = host_buffer(4096)
+    check("cuMemHostRegister", cu.cuMemHostRegister(host.ctypes.data, 4096, 0))
+    fast = check("cuStreamCreate", cu.cuStreamCreate(int(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)))
+    check("cuMemcpyDtoHAsync", cu.cuMemcpyDtoHAsync(host.ctypes.data, ptr, 4096, fast))
+    check("cuStreamSynchronize", cu.cuStreamSynchronize(fast))
+    assert not host.any(), "the non-blocking stream read the device before the copy landed"
+    assert (program.get(ptr, 4096) == pattern("mixed", 4096)).all()  # the legacy stream is ordered after it
+    check("cuMemHostUnregister", cu.cuMemHostUnregister(host.ctypes.data))
+
+
+def test_the_fingerprint_self_check_orders_its_own_writes_in_every_stream_order():
+    for seed in SEEDS:
+        fake.reset(devices=1, device_bytes=16 << 20, seed=seed)
+        program = Program(cu)
+        backend = fake.FakeBackend()
+        assert backend.fingerprint_agrees(0), f"seed {seed}"
+        backend.close()
+        program.close()
+
+
+def test_registration_pins_pages_and_a_page_replaced_under_it_loses_what_the_gpu_writes(program):
+    """The staging arena's case: a memfd mapped shared, registered. A copy lands in the pages the
+    registration pinned; a hole punched in the file replaces two of them under the mapping, and
+    the GPU's next copy goes into the orphans: the file (what a writer maps) reads zeros there,
+    and nothing fails. Unregistered and registered again, the range pins the new pages."""
+    from gpusnap.stage.memory import punch_hole
+
+    page = mmap.PAGESIZE
+    fd = os.memfd_create("pinned-pages")
+    os.ftruncate(fd, 8 * page)
+    shared = mmap.mmap(fd, 8 * page, flags=mmap.MAP_SHARED)
+    host = np.frombuffer(shared, np.uint8)
+    data = pattern("mixed", 8 * page)
+    ptr = program.alloc(8 * page)
+    program.put(ptr, data)
+    check("cuMemHostRegister", cu.cuMemHostRegister(host.ctypes.data, 8 * page, 0))
+
+    def copy_back() -> bytes:
+        check("cuMemcpyDtoH", cu.cuMemcpyDtoH(host.ctypes.data, ptr, 8 * page))
+        return os.pread(fd, 8 * page, 0)
+
+    assert copy_back() == data.tobytes()
+    punch_hole(fd, 2 * page, 2 * page)
+    got = copy_back()
+    assert got[: 2 * page] == data[: 2 * page].tobytes() and got[4 * page :] == data[4 * page :].tobytes()
+    assert got[2 * page : 4 * page] == bytes(2 * page), "the GPU wrote into the orphaned pages"
+    check("cuMemHostUnregister", cu.cuMemHostUnregister(host.ctypes.data))
+    check("cuMemHostRegister", cu.cuMemHostRegister(host.ctypes.data, 8 * page, 0))
+    assert copy_back() == data.tobytes()
+    check("cuMemHostUnregister", cu.cuMemHostUnregister(host.ctypes.data))
+    del host
+    shared.close()
+    os.close(fd)
 
 
 def test_a_launch_with_too_few_blocks_gives_wrong_fingerprints(program):

@@ -16,7 +16,7 @@ import torch
 
 from gpusnap.errors import ArenaFull, StageError
 from gpusnap.stage import limits
-from gpusnap.stage.arena import USES, Arena, writer_view
+from gpusnap.stage.arena import DMA_USES, USES, Arena, writer_view
 from gpusnap.stage.drain import drain
 from gpusnap.stage.memory import PAGE, address_view, madvise
 from harness import Run, assert_same, gpusnap, load_final, plain, programs_and_out, progress, request_snapshot, wait_for
@@ -47,6 +47,8 @@ def test_regions_never_overlap_one_held_by_a_writer_and_are_reused_only_after_re
             except ArenaFull:
                 continue
             assert region.offset % PAGE == 0 and region.end <= arena.capacity
+            # What the GPU copies into lies in the pinned part, and nothing else does.
+            assert (region.offset >= arena.pinned_offset) == (region.use in DMA_USES), (seed, region)
             assert region.generation == arena.pending
             for held in [r for regions in sealed.values() for r in regions] + pending:
                 assert not overlaps(region, held), (seed, region, held)
@@ -70,7 +72,7 @@ def test_regions_never_overlap_one_held_by_a_writer_and_are_reused_only_after_re
 
 def test_a_full_arena_refuses_with_the_bytes_needed_and_the_limit_and_frees_on_release():
     arena = Arena(capacity=16 * MiB)
-    first = arena.reserve(10 * MiB, "device")
+    first = arena.reserve(10 * MiB, "drain")
     generation = arena.seal()
     with pytest.raises(ArenaFull) as refused:
         arena.reserve(10 * MiB, "drain")
@@ -80,7 +82,7 @@ def test_a_full_arena_refuses_with_the_bytes_needed_and_the_limit_and_frees_on_r
     assert "10,485,760 of them held by snapshots in progress" in message
     assert "training goes on" in refused.value.hint
 
-    assert arena.reserve(6 * MiB, "pinned").offset == first.end  # what is left beside the writer's
+    assert arena.reserve(6 * MiB, "device").offset == first.end  # what is left beside the writer's
     arena.discard()
     arena.release(generation)
     again = arena.reserve(10 * MiB, "drain")
@@ -182,7 +184,8 @@ def test_a_second_snapshot_while_a_writer_still_reads_never_overwrites_its_regio
     assert second.finish() == {"staged": digest(second_staged), "weights": second_weights}
     assert first.finish() == {"staged": digest(first_staged), "weights": first_weights}
     arena.release(1)
-    assert arena.reserve(MiB, "pinned").offset == first_regions[0].offset  # free once its writer is done
+    assert arena.reserve(MiB, "device").offset == first_regions[0].offset  # free once its writer is done
+    assert arena.reserve(MiB, "drain").offset == first_regions[1].offset
 
 
 def test_a_writer_maps_its_region_afresh_even_where_the_trainee_mapping_is_not_inherited():
@@ -266,7 +269,7 @@ def test_the_arena_is_sized_against_the_cgroup_and_refuses_what_its_room_cannot_
         "the staging arena needs 33,554,432 more bytes for device staging (33,554,432 in all), but the memory "
         f"cgroup limit ({root}/sys/fs/cgroup/job/memory.max) leaves 25,165,824 bytes (of 67,108,864; 90% may be used)")
     arena.release(1)
-    assert arena.reserve(16 * MiB, "device").offset == region.offset  # its pages exist: nothing to add
+    assert arena.reserve(32 * MiB, "drain").offset == region.offset  # 16 MiB of its pages exist: 16 to add
 
 
 # -- through the CLI ------------------------------------------------------------------------------

@@ -176,6 +176,25 @@ def test_restore_refuses_an_allocation_without_a_counterpart(gpu):
     assert "train.py:12" in info.value.message
 
 
+def test_restored_raw_memory_lands_after_the_replays_own_pending_work_in_every_stream_order(gpu, monkeypatch):
+    """The replay fills its allocation and does not wait (a "synchronous" memset, still in
+    flight on the legacy stream); restore copies on gpusnap's non-blocking stream. Unless it
+    synchronizes the program's work first, CUDA may run the fill last and lose the restored
+    bytes: the fake picks such orders, every seed here."""
+    for seed in range(16):
+        fake.reset(devices=1, device_bytes=64 << 20, seed=seed)
+        monkeypatch.setattr(staging, "_state", staging._State())
+        staging._state.backend = fake.FakeBackend()
+        program = Program(cu)
+        ptr = program.alloc(1 << 16)
+        check("cuMemsetD8", cu.cuMemsetD8(ptr, 0, 1 << 16))  # the replay's setup, not waited for
+        entry = tracking.registry().live()[-1]
+        record = {"seq": 0, "call_site": entry.call_site, "ordinal": entry.ordinal, "kind": "device",
+                  "nbytes": 1 << 16, "api": "cuMemAlloc", "buffer": "raw/0"}
+        assert staging.restore_allocations([record], lambda name: b"\x07" * (1 << 16)) == {0: ptr}
+        assert program.get(ptr, 1 << 16).tobytes() == b"\x07" * (1 << 16), f"seed {seed}"
+
+
 # ---- ranges an allocator owns (torch's caching allocator, CuPy's pool), on the fake GPU:
 # one segment allocated past the registry, carved into blocks, as those allocators do.
 
@@ -424,6 +443,30 @@ def test_the_merge_fills_the_replays_buffers_and_makes_the_missing_ones(core):
                                   "the replayed program one of 4,096 bytes")
 
 
+def test_a_managed_buffer_that_prefers_the_host_is_staged_and_restored_through_the_current_device(core):
+    """The driver names no device for managed memory that prefers the host
+    (CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL -1): staging and restore go through the current one
+    instead of refusing the Buffer."""
+    import ctypes
+
+    from gpusnap.graph.load import CoreBuffer
+    from gpusnap.restore.merge import Merger
+
+    device, stream = core
+    options = fake.core.ManagedMemoryResourceOptions(preferred_location=-1)
+    live = fake.core.ManagedMemoryResource(options).allocate(4096, stream=stream)
+    ordinal = cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    assert cu.cuPointerGetAttribute(ordinal, live.handle) == (cu.CUresult.CUDA_SUCCESS, -1)
+    ctypes.memset(live.handle, 9, 4096)
+    stage = staging.stage_device_memory("000001", committed())
+    assert [(s.range.device, s.range.kind, s.dirty_bytes) for s in stage.ranges] == [(0, AllocKind.MANAGED, 4096)]
+    data = bytes(range(256)) * 16
+    merger = Merger(staging.write_device_memory)
+    state = merger.value({"m": live}, {"m": CoreBuffer(data, 0, "managed", 4096)}, "frame[1].locals")
+    merger.finish()
+    assert merger.settled(state)["m"] is live and ctypes.string_at(live.handle, 4096) == data
+
+
 def test_a_buffer_the_replay_lacks_is_refused_where_its_device_was_never_set_current(core):
     import threading
 
@@ -473,3 +516,144 @@ def test_a_kernel_that_disagrees_with_the_definition_is_never_trusted(gpu, monke
     err = capsys.readouterr().err
     assert err.count("gpusnap: warning: the fingerprint kernel disagrees with its definition on device 0") == 1
     assert "hint: snapshots stay exact, only slower" in err
+
+
+# ---- a snapshot never crashes the program
+
+
+def test_a_kernel_that_cannot_be_built_is_never_used_and_that_is_said_once(gpu, monkeypatch, capsys):
+    """NVRTC missing or failing, a module the GPU cannot load: staging copies every chunk, once
+    the reason is said; it never fails the snapshot or the program."""
+    from gpusnap.errors import KernelBuildError
+
+    def broken(ordinal):
+        raise KernelBuildError("NVRTC could not compile fingerprint.cu for sm_90: error: unknown")
+
+    monkeypatch.setattr(staging._state.backend, "kernel_image", broken)
+    ptr = gpu.alloc(2 * CHUNK)
+    gpu.put(ptr, np.zeros(2 * CHUNK, np.uint8))
+    staging.stage_device_memory("000001", committed(ANY))
+    again = staging.stage_device_memory("000002", committed(ANY))
+    assert again.dirty_bytes == 2 * CHUNK
+    err = capsys.readouterr().err
+    assert err.count("gpusnap: warning: the fingerprint kernel cannot be built (NVRTC could not compile fingerprint.cu "
+                     "for sm_90: error: unknown) on device 0 (gpusnap fake device 0): every snapshot copies all of its memory") == 1
+    assert err.count("\nhint: snapshots stay exact, only slower") == 1
+
+
+def fill_the_device() -> list:
+    """Allocate until the device has no byte left (past the registry: the program's allocator)."""
+    alloc, hogs = getattr(cu.cuMemAlloc, ORIGINAL_ATTR), []
+    for size in (1 << 20, 4096, 512):
+        while True:
+            status, ptr = alloc(size)
+            if status != cu.CUresult.CUDA_SUCCESS:
+                break
+            hogs.append(int(ptr))
+    return hogs
+
+
+def test_a_full_gpu_copies_every_chunk_instead_of_failing_the_snapshot(gpu, capsys, monkeypatch):
+    """No device memory left for the fingerprints' scratch buffer (the program's allocator holds
+    the GPU): the snapshot copies every chunk, says so once, and later ones fingerprint again
+    once there is room."""
+    monkeypatch.setattr(knobs, "CHUNK_BYTES", 64 << 10)  # 128 chunks: a scratch buffer of 4 KiB
+    ptr = gpu.alloc(2 * CHUNK)
+    gpu.put(ptr, np.zeros(2 * CHUNK, np.uint8))
+    staging.stage_device_memory("000001", committed(ANY))  # trusted, with a scratch buffer of its size
+    hogs = fill_the_device()
+    extra = gpu.managed(1 << 16)  # one more range: the chunk table outgrows the scratch buffer
+    full = staging.stage_device_memory("000002", committed(ANY))
+    assert full.dirty_bytes == 2 * CHUNK + (1 << 16)
+    err = capsys.readouterr().err
+    assert err.count("gpusnap: warning: no device memory for the dirty-chunk fingerprints (cuMemAlloc failed with "
+                     "CUDA_ERROR_OUT_OF_MEMORY): snapshots copy all device memory until there is room") == 1
+    for p in hogs:
+        gpu.free(p)
+    gpu.free(extra)
+    later = staging.stage_device_memory("000003", committed(ANY))
+    assert later.dirty_bytes == 2 * CHUNK  # fingerprinted again: nothing before had prints
+    again = staging.stage_device_memory("000004", committed(ANY))
+    assert again.dirty_bytes == 0
+
+
+def test_a_source_that_raises_fails_the_snapshot_with_one_line(gpu, monkeypatch):
+    def snapshot_unsupported():
+        raise RuntimeError("cudaMallocAsync does not yet support _snapshot\nmore detail")
+
+    monkeypatch.setattr(sources, "SOURCES", (sources.raw_ranges, snapshot_unsupported))
+    with pytest.raises(StageError) as info:
+        staging.stage_device_memory("000001", committed())
+    assert info.value.message == ("the program's device memory could not be listed: "
+                                  "RuntimeError: cudaMallocAsync does not yet support _snapshot")
+    assert "training goes on" in info.value.hint
+
+
+# ---- the arena's pinned pages, under every GPUSNAP_DRAIN
+
+
+@pytest.mark.parametrize("drain_mode", ["keep", "release", "off"])
+def test_staged_bytes_land_in_pages_the_writer_reads_under_every_drain_setting(gpu, monkeypatch, drain_mode):
+    """Snapshots as the agent takes them, a writer still reading while the next one stages: its
+    drain region trimmed behind it (keep), regions trimmed as writers finish (release). CUDA
+    copies into the pages the arena's registration pinned; a page trimmed under it leaves the
+    copy in an orphan the writer never sees (the fake models pages, not addresses), so every
+    staged byte must come back through the writer's own mapping."""
+    from gpusnap.stage import arena as arena_module
+    from gpusnap.stage import writer_done, writer_starting
+    from gpusnap.stage.arena import Arena
+    from gpusnap.stage.memory import punch_hole
+
+    monkeypatch.setattr(knobs, "DRAIN", drain_mode)
+    monkeypatch.setattr(arena_module, "_arena", Arena(capacity=64 << 20))
+    arena = trainee_arena()
+    small = gpu.alloc(1 << 20)
+    step = iter(range(1, 100))
+
+    def snapshot(extra=()):
+        n = next(step)
+        for ptr, nbytes in [(small, 1 << 20), *extra]:
+            gpu.put(ptr, np.full(nbytes, n, np.uint8))
+        stage = staging.stage_device_memory(f"{n:06d}", committed(ANY))
+        for staged in stage.ranges:
+            assert staged_bytes(stage, stage.ranges.index(staged)) == bytes([n]) * staged.range.nbytes, (drain_mode, n)
+        region = arena.reserve(8 << 20, "drain") if drain_mode != "off" else None
+        if region is not None and drain_mode == "keep":
+            list(arena.populate(region))  # prepare's work between snapshots
+        return writer_starting(), region
+
+    def writer_finishes(generation, region):
+        if region is not None and drain_mode == "keep":
+            punch_hole(arena.fd, region.offset + (64 << 10), region.nbytes - (64 << 10))  # Drained.trim
+        writer_done(generation)
+
+    first = snapshot()
+    second = snapshot()  # the first writer still reads
+    writer_finishes(*first)
+    big = gpu.alloc(4 << 20)
+    third = snapshot([(big, 4 << 20)])  # more to stage: the staging may land where the first writer trimmed
+    writer_finishes(*second)
+    writer_finishes(*third)
+    snapshot([(big, 4 << 20)])
+
+
+def test_a_context_of_the_programs_own_refuses_the_snapshot_naming_it(gpu):
+    """Memory of a context the program made itself is out of reach of the primary context that
+    gpusnap works in (a kernel there faults on it, and its pending work is not synchronized):
+    the snapshot is refused, naming the context, and the program's contexts are left as they were."""
+    ptr = gpu.alloc(1 << 20)
+    gpu.put(ptr, np.full(1 << 20, 4, np.uint8))
+    own = check("cuCtxCreate", cu.cuCtxCreate(None, 0, gpu.dev))  # current in this thread now
+    line = sys._getframe().f_lineno - 1
+    theirs = int(check("cuMemAlloc", cu.cuMemAlloc(1 << 20)))
+    check("cuMemsetD8", cu.cuMemsetD8(theirs, 5, 1 << 20))
+    with pytest.raises(StageError) as info:
+        staging.stage_device_memory("000001", committed())
+    assert info.value.message == (f"the program uses a CUDA context of its own (context {int(own):#x} on device 0, made at "
+                                  f"{__file__}:{line}): gpusnap stages the memory of the devices' primary contexts only")
+    assert "this snapshot is skipped, training goes on" in info.value.hint
+    assert gpu.get(theirs, 4).tolist() == [5] * 4  # its context is intact
+    gpu.free(theirs)
+    check("cuCtxDestroy", cu.cuCtxDestroy(own))
+    assert gpu.get(ptr, 4).tolist() == [4] * 4  # and so is the primary one
+    assert staging.stage_device_memory("000002", committed()).ranges[0].range.base == ptr

@@ -2,9 +2,15 @@
 synchronous torch.save, DCP async_save's blocking time, and a plain pinned device->host copy of
 the same bytes. Needs one CUDA GPU.
 
-    python tools/bench_gpu.py [--sizes 1,8,32] [--snapshots 3] [--repeats 2]
+    python tools/bench_gpu.py [--sizes 1,8] [--snapshots 3] [--repeats 2]
                               [--parts stall,frozen,throughput,restart,expandable,queued]
-                              [--every 60] [--throughput-s 150] [--dir DIR] [--out FILE]
+                              [--every 60] [--throughput-s 150] [--dir DIR] [--out FILE] [--dry-run]
+
+Before each size, a preflight: free disk under DIR (torch.save's file, DCP's directory and the
+runs' snapshots, one at a time: about 2.5 times the state), host memory (the pinned anchor copy,
+the staging arena, the trainee: 4 times) and free GPU memory (the state and a buffer of its size
+for the merged-copy anchor: 2.2 times); a size that does not fit is skipped with a line saying
+what is short. --dry-run prints the plan and the preflight and stops (no GPU needed).
 
 For each size S (GB of model + Adam state on cuda:0; tools/bench_gpu_program.py builds it):
 
@@ -21,7 +27,7 @@ For each size S (GB of model + Adam state on cuda:0; tools/bench_gpu_program.py 
 - throughput: steps per second over --throughput-s with `--every` (a snapshot a minute) against
   the same program without gpusnap. Goal: >= 99%;
 - restart: the last stall run killed -9 and restarted: replay, fast-forward, reading chunks,
-  decoding them, checking them, and the merge (which includes the host->device copies);
+  decoding them, checking them, and the merge's host->device copies (the merge less loading);
 - expandable: the stall with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True;
 - queued: the stall when the step leaves ~60 ms of kernels queued at the boundary (staging
   waits for them: the stall includes them, and the bytes are the ones after them).
@@ -38,6 +44,7 @@ import datetime
 import json
 import os
 import pathlib
+import shutil
 import signal
 import statistics
 import subprocess
@@ -78,7 +85,7 @@ def environment() -> dict:
     return {
         "gpu": run("nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"),
         "torch_cuda_gpu": run(sys.executable, "-c", probe),
-        "commit": run("git", "-C", str(REPO), "rev-parse", "--short", "HEAD"),
+        "commit": os.environ.get("GPUSNAP_COMMIT") or run("git", "-C", str(REPO), "rev-parse", "--short", "HEAD"),
         "python": sys.version.split()[0],
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
     }
@@ -117,7 +124,8 @@ def snapshot_run(work: pathlib.Path, gb: float, count: int, frozen: float = 0.0,
     """``count`` snapshots of the program under `gpusnap run`; their stalls, dirty bytes, sizes."""
     run_dir, stamps, stop = work / "run", work / "stamps", work / "stop"
     args = ["train", gb, frozen, stamps, stop] + (["--queued"] if queued else [])
-    proc = gpusnap("run", "--dir", run_dir, PROGRAM, *args, env=env, cwd=work)
+    # One snapshot kept: the disk holds at most two while the next one commits.
+    proc = gpusnap("run", "--keep", "1", "--dir", run_dir, PROGRAM, *args, env=env, cwd=work)
     result = {"stall_s": [], "dirty_bytes": [], "bytes_written": [], "write_s": []}
     try:
         wait_for(lambda: steps_done(stamps) >= 5, "five training steps", proc=proc, timeout=900)
@@ -180,9 +188,37 @@ def med(values) -> float:
     return statistics.median(values)
 
 
+def gpu_free_bytes() -> int | None:
+    """Free memory of GPU 0 as nvidia-smi reports it; None where it cannot say."""
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", "0"],
+                              capture_output=True, text=True, timeout=60)
+        return int(done.stdout.split()[0]) << 20
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return None
+
+
+def preflight(gb: float, scratch: pathlib.Path) -> str | None:
+    """What is short for a run of ``gb`` GB, or None when disk, host memory and GPU memory suffice."""
+    import psutil
+
+    state = gb * 1e9
+    short = []
+    disk = shutil.disk_usage(scratch).free
+    if disk < 2.5 * state + 2e9:
+        short.append(f"disk under {scratch}: {disk / 1e9:.1f} GB free, {(2.5 * state + 2e9) / 1e9:.1f} needed")
+    memory = psutil.virtual_memory().available
+    if memory < 4 * state + 4e9:
+        short.append(f"host memory: {memory / 1e9:.1f} GB available, {(4 * state + 4e9) / 1e9:.1f} needed")
+    gpu = gpu_free_bytes()
+    if gpu is not None and gpu < 2.2 * state + 1e9:
+        short.append(f"GPU memory: {gpu / 1e9:.1f} GB free, {(2.2 * state + 1e9) / 1e9:.1f} needed")
+    return "; ".join(short) or None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="1,8,32")
+    parser.add_argument("--sizes", default="1,8")
     parser.add_argument("--snapshots", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--parts", default=",".join(PARTS))
@@ -190,6 +226,7 @@ def main() -> None:
     parser.add_argument("--throughput-s", type=float, default=150)
     parser.add_argument("--dir", default=None, help="scratch directory (default: a temporary one)")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and the preflight, run nothing")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     env = environment()
@@ -200,11 +237,17 @@ def main() -> None:
     for key, value in env.items():
         report.say(f"# {key}: {value}")
     scratch = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="bench-gpu-"))
+    scratch.mkdir(parents=True, exist_ok=True)
     try:
         for gb in (float(s) for s in args.sizes.split(",")):
             work = scratch / f"{gb:g}GB"
+            short = preflight(gb, scratch)
+            report.say(f"\n## {gb:g} GB of model + Adam state: parts {', '.join(p for p in PARTS if p in parts)}; "
+                       f"preflight {'ok' if short is None else 'SHORT: ' + short}")
+            if short is not None or args.dry_run:
+                report.say(f"  {'skipped' if short else 'dry run: nothing run'}")
+                continue
             work.mkdir(parents=True, exist_ok=True)
-            report.say(f"\n## {gb:g} GB of model + Adam state")
             anchor_out = subprocess.run([sys.executable, PROGRAM, "anchors", gb, work, args.repeats],
                                         capture_output=True, text=True, check=True).stdout
             a = json.loads(anchor_out.strip().splitlines()[-1])
@@ -227,14 +270,18 @@ def main() -> None:
                                f"{stall / med(a['dcp_async_block_s']):.2f}x dcp.async_save's blocking; "
                                f"dirty {(dirty or 0) / 1e9:.2f} GB, wrote {stalls['bytes_written'][k - 1] / 1e9:.2f} GB "
                                f"in {stalls['write_s'][k - 1]:.1f} s")
-                worst = max(stalls["stall_s"])
-                report.say(f"  goal stall <= 1.1x the pinned copy: largest {worst / copy_s:.2f}x -> {'MET' if worst <= 1.1 * copy_s else 'NOT MET'}")
+                # The first snapshot of a process also compiles the kernel and registers the arena: once.
+                later = stalls["stall_s"][1:] or stalls["stall_s"]
+                worst = max(later)
+                report.say(f"  goal stall <= 1.1x the pinned copy: largest after the first {worst / copy_s:.2f}x -> "
+                           f"{'MET' if worst <= 1.1 * copy_s else 'NOT MET'}")
             if "restart" in parts and stalls is not None:
                 r = restart_run(work / "stall")
                 report.say(f"  restart: wall {r['wall_s']:.2f} s = replay {r['replay_s']:.2f} + fast-forward {r['fastforward_s']:.2f} "
                            f"+ merge {r['merge_s']:.2f} s (of which loading {r.get('load_s', 0):.2f}: read {r.get('read_s', 0):.2f}, "
-                           f"decode {r.get('decode_s', 0):.2f}, check {r.get('check_s', 0):.2f}; the rest is the merge's "
-                           f"host->device copies) for {r.get('nbytes', 0) / 1e9:.2f} GB read")
+                           f"decode {r.get('decode_s', 0):.2f}, check {r.get('check_s', 0):.2f}; host->device and the rest "
+                           f"{r['merge_s'] - r.get('load_s', 0):.2f}) for {r.get('nbytes', 0) / 1e9:.2f} GB read")
+                shutil.rmtree(work / "stall", ignore_errors=True)  # the disk for the next part
             if "frozen" in parts:
                 frozen = snapshot_run(work / "frozen", gb, max(2, args.snapshots), frozen=0.9)
                 later = med(frozen["stall_s"][1:])
@@ -253,6 +300,7 @@ def main() -> None:
                 ratio = t["gpusnap"] / t["plain"]
                 report.say(f"  throughput with a snapshot every {args.every} s ({t['snapshots']} taken): {t['gpusnap']:.2f} "
                            f"steps/s against {t['plain']:.2f} without: {ratio:.1%} -> {'MET' if ratio >= 0.99 else 'NOT MET'} (goal >= 99%)")
+            shutil.rmtree(work, ignore_errors=True)
             report.save()
     finally:
         report.save()

@@ -142,8 +142,12 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         drain = stage.drain_region() if knobs.DRAIN != "off" else None
         refusal = _headroom_refusal()
         hint = None
-    except StageError as exc:  # the arena cannot hold what the snapshot stages
+    except StageError as exc:  # the arena cannot hold what the snapshot stages, a CUDA error
         refusal, hint = exc.message, exc.hint
+    except Exception as exc:  # noqa: BLE001 - whatever else failed in the stall: a snapshot never ends the program
+        first = (str(exc).splitlines() or [""])[0]
+        refusal = f"staging failed: {type(exc).__name__}: {first}"
+        hint = "this snapshot is skipped, training goes on; please report this"
     if refusal is not None:
         stage.snapshot_skipped()
         if coordinator is not None:

@@ -43,7 +43,7 @@ class PointerInfo:
     """What the driver says about an address: the allocation that contains it."""
 
     kind: AllocKind
-    device: int  # ordinal; for managed memory, the device it was allocated from
+    device: int  # ordinal; for managed memory, the device it was allocated from (the current one where the driver names none)
     base: int
     nbytes: int
 

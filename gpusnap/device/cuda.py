@@ -125,6 +125,28 @@ class CudaBackend(GpuBackend):
                 used.append(ordinal)
         return used
 
+    def own_context(self) -> tuple[int, int] | None:
+        """(handle, device) of the calling thread's current context where it is not its device's
+        primary one (a context the program made itself), else None. Creates no context."""
+        ctx = self.call("cuCtxGetCurrent")
+        if not int(ctx):
+            return None
+        device = int(self.call("cuCtxGetDevice"))
+        _, active = self.call("cuDevicePrimaryCtxGetState", self.call("cuDeviceGet", device))
+        if active and int(self._context(device)) == int(ctx):
+            return None
+        return int(ctx), device
+
+    def current_device(self) -> int:
+        """The device of the calling thread's current context, else the first one in use."""
+        if int(self.call("cuCtxGetCurrent")):
+            return int(self.call("cuCtxGetDevice"))
+        used = self.devices_in_use()
+        if not used:
+            raise CudaCallFailed("no device is in use", "gpusnap works on the devices the program uses; please report this",
+                                 call="cuCtxGetCurrent", code="no context")
+        return used[0]
+
     def device(self, ordinal: int) -> DeviceInfo:
         dev = self.call("cuDeviceGet", ordinal)
         attr = self.cu.CUdevice_attribute
@@ -139,6 +161,8 @@ class CudaBackend(GpuBackend):
         # Attributes need no context; the address range does: the allocation's device's.
         managed = bool(self.call("cuPointerGetAttribute", attr.CU_POINTER_ATTRIBUTE_IS_MANAGED, address))
         device = int(self.call("cuPointerGetAttribute", attr.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address))
+        if device < 0 and managed:  # managed memory that prefers the host names no device: any one in use reaches it
+            device = self.current_device()
         with self.on(device):
             base, nbytes = self.call("cuMemGetAddressRange", address)
         kind = AllocKind.MANAGED if managed else AllocKind.DEVICE
@@ -202,6 +226,9 @@ class CudaBackend(GpuBackend):
         if have < nbytes:
             if ptr:
                 self.call("cuCtxSynchronize")  # the old buffer may still be in use
+                # Forgotten before it is freed: after a failed allocation below (a full GPU)
+                # the address may be the program's, and must never be freed again.
+                del self._scratch[ordinal]
                 self.call("cuMemFree", ptr)
             ptr = int(self.call("cuMemAlloc", nbytes))
             self._scratch[ordinal] = (ptr, nbytes)
@@ -271,8 +298,12 @@ class CudaBackend(GpuBackend):
         with self.on(ordinal):
             ptr = int(self.call("cuMemAlloc", len(data) + 16))
             try:
-                self.call("cuMemcpyHtoD", ptr, first.ctypes.data, len(first))
-                self.call("cuMemcpyHtoD", ptr + len(first) + 11, second.ctypes.data, len(second))
+                # The known bytes go on gpusnap's own stream, so the kernel reads them after they
+                # landed: a synchronous copy from pageable memory may still be in flight when it
+                # returns, ordered with the legacy stream only, and this stream is non-blocking.
+                self.copy_to_device(ordinal, ptr, first.ctypes.data, len(first))
+                self.copy_to_device(ordinal, ptr + len(first) + 11, second.ctypes.data, len(second))
+                self._keep.setdefault(ordinal, []).append(data)
                 out = self.fingerprint_ranges(ordinal, [(ptr, len(first)), (ptr + len(first) + 11, len(second))], chunk_bytes)
                 self.synchronize(ordinal)
             finally:

@@ -13,6 +13,7 @@ import numpy as np
 PAGE = mmap.PAGESIZE
 PROT_NONE = 0
 PROT_RW = mmap.PROT_READ | mmap.PROT_WRITE
+_MAP_SHARED = 0x01
 _MAP_PRIVATE = 0x02
 _MAP_FIXED = 0x10
 _MAP_ANONYMOUS = 0x20
@@ -65,8 +66,9 @@ def _mmap(address: int, nbytes: int, prot: int, flags: int) -> int:
     return got
 
 
-def map_anywhere(nbytes: int, prot: int = PROT_RW) -> int:
-    return _mmap(0, page_up(nbytes), prot, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE)
+def map_anywhere(nbytes: int, prot: int = PROT_RW, shared: bool = False) -> int:
+    """Fresh anonymous pages; ``shared`` ones can be mapped a second time (``mremap``)."""
+    return _mmap(0, page_up(nbytes), prot, (_MAP_SHARED if shared else _MAP_PRIVATE) | _MAP_ANONYMOUS | _MAP_NORESERVE)
 
 
 def map_exactly(address: int, nbytes: int, prot: int) -> int | None:
@@ -92,9 +94,17 @@ def unmap(address: int, nbytes: int) -> None:
     _libc.munmap(address, page_up(nbytes))
 
 
-def reserve_random(nbytes: int, align: int = 1 << 21) -> int:
+def reserve_random(nbytes: int, align: int = 1 << 21, repeat: bool = False) -> int:
     """A PROT_NONE reservation at a random address: urandom, not `random`, because a replayed
-    program restores `random`'s state and must still get a different base."""
+    program restores `random`'s state and must still get a different base. ``repeat``: the
+    lowest free one from a fixed address instead, the same in every process that reserves the
+    same sizes in the same order (as a GPU's allocator often gives the same addresses)."""
+    if repeat:
+        step = -(-page_up(nbytes) // align) * align
+        for slot in range(4096):
+            got = map_exactly(_REPEAT_FROM + slot * step, nbytes, PROT_NONE)
+            if got is not None:
+                return got
     slots = (0x6000_0000_0000 - 0x1000_0000_0000) // align
     for _ in range(64):
         address = 0x1000_0000_0000 + int.from_bytes(os.urandom(8), "little") % slots * align
@@ -102,6 +112,9 @@ def reserve_random(nbytes: int, align: int = 1 << 21) -> int:
         if got is not None:
             return got
     raise OSError("no free address range for a fake device")
+
+
+_REPEAT_FROM = 0x2000_0000_0000
 
 
 def madvise(address: int, nbytes: int, advice: int) -> None:

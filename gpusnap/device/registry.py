@@ -36,6 +36,9 @@ class Registry:
         self._seq = 0
         self._per_site: Counter[str] = Counter()
         self.vmm_handles: dict[int, int] = {}  # cuMemCreate handle -> device ordinal
+        # Contexts the program made itself (cuCtxCreate) and has not destroyed: handle -> (device,
+        # call site). gpusnap works in the devices' primary contexts and refuses to miss these.
+        self.contexts: dict[int, tuple[int, str]] = {}
 
     def record(self, api: str, kind: AllocKind, device: int, base: int, nbytes: int, call_site: str) -> Allocation:
         with self._lock:
@@ -157,6 +160,12 @@ def track(registry: Registry, driver=None, runtime=None) -> None:
 
         _wrap(driver, "cuMemCreate", created)
         _wrap(driver, "cuMemMap", mapped)
+
+        def context_made(result, args):
+            registry.contexts[int(result[1])] = (int(args["dev"]), call_site())
+
+        _wrap(driver, "cuCtxCreate", context_made)
+        _wrap(driver, "cuCtxDestroy", lambda result, args: registry.contexts.pop(int(args["ctx"]), None))
 
 
 def untrack(*modules) -> None:

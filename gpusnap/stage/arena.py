@@ -6,7 +6,12 @@ the CPU drain (``drain``). Regions never overlap. The memfd is sparse: reserving
 costs nothing, its pages are allocated when first written (``populate`` does it ahead, between
 snapshots) and stay for the next snapshot that reuses the offsets. Because the arena is one
 mapping made once, the device code registers it with the GPU once (cuMemHostRegister runs at
-~1-2 GB/s: never per snapshot).
+~1-2 GB/s: never per snapshot): only its *pinned part* at the top (``pinned``), where the regions
+the GPU copies into lie (``DMA_USES``: device and managed staging) and nothing else, grown
+downward by doubling. CUDA pins pages, not addresses, so that part is never trimmed or
+populated: a page replaced under a registration takes no more of the GPU's copies, and the
+writer would read zeros (docs/gpu.md). The drain and the pinned CPU tensors, which the CPU
+writes, lie below it, where trimming and populating are safe.
 
 Call order, in the trainee::
 
@@ -44,6 +49,7 @@ from gpusnap.stage import limits
 from gpusnap.stage.memory import MADV_POPULATE_WRITE, PAGE, madvise, page_up, punch_hole
 
 USES = ("device", "managed", "pinned", "drain")
+DMA_USES = ("device", "managed")  # what the GPU copies into: regions of the pinned part only
 _POPULATE_STEP = 8 << 20
 _NAMES = {"device": "device staging", "managed": "managed memory", "pinned": "pinned CPU tensors", "drain": "the CPU drain"}
 
@@ -91,6 +97,11 @@ class Arena:
         self._regions: list[Region] = []  # every region not released, sorted by offset
         self._pending = 1  # the generation that reserve() hands out and seal() closes
         self.sealed: set[int] = set()  # generations whose writer has not said it is done
+        # The pinned part, [pinned_offset, capacity): the regions the GPU copies into, and
+        # nothing else, registered with the GPU as one range (``pinned``). It grows downward
+        # from the top as device staging needs more, and is never trimmed or populated: a page
+        # replaced under a registered range is an orphan the GPU goes on writing into.
+        self.pinned_offset = self.capacity
 
     # -- the allocator -------------------------------------------------------------------------
 
@@ -101,7 +112,12 @@ class Arena:
             raise ValueError(f"unknown arena use {use!r} (one of {', '.join(USES)})")
         size = page_up(max(nbytes, 1))
         with self._lock:
-            offset = self._first_fit(size)
+            if use in DMA_USES:
+                offset = self._first_fit(size, self.pinned_offset, self.capacity)
+                if offset is None:
+                    offset = self._grow_pinned(size, nbytes, use)
+            else:
+                offset = self._first_fit(size, 0, self.pinned_offset)
             if offset is None:
                 held = sum(r.nbytes for r in self._regions)
                 busy = f", {held:,} of them held by snapshots in progress" if held else ""
@@ -110,15 +126,7 @@ class Arena:
                     f"{self.capacity:,} bytes ({self.capacity_limit}){busy}",
                     hint=_HINT,
                 )
-            growth = size - self.populated(offset, size)
-            limit = self.tightest_room()
-            if growth > limit.room_bytes * knobs.HEADROOM_FRACTION:
-                raise ArenaFull(
-                    f"the staging arena needs {growth:,} more bytes for {_NAMES[use]} ({nbytes:,} in all), "
-                    f"but {limit.what} leaves {limit.room_bytes:,} bytes "
-                    f"(of {limit.nbytes:,}; {knobs.HEADROOM_FRACTION:.0%} may be used)",
-                    hint=_HINT,
-                )
+            self._check_room(size - self.populated(offset, size), nbytes, use)
             region = Region(offset, size, use, self._pending)
             self._regions.append(region)
             self._regions.sort(key=lambda r: r.offset)
@@ -164,13 +172,57 @@ class Arena:
         with self._lock:
             return list(self._regions)
 
-    def _first_fit(self, size: int) -> int | None:
-        position = 0
+    def _check_room(self, growth: int, nbytes: int, use: str) -> None:
+        """ArenaFull unless ``growth`` more bytes of pages fit in the memory left."""
+        limit = self.tightest_room()
+        if growth > limit.room_bytes * knobs.HEADROOM_FRACTION:
+            raise ArenaFull(
+                f"the staging arena needs {growth:,} more bytes for {_NAMES[use]} ({nbytes:,} in all), "
+                f"but {limit.what} leaves {limit.room_bytes:,} bytes "
+                f"(of {limit.nbytes:,}; {knobs.HEADROOM_FRACTION:.0%} may be used)",
+                hint=_HINT,
+            )
+
+    def _first_fit(self, size: int, lo: int, hi: int) -> int | None:
+        """The lowest offset in [lo, hi) where ``size`` bytes fit between the regions."""
+        position = lo
         for region in self._regions:
+            if region.end <= lo:
+                continue
+            if region.offset >= hi:
+                break
             if region.offset - position >= size:
                 return position
             position = max(position, region.end)
-        return position if self.capacity - position >= size else None
+        return position if hi - position >= size else None
+
+    def _grow_pinned(self, size: int, nbytes: int, use: str) -> int | None:
+        """Grow the pinned part downward so that ``size`` bytes fit at its new bottom: to twice
+        its size (registration costs ~1 s per GB: rarely, never per snapshot), or by what is
+        missing where that would reach a region of another use or pages the memory left cannot
+        hold. The offset of the room made, or None where even that does not fit."""
+        top = self.pinned_offset
+        lowest = min((r.offset for r in self._regions if r.use in DMA_USES), default=self.capacity)
+        below = max((r.end for r in self._regions if r.use not in DMA_USES), default=0)
+        least = lowest - size  # just room enough below the lowest region of the pinned part
+        if least < below:
+            return None
+        doubled = 2 * top - self.capacity
+        for new in dict.fromkeys((max(min(doubled, least), below), least)):
+            try:
+                self._check_room(top - new - self.populated(new, top - new), nbytes, use)
+            except ArenaFull:
+                if new == least:
+                    raise
+                continue
+            self.pinned_offset = new
+            return new
+        return None
+
+    @property
+    def pinned(self) -> tuple[int, int]:
+        """(offset, nbytes) of the pinned part: the range to register with the GPU."""
+        return self.pinned_offset, self.capacity - self.pinned_offset
 
     # -- memory ----------------------------------------------------------------------------------
 
@@ -206,10 +258,11 @@ class Arena:
         and leaves pages that exist alone, so a step that runs on while a writer fills the
         region can never zero what it wrote; the temporary mapping keeps the pages out of the
         trainee's resident set. Stops quietly on an older kernel or when the host has no memory
-        to give (the drain then allocates what it needs)."""
-        position = region.offset
-        while position < region.end:
-            length = min(_POPULATE_STEP, region.end - position)
+        to give (the drain then allocates what it needs). Never in the pinned part, whose pages
+        registration made."""
+        position, end = region.offset, min(region.end, self.pinned_offset)
+        while position < end:
+            length = min(_POPULATE_STEP, end - position)
             if self.populated(position, length) < length:
                 try:
                     with mmap.mmap(self.fd, length, flags=mmap.MAP_SHARED, offset=position) as window:
@@ -223,8 +276,9 @@ class Arena:
             yield
 
     def trim(self, offset: int, nbytes: int) -> None:
-        """Give back the pages of [offset, offset + nbytes) (whole pages only)."""
-        punch_hole(self.fd, offset, nbytes)
+        """Give back the pages of [offset, offset + nbytes) (whole pages only), never those of
+        the pinned part: the GPU would go on writing into the pages taken away."""
+        punch_hole(self.fd, offset, min(offset + nbytes, self.pinned_offset) - offset)
 
     def view(self, offset: int, nbytes: int) -> memoryview:
         """The trainee's view (its own mapping) of [offset, offset + nbytes)."""

@@ -43,7 +43,7 @@ from gpusnap import knobs
 from gpusnap.device import fingerprint as fp
 from gpusnap.device import open_backend, tracking
 from gpusnap.device.backend import AllocKind
-from gpusnap.errors import CudaCallFailed, RestoreError, StageError
+from gpusnap.errors import CudaCallFailed, GpusnapError, RestoreError, StageError
 from gpusnap.stage.arena import trainee_arena, writer_view
 from gpusnap.stage import sources
 from gpusnap.stage.sources import DeviceRange, device_ranges
@@ -138,8 +138,9 @@ class _State:
         self.fingerprints: dict = {}  # range name -> fingerprints of the bytes that snapshot ``of`` holds
         self.of: str | None = None
         self.candidate: tuple | None = None  # (snap_id, fingerprints) staged, not known committed yet
-        self.registered_bytes = 0  # how much of the arena is registered with the GPU
+        self.registered: tuple | None = None  # (offset, nbytes) of the arena registered with the GPU
         self.trusted: dict = {}  # device -> whether its fingerprints agree with their definition
+        self.said_full = False  # the warning that the fingerprints found no device memory
 
 
 _state = _State()
@@ -157,8 +158,13 @@ def stage_device_memory(snap_id: str, committed, paranoid: bool = False) -> Devi
     there): only a committed snapshot's chunk ids may be reused, and only for the ranges it
     wrote. None when the program holds no device memory (nor a cuda.core Buffer over host
     memory, whose pending copies must be done too). Raises ``StageError`` (the snapshot is
-    skipped, training goes on)."""
-    ranges = device_ranges()
+    skipped, training goes on) whatever fails: a snapshot never stops the program."""
+    try:
+        ranges = device_ranges()
+    except Exception as exc:  # noqa: BLE001 - e.g. torch's memory snapshot under backend:cudaMallocAsync
+        raise StageError(f"the program's device memory could not be listed: {_why(exc)}",
+                         hint="this snapshot is skipped, training goes on; please report this with the GPU "
+                              "and PYTORCH_CUDA_ALLOC_CONF") from exc
     if not ranges and not sources.CORE_BUFFERS:
         return None
     if _state.candidate is not None:
@@ -172,8 +178,19 @@ def stage_device_memory(snap_id: str, committed, paranoid: bool = False) -> Devi
         _state.fingerprints, _state.of = {}, None
     try:
         return _stage(snap_id, ranges, paranoid)
+    except StageError:
+        raise
     except CudaCallFailed as exc:
         raise _staging_error(exc) from exc
+    except Exception as exc:  # noqa: BLE001 - NoDevice, a bindings' surprise, a bug of ours: never the program's end
+        raise StageError(f"staging device memory failed: {_why(exc)}",
+                         hint="this snapshot is skipped, training goes on; please report this") from exc
+
+
+def _why(exc: BaseException) -> str:
+    """gpusnap's own message, or the exception's type and first line."""
+    message = getattr(exc, "message", None) or (str(exc).splitlines() or [""])[0]
+    return message if isinstance(exc, GpusnapError) else f"{type(exc).__name__}: {message}"
 
 
 def _staging_error(exc: CudaCallFailed) -> StageError:
@@ -191,18 +208,25 @@ def _use(r: DeviceRange) -> str:
 
 def _stage(snap_id: str, ranges: list, paranoid: bool) -> DeviceStage:
     gpu = backend()
+    _refuse_own_contexts(gpu)
     used = gpu.devices_in_use()
     _synchronize_program(gpu, used)
     chunk_bytes = knobs.CHUNK_BYTES
     for ordinal in used:
-        if ordinal not in _state.trusted:
+        if _state.trusted.get(ordinal) is None:
             _state.trusted[ordinal] = _trust(gpu, ordinal)
     wanted: dict[int, list] = {}  # device -> its ranges to fingerprint, all in one launch
     for r in ranges:
         if r.nbytes >= knobs.FINGERPRINT_MIN_BYTES and _state.trusted.get(r.device):
             wanted.setdefault(r.device, []).append(r)
-    tables = {device: gpu.fingerprint_ranges(device, [(r.base, r.nbytes) for r in found], chunk_bytes)
-              for device, found in wanted.items()}
+    try:
+        tables = {device: gpu.fingerprint_ranges(device, [(r.base, r.nbytes) for r in found], chunk_bytes)
+                  for device, found in wanted.items()}
+    except CudaCallFailed as exc:
+        if exc.code != "CUDA_ERROR_OUT_OF_MEMORY":  # the scratch buffer of a full GPU: copy every chunk
+            raise
+        _warn_full(exc)
+        tables, wanted = {}, {}
     for ordinal in used:
         gpu.synchronize(ordinal)
     prints = {}
@@ -226,7 +250,7 @@ def _stage(snap_id: str, ranges: list, paranoid: bool) -> DeviceStage:
     arena = trainee_arena()
     regions = {use: arena.reserve(nbytes, use) for use, nbytes in plan.need.items() if nbytes}
     if regions:
-        _register(gpu, arena, max(region.end for region in regions.values()))
+        _register(gpu, arena)
     offsets = {r.name: [-1] * len(spans[r.name]) for r in ranges}
     dirty_bytes = dict.fromkeys(offsets, 0)
     for device, use, src, at, nbytes, pieces, _ in plan.copies:
@@ -270,17 +294,64 @@ class _Plan:
         self.need[use] = at + length
 
 
-def _trust(gpu, ordinal: int) -> bool:
+def _trust(gpu, ordinal: int) -> bool | None:
     """Whether ``ordinal``'s fingerprints may decide what is clean: a kernel that disagrees with
-    the definition would pass changed chunks for clean ones. Asked once per device and process;
-    where it disagrees, every snapshot copies all of that device's memory, and says so once."""
-    if gpu.fingerprint_agrees(ordinal):
-        return True
-    print(f"gpusnap: warning: the fingerprint kernel disagrees with its definition on device {ordinal} "
-          f"({gpu.device(ordinal).name}): every snapshot copies all of its memory", file=sys.stderr, flush=True)
+    the definition would pass changed chunks for clean ones, and one that cannot be built or
+    loaded (NVRTC missing, no code for this GPU) decides nothing. Asked once per device and
+    process; where the answer is no, every snapshot copies all of that device's memory, and
+    says so once. None (ask again next time) where the check found no device memory to run in."""
+    try:
+        if gpu.fingerprint_agrees(ordinal):
+            return True
+        why = "disagrees with its definition"
+    except CudaCallFailed as exc:
+        if exc.code != "CUDA_ERROR_OUT_OF_MEMORY":
+            why = f"cannot run ({exc.message})"
+        else:
+            _warn_full(exc)
+            return None
+    except Exception as exc:  # noqa: BLE001 - KernelBuildError, NoDevice (no NVRTC), whatever loading raised
+        why = f"cannot be built ({_why(exc)})"
+    try:
+        name = f" ({gpu.device(ordinal).name})"
+    except Exception:  # noqa: BLE001 - the name is only for the message
+        name = ""
+    print(f"gpusnap: warning: the fingerprint kernel {why} on device {ordinal}{name}: every snapshot copies all of its memory",
+          file=sys.stderr, flush=True)
     print("hint: snapshots stay exact, only slower; please report this with the GPU, driver and CUDA versions",
           file=sys.stderr, flush=True)
     return False
+
+
+def _warn_full(exc: CudaCallFailed) -> None:
+    """Once per process: no device memory for the fingerprints (a full GPU), so a snapshot copies
+    every chunk instead of failing; fingerprints come back once there is room."""
+    if _state.said_full:
+        return
+    _state.said_full = True
+    print(f"gpusnap: warning: no device memory for the dirty-chunk fingerprints ({exc.message}): "
+          "snapshots copy all device memory until there is room", file=sys.stderr, flush=True)
+    print("hint: snapshots stay exact, only slower; leave a few MB of the GPU free "
+          "(PYTORCH_CUDA_ALLOC_CONF, torch.cuda.empty_cache())", file=sys.stderr, flush=True)
+
+
+def _refuse_own_contexts(gpu) -> None:
+    """A context the program made itself (cuCtxCreate, or current in this thread and no
+    device's primary one) has memory that gpusnap, working in the primary contexts, would neither
+    synchronize nor reach (a kernel of one context faults on another's memory): refuse the
+    snapshot, naming it, rather than miss its memory."""
+    registry = tracking.registry()
+    made = dict(registry.contexts) if registry is not None else {}
+    current = gpu.own_context()
+    if current is not None and current[0] not in made:
+        made[current[0]] = (current[1], "")
+    if made:
+        handle, (device, site) = next(iter(made.items()))
+        where = f", made at {site}" if site else ""
+        raise StageError(f"the program uses a CUDA context of its own (context {handle:#x} on device {device}{where}): "
+                         "gpusnap stages the memory of the devices' primary contexts only",
+                         hint="let the program use the primary context (cuDevicePrimaryCtxRetain, cudaSetDevice, torch, "
+                              "CuPy); this snapshot is skipped, training goes on")
 
 
 def _synchronize_program(gpu, used) -> None:
@@ -301,23 +372,24 @@ def _runs(indices) -> list[list[int]]:
     return runs
 
 
-def _register(gpu, arena, end: int) -> None:
-    """Keep [arena start, end) registered with the GPU. The arena is sparse and may grow to
-    all of host memory, and registering pins (allocates) every page, so what is registered is
-    the part staging has used, grown by doubling: rarely, never per snapshot."""
-    if end <= _state.registered_bytes:
+def _register(gpu, arena) -> None:
+    """Keep the arena's pinned part (``Arena.pinned``: where device staging lies, and nothing
+    else) registered with the GPU, as one range. It grows rarely (by doubling), never per
+    snapshot: registration pins every page at ~1-2 GB/s. Its pages are never trimmed or
+    populated afterwards, so they stay the ones the GPU copies into."""
+    offset, nbytes = arena.pinned
+    if _state.registered == (offset, nbytes) or not nbytes:
         return
-    nbytes = min(max(end, 2 * _state.registered_bytes), arena.capacity)
     try:
-        if _state.registered_bytes:
-            gpu.unregister_host(arena.address)
-            _state.registered_bytes = 0
-        gpu.register_host(arena.address, nbytes)
+        if _state.registered is not None:
+            gpu.unregister_host(arena.address + _state.registered[0])
+            _state.registered = None
+        gpu.register_host(arena.address + offset, nbytes)
     except CudaCallFailed as exc:
         raise StageError(f"the staging arena could not be registered with the GPU ({nbytes:,} bytes): {exc.message}",
                          hint="raise the locked-memory limit (ulimit -l) or lower GPUSNAP_ARENA_BYTES; "
                               "this snapshot is skipped, training goes on") from exc
-    _state.registered_bytes = nbytes
+    _state.registered = (offset, nbytes)
 
 
 # ---- the writer (a forked child: never a CUDA call, never the registry)
@@ -373,6 +445,10 @@ def restore_allocations(records: list, read_buffer) -> dict:
     if not matched:
         return {}
     gpu = backend()
+    # The replay's own pending work first (a fill it enqueued and did not wait for): gpusnap's
+    # stream is not ordered with the program's, and that work landing after the snapshot's
+    # bytes would overwrite them.
+    _synchronize_program(gpu, gpu.devices_in_use())
     keep = []
     for record, entry in matched:
         data = np.frombuffer(read_buffer(record["buffer"]), np.uint8).copy()
@@ -392,8 +468,7 @@ def write_device_memory(address: int, data, host: bool = False) -> None:
     memory on gpusnap's stream, then synchronized; host memory (a pinned Buffer) by the CPU.
     Raises ``CudaCallFailed``."""
     gpu = backend()
-    for ordinal in gpu.devices_in_use():
-        gpu.synchronize(ordinal)
+    _synchronize_program(gpu, gpu.devices_in_use())
     source = np.frombuffer(data, np.uint8)
     if host:
         ctypes.memmove(address, source.ctypes.data, source.nbytes)

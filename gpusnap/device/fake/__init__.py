@@ -16,7 +16,7 @@ import sys
 from gpusnap.device.cuda import CudaBackend
 from gpusnap.device.fake import core, driver, runtime
 from gpusnap.device.fake.kernels import FINGERPRINT_IMAGE
-from gpusnap.device.fake.machine import reset  # noqa: F401  (tests: a fresh fake machine)
+from gpusnap.device.fake.machine import reset, seed  # noqa: F401  (tests: a fresh fake machine, its stream order)
 
 _MODULES = {"cuda.bindings.driver": driver, "cuda.bindings.runtime": runtime, "cuda.core": core}
 _saved: dict[str, object] = {}

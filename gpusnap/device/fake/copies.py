@@ -1,5 +1,6 @@
 """Copies and fills of the fake driver (part of ``driver``, which re-exports every function
-here): stream-ordered, with the pageable/pinned rules that ``machine.py`` describes."""
+here): stream-ordered (``streams.py``), with the pageable/pinned rules that ``machine.py``
+describes, host memory reached through its registration's pages (``pinning.py``)."""
 
 from __future__ import annotations
 
@@ -14,21 +15,30 @@ from gpusnap.device.fake.api import size as _n
 from gpusnap.device.fake.machine import CudaFault
 
 
-def _copy_op(m, dst: int, src: int, nbytes: int, source_bytes: bytes | None = None):
+def _copy_op(m, dst: int, src: int, nbytes: int, taken: np.ndarray | None = None):
     """The copy as it runs on the device: both sides resolved *then*, so memory freed before
-    the copy runs is an illegal address, as on a GPU."""
+    the copy runs is an illegal address, as on a GPU; host memory through its registration's
+    pages (``pinning.py``), ``taken`` for a pageable source read at the call."""
 
     def op():
-        to = m.resolve(dst, nbytes, "CUDA_ERROR_ILLEGAL_ADDRESS") or dst
-        if source_bytes is not None:
-            ctypes.memmove(to, source_bytes, nbytes)
+        to = m.resolve(dst, nbytes, "CUDA_ERROR_ILLEGAL_ADDRESS")
+        source = m.resolve(src, nbytes, "CUDA_ERROR_ILLEGAL_ADDRESS") if taken is None else taken.ctypes.data
+        if source is None:  # a host source, read now
+            if to is None:
+                ctypes.memmove(dst, src, nbytes)
+            else:
+                m.from_host(to, src, nbytes)
+        elif to is None:
+            m.to_host(dst, source, nbytes)
         else:
-            ctypes.memmove(to, m.resolve(src, nbytes, "CUDA_ERROR_ILLEGAL_ADDRESS") or src, nbytes)
+            ctypes.memmove(to, source, nbytes)
 
     return op
 
 
 def _copy(dst, src, ByteCount, hStream=None, *, need_device_src=False, need_device_dst=False):
+    """A copy as CUDA orders it (see ``streams.py`` for the order of the work itself): what the
+    call waits for depends on the direction and on whether the host side is pinned."""
     m = _m()
     nbytes = _n(ByteCount)
     dst_addr = hostmem.address_of(dst)
@@ -39,21 +49,24 @@ def _copy(dst, src, ByteCount, hStream=None, *, need_device_src=False, need_devi
         raise CudaFault("CUDA_ERROR_INVALID_VALUE")
     if nbytes == 0:
         return
-    if hStream is None:  # synchronous: on the legacy stream, after everything it waits for
+    from_pageable = dst_dev and not src_dev and not m.pinned(src_addr, nbytes)
+    # From pageable memory the bytes are taken at the call, through a staging buffer.
+    taken = np.frombuffer(bytes(hostmem.view_at(src_addr, nbytes)), np.uint8) if from_pageable else None
+    if hStream is None:  # the synchronous API: on the legacy stream
         ctx = m.current()
-        m.enqueue(ctx.legacy, _copy_op(m, dst_addr, src_addr, nbytes))
-        m.sync_legacy(ctx)
+        if from_pageable:
+            # A stream sync first, then the call returns once the bytes are staged: the copy
+            # itself may still be in flight, ordered only with later legacy-stream work.
+            m.sync_legacy(ctx)
+            m.enqueue(ctx.legacy, _copy_op(m, dst_addr, src_addr, nbytes, taken))
+            return
+        op = m.enqueue(ctx.legacy, _copy_op(m, dst_addr, src_addr, nbytes))
+        if not (src_dev and dst_dev):  # device to device returns at once; to or from host memory when done
+            m.complete(op)
         return
-    stream = m.stream(hStream)
+    op = m.enqueue(m.stream(hStream), _copy_op(m, dst_addr, src_addr, nbytes, taken))
     if src_dev and not dst_dev and not m.pinned(dst_addr, nbytes):
-        # Into pageable memory the call returns only once the copy is done.
-        m.enqueue(stream, _copy_op(m, dst_addr, src_addr, nbytes))
-        m.sync_stream(stream)
-    elif dst_dev and not src_dev and not m.pinned(src_addr, nbytes):
-        # From pageable memory the bytes are taken at the call, through a staging buffer.
-        m.enqueue(stream, _copy_op(m, dst_addr, src_addr, nbytes, bytes(hostmem.view_at(src_addr, nbytes))))
-    else:
-        m.enqueue(stream, _copy_op(m, dst_addr, src_addr, nbytes))
+        m.complete(op)  # into pageable memory the call returns only once the copy is done
 
 
 @_api()
@@ -108,12 +121,8 @@ def _memset(dstDevice, value: int, count: int, width: int, hStream):
         host = m.device_address(address, count * width, "CUDA_ERROR_ILLEGAL_ADDRESS")
         np.frombuffer(hostmem.view_at(host, count * width), dtype=dtype)[:] = value
 
-    if hStream is None:
-        ctx = m.current()
-        m.enqueue(ctx.legacy, op)
-        m.sync_legacy(ctx)
-    else:
-        m.enqueue(m.stream(hStream), op)
+    # The synchronous memset of device memory returns before it runs, as CUDA's does.
+    m.enqueue(m.current().legacy if hStream is None else m.stream(hStream), op)
 
 
 @_api()

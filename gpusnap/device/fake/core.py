@@ -9,7 +9,7 @@ behaviour (``tests/test_device_contract.py`` holds the two together):
   stream they are given and run when it is synchronized (a pageable host source is read at the
   call, as the driver reads it); ``close`` frees through the memory resource, on a stream;
 - ``DeviceMemoryResource``, ``ManagedMemoryResource`` (its buffers are host memory that a forked
-  child faults on), ``LegacyPinnedMemoryResource`` (page-locked host memory, do-not-fork);
+  child faults on; ``ManagedMemoryResourceOptions`` for a pool that prefers the host), ``LegacyPinnedMemoryResource`` (page-locked host memory, do-not-fork);
 - ``Stream`` (``sync``), ``LEGACY_DEFAULT_STREAM``, ``PER_THREAD_DEFAULT_STREAM``.
 
 The real cuda.core calls the driver through Cython (``cydriver``), never through the Python
@@ -40,6 +40,7 @@ __all__ = [
     "LegacyPinnedMemoryResource",
     "ManagedBuffer",
     "ManagedMemoryResource",
+    "ManagedMemoryResourceOptions",
     "MemoryResource",
     "PER_THREAD_DEFAULT_STREAM",
     "Stream",
@@ -292,20 +293,35 @@ class DeviceMemoryResource(_MemPool):
     is_host_accessible = _answer(False)
 
 
-class ManagedMemoryResource(_MemPool):
-    """Managed memory, with no preferred location (``device_id`` -1), on the stream's device."""
+class ManagedMemoryResourceOptions:
+    """Where a ``ManagedMemoryResource``'s pool prefers its memory to live: a device ordinal,
+    -1 (or ``preferred_location_type="host"``) for the host, None for no preference."""
 
-    __slots__ = ()
+    __slots__ = ("preferred_location", "preferred_location_type")
+
+    def __init__(self, preferred_location=None, preferred_location_type=None) -> None:
+        self.preferred_location, self.preferred_location_type = preferred_location, preferred_location_type
+
+
+class ManagedMemoryResource(_MemPool):
+    """Managed memory, on the stream's device, with no preferred location (``device_id`` -1)
+    unless its options name one; memory that prefers the host has no device ordinal in the
+    driver's answer for it (CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL -1)."""
+
+    __slots__ = ("_prefers_host",)
 
     def __init__(self, options=None) -> None:
-        if options is not None:
-            raise NotImplementedError("the fake cuda.core models the default pool only")
+        where = (None, None) if options is None else (options.preferred_location, options.preferred_location_type)
+        if where not in ((None, None), (-1, None), (None, "host")):
+            raise NotImplementedError("the fake cuda.core models no preferred location, or the host")
+        self._prefers_host = where != (None, None)
 
     def allocate(self, size, *, stream) -> ManagedBuffer:
         stream = _accept(stream)
         with _calling():
             m = _machine.machine()
-            base = m.alloc_managed(operator.index(size), m.stream(stream._handle).ctx.device).base
+            device = m.stream(stream._handle).ctx.device
+            base = m.alloc_managed(operator.index(size), -1 if self._prefers_host else device).base
         return ManagedBuffer._init(base, size, self, stream=stream)
 
     device_id = _answer(-1)
@@ -349,7 +365,7 @@ class Buffer:
     """Memory at ``handle`` of ``size`` bytes, freed through its ``memory_resource`` when closed
     or collected."""
 
-    __slots__ = ("_ptr", "_size", "_memory_resource", "_owner", "_stream", "_closed")
+    __slots__ = ("_ptr", "_size", "_memory_resource", "_owner", "_stream", "_closed", "_machine")
 
     def __init__(self, *args, **kwargs):
         raise RuntimeError("Buffer objects cannot be instantiated directly. Please use MemoryResource APIs.")
@@ -365,6 +381,7 @@ class Buffer:
         # The stream that frees it: the allocation's, else the default one (device memory only).
         default = LEGACY_DEFAULT_STREAM if mr is not None and mr.is_device_accessible else None
         buffer._stream, buffer._closed = stream or default, False
+        buffer._machine = _machine._machine  # a Buffer outliving its fake machine (tests) is closed
         return buffer
 
     @staticmethod
@@ -378,7 +395,7 @@ class Buffer:
         self._ptr = self._size = 0
         self._memory_resource = self._owner = None
         self._closed = True
-        if mr is not None:
+        if mr is not None and self._machine is _machine._machine:
             mr.deallocate(ptr, size, stream=stream or self._stream)
 
     def __del__(self):
@@ -433,7 +450,8 @@ class Buffer:
 
     @property
     def is_closed(self) -> bool:
-        return self._closed
+        # A Buffer of a fake machine that tests have replaced since is gone with its memory.
+        return self._closed or self._machine is not _machine._machine
 
     # The memory resource answers where there is one, else the driver for the pointer, as in cuda.core.
     device_id = property(lambda self: self._ask("device_id", 2))

@@ -149,6 +149,8 @@ def cuCtxDestroy(ctx):
     if context.primary:
         raise CudaFault("CUDA_ERROR_INVALID_CONTEXT")
     m.sync_context(context)
+    for alloc in [a for a in m.allocs.values() if a.ctx == context.handle]:
+        m.free(alloc.base)  # a context's memory goes with it
     del m.contexts[context.handle]
     stack = m.stack()
     while context in stack:
@@ -276,9 +278,8 @@ def cuEventQuery(hEvent):
 @_api()
 def cuStreamWaitEvent(hStream, hEvent, Flags):
     m = _m()
-    event = _event(hEvent)
-    # The wait itself is stream work: when it runs, the event's work runs first.
-    m.enqueue(m.stream(hStream), lambda: m.wait_event(event))
+    # The stream's later work follows the work the event marks, and nothing else of its stream.
+    m.enqueue(m.stream(hStream), lambda: None, after=m.event_op(_event(hEvent)))
 
 
 # ---- memory
@@ -287,7 +288,8 @@ def cuStreamWaitEvent(hStream, hEvent, Flags):
 @_api(1)
 def cuMemAlloc(bytesize):
     m = _m()
-    return _real.CUdeviceptr(m.alloc_device(_n(bytesize), m.current().device).base)
+    ctx = m.current()
+    return _real.CUdeviceptr(m.alloc_device(_n(bytesize), ctx.device, ctx).base)
 
 
 @_api(2)
@@ -296,7 +298,8 @@ def cuMemAllocPitch(WidthInBytes, Height, ElementSizeBytes):
         raise CudaFault("CUDA_ERROR_INVALID_VALUE")
     m = _m()
     pitch = -(-_n(WidthInBytes) // 512) * 512
-    return _real.CUdeviceptr(m.alloc_device(pitch * _n(Height), m.current().device).base), pitch
+    ctx = m.current()
+    return _real.CUdeviceptr(m.alloc_device(pitch * _n(Height), ctx.device, ctx).base), pitch
 
 
 @_api(1)
@@ -310,7 +313,7 @@ def cuMemAllocAsync(bytesize, hStream):
     m = _m()
     stream = m.stream(hStream)
     # The address is valid at once; its memory belongs to the stream's order, like the pool's.
-    return _real.CUdeviceptr(m.alloc_device(_n(bytesize), stream.ctx.device).base)
+    return _real.CUdeviceptr(m.alloc_device(_n(bytesize), stream.ctx.device, stream.ctx).base)
 
 
 @_api()
@@ -345,7 +348,13 @@ def cuMemGetAddressRange(dptr):
     alloc = m.find(int(dptr))
     if alloc is None:
         raise CudaFault("CUDA_ERROR_NOT_FOUND")
-    return _real.CUdeviceptr(alloc.base), alloc.nbytes
+    return _real.CUdeviceptr(alloc.base), _rounded(alloc)
+
+
+def _rounded(alloc) -> int:
+    """The size the driver reports for an allocation: rounded up to its granularity, not the
+    size the program asked for (which only the program, and gpusnap's registry, know)."""
+    return -(-alloc.nbytes // _machine.ALIGN) * _machine.ALIGN
 
 
 @_api(1)
@@ -362,13 +371,13 @@ def cuPointerGetAttribute(attribute, ptr):
     if name == "CU_POINTER_ATTRIBUTE_RANGE_START_ADDR":
         return _real.CUdeviceptr(alloc.base)
     if name == "CU_POINTER_ATTRIBUTE_RANGE_SIZE":
-        return alloc.nbytes
+        return _rounded(alloc)
     if name == "CU_POINTER_ATTRIBUTE_MEMORY_TYPE":
         return _real.CUmemorytype.CU_MEMORYTYPE_DEVICE
     raise CudaFault("CUDA_ERROR_NOT_SUPPORTED")
 
 
-# ---- host registration
+# ---- host registration, page-locked host memory
 
 
 @_api()
@@ -379,6 +388,18 @@ def cuMemHostRegister(p, bytesize, Flags):
 @_api()
 def cuMemHostUnregister(p):
     _m().unregister(hostmem.address_of(p))
+
+
+@_api(1)
+def cuMemAllocHost(bytesize):
+    m = _m()
+    m.current()  # it needs a context
+    return m.alloc_pinned(_n(bytesize))
+
+
+@_api()
+def cuMemFreeHost(p):
+    _m().free_pinned(hostmem.address_of(p))
 
 
 # ---- virtual memory management

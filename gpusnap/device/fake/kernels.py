@@ -24,22 +24,22 @@ FINGERPRINT_IMAGE = b"gpusnap fake image: " + real_kernels.FINGERPRINT_SOURCE.en
 _U64 = np.uint64
 
 
-def _u64s(m, address: int, count: int) -> np.ndarray:
-    host = m.device_address(address, count * 8, "CUDA_ERROR_ILLEGAL_ADDRESS")
+def _u64s(m, ctx, address: int, count: int) -> np.ndarray:
+    host = m.kernel_address(address, count * 8, ctx)
     return np.frombuffer(hostmem.view_at(host, count * 8), dtype="<u8")
 
 
-def _accumulate(m, grid: int, block: int, args) -> None:
+def _accumulate(m, ctx, grid: int, block: int, args) -> None:
     table, chunks, per_chunk, acc = args
-    entries = _u64s(m, table, 2 * chunks)
-    sums = _u64s(m, acc, 2 * chunks)
+    entries = _u64s(m, ctx, table, 2 * chunks)
+    sums = _u64s(m, ctx, acc, 2 * chunks)
     tile_words = block * real_kernels.FINGERPRINT_WORDS_PER_THREAD
     # Block b works on chunk b // per_chunk, tiles b % per_chunk + k * per_chunk: so a chunk gets
     # the tiles whose (index % per_chunk) is one of the block numbers launched for it.
     for chunk in range(min(chunks, -(-grid // per_chunk))):
         launched = min(per_chunk, grid - chunk * per_chunk)
         address, n = int(entries[2 * chunk]), int(entries[2 * chunk + 1])
-        data = np.frombuffer(hostmem.view_at(m.device_address(address, n, "CUDA_ERROR_ILLEGAL_ADDRESS"), n), np.uint8)
+        data = np.frombuffer(hostmem.view_at(m.kernel_address(address, n, ctx), n), np.uint8)
         for lane, terms in enumerate(fp.word_terms(data)):
             tiles = _tile_sums(terms, tile_words)
             covered = np.arange(len(tiles)) % per_chunk < launched
@@ -53,10 +53,10 @@ def _tile_sums(terms: np.ndarray, tile_words: int) -> np.ndarray:
     return padded.reshape(-1, tile_words).sum(axis=1, dtype=_U64)
 
 
-def _finalize(m, grid: int, block: int, args) -> None:
+def _finalize(m, ctx, grid: int, block: int, args) -> None:
     table, chunks, acc = args
-    entries = _u64s(m, table, 2 * chunks)
-    sums = _u64s(m, acc, 2 * chunks)
+    entries = _u64s(m, ctx, table, 2 * chunks)
+    sums = _u64s(m, ctx, acc, 2 * chunks)
     for c in range(min(chunks, grid * block)):
         n = int(entries[2 * c + 1])
         sums[2 * c : 2 * c + 2] = np.frombuffer(fp.finalize(int(sums[2 * c]), int(sums[2 * c + 1]), n), dtype="<u8")
@@ -114,4 +114,5 @@ def cuLaunchKernel(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockD
         raise CudaFault("CUDA_ERROR_INVALID_VALUE")  # the kernels reduce per warp, in x only
     args = [int(value) for value in kernelParams[0]]
     grid, block = int(gridDimX), int(blockDimX)
-    m.enqueue(m.stream(hStream), lambda: emulation(m, grid, block, args))
+    stream = m.stream(hStream)
+    m.enqueue(stream, lambda: emulation(m, stream.ctx, grid, block, args))

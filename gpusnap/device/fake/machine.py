@@ -4,13 +4,19 @@ It is strict where a real GPU would punish a bug that CI could otherwise never s
 
 - Device memory lives at a random base per process (a PROT_NONE reservation; the bytes sit in a
   separate do-not-fork backing), so pointers change across restarts and a host dereference of
-  a device pointer faults, as it does on a GPU.
-- Stream work runs only when it is synchronized (stream, context, or a synchronous call on the
-  legacy stream), so reading a copy's destination before synchronize sees the old bytes.
-  Exceptions follow the documented behaviour of pageable host memory: a device->host copy into
-  pageable memory completes before the call returns; a host->device copy from pageable memory
-  takes the source bytes at the call. Into or from registered (pinned) memory, nothing happens
-  before synchronize.
+  a device pointer faults, as it does on a GPU; ``GPUSNAP_FAKE_BASES=repeat`` gives every
+  process the same bases instead, as a real GPU often does.
+- Stream work runs only when something waits for it (a synchronize of its stream, event or
+  context, a synchronous call that waits for it), and then in an order CUDA allows, picked at
+  random from a logged seed (``streams.py``): a non-blocking stream may overtake earlier
+  legacy-stream work unless an event orders them. Reading a copy's destination before
+  synchronize sees the old bytes. The documented behaviour of pageable host memory holds: a
+  device->host copy into pageable memory completes before the call returns; a host->device copy
+  from pageable memory takes the source bytes at the call, and a synchronous one (like a
+  synchronous memset of device memory) may still be in flight when it returns. Into or from
+  registered (pinned) memory, nothing happens before synchronize.
+- Registered host memory is pinned by page, not by address (``pinning.py``): a page replaced
+  under a registration (a hole punched in the file it maps) takes no more copies.
 - Managed memory is host memory at its own address, marked do-not-fork: a forked child that
   touches it dies of SIGSEGV (a real child cannot use UVM either).
 - Registered host ranges, and the pinned host memory it allocates (``alloc_pinned``), are
@@ -24,6 +30,7 @@ It is strict where a real GPU would punish a bug that CI could otherwise never s
 from __future__ import annotations
 
 import bisect
+import ctypes
 import os
 import threading
 from dataclasses import dataclass, field
@@ -31,20 +38,14 @@ from dataclasses import dataclass, field
 from gpusnap import knobs
 from gpusnap.device import hostmem
 from gpusnap.device.backend import AllocKind
+from gpusnap.device.fake import pinning, streams
+from gpusnap.device.fake.streams import CudaFault  # noqa: F401  (the fake modules' failure, raised here)
 
 ALIGN = 512  # cuMemAlloc's alignment on current GPUs (the documented minimum is 256)
 VMM_GRANULARITY = 2 << 20  # cuMemGetAllocationGranularity on current GPUs
 STREAM_LEGACY = 0x1  # CU_STREAM_LEGACY
 STREAM_PER_THREAD = 0x2  # CU_STREAM_PER_THREAD
 STREAM_NON_BLOCKING = 0x1  # CU_STREAM_NON_BLOCKING flag of cuStreamCreate
-
-
-class CudaFault(Exception):
-    """A call's failure, by its CUresult name; the modules turn it into the error tuple."""
-
-    def __init__(self, status: str):
-        super().__init__(status)
-        self.status = status
 
 
 class _Heap:
@@ -80,10 +81,11 @@ class Alloc:
     base: int
     nbytes: int
     kind: AllocKind
-    device: int
+    device: int  # for managed memory that prefers the host, -1 (as the driver names its device)
     backing: int
     accessible: bool = True  # VMM mappings: only after cuMemSetAccess
     handle: int = 0  # VMM: the physical allocation mapped here
+    ctx: int = 0  # device memory: the context it belongs to, whose kernels alone may touch it
 
 
 @dataclass
@@ -103,14 +105,13 @@ class Stream:
     handle: int
     ctx: Context
     blocking: bool
-    pending: list = field(default_factory=list)  # [(seq, op)]
+    pending: list = field(default_factory=list)  # streams.Op, in the order they were enqueued
 
 
 @dataclass
 class Event:
     handle: int
-    stream: Stream | None = None
-    seq: int = 0  # the marker's place in its stream
+    marker: streams.Op | None = None  # the op that completes it, while pending
     done: bool = True  # never recorded counts as complete, as in CUDA
 
 
@@ -140,10 +141,10 @@ class Device:
 class Machine:
     """One process's fake GPUs. Built by cuInit in the process that first calls it."""
 
-    def __init__(self, devices: int, device_bytes: int):
+    def __init__(self, devices: int, device_bytes: int, seed: int | None = None):
         self.pid = os.getpid()
         self._next_handle = 0x5000
-        self._seq = 0
+        self.work = streams.Work(streams.chosen_seed() if seed is None else seed)
         self.devices: list[Device] = []
         self.contexts: dict[int, Context] = {}
         self.streams: dict[int, Stream] = {}
@@ -152,17 +153,17 @@ class Machine:
         self._bases: list[int] = []
         self.physical: dict[int, Physical] = {}
         self.reservations: dict[int, int] = {}  # VMM address reservations: base -> nbytes
-        self.registered: dict[int, int] = {}  # host address -> nbytes
+        self.registered: dict[int, pinning.Registration] = {}  # by host address
         self.pinned_allocs: dict[int, int] = {}  # cuMemAllocHost's: address -> nbytes (registered too)
         self.tls = threading.local()  # per thread: the context stack, the runtime's device
         self.runtime_devices: set[int] = set()  # primary contexts the runtime has retained
         self.device_bytes = device_bytes
         for ordinal in range(devices):
             ctx = self._context(ordinal, primary=True)
-            va = hostmem.reserve_random(device_bytes)
+            va = hostmem.reserve_random(device_bytes, repeat=knobs.FAKE_BASES == "repeat")
             name = f"gpusnap fake device {ordinal}"
             self.devices.append(Device(ordinal, name, (9, 0), device_bytes, va, _Heap(device_bytes), ctx))
-        self.managed_base = hostmem.reserve_random(device_bytes * max(1, devices))
+        self.managed_base = hostmem.reserve_random(device_bytes * max(1, devices), repeat=knobs.FAKE_BASES == "repeat")
         self.managed_heap = _Heap(device_bytes * max(1, devices))
 
     # ---- handles, contexts, streams
@@ -230,65 +231,44 @@ class Machine:
         if stream.handle == 0:
             raise CudaFault("CUDA_ERROR_INVALID_HANDLE")
         # Work already enqueued still completes (the driver defers the destruction).
-        self._run(stream.ctx, list(stream.pending))
-        stream.pending.clear()
+        self.work.stream(stream)
         del stream.ctx.streams[stream.handle]
         del self.streams[stream.handle]
 
-    # ---- work, run only at synchronize
+    # ---- work, run only when something waits for it (streams.py: in what order)
 
-    def enqueue(self, stream: Stream, op) -> None:
-        self._seq += 1
-        stream.pending.append((self._seq, op))
+    def enqueue(self, stream: Stream, op, after=()) -> streams.Op:
+        return self.work.enqueue(stream, op, after)
 
-    def _run(self, ctx: Context, ops: list) -> None:
-        for _, op in sorted(ops, key=lambda item: item[0]):
-            if ctx.error:
-                break
-            try:
-                op()
-            except CudaFault as fault:
-                ctx.error = fault.status
-        if ctx.error:
-            raise CudaFault(ctx.error)
-
-    def _take(self, streams) -> list:
-        ops = []
-        for stream in streams:
-            ops += stream.pending
-            stream.pending = []
-        return ops
+    def complete(self, op: streams.Op) -> None:
+        """Wait for one op (and what it follows), as a synchronous call waits for its own work."""
+        self.work.complete([op])
 
     def record(self, event: Event, stream: Stream) -> None:
-        self._seq += 1
-        seq = self._seq
-
         def mark():
-            if event.seq == seq:  # a later record moved the event on
+            if event.marker is marker:  # a later record moved the event on
                 event.done = True
 
-        event.stream, event.seq, event.done = stream, seq, False
-        stream.pending.append((seq, mark))
+        marker = self.work.enqueue(stream, mark)
+        event.marker, event.done = marker, False
 
     def wait_event(self, event: Event) -> None:
         """Run the event's stream up to its marker (the work the event stands for)."""
-        if event.done or event.stream is None:
-            return
-        stream = event.stream
-        ops = [item for item in stream.pending if item[0] <= event.seq]
-        stream.pending = [item for item in stream.pending if item[0] > event.seq]
-        self._run(stream.ctx, ops)
+        if not event.done and event.marker is not None:
+            self.work.complete([event.marker])
+
+    def event_op(self, event: Event) -> list:
+        """What a stream that waits for ``event`` must follow: its marker, while pending."""
+        return [] if event.done or event.marker is None else [event.marker.seq]
 
     def sync_stream(self, stream: Stream) -> None:
-        if stream.handle == 0:  # the legacy stream waits for every blocking stream of its context
-            return self.sync_legacy(stream.ctx)
-        self._run(stream.ctx, self._take([stream]))
+        self.work.stream(stream)
 
     def sync_legacy(self, ctx: Context) -> None:
-        self._run(ctx, self._take([ctx.legacy, *(s for s in ctx.streams.values() if s.blocking)]))
+        self.work.legacy(ctx)
 
     def sync_context(self, ctx: Context) -> None:
-        self._run(ctx, self._take([ctx.legacy, *ctx.streams.values()]))
+        self.work.context(ctx)
 
     # ---- memory
 
@@ -309,7 +289,8 @@ class Machine:
         alloc = self.allocs[self._bases[i]]
         return alloc if address < alloc.base + alloc.nbytes else None
 
-    def alloc_device(self, nbytes: int, device: int) -> Alloc:
+    def alloc_device(self, nbytes: int, device: int, ctx: Context | None = None) -> Alloc:
+        """Device memory of ``ctx`` (default: the device's primary context)."""
         if nbytes <= 0:
             raise CudaFault("CUDA_ERROR_INVALID_VALUE")
         dev = self.device(device)
@@ -318,7 +299,8 @@ class Machine:
         offset = dev.heap.take(nbytes, ALIGN)
         backing = _host_pages(nbytes)
         dev.used_bytes += nbytes
-        return self._add(Alloc(dev.va_base + offset, nbytes, AllocKind.DEVICE, device, backing))
+        owner = (ctx or dev.primary).handle
+        return self._add(Alloc(dev.va_base + offset, nbytes, AllocKind.DEVICE, device, backing, ctx=owner))
 
     def alloc_managed(self, nbytes: int, device: int) -> Alloc:
         if nbytes <= 0:
@@ -368,11 +350,40 @@ class Machine:
             raise CudaFault(status)
         return host
 
+    def kernel_address(self, address: int, nbytes: int, ctx: Context) -> int:
+        """What a kernel of ``ctx`` reads at ``address``: a context's kernels cannot reach device
+        memory of another context (each has its own GPU address space; copies can, through
+        unified addressing), and trying faults the launching context."""
+        alloc = self.find(address)
+        if alloc is not None and alloc.ctx and alloc.ctx != ctx.handle:
+            raise CudaFault("CUDA_ERROR_ILLEGAL_ADDRESS")
+        return self.device_address(address, nbytes, "CUDA_ERROR_ILLEGAL_ADDRESS")
+
+    def registration(self, address: int, nbytes: int) -> pinning.Registration | None:
+        """The registration that holds all of [address, address + nbytes), if one does."""
+        for reg in self.registered.values():
+            if reg.address <= address and address + nbytes <= reg.address + reg.nbytes:
+                return reg
+        return None
+
     def pinned(self, address: int, nbytes: int) -> bool:
-        for base, length in self.registered.items():
-            if base <= address and address + nbytes <= base + length:
-                return True
-        return False
+        return self.registration(address, nbytes) is not None
+
+    def to_host(self, address: int, source: int, nbytes: int) -> None:
+        """A DMA write into host memory: into the pages a registration pinned, if any."""
+        reg = self.registration(address, nbytes)
+        if reg is None:
+            ctypes.memmove(address, source, nbytes)
+        else:
+            reg.copy_in(address, source, nbytes)
+
+    def from_host(self, dest: int, address: int, nbytes: int) -> None:
+        """A DMA read of host memory: from the pages a registration pinned, if any."""
+        reg = self.registration(address, nbytes)
+        if reg is None:
+            ctypes.memmove(dest, address, nbytes)
+        else:
+            reg.copy_out(dest, address, nbytes)
 
     # ---- VMM
 
@@ -381,7 +392,7 @@ class Machine:
             raise CudaFault("CUDA_ERROR_INVALID_VALUE")
         # The driver grants the requested address when it is free; so does the fake.
         base = hostmem.map_exactly(hint, nbytes, hostmem.PROT_NONE) if hint else None
-        base = base or hostmem.reserve_random(nbytes, VMM_GRANULARITY)
+        base = base or hostmem.reserve_random(nbytes, VMM_GRANULARITY, repeat=knobs.FAKE_BASES == "repeat")
         self.reservations[base] = nbytes
         return base
 
@@ -451,27 +462,31 @@ class Machine:
     def register(self, address: int, nbytes: int) -> None:
         if nbytes <= 0 or address == 0:
             raise CudaFault("CUDA_ERROR_INVALID_VALUE")
-        for base, length in self.registered.items():
-            if base < address + nbytes and address < base + length:
+        for reg in self.registered.values():
+            if reg.address < address + nbytes and address < reg.address + reg.nbytes:
                 raise CudaFault("CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED")
         try:
             hostmem.madvise(address, nbytes, hostmem.MADV_DONTFORK)
         except OSError as exc:  # part of the range is not mapped
             raise CudaFault("CUDA_ERROR_INVALID_VALUE") from exc
-        self.registered[address] = nbytes
+        self.registered[address] = pinning.Registration(address, nbytes)
 
     def unregister(self, address: int) -> None:
-        nbytes = self.registered.pop(address, None)
-        if nbytes is None:
+        reg = self.registered.pop(address, None)
+        if reg is None:
             raise CudaFault("CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED")
-        hostmem.madvise(address, nbytes, hostmem.MADV_DOFORK)
+        reg.close()
+        hostmem.madvise(address, reg.nbytes, hostmem.MADV_DOFORK)
 
     def alloc_pinned(self, nbytes: int) -> int:
         """Page-locked host memory (cuMemAllocHost): host pages, registered, so do-not-fork and
         stream-ordered in copies, as CUDA's own are."""
         if nbytes <= 0:
             raise CudaFault("CUDA_ERROR_INVALID_VALUE")
-        address = _host_pages(nbytes)
+        try:  # shared, so that its registration models its pages (pinning.py)
+            address = hostmem.map_anywhere(nbytes, shared=True)
+        except OSError as exc:
+            raise CudaFault("CUDA_ERROR_OUT_OF_MEMORY") from exc
         self.register(address, hostmem.page_up(nbytes))
         self.pinned_allocs[address] = nbytes
         return address
@@ -490,9 +505,10 @@ class Machine:
                 hostmem.unmap(alloc.backing, alloc.nbytes)
         for phys in self.physical.values():
             hostmem.unmap(phys.backing, phys.nbytes)
-        for address, nbytes in self.registered.items():
+        for address, reg in self.registered.items():
+            reg.close()
             try:
-                hostmem.madvise(address, nbytes, hostmem.MADV_DOFORK)
+                hostmem.madvise(address, reg.nbytes, hostmem.MADV_DOFORK)
             except OSError:
                 pass  # the program unmapped it while registered; nothing left to undo
         for address, nbytes in self.pinned_allocs.items():
@@ -540,11 +556,17 @@ def init() -> Machine:
     return _machine
 
 
-def reset(devices: int | None = None, device_bytes: int | None = None) -> Machine:
-    """A fresh machine for this process (tests): everything the old one held is gone."""
+def reset(devices: int | None = None, device_bytes: int | None = None, seed: int | None = None) -> Machine:
+    """A fresh machine for this process (tests): everything the old one held is gone. ``seed``
+    picks its stream order (default: ``GPUSNAP_FAKE_SEED``, else a random one)."""
     global _machine
     if _machine is not None and _machine.pid == os.getpid():
         _machine.close()
     devices = knobs.FAKE_DEVICES if devices is None else devices
-    _machine = Machine(devices, device_bytes or knobs.FAKE_DEVICE_BYTES)
+    _machine = Machine(devices, device_bytes or knobs.FAKE_DEVICE_BYTES, seed)
     return _machine
+
+
+def seed() -> int | None:
+    """The stream-order seed of this process's machine (None before one is made)."""
+    return _machine.work.seed if _machine is not None else None

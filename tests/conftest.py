@@ -1,0 +1,37 @@
+"""The fake GPU's stream order for the session: one seed, drawn here unless GPUSNAP_FAKE_SEED is
+set, shared by every test process and every program the tests start (they inherit the
+environment), shown in the header and with every failure, so that a failure on the fake GPU can
+be replayed with the same order."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+
+import pytest
+
+# Set at import, before any test module imports gpusnap.knobs (which reads it once); the workers
+# of pytest-xdist inherit it from the process that starts them.
+os.environ.setdefault("GPUSNAP_FAKE_SEED", str(random.SystemRandom().randrange(1 << 32)))
+
+
+def _replay() -> str:
+    line = f"GPUSNAP_FAKE_SEED={os.environ['GPUSNAP_FAKE_SEED']}"
+    machine = sys.modules.get("gpusnap.device.fake.machine")
+    own = machine.seed() if machine is not None else None
+    if own is not None and str(own) != os.environ["GPUSNAP_FAKE_SEED"]:
+        line += f" (this test's own fake machine: seed {own})"
+    return line
+
+
+def pytest_report_header(config):
+    return f"fake GPU stream order: {_replay()}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        report.sections.append(("fake GPU stream order", f"replay with {_replay()}"))
