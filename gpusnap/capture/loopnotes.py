@@ -25,6 +25,7 @@ import io
 import types
 import weakref
 
+from gpusnap.capture import pickler
 from gpusnap.graph import rng
 from gpusnap.graph.digest import MISSING, digest, fingerprint, loader_iter_class, part_of
 from gpusnap.graph.iterators import LOADER_ITERS, adapter_for
@@ -86,6 +87,19 @@ def record(loop, read=None) -> dict:
         item = frame.f_locals.get(loops.LAST_ITEM, MISSING) if frame is not None else MISSING
         out["check"] = {"index": loop.index, "items": [_digest_entry(part_of(item, at), at, read) for at in paths]}
     return out
+
+
+def fetched_ahead(loop):
+    """The loop's source when it is a library generator that fetches ahead of what it yielded
+    (``pickler.FETCHED_AHEAD``): the snapshot keeps what it fetched; None otherwise."""
+    ref = getattr(loop, "gen", None)
+    gen = ref() if ref is not None else None
+    frame = gen.gi_frame if gen is not None else None
+    source = frame.f_locals.get("it") if frame is not None else None
+    if not isinstance(source, types.GeneratorType) or source.gi_frame is None or not pickler.FETCHED_AHEAD:
+        return None
+    name = f"{source.gi_frame.f_globals.get('__name__')}.{source.__qualname__}"
+    return source if name in pickler.FETCHED_AHEAD else None
 
 
 def _last_item(loop):

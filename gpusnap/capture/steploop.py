@@ -21,7 +21,7 @@ import sys
 import weakref
 
 from gpusnap import knobs, stage
-from gpusnap.capture import costs, safepoints, session
+from gpusnap.capture import costs, safepoints, session, witness
 from gpusnap.graph import iterators, rng, workers
 from gpusnap.instrument import loops
 
@@ -66,6 +66,7 @@ def _note_loader_iters(module) -> None:
     def __iter__(self):
         if self.num_workers > 0 and not workers.seen() and _start_method(self) != "fork":
             workers.mark()  # workers gpusnap does not start in (spawn, forkserver) are not watched
+        witness.loader_made()
         made_with = rng.compact(), (self.generator.get_state() if self.generator is not None else None)
         it = loader_iter(self)
         try:
@@ -75,6 +76,16 @@ def _note_loader_iters(module) -> None:
         return it
 
     module.DataLoader.__iter__ = __iter__
+
+    loader_next = module._BaseDataLoaderIter.__next__
+
+    @functools.wraps(loader_next)
+    def __next__(self):
+        batch = loader_next(self)
+        witness.fetched(batch)  # the iterations after a snapshot: what they consume
+        return batch
+
+    module._BaseDataLoaderIter.__next__ = __next__
 
 
 def _start_method(loader) -> str:
@@ -127,6 +138,7 @@ def _before_optimizer_step(optimizer, *_):
 
 def _after_optimizer_step(optimizer, *_):
     session.steps += 1
+    witness.stepped(optimizer)
     if optimizer not in session.optimizers:
         session.optimizers.add(optimizer)
         session.prepared = False  # its state exists from its first step on

@@ -24,7 +24,7 @@ import time
 import psutil
 
 from gpusnap.errors import StoreError, UsageError
-from gpusnap.store import atomic, index, pack
+from gpusnap.store import atomic, index, pack, witness
 from gpusnap.store.check import list_packs
 from gpusnap.store.info import utc_now
 
@@ -56,6 +56,7 @@ def prune(rd, keep: int | None, drop: list[str] | None = None) -> dict:
     if drop:
         atomic.fsync_dir(root / "snapshots")
     report["removed_snapshots"] = drop
+    witness.remove_orphans(root)
 
     # 2. what the remaining manifests need
     referenced: set[str] = set()
