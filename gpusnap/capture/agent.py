@@ -99,7 +99,7 @@ def _boundary(loop) -> None:
         control.requests.clear()  # the stop snapshot is taken: it answers them all
         if witnessing.stop_due():
             _exit_after_stop()
-    if witnessing.at_boundary(loop, steploop.is_step_loop):
+    if witnessing.at_boundary(loop):
         return  # a restarted run not yet proven takes no snapshot; requests wait
     coordinator = session.dist
     if coordinator is not None:
@@ -223,7 +223,7 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         if stop:
             fork.exit_now(EXIT_PREEMPTED_UNSAVED)
         return
-    trains_on = witnessing.start(job.snap_id, stop and coordinator is None)
+    trains_on = witnessing.start(job.snap_id, loop, steploop.step_loop_keys(), stop and coordinator is None)
     if stop and not trains_on:
         if coordinator is not None:
             coordinator.stop_after()

@@ -233,6 +233,11 @@ def _check_stepper(frame) -> None:
         )
 
 
+def step_loop_keys() -> list:
+    """The step loops seen so far, as (file, function, "LINE:COL") (what the witness watches)."""
+    return [[code.co_filename, code.co_qualname, loop_id] for (_, loop_id), code in _step_loops.items()]
+
+
 def is_step_loop(loop) -> bool:
     return (id(loop.frame.f_code), loop.loop_id) in _step_loops or _at_matches(loop)
 

@@ -30,26 +30,27 @@ _thread: threading.Thread | None = None
 _stop: dict | None = None  # a stop snapshot that trains on for its witness: {"id", "until"}
 
 
-def start(snap_id: str, stop: bool) -> bool:
-    """A writer was forked for ``snap_id``: record the iterations that follow it. For a stop
-    snapshot, True when the program should train on (the caller then does not wait)."""
+def start(snap_id: str, loop, step_loops: list, stop: bool) -> bool:
+    """A writer was forked for ``snap_id`` at ``loop``'s boundary: record the iterations of the
+    step loops (``step_loops``, ``witness.loop_key``s; none known: ``loop``'s) that follow. For a
+    stop snapshot, True when the program should train on (the caller then does not wait)."""
     if knobs.WITNESS_ITERATIONS <= 0 or (stop and knobs.WITNESS_STOP_S <= 0):
         return False
     global _stop
-    witness.active = witness.Recorder(snap_id, _update)
+    witness.active = witness.Recorder(snap_id, _update, step_loops or [witness.loop_key(loop)])
     loops.pending = True  # every boundary, until the window is recorded
     if stop:
         _stop = {"id": snap_id, "until": time.monotonic() + knobs.WITNESS_STOP_S}
     return stop
 
 
-def at_boundary(loop, is_step_loop) -> bool:
+def at_boundary(loop) -> bool:
     """The witness's part of a boundary. True while a restarted run is not yet proven: no
     snapshot is taken then (a wrong one would be what the next restart restores)."""
     w = witness.active
     if w is None:
         return False
-    if w.wants_boundary() and loop.index > 0 and is_step_loop(loop):  # (index 0: a loop's start ends no iteration)
+    if w.wants_boundary() and w.watches(loop):
         w.at_boundary(loop_item(), session.iterations)
     return bool(w.holds_snapshots)
 

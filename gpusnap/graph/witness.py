@@ -23,7 +23,8 @@ runs are bitwise reproducible (``exact``: no device parameters, or deterministic
 
 The witness file (``witness/<id>.json``, docs/FORMAT.md)::
 
-    {"format": 1, "snapshot": id, "iterations": [record, ...],
+    {"format": 1, "snapshot": id, "loops": [[file, function, "LINE:COL"], ...],
+     "iterations": [record, ...],
      "params": {"iteration": n, "digest": hex, "exact": bool} | None, "epoch": record | None}
 
 Both sides run in the trainee, driven by capture's hooks (``at_boundary``, ``fetched``,
@@ -45,10 +46,19 @@ FORMAT = 1
 active = None  # the Recorder or Checker of this process, if any
 
 
-class _Watch:
-    """What both sides compute: the records of the iterations after the snapshot."""
+def loop_key(loop) -> list:
+    code = loop.frame.f_code
+    return [code.co_filename, code.co_qualname, loop.loop_id]
 
-    def __init__(self, snap_id: str, window: int):
+
+class _Watch:
+    """What both sides compute: the records of the iterations after the snapshot, at the
+    boundaries of the step loops the run that took it knew (``loops``: ``loop_key``s), so that
+    a restart, which learns its step loop only at its first optimizer step, records the same."""
+
+    def __init__(self, snap_id: str, window: int, loops: list):
+        self.loops = [list(key) for key in loops]
+        self._keys = {tuple(key) for key in self.loops}
         self.snap_id = snap_id
         self.window = window  # iterations of the window still to record
         self.batches: list[tuple[int, str | None, str | None]] = []  # (id, digest, why) of this iteration's batches
@@ -58,6 +68,13 @@ class _Watch:
 
     def wants_boundary(self) -> bool:
         return self.window > 0 or self.epoch_due
+
+    def watches(self, loop) -> bool:
+        """Does this boundary end an iteration of a watched loop? (A loop's start ends none.)"""
+        if loop.index <= 0:
+            return False
+        code = loop.frame.f_code
+        return (code.co_filename, code.co_qualname, loop.loop_id) in self._keys
 
     def fetched(self, batch) -> None:
         if self.window > 0 or self.epoch_due:
@@ -107,10 +124,10 @@ class Recorder(_Watch):
 
     holds_snapshots = False
 
-    def __init__(self, snap_id: str, on_update, window: int | None = None):
-        super().__init__(snap_id, knobs.WITNESS_ITERATIONS if window is None else window)
+    def __init__(self, snap_id: str, on_update, loops: list, window: int | None = None):
+        super().__init__(snap_id, knobs.WITNESS_ITERATIONS if window is None else window, loops)
         self.on_update = on_update
-        self.doc = {"format": FORMAT, "snapshot": snap_id, "iterations": [], "params": None, "epoch": None}
+        self.doc = {"format": FORMAT, "snapshot": snap_id, "loops": self.loops, "iterations": [], "params": None, "epoch": None}
 
     def at_boundary(self, item, iteration: int) -> None:
         record = self.record(item, iteration)
@@ -141,7 +158,7 @@ class Checker(_Watch):
 
     def __init__(self, doc: dict, fail, warn, verified, force: bool = False):
         expected = list(doc.get("iterations") or [])
-        super().__init__(str(doc.get("snapshot")), len(expected))
+        super().__init__(str(doc.get("snapshot")), len(expected), doc.get("loops") or [])
         self.expected, self.epoch, self.expected_params = expected, doc.get("epoch"), doc.get("params")
         self.fail, self.warn, self.verified, self.force = fail, warn, verified, force
         self.compared = 0
