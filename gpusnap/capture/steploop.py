@@ -104,8 +104,12 @@ def _note_worker_draws(module) -> None:
         @functools.wraps(fetch)
         def watched(self, possibly_batched_index, _fetch=fetch):
             # Imported while torch.utils.data initializes: its worker module is loaded by now.
-            if sys.modules["torch.utils.data._utils.worker"].get_worker_info() is None:  # the main process: the snapshot holds its RNG states
+            info = sys.modules["torch.utils.data._utils.worker"].get_worker_info()
+            if info is None:  # the main process: the snapshot holds its RNG states
                 return _fetch(self, possibly_batched_index)
+            if "_gpusnap_epoch" not in vars(self):  # a worker makes a fetcher per epoch
+                self._gpusnap_epoch = True
+                workers.epoch_started(self.dataset, info.id)
             before, held = rng.compact(), workers.held_states(self.dataset)
             data = _fetch(self, possibly_batched_index)
             if not rng.same(before, rng.compact()) or workers.held_states(self.dataset) != held:
