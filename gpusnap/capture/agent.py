@@ -28,9 +28,9 @@ import sys
 import time
 
 from gpusnap import knobs, lifeline, stage
-from gpusnap.capture import control, fork, session, steploop
+from gpusnap.capture import children, control, fork, session, steploop
 from gpusnap.capture import witness as witnessing
-from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, StageError
+from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, ChildRunning, StageError
 from gpusnap.graph import rng, roots
 from gpusnap.instrument import loops
 
@@ -62,6 +62,7 @@ def install(config: dict, note_source) -> None:
         session.rundir = RunDir.open(session.config["run_dir"], trusted=True)
     loops.on_boundary = _boundary
     session.resumed_from = (session.config.get("resume") or {}).get("snapshot")
+    children.install()
     control.install_signals()
     control.connect(session.config.get("control"))
     steploop.install(note_source)
@@ -166,6 +167,9 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
 
     snap_id = snap_id or session.rundir.next_snapshot_id()
     try:
+        running = children.refusal()
+        if running is not None:
+            raise ChildRunning(running)
         device = stage.stage_device_memory(snap_id, _written, paranoid=bool(knobs.PARANOID or session.config.get("paranoid")))
         unforked = stage.stage_unforked(roots.frames_on_path(loop.frame))
         drain = stage.drain_region() if knobs.DRAIN != "off" else None

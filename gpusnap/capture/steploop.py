@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 import weakref
 
@@ -32,17 +33,24 @@ _last_stepping = (lambda: None, -1)  # (weak ActiveLoop, index) of the last iter
 _note_source = None  # restore's fastforward.part, handed over by boot through the agent
 _stepper_checked = False  # the first optimizer step looked for a step loop gpusnap cannot reach
 _GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
+_in_child = False  # a forked child of the trainee (the program's own processes, DataLoader workers)
 
 
 def install(note_source) -> None:
     global _note_source
     _note_source = note_source
+    os.register_at_fork(after_in_child=_forked)
     loops.describe_source = describe_source
     loops.capture_rng = rng.compact
     after_import("torch.optim.optimizer", _hook_optimizers)
     after_import("torch.utils.data.dataloader", _note_loader_iters)
     workers.install()
     after_import("torch.utils.data._utils.fetch", _note_worker_draws)
+
+
+def _forked() -> None:
+    global _in_child
+    _in_child = True
 
 
 def after_import(name: str, callback) -> None:
@@ -123,6 +131,8 @@ def _before_optimizer_step(optimizer, *_):
     """Before the step runs (LBFGS's closure calls the model from inside it): know the step loop,
     so that no boundary inside the step is taken for a safe point."""
     global _last_stepping
+    if _in_child:
+        return  # a process the program forked (Hogwild's trainers): none of gpusnap's business
     if loops.replaying is not None:
         loops.replaying()
     for i in range(len(loops.ACTIVE) - 1, -1, -1):
@@ -141,6 +151,8 @@ def _before_optimizer_step(optimizer, *_):
 
 
 def _after_optimizer_step(optimizer, *_):
+    if _in_child:
+        return
     session.steps += 1
     witness.stepped(optimizer)
     if optimizer not in session.optimizers:
