@@ -19,13 +19,15 @@ iterator returned during the iteration, each digested as it arrives (``graph.dig
 tensors are copied to the host first). After the first optimizer step following the snapshot,
 ``params`` digests every parameter of that optimizer: CPU tensors by their bytes, device tensors
 by a 64-bit sum of their words computed on the device. Parameters are compared only where both
-runs are bitwise reproducible (``exact``: no device parameters, or deterministic algorithms).
+runs are bitwise reproducible (``exact``: no device parameters, or deterministic algorithms) and
+do their arithmetic alike (``arithmetic``: the same torch, CPU kernels, threads and devices).
 
 The witness file (``witness/<id>.json``, docs/FORMAT.md)::
 
     {"format": 1, "snapshot": id, "loops": [[file, function, "LINE:COL"], ...],
      "iterations": [record, ...],
-     "params": {"iteration": n, "digest": hex, "exact": bool} | None, "epoch": record | None}
+     "params": {"iteration": n, "digest": hex, "exact": bool, "arithmetic": {...}} | None,
+     "epoch": record | None}
 
 Both sides run in the trainee, driven by capture's hooks (``at_boundary``, ``fetched``,
 ``loader_made``, ``stepped`` on ``active``): recording costs a few digests per snapshot, and
@@ -111,7 +113,7 @@ class _Watch:
             return None
         self.params_due = False
         value, exact = params_digest(optimizer)
-        return {"iteration": iteration, "digest": value, "exact": exact}
+        return {"iteration": iteration, "digest": value, "exact": exact, "arithmetic": arithmetic()}
 
 
 _NO_ITEM = object()
@@ -164,6 +166,7 @@ class Checker(_Watch):
         self.compared = 0
         self.differences = 0
         self.params_found = None  # after the first optimizer step: compared at the boundary that follows
+        self.steps = 0  # optimizer steps since the merge, while the window is open
 
     @property
     def holds_snapshots(self) -> bool:
@@ -176,7 +179,7 @@ class Checker(_Watch):
             want = self.expected[self.compared]
             self.compared += 1
             self.window -= 1
-            self._compare(record, want, f"in iteration {want.get('iteration')}, the {_nth(self.compared)} after the snapshot")
+            self._compare(record, want, f"iteration {want.get('iteration')} (the {_nth(self.compared)} after the snapshot)")
             self._compare_params()
             if self.window == 0:
                 self.epoch_armed = self.epoch is not None
@@ -185,12 +188,19 @@ class Checker(_Watch):
                     stop_watching(self)
         elif self.epoch_due:
             self.epoch_due = self.epoch_armed = False
-            self._compare(record, self.epoch, f"in iteration {self.epoch.get('iteration')}, the first after a DataLoader started again")
+            self._compare(record, self.epoch, f"iteration {self.epoch.get('iteration')} (the first after a DataLoader started again)")
             stop_watching(self)
 
     def stepped(self, optimizer, iteration: int) -> None:
         if self.expected_params is not None and self.params_due:
             self.params_found = self.params(optimizer, iteration)
+        if self.window > 0:
+            self.steps += 1
+            if self.steps > 4 * len(self.expected) + 4:  # (a GAN steps twice an iteration)
+                self._differs(f"the run took {self.steps} optimizer steps after the snapshot without ending an iteration "
+                              f"of the loop where the run that took it recorded its witness ({_where(self.loops)})")
+                self.window = 0  # --force: stop looking
+                stop_watching(self)
 
     def _compare_params(self) -> None:
         want, found = self.expected_params, self.params_found
@@ -199,27 +209,44 @@ class Checker(_Watch):
         self.params_found = None
         if not (want.get("exact") and found["exact"]) or want.get("digest") is None:
             return  # a GPU run without deterministic algorithms: its steps may round otherwise
+        if want.get("arithmetic") != found["arithmetic"]:
+            return  # other threads, kernels or devices sum in another order: other last bits
         if found["iteration"] != want.get("iteration") or found["digest"] != want["digest"]:
-            self._differs(f"the parameters after the optimizer step of iteration {want.get('iteration')} differ from the run that took the snapshot")
+            self._differs(f"after the optimizer step of iteration {want.get('iteration')}, the parameters differ from the run that took it")
 
     def _compare(self, record: dict, want: dict, when: str) -> None:
         if record["iteration"] != want.get("iteration"):
-            self._differs(f"the run is at iteration {record['iteration']} where the run that took the snapshot was at {want.get('iteration')} ({when})")
+            self._differs(f"the run counted iteration {record['iteration']} where the run that took it was at {when}")
             return
         if want.get("batch") is not None and record["batch"] is not None and record["batch"] != want["batch"]:
-            self._differs(f"the batch consumed {when} differs from the run that took the snapshot")
+            self._differs(f"{when} consumed another batch than in the run that took it")
             return
         mine, theirs = record["rng"], want.get("rng") or {}
         for name in sorted(set(mine) | set(theirs)):
             if mine.get(name) != theirs.get(name):
-                self._differs(f"the {name} random number generator's state after {when.removeprefix('in ')} differs from the run that took the snapshot")
+                self._differs(f"after {when}, {_GENERATORS.get(name, name)} random number generator stands elsewhere "
+                              "than in the run that took it")
                 return
+
+    def ended(self) -> None:
+        """The program ended with the window open: what it reached matched (or was warned of)."""
+        if self.window > 0 and self.compared:
+            self.window = 0
+            self.verified(self.compared, self.differences)
+        stop_watching(self)
 
     def _differs(self, message: str) -> None:
         self.differences += 1
         if not self.force:
             self.fail(message)
         self.warn(message)
+
+
+_GENERATORS = {"random": "the random module's", "numpy": "numpy's global", "torch": "torch's CPU", "torch.cuda": "torch's CUDA"}
+
+
+def _where(keys: list) -> str:
+    return ", ".join(f"{file}:{loop_id.split(':')[0]} in {function}" for file, function, loop_id in keys)
 
 
 def _nth(n: int) -> str:
@@ -252,6 +279,17 @@ def rng_digests() -> dict:
         out["torch"] = xxhash.xxh3_64_hexdigest(torch_state.numpy().tobytes())
     if cuda:
         out["torch.cuda"] = xxhash.xxh3_64_hexdigest(b"".join(t.numpy().tobytes() for t in cuda))
+    return out
+
+
+def arithmetic() -> dict:
+    """What decides the last bits of the same computation: torch's version, its CPU kernels, the
+    intra-op threads that split reductions, the devices."""
+    torch = sys.modules["torch"]
+    out = {"torch": torch.__version__, "threads": torch.get_num_threads(),
+           "cpu": torch.backends.cpu.get_cpu_capability()}
+    if torch.cuda.is_initialized():
+        out["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return out
 
 

@@ -42,6 +42,7 @@ class Replay:
         self.manifest = rundir.manifest(snap_id)
         self.snap_id = self.manifest["id"]
         self.force = bool(config.get("force"))
+        self.verify_only = bool(config.get("verify_replay"))  # `gpusnap verify --replay`: stop once compared
         self.emit = emit
         self.on_merged = on_merged  # the agent counts steps and iterations on from the snapshot's
         frames = self.manifest["roots"]["frames"]
@@ -277,6 +278,10 @@ class Replay:
         run that took it (``graph.witness``): "checking", or "unverified" without a witness."""
         doc = self.rundir.load_witness(self.snap_id)
         if not doc or not doc.get("iterations"):
+            if self.verify_only:
+                _say(f"restored snapshot {self.snap_id}, unverified: it has no witness to compare the iterations "
+                     "after it with (the run that took it stopped before the next iteration ended)")
+                _stop(0)
             return "unverified"
         witness.active = witness.Checker(doc, self._diverged, self._warn_diverged, self._verified, self.force)
         loops.pending = True  # every boundary, until the window is compared
@@ -300,7 +305,9 @@ class Replay:
             return
         self.emit("verified", id=self.snap_id, iterations=count)
         _say(f"snapshot {self.snap_id} verified: the {count} iteration{'s' if count != 1 else ''} after it "
-             f"match the run that took it", level=1)
+             f"match the run that took it", level=0 if self.verify_only else 1)
+        if self.verify_only:
+            _stop(0)
 
     def _doing(self) -> str:
         """What the merge was doing, for a refusal: the object path while merging."""
@@ -391,6 +398,8 @@ def _check_reached(replay: Replay) -> None:
     escaped = getattr(sys, "last_value", None)  # set by boot when an exception left the program
     if replay.merged:
         _check_first_iteration(replay, escaped)
+        if isinstance(witness.active, witness.Checker) and escaped is None:
+            witness.active.ended()
         return
     if escaped is not None and not isinstance(escaped, SystemExit):
         how = f"stopped with {_one_line(escaped)}"
@@ -418,7 +427,7 @@ def _check_first_iteration(replay: Replay, escaped) -> None:
 
 _VERIFIED = {
     "checking": "checking the iterations that follow against its witness",
-    "unverified": "unverified: the run that took it left no witness (it stopped before the next iteration ended)",
+    "unverified": "unverified: it has no witness (the run that took it stopped before the next iteration ended)",
 }
 
 _BUG_HINT = (
@@ -432,6 +441,13 @@ def _one_line(exc: BaseException) -> str:
     if len(text) > 300:
         text = text[:297] + "..."
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _stop(code: int) -> None:
+    """End the program now (``verify --replay`` has what it came for)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def fail(exc: GpusnapError) -> None:

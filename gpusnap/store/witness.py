@@ -46,6 +46,9 @@ def read(root, snap_id: str) -> dict | None:
         return None
     if not isinstance(doc.get("iterations"), list) or not all(isinstance(r, dict) for r in doc["iterations"]):
         return None
+    loops = doc.get("loops")
+    if not loops or not isinstance(loops, list) or not all(isinstance(k, list) and len(k) == 3 for k in loops):
+        return None  # no loop to watch: nothing a restart could compare
     return doc
 
 
