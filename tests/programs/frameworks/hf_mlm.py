@@ -57,8 +57,10 @@ def main():
     args = parser.parse_args()
     tok = tokenizer()
     raw = Dataset.from_dict({"text": corpus()})
+    # Whole words are found by the tokens' offsets, which the collator cannot pad: pad them here.
     tokenized = raw.map(lambda batch: tok(batch["text"], truncation=True, max_length=24,
-                                          return_offsets_mapping=args.whole_word),
+                                          return_offsets_mapping=args.whole_word,
+                                          padding="max_length" if args.whole_word else False),
                         batched=True, remove_columns=["text"])
     collator = DataCollatorForLanguageModeling(tokenizer=tok, mlm_probability=0.15, whole_word_mask=args.whole_word)
     torch.manual_seed(0)
@@ -75,6 +77,7 @@ def main():
         use_cpu=True,
         seed=0,
         disable_tqdm=True,
+        remove_unused_columns=not args.whole_word,  # the whole-word collator reads the offsets
     )
     trainer = Trainer(model=model, args=training, train_dataset=tokenized, data_collator=collator,
                       callbacks=[Progress()])
