@@ -75,6 +75,8 @@ def _note_loader_iters(module) -> None:
         if self.num_workers > 0 and not workers.seen() and _start_method(self) != "fork":
             workers.mark()  # workers gpusnap does not start in (spawn, forkserver) are not watched
         witness.loader_made()
+        if self.persistent_workers and self.num_workers > 0:
+            workers.make_state_dir()  # before its workers fork: they leave their RNG states there
         made_with = rng.compact(), (self.generator.get_state() if self.generator is not None else None)
         it = loader_iter(self)
         try:

@@ -45,14 +45,38 @@ DIR: str | None = None  # where workers leave their RNG states at each epoch's s
 
 
 def install() -> None:
-    """Map the shared byte and make the state directory (the trainee, before any worker forks)."""
-    global _page, DIR
+    """Map the shared byte (the trainee, before any worker forks)."""
+    global _page
     if _page is None:
         _page = mmap.mmap(-1, 1)  # anonymous and MAP_SHARED: a forked worker writes the parent's byte
-    if DIR is None:
-        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-        DIR = tempfile.mkdtemp(prefix="gpusnap-workers-", dir=shm)  # 0700
-        atexit.register(_remove, DIR, os.getpid())
+
+
+_PREFIX = "gpusnap-workers-"
+
+
+def make_state_dir() -> None:
+    """The directory persistent workers leave their states in (the trainee, before it starts a
+    pool of them): made once, removed at exit; those a killed trainee left are removed now."""
+    global DIR
+    if DIR is not None:
+        return
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    for name in os.listdir(shm):
+        pid = name[len(_PREFIX):].split("-", 1)[0] if name.startswith(_PREFIX) else ""
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(shm, name), ignore_errors=True)
+    DIR = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=shm)  # 0700
+    atexit.register(_remove, DIR, os.getpid())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
 
 
 def _remove(path: str, owner: int) -> None:
@@ -105,7 +129,7 @@ def epoch_states(dataset, num_workers: int) -> list[str] | None:
 def put_back(dataset, states: list[str]) -> None:
     """Restore: leave ``states`` (``epoch_states``) for the workers of ``dataset``'s pool, which
     take them before their next epoch's first fetch."""
-    install()
+    make_state_dir()
     for worker_id, state in enumerate(states):
         key = _key(dataset, worker_id)
         with open(key + ".load.tmp", "wb") as f:

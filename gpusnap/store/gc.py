@@ -2,7 +2,8 @@
 
 Order (each step leaves a directory that verifies; see docs/FORMAT.md, "gc")::
 
-    1. remove the manifests of the snapshots beyond --keep      (fsync snapshots/)
+    1. remove the manifests of the snapshots beyond --keep      (fsync snapshots/), then the
+       witnesses of snapshots that are gone                    (fsync witness/)
     2. compute the chunks the remaining manifests reference
     3. locate each: in an indexed pack, or by scanning a pack no index names (a lost index)
     4. commit ONE new index naming only referenced chunks in the packs kept
