@@ -52,7 +52,23 @@ FAULTS = {
     "rng": "the random module's random number generator stands elsewhere than in the run that took it",
     "batch": "(the first after the snapshot) consumed another batch than in the run that took it",
     "ulp": "the parameters differ from the run that took it",
+    "epoch": "(the first after a DataLoader started again) consumed another batch than in the run that took it",
 }
+
+
+def snapshotted_past_an_epoch(script, tmp_path, rnd):
+    """SIGUSR1 in the first epoch (10 batches), kill -9 once the witness holds the next epoch's
+    first iteration; returns the witness."""
+    out = tmp_path / "out"
+    run = Run("run", "--dir", "snaps", script, out, cwd=tmp_path, env=SLOW)
+    at = rnd.randint(2, 6)
+    wait_for(lambda: progress(out) >= at, f"step {at}", timeout=180, proc=run)
+    run.signal(signal.SIGUSR1)
+    witness = tmp_path / "snaps" / "witness" / "000001.json"
+    wait_for(lambda: witness.exists() and json.loads(witness.read_text())["epoch"], "the next epoch in the witness",
+             timeout=180, proc=run)
+    run.kill_group()
+    return json.loads(witness.read_text())
 
 
 def test_each_wrong_restore_is_refused_and_the_snapshot_then_restarts_verified(tmp_path):
@@ -60,11 +76,11 @@ def test_each_wrong_restore_is_refused_and_the_snapshot_then_restarts_verified(t
     script = copy_programs(tmp_path) / "corpus" / "collate_draws.py"
     ref, out = ref_and_out(tmp_path)
     plain(script, ref, cwd=tmp_path, env=ENV)
-    at = rnd.randint(4, 20)
-    print(f"SIGTERM at step {at}")
-    doc, err = stopped(script, [], tmp_path, at)
-    assert doc is not None and len(doc["iterations"]) == 3 and doc["params"]["exact"], doc
-    assert [r["iteration"] for r in doc["iterations"]] == list(range(doc["iterations"][0]["iteration"], doc["iterations"][0]["iteration"] + 3))
+    doc = snapshotted_past_an_epoch(script, tmp_path, rnd)
+    assert len(doc["iterations"]) == 3 and doc["params"]["exact"], doc
+    first = doc["iterations"][0]["iteration"]
+    assert [r["iteration"] for r in doc["iterations"]] == [first, first + 1, first + 2]
+    assert doc["epoch"]["iteration"] == 11, doc["epoch"]  # the second epoch's first batch
 
     before = tree_state(tmp_path / "snaps")
     replayed = gpusnap("verify", "--replay", "snaps", cwd=tmp_path, env=ENV)
@@ -91,6 +107,20 @@ def test_each_wrong_restore_is_refused_and_the_snapshot_then_restarts_verified(t
     diverged = [e for e in log if e.get("event") == "diverged"]
     assert len(diverged) == len(FAULTS) and all(e["id"] == doc["snapshot"] for e in diverged)  # (verify's: in its copy)
     assert [e["verified"] for e in log if e.get("event") == "restored"][-1] == "checking"
+
+
+def test_a_sigterm_snapshot_trains_on_to_leave_its_witness(tmp_path):
+    script = copy_programs(tmp_path) / "corpus" / "collate_draws.py"
+    ref, out = ref_and_out(tmp_path)
+    plain(script, ref, cwd=tmp_path, env=ENV)
+    at = random.Random("sigterm").randint(4, 20)
+    print(f"SIGTERM at step {at}")
+    doc, err = stopped(script, [], tmp_path, at)  # (30 steps: it stops 3 iterations after the snapshot)
+    assert doc is not None and len(doc["iterations"]) == 3, doc
+    restarted = gpusnap("restart", "snaps", cwd=tmp_path, env=ENV)
+    assert restarted.returncode == 0, restarted.stderr
+    assert f"snapshot {doc['snapshot']} verified: the 3 iterations after it match" in restarted.stderr
+    assert_same(load_final(ref), load_final(out))
 
 
 def test_a_restart_without_a_witness_says_it_is_unverified(tmp_path):

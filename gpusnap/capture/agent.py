@@ -117,6 +117,9 @@ def _boundary(loop) -> None:
 
 
 def _exit_after_stop() -> None:
+    writer = session.writer
+    if writer is not None:
+        writer.thread.join()  # its report says whether the snapshot is committed, and frees its witness
     witnessing.flush()
     fork.exit_now(EXIT_PREEMPTED if session.last_result.get("event") == "committed" else EXIT_PREEMPTED_UNSAVED)
 

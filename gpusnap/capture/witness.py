@@ -5,8 +5,8 @@ snapshot is committed.
 A witness is written by a thread of its own (a small atomic write, fsync included, never on the
 training thread), again after each record: a run killed two iterations after a snapshot leaves
 a witness of those two. A stop snapshot (SIGTERM, a spot notice) trains on while its writer
-writes, until the window is recorded or ``knobs.WITNESS_STOP_S`` after the fork, and writes its
-witness before the process exits (``stop_due``).
+writes, until the window is recorded or ``knobs.WITNESS_STOP_S`` after the fork, then waits for
+the writer and writes its witness before the process exits (``stop_due``).
 """
 
 from __future__ import annotations
@@ -93,9 +93,9 @@ def stepped(optimizer) -> None:
 
 
 def stop_due() -> bool:
-    """A stop snapshot that trains on for its witness: is it time to exit? (Its writer is done,
-    and the window is recorded or its time is up.)"""
-    if _stop is None or session.writer is not None:
+    """A stop snapshot that trains on for its witness: is it time to stop training (the window
+    is recorded, or its time is up) and wait for the writer?"""
+    if _stop is None:
         return False
     w = witness.active
     return w is None or w.snap_id != _stop["id"] or w.window_done() or time.monotonic() >= _stop["until"]

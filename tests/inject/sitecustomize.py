@@ -4,6 +4,8 @@ this directory first on PYTHONPATH and name the fault in GPUSNAP_TEST_WRONG_REST
 - ``rng``: the random module's generator is put back one draw further than saved;
 - ``batch``: fast-forward skips one batch more of every DataLoader than it should;
 - ``ulp``: one parameter is moved by one unit in the last place after the merge;
+- ``epoch``: after the merge, each new DataLoader iterator starts one torch draw further (the
+  next epoch reshuffles otherwise);
 - ``no-fetch-ahead``: the batch accelerate's DataLoaderShard fetched ahead is left out of the
   snapshot (gpusnap before it kept it): the fix switched off, in the run that takes it.
 
@@ -72,6 +74,22 @@ def _ulp(module):
     module.AFTER_MERGE["nudging a parameter (test)"] = nudge
 
 
+def _epoch(module):
+    def shift_next_epochs(live_objects):
+        import torch
+        from torch.utils.data import DataLoader
+
+        make = DataLoader.__iter__
+
+        def shifted(self):
+            torch.rand(1)
+            return make(self)
+
+        DataLoader.__iter__ = shifted
+
+    module.AFTER_MERGE["shifting the next epoch (test)"] = shift_next_epochs
+
+
 def _no_fetch_ahead(module):
     module.pickler.FETCHED_AHEAD.clear()
 
@@ -80,6 +98,7 @@ PATCHES = {
     "rng": ("gpusnap.graph.rng", _rng),
     "batch": ("gpusnap.restore.fastforward", _batch),
     "ulp": ("gpusnap.restore.replay", _ulp),
+    "epoch": ("gpusnap.restore.replay", _epoch),
     "no-fetch-ahead": ("gpusnap.frameworks.accelerate", _no_fetch_ahead),
 }
 if FAULT in PATCHES:
