@@ -3,7 +3,7 @@
 `Trainer` whose `DataCollatorForLanguageModeling` masks 15% of the tokens of each batch while the
 DataLoader fetches it, from the global torch RNG (no seed of its own). The tokenizer is made here
 from a word list, so nothing is downloaded.
-usage: hf_mlm.py OUT [--epochs N] [--whole-word]"""
+usage: hf_mlm.py OUT [--epochs N] [--whole-word] [--collator-seed S]"""
 import argparse
 import os
 import random
@@ -54,6 +54,7 @@ def main():
     parser.add_argument("out")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--whole-word", action="store_true", help="mask whole words")
+    parser.add_argument("--collator-seed", type=int, default=None, help="the collator's own generator")
     args = parser.parse_args()
     tok = tokenizer()
     raw = Dataset.from_dict({"text": corpus()})
@@ -62,7 +63,8 @@ def main():
                                           return_offsets_mapping=args.whole_word,
                                           padding="max_length" if args.whole_word else False),
                         batched=True, remove_columns=["text"])
-    collator = DataCollatorForLanguageModeling(tokenizer=tok, mlm_probability=0.15, whole_word_mask=args.whole_word)
+    collator = DataCollatorForLanguageModeling(tokenizer=tok, mlm_probability=0.15, whole_word_mask=args.whole_word,
+                                               seed=args.collator_seed)
     torch.manual_seed(0)
     model = BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                        intermediate_size=64, max_position_embeddings=32))
