@@ -23,6 +23,7 @@ and exits with the class's ``exit_code``::
     │   ├── HeadroomError                ... copy-on-write worst case would not fit in RAM
     │   ├── CaptureError                 ... the object graph could not be captured
     │   ├── StageError                   ... host staging (gpusnap/stage/) failed
+    │   │   ├── ChildRunning                 ... a process the program started is running
     │   │   └── ArenaFull                    ... the staging arena cannot hold what is staged
     │   └── DeviceError                  ... the GPU side (gpusnap/device/) failed
     │       ├── NoDevice                     ... no driver, no CUDA device, bindings missing
@@ -131,6 +132,10 @@ class CaptureError(SnapshotError):
 
 class StageError(SnapshotError):
     pass
+
+
+class ChildRunning(StageError):
+    default_hint = "take the snapshot once the processes the program starts itself have ended (after their join)"
 
 
 class ArenaFull(StageError):

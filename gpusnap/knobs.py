@@ -107,6 +107,14 @@ WRITER_WINDOW_BYTES = _int("WRITER_WINDOW_BYTES", 256 << 20)
 # holding more data than this are not digested (restart then checks less; see graph/digest.py).
 FF_DIGEST_MAX_BYTES = _int("FF_DIGEST_MAX_BYTES", 64 << 20)
 
+# The witness (graph/witness.py): after each snapshot the program records this many iterations of
+# its step loop (what each consumed, the RNG states after it, the parameters after the first
+# optimizer step), and a restart compares its own against them. 0 turns the witness off.
+WITNESS_ITERATIONS = _parsed("WITNESS_ITERATIONS", 3, lambda raw: int(_non_negative(int(raw))), "an integer >= 0")
+# A stop snapshot (SIGTERM, a spot notice) trains on while its writer writes, to record its
+# witness, for at most this long after the fork (0: stop at once, and restart unverified).
+WITNESS_STOP_S = _parsed("WITNESS_STOP_S", 10.0, lambda raw: _non_negative(float(raw)), "a number >= 0")
+
 # A writer that makes no progress (spends no CPU time and is not waiting for a core) for this long
 # is hung: the trainee kills it and reports the snapshot failed (capture/watchdog.py). 0 (default):
 # a minute plus one second per 50 MB of the trainee's memory.

@@ -174,6 +174,12 @@ def interrupt(run: Run, out: Path, run_dir: Path, cwd: Path, rnd: random.Random,
     seen_at = progress(out)
     kill_at = min(seen_at + rnd.randint(1, 6), total - 4)
     wait_for(lambda: progress(out) >= kill_at, f"step {kill_at}", proc=run)
+    # Its witness is written after the iterations that follow it: wait for it a little, so that
+    # the restart can prove itself (tests/test_e2e_witness.py kills before it, too).
+    witness = run_dir / "witness" / f"{snap_id}.json"
+    deadline = time.monotonic() + 10
+    while not witness.exists() and time.monotonic() < deadline and run.proc.poll() is None and progress(out) < total - 3:
+        time.sleep(0.02)
     run.kill_group()
     assert not list(out.glob("final.*")), f"the program finished before it was killed (snapshot seen at step {seen_at})"
     return listed(run_dir, cwd, snap_id, run.python)
@@ -219,6 +225,10 @@ def kill_and_restart(
     print(*[line for line in restarted.stderr.splitlines() if line.startswith("gpusnap:")], sep="\n")
     assert restarted.returncode == 0, restarted.stderr
     assert f"restored snapshot {snap['id']}" in restarted.stderr
+    # Killed a few steps after the commit: its witness may not have been written by then.
+    verified = f"snapshot {snap['id']} verified" in restarted.stderr
+    assert verified or "unverified: it has no witness" in restarted.stderr, restarted.stderr
+    print(f"restart {'verified' if verified else 'unverified'}")
     return restarted
 
 

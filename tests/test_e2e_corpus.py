@@ -44,6 +44,13 @@ CORPUS = {
     "augment_rng": ("augment_rng.py", [], 0, "by consuming"),
     # spawned workers run nothing of gpusnap's: their loader counts as drawing
     "augment_rng-spawn": ("augment_rng.py", ["--context", "spawn", "--epochs", "2"], 0, "by consuming"),
+    # a collate function that masks tokens at random, in the main process: skipped by sampler, the
+    # merge puts the generator where the original's fetches had left it
+    "collate_draws": ("collate_draws.py", ["--epochs", "5"], 0, "by batch sampler"),
+    # the same in 2 persistent workers, past the first epoch: the replay's fresh workers are given
+    # the generators the original's started the epoch with
+    "collate_draws-persistent": ("collate_draws.py", ["--workers", "2", "--persistent", "--epochs", "5"], 10,
+                                 "persistent workers' generators put back"),
 }
 MORE = {
     "imagenet_style": ("imagenet_style.py", []),
@@ -53,6 +60,8 @@ MORE = {
     "semi_supervised": ("semi_supervised.py", []),
     "char_rnn": ("char_rnn.py", []),
     "stream_workers": ("stream_workers.py", []),
+    "collate_draws-workers": ("collate_draws.py", ["--workers", "2"], 0, "by consuming"),
+    "augment_rng-persistent": ("augment_rng.py", ["--persistent"], 12, "persistent workers' generators put back"),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)

@@ -51,6 +51,13 @@ TRAINERS = {
         "started the DataLoaderShard iterator at",
     ),
     "accelerate": ("accelerate", "accelerate_loop.py", ["--epochs", "4"], (15,), "0.1", "in main to iteration"),
+    # a collate function that draws, which accelerate's shard runs one batch ahead of the loop
+    "accelerate-noisy": ("accelerate", "accelerate_loop.py", ["--epochs", "3", "--noisy"], (0,), "0.1", "in main to iteration"),
+    # masked-LM pretraining on a `datasets` corpus: the collator draws the masks one batch ahead
+    # (from the global generator; whole words, from a generator of its own seeded by `seed`)
+    "transformers-mlm": ("datasets", "hf_mlm.py", ["--epochs", "2"], (0,), "0.15", "started the DataLoaderShard iterator at"),
+    "transformers-mlm-whole-word": ("datasets", "hf_mlm.py", ["--epochs", "2", "--whole-word", "--collator-seed", "7"], (0,), "0.15",
+                                    "started the DataLoaderShard iterator at"),
     # a compute_loss subclass, a callback with state, a collator, evaluations during training: the
     # snapshot comes after one (the evaluation's prepared DataLoader, which the replay never makes)
     "transformers-custom": (
@@ -107,15 +114,20 @@ def test_a_step_loop_gpusnap_does_not_instrument_is_named_at_the_first_step(tmp_
         assert f"--instrument {needed}" in notices[0]
 
 
-# name: (program, batches per epoch, steps in all, snapshot after step, how restart positions the
-# trainer's DataLoader iterator)
+# name: (program, arguments after OUT, batches per epoch, steps in all, snapshot after step, how
+# restart positions the trainer's DataLoader iterator)
 LIGHTNING = {
     # past the first epoch: the iterator is made again, by its index sampler
-    "fit": ("lightning_fit.py", 20, 60, 20, "again at their saved batches (by batch sampler)"),
+    "fit": ("lightning_fit.py", [], 20, 60, 20, "again at their saved batches (by batch sampler)"),
+    # a LightningDataModule whose 2 persistent workers jitter samples with numpy's global generator
+    # (seed_everything(workers=True)), past the first epoch: the replay's fresh workers are given
+    # the generators the original's started the epoch with, and the epoch's batches are taken again
+    "datamodule-persistent-workers": ("lightning_dm.py", ["--epochs", "6", "--workers", "2", "--persistent", "--augment"],
+                                      17, 102, 20, "with their workers' random number generators where the epoch"),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":  # CI time: it passes where "fit" does
     # a LightningDataModule, in the first epoch: the replay's iterator is advanced
-    LIGHTNING["datamodule"] = ("lightning_dm.py", 17, 51, 0, "advanced the DataLoader iterator at")
+    LIGHTNING["datamodule"] = ("lightning_dm.py", [], 17, 51, 0, "advanced the DataLoader iterator at")
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -129,15 +141,17 @@ def test_a_lightning_fit_restarts_to_the_same_bytes(tmp_path, name, seed):
     leave alone. Lightning's step loop is instrumented: no notice says otherwise, the optimization
     helpers between that loop and the optimizer's step notwithstanding."""
     pytest.importorskip("lightning")
-    program_name, per_epoch, total, floor, how = LIGHTNING[name]
+    program_name, args, per_epoch, total, floor, how = LIGHTNING[name]
     started = time.monotonic()
     rnd = random.Random(f"lightning/{seed}" if name == "fit" else f"lightning-{name}/{seed}")
     print(f"seed {seed}")
     program = copy_programs(tmp_path) / "frameworks" / program_name
     ref, out = ref_and_out(tmp_path)
-    reference = start_plain(program, ref, cwd=tmp_path, env=ENV)  # beside the run: most of each is start-up
+    reference = start_plain(program, ref, *args, cwd=tmp_path, env=ENV)  # beside the run: most of each is start-up
 
-    run = Run("run", "--dir", "snaps", program, out, cwd=tmp_path, env={**ENV, "TEST_STEP_SLEEP_S": "0.05"})
+    # Paced so that the snapshot commits well before the end, the workers' CPU notwithstanding.
+    pause_s = "0.15" if "--workers" in args else "0.05"
+    run = Run("run", "--dir", "snaps", program, out, *args, cwd=tmp_path, env={**ENV, "TEST_STEP_SLEEP_S": pause_s})
     snap = interrupt(run, out, tmp_path / "snaps", tmp_path, rnd, total, floor=floor)
     print(f"snapshot {snap['id']} at iteration {snap['iteration']}, killed at step {progress(out)}")
     assert floor < snap["iteration"] <= progress(out)

@@ -13,6 +13,10 @@
    loop (skipped: such a loop can never be on a snapshot's path). And the per-iteration cost of
    a loop that encloses a step loop (it takes the RNG states at every iteration start).
 4. Start-up: `python empty.py` vs `python -m gpusnap.boot empty.py` (cold and warm code cache).
+5. The witness (graph/witness.py): what recording the iterations after one snapshot costs (a
+   batch digest, the RNG states and the parameters of (2)'s model, for knobs.WITNESS_ITERATIONS
+   steps), as a fraction of training time at one snapshot every 60 s and 10 min (budget:
+   < 0.1%), the witness file's size, and what every DataLoader batch pays between windows.
 """
 
 from __future__ import annotations
@@ -244,6 +248,73 @@ def bench_startup(runs: int) -> None:
             print(f"    {us / 1e3:6.2f} ms {name}")
 
 
+def bench_witness(repeats: int) -> None:
+    import json
+
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from gpusnap import knobs
+    from gpusnap.capture import witness as capture_witness
+    from gpusnap.graph import witness
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    loss_fn = torch.nn.MSELoss()
+    window = knobs.WITNESS_ITERATIONS or 3
+    batches = [(torch.randn(64, 512), torch.randn(64, 512)) for _ in range(window)]
+
+    def steps(recorder) -> tuple[int, int]:
+        """(ns of the whole window, ns inside the recorder's calls: what the witness adds)."""
+        inside = 0
+        start = time.perf_counter_ns()
+        for i, batch in enumerate(batches):
+            t0 = time.perf_counter_ns()
+            recorder.fetched(batch)
+            inside += time.perf_counter_ns() - t0
+            x, y = batch
+            opt.zero_grad(set_to_none=True)
+            loss_fn(model(x), y).backward()
+            opt.step()
+            t0 = time.perf_counter_ns()
+            recorder.stepped(opt, i + 1)
+            recorder.at_boundary(batch, i + 1)
+            inside += time.perf_counter_ns() - t0
+        return time.perf_counter_ns() - start, inside
+
+    docs = []
+    runs = [steps(witness.Recorder("000001", docs.append, [["<bench>", "train", "1:0"]], window))
+            for _ in range(repeats * 4)]
+    window_ns, inside_ns = min(runs, key=lambda run: run[1])
+    cost_ms = inside_ns / 1e6
+    size = len(json.dumps(docs[-1], sort_keys=True))
+    print(f"witness: {window} iterations of (2)'s training step (its model's parameters digested after the "
+          f"first step), best of {repeats * 4}")
+    print(f"  the window {window_ns / 1e6:8.2f} ms, of which in the witness {cost_ms:.3f} ms "
+          f"({inside_ns / window_ns * 100:.1f}% of those {window} steps): what a snapshot adds")
+    for every_s in (60, 600):
+        print(f"  at one snapshot every {every_s:4d} s: {cost_ms / 1e3 / every_s * 100:.5f}% of training time (budget 0.1%)")
+    print(f"  witness file: {size} bytes")
+    # Between windows every DataLoader batch passes capture's wrapper (one global lookup).
+    loader = DataLoader(TensorDataset(torch.zeros(4096, 1)), batch_size=1)
+    from gpusnap.capture import steploop
+
+    steploop._note_loader_iters(sys.modules["torch.utils.data.dataloader"])
+    wrapped = [float("inf")] * 2
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        for _ in loader:
+            pass
+        wrapped[0] = min(wrapped[0], (time.perf_counter_ns() - t0) / len(loader))
+        t0 = time.perf_counter_ns()
+        for _ in range(len(loader)):
+            capture_witness.fetched(None)
+        wrapped[1] = min(wrapped[1], (time.perf_counter_ns() - t0) / len(loader))
+    print(f"  a DataLoader batch between windows: {wrapped[1]:.0f} ns in the witness's hook "
+          f"({wrapped[0] / 1e3:.1f} us per batch of a trivial loader, hook included)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=2_000_000)
@@ -259,6 +330,7 @@ def main() -> None:
     if not args.no_torch:
         bench_torch(args.steps, worst)
         bench_loop_starts(args.loop_starts, args.repeats)
+        bench_witness(args.repeats)
     bench_startup(args.startup_runs)
 
 

@@ -28,8 +28,9 @@ import sys
 import time
 
 from gpusnap import knobs, lifeline, stage
-from gpusnap.capture import control, fork, session, steploop
-from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, StageError
+from gpusnap.capture import children, control, fork, session, steploop
+from gpusnap.capture import witness as witnessing
+from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, ChildRunning, StageError
 from gpusnap.graph import rng, roots
 from gpusnap.instrument import loops
 
@@ -57,14 +58,15 @@ def install(config: dict, note_source) -> None:
 
         session.rundir = dist.install(session.config)
         session.dist = dist.coordinator
-        loops.on_boundary = session.dist.on_boundary
     else:
         session.rundir = RunDir.open(session.config["run_dir"], trusted=True)
-        loops.on_boundary = _on_boundary
+    loops.on_boundary = _boundary
     session.resumed_from = (session.config.get("resume") or {}).get("snapshot")
+    children.install()
     control.install_signals()
     control.connect(session.config.get("control"))
     steploop.install(note_source)
+    atexit.register(witnessing.flush)  # after the writer's wait (atexit runs in reverse): its commit frees the witness
     atexit.register(fork.wait_for_writer_at_exit)
 
 
@@ -89,10 +91,41 @@ def resumed(snap_id: str, steps: int, iteration: int | None) -> None:
     session.iterations = iteration if iteration is not None and steps else 0
 
 
+def _boundary(loop) -> None:
+    """``loops.on_boundary`` (every main-thread boundary while ``loops.pending``): the witness's
+    part, then the snapshot's."""
+    if loops.replaying is not None:
+        return  # nothing to record or snapshot until the replay has merged its snapshot
+    if witnessing.stopping():
+        control.requests.clear()  # the stop snapshot is taken: it answers them all
+        if witnessing.stop_due():
+            _exit_after_stop()
+    if witnessing.at_boundary(loop):
+        return  # a restarted run not yet proven takes no snapshot; requests wait
+    coordinator = session.dist
+    if coordinator is not None:
+        if control.requests or coordinator.wants_boundary():
+            coordinator.on_boundary(loop)
+    elif control.requests:
+        _on_boundary(loop)
+    if witnessing.wants_boundaries() or (coordinator is not None and coordinator.wants_boundary()):
+        loops.pending = True
+    elif not control.requests:
+        loops.pending = False
+        if control.requests:  # a signal between the check and the store
+            loops.pending = True
+
+
+def _exit_after_stop() -> None:
+    writer = session.writer
+    if writer is not None:
+        writer.thread.join()  # its report says whether the snapshot is committed, and frees its witness
+    witnessing.flush()
+    fork.exit_now(EXIT_PREEMPTED if session.last_result.get("event") == "committed" else EXIT_PREEMPTED_UNSAVED)
+
+
 def _on_boundary(loop) -> None:
     global _coalesced_said
-    if loops.replaying is not None:
-        return  # nothing to snapshot until the replay has merged its snapshot
     requests = control.requests
     stop = any(s for _, s in list(requests))
     running = session.writer
@@ -137,6 +170,9 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
 
     snap_id = snap_id or session.rundir.next_snapshot_id()
     try:
+        running = children.refusal()
+        if running is not None:
+            raise ChildRunning(running)
         device = stage.stage_device_memory(snap_id, _written, paranoid=bool(knobs.PARANOID or session.config.get("paranoid")))
         unforked = stage.stage_unforked(roots.frames_on_path(loop.frame))
         drain = stage.drain_region() if knobs.DRAIN != "off" else None
@@ -198,11 +234,12 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         if stop:
             fork.exit_now(EXIT_PREEMPTED_UNSAVED)
         return
-    if stop:
+    trains_on = witnessing.start(job.snap_id, loop, steploop.step_loop_keys(), stop and coordinator is None)
+    if stop and not trains_on:
         if coordinator is not None:
             coordinator.stop_after()
         writer.thread.join()
-        fork.exit_now(EXIT_PREEMPTED if session.last_result.get("event") == "committed" else EXIT_PREEMPTED_UNSAVED)
+        _exit_after_stop()
 
 
 def _written(snap_id: str) -> frozenset | None:

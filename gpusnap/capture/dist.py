@@ -272,6 +272,12 @@ class Coordinator:
                 print(f"gpusnap: rank {self.rank}: the job's c10d store did not take {key}: {exc}", file=sys.stderr, flush=True)
 
     # -- the main thread, at loop boundaries while a snapshot is pending --------------------
+    def wants_boundary(self) -> bool:
+        """Must boundaries come here, the program's requests aside: a generation asked for and
+        not taken, or requests taken and not yet posted?"""
+        g = self.gen
+        return bool(self.mine) or self.requested >= g > self.taken
+
     def on_boundary(self, loop) -> None:
         if loops.replaying is not None:
             return  # nothing to post until the replay has merged its snapshot

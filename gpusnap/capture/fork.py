@@ -21,7 +21,7 @@ import warnings
 
 from gpusnap import lifeline, stage
 from gpusnap.stage import memory
-from gpusnap.capture import control, costs, session, watchdog
+from gpusnap.capture import control, costs, session, watchdog, witness
 
 
 class Writer:
@@ -51,6 +51,10 @@ class Writer:
                 result = {"event": "failed", "message": why}
         result.setdefault("id", self.snap_id)
         result["writer_cpu_s"] = round(cpu_s, 3)
+        if result.get("event") == "committed":
+            witness.committed(self.snap_id)  # its witness may be written now
+        else:
+            witness.failed(self.snap_id)
         if result.get("drain_wanted_bytes") is not None:
             stage.drained(result["drain_wanted_bytes"])  # the size of the next drain region
         stage.writer_done(self.generation)  # the child is reaped: nothing reads its regions now

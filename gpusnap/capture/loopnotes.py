@@ -25,7 +25,8 @@ import io
 import types
 import weakref
 
-from gpusnap.graph import rng
+from gpusnap.capture import pickler
+from gpusnap.graph import rng, workers
 from gpusnap.graph.digest import MISSING, digest, fingerprint, loader_iter_class, part_of
 from gpusnap.graph.iterators import LOADER_ITERS, adapter_for
 from gpusnap.instrument import loops
@@ -75,6 +76,10 @@ def consumed_paths(note, at: tuple = ()) -> list[tuple]:
 
 def record(loop, read=None) -> dict:
     out = {"resume": note_json(loop.resume, read)}
+    source = _source(loop)
+    states = _worker_states(source) if source is not None and isinstance(out["resume"], dict) else None
+    if states is not None:
+        out["resume"] = {**out["resume"], "worker_rng": states}
     rng_at = getattr(loop, "rng_at", None)
     if rng_at is not None:
         out["rng_at"] = rng.to_json(rng_at, read)
@@ -86,6 +91,32 @@ def record(loop, read=None) -> dict:
         item = frame.f_locals.get(loops.LAST_ITEM, MISSING) if frame is not None else MISSING
         out["check"] = {"index": loop.index, "items": [_digest_entry(part_of(item, at), at, read) for at in paths]}
     return out
+
+
+def _worker_states(it) -> list[str] | None:
+    """A persistent-workers DataLoader iterator's workers' RNG states at the start of the
+    running epoch (``graph.workers``): fresh workers would start it elsewhere."""
+    if not getattr(it, "_persistent_workers", False) or not getattr(it, "_num_workers", 0):
+        return None
+    return workers.epoch_states(it._dataset, it._num_workers)
+
+
+def _source(loop):
+    """The iterator a running loop takes its items from (its ``_iterate`` generator's)."""
+    ref = getattr(loop, "gen", None)
+    gen = ref() if ref is not None else None
+    frame = gen.gi_frame if gen is not None else None
+    return frame.f_locals.get("it") if frame is not None else None
+
+
+def fetched_ahead(loop):
+    """The loop's source when it is a library generator that fetches ahead of what it yielded
+    (``pickler.FETCHED_AHEAD``): the snapshot keeps what it fetched; None otherwise."""
+    source = _source(loop)
+    if not isinstance(source, types.GeneratorType) or source.gi_frame is None or not pickler.FETCHED_AHEAD:
+        return None
+    name = f"{source.gi_frame.f_globals.get('__name__')}.{source.__qualname__}"
+    return source if name in pickler.FETCHED_AHEAD else None
 
 
 def _last_item(loop):
@@ -134,6 +165,9 @@ def _describe(obj, read, active_loops=()):
             "base_seed": getattr(obj, "_base_seed", None),
             "sampler": fingerprint(obj._sampler_iter, read, strict=False),
         }
+        states = _worker_states(obj)
+        if states is not None:
+            info["worker_rng"] = states
         made = LOADER_ITERS.get(obj)
         if made is not None:
             states, generator = made[1]

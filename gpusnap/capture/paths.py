@@ -9,6 +9,7 @@ are what ``gpusnap export`` writes). Paths read like Python (``graph.walk.Path``
 
 from __future__ import annotations
 
+import types
 from collections import deque
 
 from gpusnap.graph.walk import ATOMS as _ATOMS
@@ -38,8 +39,8 @@ def find_paths(roots: list[tuple[str, object]], wanted_ids: set[int], torch_modu
             found[oid] = str(path)
             if len(found) == len(wanted_ids):
                 break
-        if isinstance(obj, leaf_types) or isinstance(obj, type):
-            continue
+        if isinstance(obj, leaf_types) or isinstance(obj, (type, types.ModuleType)):
+            continue  # (a module's namespace holds no state of the program's that pickle kept)
         try:
             for suffix, child in children(obj, torch_module):
                 if id(child) not in seen and not isinstance(child, _ATOMS):
@@ -71,7 +72,7 @@ def top_modules(roots: list[tuple[str, object]], torch_module) -> list[tuple[str
                 for sub in obj.modules():
                     inside.add(id(sub))
             continue
-        if isinstance(obj, _ATOMS) or isinstance(obj, (type, torch_module.Tensor)):
+        if isinstance(obj, _ATOMS) or isinstance(obj, (type, types.ModuleType, torch_module.Tensor)):
             continue
         if not isinstance(obj, (dict, list, tuple)) and not hasattr(obj, "__dict__"):
             continue

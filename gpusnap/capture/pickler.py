@@ -113,6 +113,11 @@ REPLAYED_ATTRS: dict[str, frozenset[str]] = {}
 # "module.Qualname" -> a function of the object giving attributes to save beside its state: what
 # the object knows only through a C++ part its __getstate__ leaves out (DDP's gradient buckets).
 EXTRA_STATE: dict[str, object] = {}
+# "module.Qualname" of a library's generator -> the locals that hold what it fetched ahead of what
+# it yielded (accelerate's DataLoaderShard collates one batch ahead): part of the program's state,
+# with the random numbers its collation drew. Pickled as a live-only generator with those locals;
+# restore writes them into the replay's generator, which livecheck has put at the same place.
+FETCHED_AHEAD: dict[str, tuple[str, ...]] = {}
 _named: dict[tuple[type, int], bool] = {}
 _replayed_attrs_of: dict[type, frozenset[str]] = {}
 
@@ -227,8 +232,12 @@ class GraphPickler(pickle.Pickler):
             return self._reduce_cupy(obj)
         if self._core_buffer is not None and isinstance(obj, self._core_buffer):
             return self._reduce_core_buffer(obj)
-        if type(obj) is types.GeneratorType and obj.gi_suspended and safepoints.instrumented(obj.gi_code):
-            return self._live_generator(obj)
+        if type(obj) is types.GeneratorType and obj.gi_suspended:
+            if safepoints.instrumented(obj.gi_code):
+                return self._live_generator(obj)
+            ahead = FETCHED_AHEAD.get(f"{obj.gi_frame.f_globals.get('__name__')}.{obj.__qualname__}") if FETCHED_AHEAD else None
+            if ahead:
+                return self._live_generator(obj, ahead)
         if isinstance(obj, self._live_types) or (LIVE_NAMES and _is_named(type(obj), LIVE_NAMES)):
             return self._live(obj)
         if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)) and _findable(obj):
@@ -275,11 +284,13 @@ class GraphPickler(pickle.Pickler):
             return self._live(obj)
         return _guarded(obj, rv) if isinstance(rv, tuple) else self._live(obj)
 
-    def _live_generator(self, gen):
+    def _live_generator(self, gen, names=None):
         """A suspended generator of instrumented code: live-only, with its locals as the
-        placeholder's state (restore runs the replay's to the same place, then writes them)."""
+        placeholder's state (restore runs the replay's to the same place, then writes them).
+        ``names``: only these locals (a library generator's data fetched ahead)."""
         _, args = self._live(gen)
-        local = {name: value for name, value in gen.gi_frame.f_locals.items() if "__gpusnap_" not in name}
+        local = {name: value for name, value in gen.gi_frame.f_locals.items()
+                 if "__gpusnap_" not in name and (names is None or name in names)}
         return _live_generator, args, (gen.gi_code.co_qualname, local)
 
     def _live_function(self, obj):

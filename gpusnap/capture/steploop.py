@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 import weakref
 
 from gpusnap import knobs, stage
-from gpusnap.capture import costs, safepoints, session
+from gpusnap.capture import costs, safepoints, session, witness
 from gpusnap.graph import iterators, rng, workers
 from gpusnap.instrument import loops
 
@@ -32,17 +33,24 @@ _last_stepping = (lambda: None, -1)  # (weak ActiveLoop, index) of the last iter
 _note_source = None  # restore's fastforward.part, handed over by boot through the agent
 _stepper_checked = False  # the first optimizer step looked for a step loop gpusnap cannot reach
 _GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
+_in_child = False  # a forked child of the trainee (the program's own processes, DataLoader workers)
 
 
 def install(note_source) -> None:
     global _note_source
     _note_source = note_source
+    os.register_at_fork(after_in_child=_forked)
     loops.describe_source = describe_source
     loops.capture_rng = rng.compact
     after_import("torch.optim.optimizer", _hook_optimizers)
     after_import("torch.utils.data.dataloader", _note_loader_iters)
     workers.install()
     after_import("torch.utils.data._utils.fetch", _note_worker_draws)
+
+
+def _forked() -> None:
+    global _in_child
+    _in_child = True
 
 
 def after_import(name: str, callback) -> None:
@@ -66,6 +74,9 @@ def _note_loader_iters(module) -> None:
     def __iter__(self):
         if self.num_workers > 0 and not workers.seen() and _start_method(self) != "fork":
             workers.mark()  # workers gpusnap does not start in (spawn, forkserver) are not watched
+        witness.loader_made()
+        if self.persistent_workers and self.num_workers > 0:
+            workers.make_state_dir()  # before its workers fork: they leave their RNG states there
         made_with = rng.compact(), (self.generator.get_state() if self.generator is not None else None)
         it = loader_iter(self)
         try:
@@ -75,6 +86,16 @@ def _note_loader_iters(module) -> None:
         return it
 
     module.DataLoader.__iter__ = __iter__
+
+    loader_next = module._BaseDataLoaderIter.__next__
+
+    @functools.wraps(loader_next)
+    def __next__(self):
+        batch = loader_next(self)
+        witness.fetched(batch)  # the iterations after a snapshot: what they consume
+        return batch
+
+    module._BaseDataLoaderIter.__next__ = __next__
 
 
 def _start_method(loader) -> str:
@@ -93,8 +114,12 @@ def _note_worker_draws(module) -> None:
         @functools.wraps(fetch)
         def watched(self, possibly_batched_index, _fetch=fetch):
             # Imported while torch.utils.data initializes: its worker module is loaded by now.
-            if sys.modules["torch.utils.data._utils.worker"].get_worker_info() is None:  # the main process: the snapshot holds its RNG states
+            info = sys.modules["torch.utils.data._utils.worker"].get_worker_info()
+            if info is None:  # the main process: the snapshot holds its RNG states
                 return _fetch(self, possibly_batched_index)
+            if "_gpusnap_epoch" not in vars(self):  # a worker makes a fetcher per epoch
+                self._gpusnap_epoch = True
+                workers.epoch_started(self.dataset, info.id)
             before, held = rng.compact(), workers.held_states(self.dataset)
             data = _fetch(self, possibly_batched_index)
             if not rng.same(before, rng.compact()) or workers.held_states(self.dataset) != held:
@@ -108,6 +133,8 @@ def _before_optimizer_step(optimizer, *_):
     """Before the step runs (LBFGS's closure calls the model from inside it): know the step loop,
     so that no boundary inside the step is taken for a safe point."""
     global _last_stepping
+    if _in_child:
+        return  # a process the program forked (Hogwild's trainers): none of gpusnap's business
     if loops.replaying is not None:
         loops.replaying()
     for i in range(len(loops.ACTIVE) - 1, -1, -1):
@@ -126,7 +153,10 @@ def _before_optimizer_step(optimizer, *_):
 
 
 def _after_optimizer_step(optimizer, *_):
+    if _in_child:
+        return
     session.steps += 1
+    witness.stepped(optimizer)
     if optimizer not in session.optimizers:
         session.optimizers.add(optimizer)
         session.prepared = False  # its state exists from its first step on
@@ -219,6 +249,11 @@ def _check_stepper(frame) -> None:
             file=sys.stderr,
             flush=True,
         )
+
+
+def step_loop_keys() -> list:
+    """The step loops seen so far, as (file, function, "LINE:COL") (what the witness watches)."""
+    return [[code.co_filename, code.co_qualname, loop_id] for (_, loop_id), code in _step_loops.items()]
 
 
 def is_step_loop(loop) -> bool:

@@ -67,7 +67,8 @@ def write_snapshot(job: WriteJob) -> dict:
     sink = rundir.begin_snapshot(job.snap_id)
     try:
         read = HostMemory(drained, job.unforked).view
-        payload = roots.collect(job.frame, job.active_loops, job.rng_states, lambda loop: loopnotes.record(loop, read))
+        payload = roots.collect(job.frame, job.active_loops, job.rng_states, lambda loop: loopnotes.record(loop, read),
+                                loopnotes.fetched_ahead)
         stream = io.BytesIO()
         pickler = GraphPickler(stream, sink, drained=drained, device=job.device, unforked=job.unforked)
         pickler.dump_graph(payload)
@@ -77,7 +78,9 @@ def write_snapshot(job: WriteJob) -> dict:
         graph["kind"] = "graph"
         if pickler.iterative:
             graph["pickler"] = "iterative"  # the graph was too deep for the C pickler
-        iterators = {id(obj): info for obj, _ in pickler.live_only if (info := loopnotes.describe(obj, read, job.active_loops))}
+        sources = {id(obj) for obj in (payload.get("ahead") or {}).values()}  # positioned by fast-forward, not livecheck
+        iterators = {id(obj): info for obj, _ in pickler.live_only
+                     if id(obj) not in sources and (info := loopnotes.describe(obj, read, job.active_loops))}
         manifest = _manifest(job, payload, pickler, graph, stall_s, iterators)
         if job.device is not None:
             manifest["allocations"] = [a.record() for a in job.device.allocations]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 
 import click
 
@@ -14,6 +16,7 @@ from gpusnap.cli import cli
 from gpusnap.errors import GpusnapError, NoActiveRun, RestoreError as RestoreRefused, RunDirMismatch, SnapshotError, SnapshotNotFound, UsageError
 from gpusnap.launch import options as opt
 from gpusnap.launch import torchrun
+from gpusnap.store import atomic
 
 _PASSTHROUGH = {"ignore_unknown_options": True, "allow_interspersed_args": False}
 
@@ -183,12 +186,20 @@ def restart(run_dir, snapshot_id, force, every, overhead, signal_name, on_term, 
       gpusnap restart ./gpusnap-runs/train
       gpusnap restart /scratch/run1 --snapshot 000007 --every 10m
     """
-    from gpusnap.launch.supervisor import Launch
     from gpusnap.store.rundir import RunDir
 
     path = os.path.abspath(run_dir)
     rd = RunDir.open(path, trusted=True)  # restoring unpickles: refuse another user's directory
     rd.check_writable()
+    launch = _restart_launch(rd, path, force, dist)
+    _apply_schedule(launch, every, overhead, signal_name, on_term, grace, keep, notices, verbosity, paranoid)
+    _supervise(launch, None, snapshot_id or "auto", rd=rd, require_snapshot=True)
+
+
+def _restart_launch(rd, path: str, force: bool, dist: dict):
+    """The Launch that runs run directory ``rd``'s recorded command again (scheduling aside)."""
+    from gpusnap.launch.supervisor import Launch
+
     ident = rd.identity
     command = ident.get("command") or {}
     kind, target, args = command.get("kind"), command.get("target"), list(command.get("args") or [])
@@ -212,7 +223,6 @@ def restart(run_dir, snapshot_id, force, every, overhead, signal_name, on_term, 
         raise SnapshotNotFound(f"{path} has no snapshot to restart from",
                                hint="run the program with `gpusnap run` and take a snapshot (SIGUSR1, --every, `gpusnap snap`)")
     launch = Launch(kind=kind, target=given, args=args, cwd=cwd, run_dir=path, force=force)
-    _apply_schedule(launch, every, overhead, signal_name, on_term, grace, keep, notices, verbosity, paranoid)
     launch.at = ident.get("at")
     launch.instrument = list(ident.get("instrument") or [])
     if ident.get("dist"):
@@ -220,7 +230,56 @@ def restart(run_dir, snapshot_id, force, every, overhead, signal_name, on_term, 
     elif torchrun.arguments(dist) is not None:
         raise UsageError(f"{path} holds a single-process run; torchrun options do not apply to it",
                          hint="restart it without --nproc-per-node and the other torchrun options")
-    _supervise(launch, None, snapshot_id or "auto", rd=rd, require_snapshot=True)
+    return launch
+
+
+def verify_by_replay(run_dir: str, snapshot: str | None, verbosity: int | None) -> None:
+    """``gpusnap verify --replay``: restart SNAP in a scratch copy of DIR, compare the iterations
+    after the merge with its witness, stop, and remove the copy. DIR itself is only read."""
+    from gpusnap.store import shards
+    from gpusnap.store.rundir import RunDir
+
+    path = os.path.abspath(run_dir)
+    rd = RunDir.open(path, trusted=True)
+    if shards.is_sharded(rd):
+        raise UsageError(f"{path} holds a distributed run: `verify --replay` replays single-process runs only",
+                         hint="restart it with `gpusnap restart DIR` on its nodes: a restart checks itself against the witness")
+    if snapshot is not None and snapshot not in rd.snapshot_ids():
+        raise SnapshotNotFound(f"no snapshot {snapshot} in {path}")
+    launch = _restart_launch(rd, path, False, {})
+    _apply_schedule(launch, None, None, "USR1", "snapshot", None, None, "off", verbosity, False)
+    scratch = scratch_copy(path)
+    try:
+        launch.run_dir = scratch
+        launch.verify_replay = True
+        _say(f"replaying {'snapshot ' + snapshot if snapshot else 'the newest intact snapshot'} of {path} in a scratch copy", level=1)
+        _supervise(launch, None, snapshot or "auto", rd=RunDir.open(scratch, trusted=True), require_snapshot=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def scratch_copy(path: str) -> str:
+    """A private copy of run directory ``path`` to restart in: hard links to its committed files
+    (which nothing ever rewrites) beside it where the file system allows, copies elsewhere;
+    not its lock, log or supervisor files."""
+    parent, name = os.path.split(path.rstrip("/"))
+    try:
+        scratch = tempfile.mkdtemp(prefix=f".{name}.verify-", dir=parent)
+    except OSError:
+        scratch = tempfile.mkdtemp(prefix=f"gpusnap-verify-{name}-")
+    for folder, dirs, files in os.walk(path):
+        rel = os.path.relpath(folder, path)
+        target = os.path.normpath(os.path.join(scratch, rel))
+        os.makedirs(target, mode=0o700, exist_ok=True)
+        for file in files:
+            if (rel == "." and file != "run.json") or atomic.is_temp(file):
+                continue  # the lock, the run log, the supervisor's files: the scratch run's own
+            source = os.path.join(folder, file)
+            try:
+                os.link(source, os.path.join(target, file))
+            except OSError:
+                shutil.copy2(source, os.path.join(target, file))
+    return scratch
 
 
 def _apply_schedule(launch, every, overhead, signal_name, on_term, grace, keep, notices, verbosity, paranoid) -> None:

@@ -212,9 +212,31 @@ def _device_memory(m: dict, echo) -> None:
 @click.argument("run_dir", metavar="DIR")
 @click.argument("snapshot", required=False, metavar="[SNAP]")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as a JSON list.")
-def verify_cmd(run_dir, snapshot, as_json):
+@click.option("--replay", is_flag=True,
+              help="Restart SNAP (default: the newest intact) in a scratch copy of DIR, run the iterations its "
+                   "witness recorded, compare, and stop: would this snapshot restart correctly? Exits 0 when they "
+                   "match (or it has no witness: then it only restores), 6 when they differ. DIR is left as it is; "
+                   "the program's own files are written as a restart would write them.")
+@click.option("-q", "--quiet", "verbosity", flag_value=0, default=None, help="--replay: only what went wrong and the verdict.")
+def verify_cmd(run_dir, snapshot, as_json, replay, verbosity):
     """Read every chunk of SNAP (default: every snapshot) and check it against its name.
-    Exits 4 when anything is damaged, and says what to run next."""
+    Exits 4 when anything is damaged, and says what to run next.
+
+    With --replay, restart SNAP in a scratch copy of DIR and check its first iterations against
+    the witness the run that took it recorded (see `gpusnap restart`).
+
+    \b
+    Examples:
+      gpusnap verify ./gpusnap-runs/train
+      gpusnap verify --replay ./gpusnap-runs/train 000004
+    """
+    if replay:
+        if as_json:
+            raise UsageError("--json and --replay do not go together", hint="run them one at a time")
+        from gpusnap.cli.run import verify_by_replay
+
+        verify_by_replay(run_dir, snapshot, verbosity)
+        return
     from gpusnap.store.check import leftovers
 
     rd = _open(run_dir)

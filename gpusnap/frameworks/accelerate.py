@@ -162,6 +162,9 @@ def _yielded(gen) -> int:
 
 
 steploop.after_import("accelerate.data_loader", _note_rng_at_iter)
+# A suspended shard generator holds the batch it yielded and the next one, collated already (with
+# whatever random numbers its collate function drew then): the snapshot keeps both.
+pickler.FETCHED_AHEAD[f"{SHARD}.__iter__"] = ("current_batch", "next_batch")
 pickler.REPLAYED_ATTRS["accelerate.accelerator.Accelerator"] = frozenset({"_dataloaders"})
 fastforward.ADAPTERS[SHARD] = ShardLoop()
 iterators.ADAPTERS[f"{SHARD}.__iter__"] = ShardIterator()

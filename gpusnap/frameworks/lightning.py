@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from gpusnap.capture import loopnotes, pickler
 from gpusnap.frameworks import LOOP_MODULES
-from gpusnap.graph import iterators
+from gpusnap.graph import iterators, workers
 from gpusnap.graph.digest import fingerprint
 from gpusnap.instrument import loops
 from gpusnap.restore import fastforward, livecheck
@@ -70,7 +70,23 @@ class ModeIteratorAdapter:
         import torch  # the program has: it runs Lightning
 
         before = torch.get_rng_state()
-        if any(_seed_differs(it, sub) for it, sub in zip(live.iterators, saved)):
+        drawing = _drawing_persistent(live)
+        if drawing:
+            # Its workers draw random numbers and keep their generators from epoch to epoch: the
+            # replay's, fresh, stand where the original's stood before its first epoch. Leave
+            # them the states the original's started this epoch with, reset (each takes its
+            # states at its next fetch), and take this epoch's batches again.
+            missing = [i for i in drawing if not saved[i].get("worker_rng")]
+            if missing:
+                return (f"cannot put back the persistent DataLoader workers of {path}.iterators[{missing[0]}]: "
+                        "the snapshot does not hold where their random number generators stood")
+            for i in drawing:
+                workers.put_back(live.iterables[i].dataset, saved[i]["worker_rng"])
+            iter(live)
+            say(f"reset the persistent-workers DataLoader iterators of {path} with their workers' random number "
+                "generators where the epoch that took the snapshot started them")
+            problem = _position_each(live, saved, path, say)
+        elif any(_seed_differs(it, sub) for it, sub in zip(live.iterators, saved)):
             # Past its first epoch the original made this epoch's iterators in
             # _TrainingEpochLoop.on_run_start, just before the step loop; the replay, whose epoch
             # counter reads 0 until the merge, kept the first epoch's. Its epoch started from the
@@ -79,7 +95,7 @@ class ModeIteratorAdapter:
             problem = _make_again(live, saved, path, say)
         else:
             problem = _position_each(live, saved, path, say)
-        if problem and any(getattr(loader, "persistent_workers", False) for loader in live.iterables):
+        if problem and not drawing and any(getattr(loader, "persistent_workers", False) for loader in live.iterables):
             # A persistent-workers iterator keeps its base seed across epochs, and reset at this
             # epoch's start, it drew its order then. Its replay, never reset, drew it at setup:
             # reset it now, from the RNG state it had before this attempt, and check again.
@@ -91,6 +107,14 @@ class ModeIteratorAdapter:
             return problem
         _set_counters(live, info)
         return None
+
+
+def _drawing_persistent(live) -> list[int]:
+    """Which of ``live``'s DataLoaders keep worker processes whose fetches draw random numbers."""
+    if not workers.seen():
+        return []
+    return [i for i, loader in enumerate(live.iterables)
+            if getattr(loader, "persistent_workers", False) and getattr(loader, "num_workers", 0) > 0]
 
 
 def _advanced_by_step_loop(live) -> bool:

@@ -45,9 +45,10 @@ def _type_name(obj) -> bytes:
 
 
 class _Walk:
-    def __init__(self, read, max_bytes: int):
+    def __init__(self, read, max_bytes: int, host_copy=None):
         self.h = xxhash.xxh3_128()
         self.read = read or _view_at
+        self.host_copy = host_copy
         self.bytes_left = self.max_bytes = max_bytes
         self.nodes_left = MAX_NODES
         self.torch = sys.modules.get("torch")
@@ -135,6 +136,8 @@ class _Walk:
 
     def tensor(self, t) -> None:
         torch = self.torch
+        if t.device.type != "cpu" and self.host_copy is not None and t.layout == torch.strided:
+            t = self.host_copy(t)
         if t.layout != torch.strided or t.is_quantized or t.device.type != "cpu":
             raise _Undigestible(f"a {t.device.type} tensor" if t.device.type != "cpu" else "a non-strided tensor")
         size = t.element_size()
@@ -178,9 +181,10 @@ class _Walk:
 _UNSET = object()  # stands for a __slots__ entry that holds nothing
 
 
-def digest(obj, read=None, max_bytes: int | None = None) -> tuple[str | None, str | None]:
-    """(xxh3-128 hex, None), or (None, why it cannot be digested)."""
-    walk = _Walk(read, knobs.FF_DIGEST_MAX_BYTES if max_bytes is None else max_bytes)
+def digest(obj, read=None, max_bytes: int | None = None, host_copy=None) -> tuple[str | None, str | None]:
+    """(xxh3-128 hex, None), or (None, why it cannot be digested). ``host_copy(tensor)``: a CPU
+    copy of a device tensor (the trainee's witness; the writer cannot run torch operators)."""
+    walk = _Walk(read, knobs.FF_DIGEST_MAX_BYTES if max_bytes is None else max_bytes, host_copy)
     try:
         walk.run(obj)
     except _Undigestible as exc:

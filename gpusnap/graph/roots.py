@@ -73,7 +73,10 @@ def instrumented_modules() -> dict[str, dict]:
     return found
 
 
-def collect(innermost_frame, active_loops: list, rng_states: dict, loop_record=None) -> dict:
+def collect(innermost_frame, active_loops: list, rng_states: dict, loop_record=None, loop_ahead=None) -> dict:
+    """The payload; ``loop_record(loop)`` adds to each loop's entry, ``loop_ahead(loop)`` gives
+    what the loop's source fetched ahead of the item the loop holds (payload ``"ahead"``, by
+    loop index: the pickler keeps its data, restore writes it into the replay's source)."""
     frames = frames_on_path(innermost_frame)
     main_code = getattr(loops, "MAIN_CODE", None)
     frame_entries = []
@@ -95,6 +98,7 @@ def collect(innermost_frame, active_loops: list, rng_states: dict, loop_record=N
     }
     index_of = {id(f): i for i, f in enumerate(frames)}
     loop_entries = []
+    ahead = {}
     for loop in active_loops:
         if id(loop.frame) not in index_of:
             continue
@@ -107,8 +111,13 @@ def collect(innermost_frame, active_loops: list, rng_states: dict, loop_record=N
         }
         if loop_record is not None:
             entry.update(loop_record(loop))
+        if loop_ahead is not None and (source := loop_ahead(loop)) is not None:
+            ahead[len(loop_entries)] = source
         loop_entries.append(entry)
-    return {"frames": frame_entries, "globals": module_globals, "rng": rng_states, "loops": loop_entries}
+    payload = {"frames": frame_entries, "globals": module_globals, "rng": rng_states, "loops": loop_entries}
+    if ahead:
+        payload["ahead"] = ahead
+    return payload
 
 
 def named_roots(roots: dict) -> list[tuple[str, object]]:
@@ -118,4 +127,5 @@ def named_roots(roots: dict) -> list[tuple[str, object]]:
         named += [(f"globals[{module}].{k}", v) for k, v in values.items()]
     for i, frame in enumerate(roots["frames"]):
         named += [(f"frame[{i}].locals.{k}", v) for k, v in frame["locals"].items()]
+    named += [(f"loops[{i}].source", v) for i, v in (roots.get("ahead") or {}).items()]
     return named

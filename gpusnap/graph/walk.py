@@ -64,7 +64,9 @@ def children(obj, torch_module=None):
     function's closure cells hold, an nn.Module's parameters, buffers and submodules, then
     ``__dict__`` entries."""
     if isinstance(obj, dict):
-        for key, value in obj.items():
+        # dict's own items: a subclass's items() may run code (transformers' lazy mappings import
+        # a module per key), and a walk must only read.
+        for key, value in dict.items(obj):
             yield f"[{key_text(key)}]", value
         return
     if isinstance(obj, (list, tuple)):

@@ -14,17 +14,34 @@ in the manifest (``workers_draw``), and restore then takes a worker loader's ski
 for real. A generator held anywhere else (a closure, another module) is not seen. Workers
 started otherwise than by fork (``multiprocessing_context`` spawn or forkserver) run no wrapped
 fetch and share no byte: a loader that uses them counts as drawing.
+
+Persistent workers (``persistent_workers=True``) keep their generators from epoch to epoch, so
+fresh workers (a restart's) would start an epoch where the original's started the first one. So
+each worker, at the first fetch of each epoch (``epoch_started``), leaves its RNG states (torch's,
+``random``'s, numpy's global ones and the generators the dataset holds) in a directory private to
+the trainee (``DIR``, on /dev/shm), named by the dataset's address, which fork keeps, and the
+worker's id. The writer keeps those of the running epoch in the snapshot (``epoch_states``);
+restore leaves them for the replay's workers (``put_back``), which take them at their first
+fetch of the epoch it resumes, then takes the epoch's batches up to the saved one, as the
+original's workers drew them.
 """
 
 from __future__ import annotations
 
+import atexit
+import base64
 import mmap
+import os
 import pickle
+import random
+import shutil
 import sys
+import tempfile
 
 from gpusnap.graph import rng
 
 _page = None
+DIR: str | None = None  # where workers leave their RNG states at each epoch's start
 
 
 def install() -> None:
@@ -32,6 +49,124 @@ def install() -> None:
     global _page
     if _page is None:
         _page = mmap.mmap(-1, 1)  # anonymous and MAP_SHARED: a forked worker writes the parent's byte
+
+
+_PREFIX = "gpusnap-workers-"
+
+
+def make_state_dir() -> None:
+    """The directory persistent workers leave their states in (the trainee, before it starts a
+    pool of them): made once, removed at exit; those a killed trainee left are removed now."""
+    global DIR
+    if DIR is not None:
+        return
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    for name in os.listdir(shm):
+        pid = name[len(_PREFIX):].split("-", 1)[0] if name.startswith(_PREFIX) else ""
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(shm, name), ignore_errors=True)
+    DIR = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=shm)  # 0700
+    atexit.register(_remove, DIR, os.getpid())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
+
+
+def _remove(path: str, owner: int) -> None:
+    if os.getpid() == owner:  # not a forked child that runs atexit handlers
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _key(dataset, worker_id: int) -> str:
+    return os.path.join(DIR, f"{id(dataset):x}-{worker_id}")
+
+
+def epoch_started(dataset, worker_id: int) -> None:
+    """In a worker, before the first fetch of an epoch: take the states a restore left for this
+    worker, then leave the epoch's starting states for the snapshots."""
+    if DIR is None:
+        return
+    key = _key(dataset, worker_id)
+    try:
+        with open(key + ".load", "rb") as f:
+            saved = pickle.loads(f.read())
+        os.unlink(key + ".load")
+    except (OSError, pickle.UnpicklingError, EOFError):
+        saved = None
+    if saved is not None:
+        _set_states(dataset, saved)
+    tmp = f"{key}.states.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(pickle.dumps(_states(dataset), protocol=pickle.HIGHEST_PROTOCOL))
+        os.replace(tmp, key + ".states")  # whole or not at all: the writer may read it any time
+    except OSError:
+        pass  # no room on /dev/shm: the snapshot then holds none, and restart refuses
+
+
+def epoch_states(dataset, num_workers: int) -> list[str] | None:
+    """The RNG states the workers of ``dataset``'s pool started their running epoch with
+    (base64), or None where one is missing."""
+    if DIR is None:
+        return None
+    found = []
+    for worker_id in range(num_workers):
+        try:
+            with open(_key(dataset, worker_id) + ".states", "rb") as f:
+                found.append(base64.b64encode(f.read()).decode())
+        except OSError:
+            return None
+    return found
+
+
+def put_back(dataset, states: list[str]) -> None:
+    """Restore: leave ``states`` (``epoch_states``) for the workers of ``dataset``'s pool, which
+    take them before their next epoch's first fetch."""
+    make_state_dir()
+    for worker_id, state in enumerate(states):
+        key = _key(dataset, worker_id)
+        with open(key + ".load.tmp", "wb") as f:
+            f.write(base64.b64decode(state))
+        os.replace(key + ".load.tmp", key + ".load")
+
+
+def _states(dataset) -> dict:
+    torch = sys.modules["torch"]
+    mtrand = sys.modules.get("numpy.random.mtrand")
+    return {
+        "torch": torch.get_rng_state(),
+        "random": random.getstate(),
+        "numpy": mtrand._rand.get_state(legacy=False) if mtrand is not None else None,
+        "held": [rng.owned_state(g) for g in _held(dataset)],
+    }
+
+
+def _set_states(dataset, saved: dict) -> None:
+    torch = sys.modules["torch"]
+    torch.set_rng_state(saved["torch"])
+    random.setstate(saved["random"])
+    if saved.get("numpy") is not None:
+        import numpy as np
+
+        np.random.set_state(saved["numpy"])
+    held = _held(dataset)
+    for generator, state in zip(held, saved.get("held") or ()):
+        kind, raw = state
+        if kind == "random":
+            generator.setstate(raw)
+        elif kind == "numpy.Generator":
+            generator.bit_generator.state = raw
+        elif kind == "numpy.RandomState":
+            generator.set_state(raw)
+        else:
+            generator.set_state(raw)
 
 
 def mark() -> None:
@@ -55,6 +190,11 @@ _PLAIN = (str, bytes, int, float, bool, type(None))
 def held_states(dataset) -> list[bytes]:
     """The states of the random generators ``dataset`` holds, in a fixed order (a generator
     made or dropped changes the list too)."""
+    return [_comparable(rng.owned_state(g)) for g in _held(dataset)]
+
+
+def _held(dataset) -> list:
+    """The random generators ``dataset`` holds (``held_states``), in a fixed order."""
     found = []
     seen: set[int] = set()
     module = sys.modules.get(type(dataset).__module__)
@@ -70,9 +210,8 @@ def held_states(dataset) -> list[bytes]:
         if generator is None:
             generator = _GENERATOR_TYPES[cls] = _is_generator_type(cls)
         if generator:
-            state = rng.owned_state(obj)
-            if state is not None:
-                found.append(_comparable(state))
+            if rng.owned_state(obj) is not None:
+                found.append(obj)
                 continue
         if depth >= _DEPTH:
             continue

@@ -47,7 +47,7 @@ def describe(ev: dict, iteration=None) -> str | None:
         return f"{snap} cost training {float(ev.get('cost_s') or 0):.3f} s ({how})"
     if name == "steps":
         return f"training: an iteration takes {float(ev.get('step_s') or 0):.3f} s"
-    if name == "restored":
+    if name in ("restored", "verified", "diverged"):
         return None  # the trainee printed its restore progress line by line
     if name == "failed":
         return f"{snap} failed: {ev.get('message', 'no reason given')}"

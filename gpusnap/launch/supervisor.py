@@ -18,6 +18,7 @@ set to a JSON object::
      "signal": "SIGUSR1", "on_term": "snapshot" | "exit", "keep": 3 | null,
      "at": "/abs/FILE:LINE" | null, "instrument": ["/abs/path", "pkg.mod", ...],
      "resume": null | {"snapshot": "000003"}, "force": false,
+     "verify_replay": true,         (only for `gpusnap verify --replay`: stop once the witness is compared)
      "dist": true}                  (only in the ranks of a torchrun job: capture/dist.py)
 
 Control protocol: newline-delimited JSON objects over the unix socket named by ``"control"``
@@ -40,6 +41,10 @@ trainee → supervisor
       ``progress``   a long write: ``id``, ``bytes_put``, ``bytes_written``, ``s`` (every 0.5 s;
                      a status line on a terminal, not logged)
       ``steps``      once, when training runs: ``step_s`` (mean iteration time)
+      ``restored``   a restart merged snapshot ``id``: its times and ``verified``
+                     (``checking``: it has a witness to compare with; ``unverified``: none)
+      ``verified``   the iterations after the merge matched snapshot ``id``'s witness: ``iterations``
+      ``diverged``   they did not: ``id``, ``message`` (``forced``: the run went on, --force)
       ``cost``       what snapshot ``id`` cost training: ``cost_s``, ``stall_s``, ``window_s``,
                      ``how`` (``iterations``: with ``iterations``, ``step_s``, ``noise_s``;
                      ``writer_cpu``: with ``writer_cpu_s``) (capture/costs.py)
@@ -125,6 +130,7 @@ class Launch:
     paranoid: bool = False  # copy every chunk of device memory, fingerprints notwithstanding
     verbosity: int = 1  # 0 --quiet: problems and stops only; 1: every snapshot; 2 --verbose: requests too
     torchrun: list[str] | None = None  # a distributed run: torchrun's arguments (launch.torchrun)
+    verify_replay: bool = False  # `gpusnap verify --replay`: stop once the restart is compared with its witness
 
     def boot_config(self, control_path: str) -> dict:
         return {
@@ -140,6 +146,7 @@ class Launch:
             "verbosity": self.verbosity,
             "paranoid": self.paranoid,
             **({"dist": True} if self.torchrun is not None else {}),  # a rank of a torchrun job
+            **({"verify_replay": True} if self.verify_replay else {}),
         }
 
 

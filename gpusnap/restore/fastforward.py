@@ -154,11 +154,12 @@ def _position(source, skip: int, note: dict | None, ctx: Context, at: tuple):
     return consume(source, skip, ctx, at, pure=adapter is _PURE or type(source) in _PURE_TYPES, note=note)
 
 
-def consume(source, skip: int, ctx: Context, at: tuple, pure: bool, note: dict | None = None):
+def consume(source, skip: int, ctx: Context, at: tuple, pure: bool, note: dict | None = None, it=None):
+    """``skip`` items of ``source`` (or of ``it``, an iterator made of it already) taken."""
     owned = (note or {}).get("owned")
     if owned:
         _restore_owned(source, owned)
-    it = iter(source)
+    it = iter(source) if it is None else it
     ctx.touched.append(it)
     if skip:
         before = None if pure else rng.compact()
@@ -255,10 +256,32 @@ class DataLoaderAdapter:
             return it, "by batch sampler"
         if note and note.get("kind") == "dataloader":
             _restore_rng(loader, note)
+            if loader.persistent_workers and loader.num_workers > 0 and workers.seen():
+                return _persistent_at(loader, skip, note, ctx, at)
         it, how = consume(loader, skip, ctx, at, pure=False)
         if loader.num_workers > 0 and workers.seen():
             how += " (its workers draw random numbers)"
         return it, how
+
+
+def _persistent_at(loader, skip: int, note: dict, ctx: Context, at: tuple):
+    """A loader whose persistent workers draw random numbers: the replay's workers, fresh, are
+    given the states the original's started this epoch with (``graph.workers``), and the
+    epoch's batches up to ``skip`` are taken from them, as the original's workers drew them."""
+    states = note.get("worker_rng")
+    if states:
+        workers.put_back(loader.dataset, states)
+    elif note.get("reuses_workers"):
+        raise FastForwardError("its persistent DataLoader workers draw random numbers and served earlier epochs, "
+                               "and the snapshot does not hold where their generators stood")
+    # The original's iter() only reset its workers; the replay's makes them and draws a base
+    # seed first: the index sampler starts from the states the original's did (``skipping``).
+    with skipping(loader, 0, note) as built:
+        it = iter(loader)
+    for made in built:
+        start_skipping(made)
+    it, how = consume(loader, skip, ctx, at, pure=False, it=it)
+    return it, how + " (its persistent workers' generators put back)" if states else how
 
 
 class TqdmAdapter:

@@ -24,7 +24,7 @@ import sys
 import time
 
 from gpusnap import knobs
-from gpusnap.graph import rng, roots, workers
+from gpusnap.graph import rng, roots, witness, workers
 from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, ReplayDiverged, RestoreError
 from gpusnap.graph.load import DEVICE_BASES, LiveOnly
 from gpusnap.instrument import loops
@@ -42,6 +42,7 @@ class Replay:
         self.manifest = rundir.manifest(snap_id)
         self.snap_id = self.manifest["id"]
         self.force = bool(config.get("force"))
+        self.verify_only = bool(config.get("verify_replay"))  # `gpusnap verify --replay`: stop once compared
         self.emit = emit
         self.on_merged = on_merged  # the agent counts steps and iterations on from the snapshot's
         frames = self.manifest["roots"]["frames"]
@@ -53,6 +54,7 @@ class Replay:
         self.fastforward_s = 0.0
         self.fastforwards: list[dict] = []
         self._positioned: set[int] = set()  # ids of what fast-forward positioned (livecheck)
+        self._sources: dict[int, object] = {}  # loop index -> the iterator fast-forward made for it
         self._boundary_hook = None
         self.write_device = None  # install's: how the merge fills device memory (cuda.core Buffers)
 
@@ -99,6 +101,7 @@ class Replay:
         ctx = fastforward.Context()
         it, how = fastforward.iterator_at(iterable, skip, loop.resume, ctx)
         self._positioned.update(id(obj) for obj in ctx.touched + [it])
+        self._sources[self.cursor - 1] = it
         loop.index = skip
         if innermost:
             self._judge(want, itemcheck.verify(ctx.consumed, want.get("check")))
@@ -228,6 +231,10 @@ class Replay:
         for i, (frame, saved) in enumerate(zip(live_frames, saved_frames)):
             if saved["locals"]:
                 merged_locals.append((frame, _merge_all(merger, dict(frame.f_locals), saved["locals"], f"frame[{i}].locals")))
+        for i, saved in (payload.get("ahead") or {}).items():
+            # What a loop's source had fetched ahead (accelerate's shard collates one batch
+            # ahead): into the source fast-forward made, which stands at the same batch.
+            merger.value(self._sources.get(i), saved, f"loops[{i}].source")
         merger.finish()
         for live, values in merged_globals:
             live.update({name: merger.settled(value) for name, value in values.items()})
@@ -245,14 +252,16 @@ class Replay:
         rng.restore(payload["rng"])
         self.on_merged(self.snap_id, self.manifest.get("steps") or 0, self.manifest.get("iteration"))
         merge_s = time.perf_counter() - started
+        verified = self._watch_witness()
         _say(
             f"restored snapshot {self.snap_id}: {merger.nbytes / 1e6:.1f} MB into {merger.tensors} tensors; "
-            f"replay {replay_s:.2f} s, fast-forward {self.fastforward_s:.2f} s, merge {merge_s:.2f} s",
+            f"replay {replay_s:.2f} s, fast-forward {self.fastforward_s:.2f} s, merge {merge_s:.2f} s; {_VERIFIED[verified]}",
             level=1,
         )
         self.emit(
             "restored",
             id=self.snap_id,
+            verified=verified,
             iteration=self.manifest.get("iteration"),
             replay_s=replay_s,
             fastforward_s=self.fastforward_s,
@@ -262,6 +271,43 @@ class Replay:
             merge_bytes=merger.nbytes,
             fastforwards=self.fastforwards,
         )
+
+    # -- the witness ------------------------------------------------------------------------
+    def _watch_witness(self) -> str:
+        """Compare the iterations after the merge with those that followed the snapshot in the
+        run that took it (``graph.witness``): "checking", or "unverified" without a witness."""
+        doc = self.rundir.load_witness(self.snap_id)
+        if not doc or not doc.get("iterations"):
+            if self.verify_only:
+                _say(f"restored snapshot {self.snap_id}, unverified: it has no witness to compare the iterations "
+                     "after it with (the run that took it stopped before the next iteration ended)")
+                _stop(0)
+            return "unverified"
+        witness.active = witness.Checker(doc, self._diverged, self._warn_diverged, self._verified, self.force)
+        loops.pending = True  # every boundary, until the window is compared
+        return "checking"
+
+    def _diverged(self, message: str) -> None:
+        self.emit("diverged", id=self.snap_id, message=message)
+        fail(RestoreError(
+            f"snapshot {self.snap_id} restarted to other state than the run that took it: {message}",
+            "the snapshot is intact; restart from another one with --snapshot ID, or pass --force to go on "
+            "anyway (the run may then end with other bytes than an uninterrupted one); please report this",
+        ))
+
+    def _warn_diverged(self, message: str) -> None:
+        self.emit("diverged", id=self.snap_id, message=message, forced=True)
+        _say(f"warning: snapshot {self.snap_id}: {message}; going on (--force)")
+
+    def _verified(self, count: int, differences: int) -> None:
+        if differences:
+            _say(f"snapshot {self.snap_id} is not verified: its restart differed from the run that took it (--force)", level=1)
+            return
+        self.emit("verified", id=self.snap_id, iterations=count)
+        _say(f"snapshot {self.snap_id} verified: the {count} iteration{'s' if count != 1 else ''} after it "
+             f"match the run that took it", level=0 if self.verify_only else 1)
+        if self.verify_only:
+            _stop(0)
 
     def _doing(self) -> str:
         """What the merge was doing, for a refusal: the object path while merging."""
@@ -352,6 +398,8 @@ def _check_reached(replay: Replay) -> None:
     escaped = getattr(sys, "last_value", None)  # set by boot when an exception left the program
     if replay.merged:
         _check_first_iteration(replay, escaped)
+        if isinstance(witness.active, witness.Checker) and escaped is None:
+            witness.active.ended()
         return
     if escaped is not None and not isinstance(escaped, SystemExit):
         how = f"stopped with {_one_line(escaped)}"
@@ -377,6 +425,11 @@ def _check_first_iteration(replay: Replay, escaped) -> None:
         ))
 
 
+_VERIFIED = {
+    "checking": "checking the iterations that follow against its witness",
+    "unverified": "unverified: it has no witness (the run that took it stopped before the next iteration ended)",
+}
+
 _BUG_HINT = (
     "gpusnap could not restore this program's state; `gpusnap inspect DIR` shows what the snapshot "
     "holds, and --snapshot ID restores an earlier one (please report this)"
@@ -388,6 +441,13 @@ def _one_line(exc: BaseException) -> str:
     if len(text) > 300:
         text = text[:297] + "..."
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _stop(code: int) -> None:
+    """End the program now (``verify --replay`` has what it came for)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def fail(exc: GpusnapError) -> None:

@@ -2,7 +2,8 @@
 
 Order (each step leaves a directory that verifies; see docs/FORMAT.md, "gc")::
 
-    1. remove the manifests of the snapshots beyond --keep      (fsync snapshots/)
+    1. remove the manifests of the snapshots beyond --keep      (fsync snapshots/), then the
+       witnesses of snapshots that are gone                    (fsync witness/)
     2. compute the chunks the remaining manifests reference
     3. locate each: in an indexed pack, or by scanning a pack no index names (a lost index)
     4. commit ONE new index naming only referenced chunks in the packs kept
@@ -24,7 +25,7 @@ import time
 import psutil
 
 from gpusnap.errors import StoreError, UsageError
-from gpusnap.store import atomic, index, pack
+from gpusnap.store import atomic, index, pack, witness
 from gpusnap.store.check import list_packs
 from gpusnap.store.info import utc_now
 
@@ -56,6 +57,7 @@ def prune(rd, keep: int | None, drop: list[str] | None = None) -> dict:
     if drop:
         atomic.fsync_dir(root / "snapshots")
     report["removed_snapshots"] = drop
+    witness.remove_orphans(root)
 
     # 2. what the remaining manifests need
     referenced: set[str] = set()

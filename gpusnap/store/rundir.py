@@ -207,6 +207,18 @@ class RunDir:
             raise StoreError(f"snapshot {snap_id} already exists in {self.path}; committed snapshots are never rewritten")
         return SnapshotWriter(self, snap_id, chunk_bytes=chunk_bytes, pack_bytes=pack_bytes)
 
+    # ---- witnesses (store.witness)
+
+    def write_witness(self, snap_id: str, data: bytes) -> None:
+        from gpusnap.store import witness
+
+        witness.write(self.path, snap_id, data)
+
+    def load_witness(self, snap_id: str) -> dict | None:
+        from gpusnap.store import witness
+
+        return witness.read(self.path, snap_id)
+
     # ---- reading, checking, pruning (implemented in their own modules)
 
     def read_buffer(self, record: dict, *, snapshot: str | None = None) -> bytearray:

@@ -2,8 +2,9 @@
 random crop offset and noise come from ``self.rng``, a numpy Generator that worker_init_fn makes
 in each DataLoader worker from the worker's seed (the DataLoader docs' advice for numpy, kept on
 the worker's copy of the dataset instead of numpy's global state), a shuffled loader with two
-workers (forked, or started with --context spawn), and Adam with a cosine schedule stepped per
-batch. usage: augment_rng.py OUT [--workers W] [--epochs N] [--context fork|spawn]"""
+workers (forked, or started with --context spawn; kept from epoch to epoch with --persistent, so
+their generators go on where the last epoch left them), and Adam with a cosine schedule stepped
+per batch. usage: augment_rng.py OUT [--workers W] [--epochs N] [--context fork|spawn] [--persistent]"""
 import argparse
 
 import numpy as np
@@ -43,12 +44,13 @@ def main():
     parser.add_argument('--workers', type=int, default=2)
     parser.add_argument('--epochs', type=int, default=3)
     parser.add_argument('--context', default=None)
+    parser.add_argument('--persistent', action='store_true', help='persistent_workers=True')
     args = parser.parse_args()
 
     torch.manual_seed(3)
     data = Jittered(n=192, length=12, dim=12)
     loader = DataLoader(data, batch_size=16, shuffle=True, num_workers=args.workers, worker_init_fn=seed_worker,
-                        multiprocessing_context=args.context)
+                        multiprocessing_context=args.context, persistent_workers=args.persistent)
     model = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 2))
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs * len(loader))

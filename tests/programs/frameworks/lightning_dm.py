@@ -3,14 +3,17 @@ stage, a random train/val split, shuffled train_dataloader), a LightningModule t
 hyperparameters, logs with self.log_dict, keeps its training-step outputs in a list that
 on_train_epoch_end turns into an epoch mean, and whose configure_optimizers returns AdamW with a
 OneCycleLR stepped every step in a scheduler dict; a LearningRateMonitor callback and a callback
-of ours with state; `trainer.fit(model, datamodule=dm)`.
-usage: lightning_dm.py OUT [--epochs N]"""
+of ours with state; `trainer.fit(model, datamodule=dm)`. With --workers N the training DataLoader has N worker
+processes (--persistent: kept from epoch to epoch, as Lightning recommends) and --augment jitters
+each training sample with numpy's global RNG, seeded per worker by `seed_everything(workers=True)`.
+usage: lightning_dm.py OUT [--epochs N] [--workers N] [--persistent] [--augment]"""
 import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import lightning as L
+import numpy as np
 import torch
 from common import finish, progress
 from lightning.pytorch.callbacks import LearningRateMonitor
@@ -20,10 +23,25 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset, random_split
 
 
+class Jittered(torch.utils.data.Dataset):
+    """A sample and its label, the sample jittered by numpy's global generator."""
+
+    def __init__(self, subset):
+        self.subset = subset
+
+    def __len__(self):
+        return len(self.subset)
+
+    def __getitem__(self, i):
+        x, y = self.subset[i]
+        return x + torch.from_numpy(np.random.normal(0, 0.02, x.shape).astype(np.float32)), y
+
+
 class SpiralDataModule(L.LightningDataModule):
-    def __init__(self, n=480, batch_size=24):
+    def __init__(self, n=480, batch_size=24, workers=0, persistent=False, augment=False):
         super().__init__()
         self.n, self.batch_size = n, batch_size
+        self.workers, self.persistent, self.augment = workers, persistent, augment
 
     def prepare_data(self):
         pass  # where a download would go
@@ -39,7 +57,9 @@ class SpiralDataModule(L.LightningDataModule):
         self.train_set, self.val_set = random_split(full, [400, 80], generator=torch.Generator().manual_seed(4))
 
     def train_dataloader(self):
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True)
+        data = Jittered(self.train_set) if self.augment else self.train_set
+        return DataLoader(data, batch_size=self.batch_size, shuffle=True, num_workers=self.workers,
+                          persistent_workers=self.persistent and self.workers > 0)
 
     def val_dataloader(self):
         return DataLoader(self.val_set, batch_size=40)
@@ -99,9 +119,12 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--persistent", action="store_true")
+    parser.add_argument("--augment", action="store_true")
     args = parser.parse_args()
-    L.seed_everything(42, verbose=False)
-    dm = SpiralDataModule()
+    L.seed_everything(42, verbose=False, workers=args.workers > 0)
+    dm = SpiralDataModule(workers=args.workers, persistent=args.persistent, augment=args.augment)
     model = SpiralClassifier(epochs=args.epochs)
     counter = StepCounter()
     lr_monitor = LearningRateMonitor(logging_interval="step")

@@ -1,0 +1,68 @@
+"""Processes the program starts itself (``multiprocessing``/``torch.multiprocessing`` workers
+that are not DataLoader workers: Hogwild training, a Pool, a Manager). Their work is their own
+memory, which a snapshot of the program cannot hold, and a restart would replay the setup that
+starts them. So while one runs, a snapshot is refused with one line naming where it started.
+
+``install`` wraps ``multiprocessing.process.BaseProcess.start`` (every context's ``Process``
+inherits it) to note each process and the program's line that started it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.process
+import os
+import sys
+import weakref
+
+_running: weakref.WeakSet = weakref.WeakSet()
+_installed = False
+# Frames in these directories are the machinery between the program's line and the start.
+_MACHINERY = (os.path.dirname(multiprocessing.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_DATALOADER_WORKER = "torch.utils.data._utils.worker._worker_loop"
+
+
+def install() -> None:
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    start = multiprocessing.process.BaseProcess.start
+
+    def noted_start(self):
+        target = _target_name(self)  # start() lets go of the target
+        start(self)
+        if target != _DATALOADER_WORKER:  # their batches are the loader's: fast-forward remakes them
+            self._gpusnap_site, self._gpusnap_target = _site(sys._getframe(1)), target.lstrip(".")
+            _running.add(self)
+
+    noted_start.__wrapped__ = start
+    multiprocessing.process.BaseProcess.start = noted_start
+
+
+def _target_name(process) -> str:
+    target = getattr(process, "_target", None)
+    return f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', '')}"
+
+
+def _site(frame) -> str:
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not path.startswith(_MACHINERY) and "/torch/multiprocessing/" not in path and "/concurrent/futures/" not in path:
+            return f"{os.path.relpath(path) if not os.path.relpath(path).startswith('..') else path}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
+
+
+def refusal() -> str | None:
+    """Why no snapshot can be taken now: a process the program started is running."""
+    for process in list(_running):
+        try:
+            alive = process.is_alive()
+        except (AssertionError, ValueError):  # not ours to ask (a child's child), or closed
+            alive = False
+        if alive:
+            target = process._gpusnap_target
+            return (f"process {process.pid} that the program started at {process._gpusnap_site}"
+                    f"{f' ({target})' if target else ''} is running, and a snapshot cannot hold its work")
+        _running.discard(process)
+    return None

@@ -1,0 +1,327 @@
+"""The witness: what the iterations after a snapshot did, so that every restart proves itself.
+
+Fast-forward and merge are exact for every mechanism gpusnap knows of; a mechanism nobody
+thought of (a collator drawing random numbers while an iterator fetches one batch ahead) would
+restore other bytes and report success. So the program that took a snapshot goes on recording
+the next ``knobs.WITNESS_ITERATIONS`` iterations of its step loop (``Recorder``), and one more:
+the first after a DataLoader iterator is made again (the next epoch's first, where reshuffling
+happens). A restarted run computes the same records from its merge on and compares them
+(``Checker``): on the first difference it stops before its next optimizer step.
+
+The record of one iteration, taken at the step-loop boundary that ends it::
+
+    {"iteration": n,                      # step-loop iterations in which an optimizer stepped
+     "batch": hex | None, "why": text,    # what it consumed (None: could not be digested, why)
+     "rng": {"random": hex, "numpy": hex, "torch": hex, "torch.cuda": hex}}   # after it
+
+"What it consumed" is the step loop's item (a ``for`` loop's) and every batch a DataLoader
+iterator returned during the iteration, each digested as it arrives (``graph.digest``; device
+tensors are copied to the host first). After the first optimizer step following the snapshot,
+``params`` digests every parameter of that optimizer: CPU tensors by their bytes, device tensors
+by a 64-bit sum of their words computed on the device. Parameters are compared only where both
+runs are bitwise reproducible (``exact``: no device parameters, or deterministic algorithms) and
+do their arithmetic alike (``arithmetic``: the same torch, CPU kernels, threads and devices).
+
+The witness file (``witness/<id>.json``, docs/FORMAT.md)::
+
+    {"format": 1, "snapshot": id, "loops": [[file, function, "LINE:COL"], ...],
+     "iterations": [record, ...],
+     "params": {"iteration": n, "digest": hex, "exact": bool, "arithmetic": {...}} | None,
+     "epoch": record | None}
+
+Both sides run in the trainee, driven by capture's hooks (``at_boundary``, ``fetched``,
+``loader_made``, ``stepped`` on ``active``): recording costs a few digests per snapshot, and
+nothing between windows but one global lookup per DataLoader batch.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import xxhash
+
+from gpusnap import knobs
+from gpusnap.graph import rng
+from gpusnap.graph.digest import digest
+
+FORMAT = 1
+active = None  # the Recorder or Checker of this process, if any
+
+
+def loop_key(loop) -> list:
+    code = loop.frame.f_code
+    return [code.co_filename, code.co_qualname, loop.loop_id]
+
+
+class _Watch:
+    """What both sides compute: the records of the iterations after the snapshot, at the
+    boundaries of the step loops the run that took it knew (``loops``: ``loop_key``s), so that
+    a restart, which learns its step loop only at its first optimizer step, records the same."""
+
+    def __init__(self, snap_id: str, window: int, loops: list):
+        self.loops = [list(key) for key in loops]
+        self._keys = {tuple(key) for key in self.loops}
+        self.snap_id = snap_id
+        self.window = window  # iterations of the window still to record
+        self.batches: list[tuple[int, str | None, str | None]] = []  # (id, digest, why) of this iteration's batches
+        self.params_due = True
+        self.epoch_armed = False  # the window is over: the next iter(loader) starts the epoch record
+        self.epoch_due = False  # an iter(loader) came: the next boundary ends the epoch record
+
+    def wants_boundary(self) -> bool:
+        return self.window > 0 or self.epoch_due
+
+    def watches(self, loop) -> bool:
+        """Does this boundary end an iteration of a watched loop? (A loop's start ends none.)"""
+        if loop.index <= 0:
+            return False
+        code = loop.frame.f_code
+        return (code.co_filename, code.co_qualname, loop.loop_id) in self._keys
+
+    def fetched(self, batch) -> None:
+        if self.window > 0 or self.epoch_due:
+            self.batches.append((id(batch), *host_digest(batch)))
+
+    def loader_made(self) -> bool:
+        """An ``iter(loader)``; True when the next boundary must be watched."""
+        if self.epoch_armed and not self.epoch_due:
+            self.epoch_due = True
+            return True
+        return False
+
+    def record(self, item, iteration: int) -> dict:
+        parts, why = [], None
+        if item is not _NO_ITEM and all(seen != id(item) for seen, _, _ in self.batches):
+            parts.append(host_digest(item))
+        parts += [(value, reason) for _, value, reason in self.batches]
+        self.batches = []
+        h = xxhash.xxh3_128()
+        for value, reason in parts:
+            if value is None:
+                why = reason
+                break
+            h.update(value.encode())
+        out = {"iteration": iteration, "batch": h.hexdigest() if parts and why is None else None, "rng": rng_digests()}
+        if why is not None:
+            out["why"] = why
+        elif not parts:
+            out["why"] = "nothing consumed that gpusnap sees (no loop item, no DataLoader batch)"
+        return out
+
+    def params(self, optimizer, iteration: int) -> dict | None:
+        if not self.params_due:
+            return None
+        self.params_due = False
+        value, exact = params_digest(optimizer)
+        return {"iteration": iteration, "digest": value, "exact": exact, "arithmetic": arithmetic()}
+
+
+_NO_ITEM = object()
+NO_ITEM = _NO_ITEM  # a while loop's iteration: no item
+
+
+class Recorder(_Watch):
+    """The run that took snapshot ``snap_id`` records what followed it; ``on_update(doc)`` after
+    each record (the capture side writes the witness once the snapshot is committed)."""
+
+    holds_snapshots = False
+
+    def __init__(self, snap_id: str, on_update, loops: list, window: int | None = None):
+        super().__init__(snap_id, knobs.WITNESS_ITERATIONS if window is None else window, loops)
+        self.on_update = on_update
+        self.doc = {"format": FORMAT, "snapshot": snap_id, "loops": self.loops, "iterations": [], "params": None, "epoch": None}
+
+    def at_boundary(self, item, iteration: int) -> None:
+        record = self.record(item, iteration)
+        if self.window > 0:
+            self.doc["iterations"].append(record)
+            self.window -= 1
+            self.epoch_armed = self.window == 0
+        elif self.epoch_due:
+            self.doc["epoch"] = record
+            self.epoch_due = False
+            self.epoch_armed = False
+            stop_watching(self)
+        self.on_update(self.doc)
+
+    def stepped(self, optimizer, iteration: int) -> None:
+        found = self.params(optimizer, iteration)
+        if found is not None:
+            self.doc["params"] = found
+
+    def window_done(self) -> bool:
+        return self.window == 0
+
+
+class Checker(_Watch):
+    """A restarted run compares its iterations after the merge with the witness ``doc``:
+    ``fail(message)`` on the first difference (it does not return unless ``force``: then each
+    difference is ``warn``ed), ``verified(count)`` once the window matched."""
+
+    def __init__(self, doc: dict, fail, warn, verified, force: bool = False):
+        expected = list(doc.get("iterations") or [])
+        super().__init__(str(doc.get("snapshot")), len(expected), doc.get("loops") or [])
+        self.expected, self.epoch, self.expected_params = expected, doc.get("epoch"), doc.get("params")
+        self.fail, self.warn, self.verified, self.force = fail, warn, verified, force
+        self.compared = 0
+        self.differences = 0
+        self.params_found = None  # after the first optimizer step: compared at the boundary that follows
+        self.steps = 0  # optimizer steps since the merge, while the window is open
+
+    @property
+    def holds_snapshots(self) -> bool:
+        """A run not yet proven writes no snapshot: a wrong one would be restored next time."""
+        return self.window > 0
+
+    def at_boundary(self, item, iteration: int) -> None:
+        record = self.record(item, iteration)
+        if self.window > 0:
+            want = self.expected[self.compared]
+            self.compared += 1
+            self.window -= 1
+            self._compare(record, want, f"iteration {want.get('iteration')} (the {_nth(self.compared)} after the snapshot)")
+            self._compare_params()
+            if self.window == 0:
+                self.epoch_armed = self.epoch is not None
+                self.verified(self.compared, self.differences)
+                if not self.epoch_armed:
+                    stop_watching(self)
+        elif self.epoch_due:
+            self.epoch_due = self.epoch_armed = False
+            self._compare(record, self.epoch, f"iteration {self.epoch.get('iteration')} (the first after a DataLoader started again)")
+            stop_watching(self)
+
+    def stepped(self, optimizer, iteration: int) -> None:
+        if self.expected_params is not None and self.params_due:
+            self.params_found = self.params(optimizer, iteration)
+        if self.window > 0:
+            self.steps += 1
+            if self.steps > 4 * len(self.expected) + 4:  # (a GAN steps twice an iteration)
+                self._differs(f"the run took {self.steps} optimizer steps after the snapshot without ending an iteration "
+                              f"of the loop where the run that took it recorded its witness ({_where(self.loops)})")
+                self.window = 0  # --force: stop looking
+                stop_watching(self)
+
+    def _compare_params(self) -> None:
+        want, found = self.expected_params, self.params_found
+        if found is None:
+            return
+        self.params_found = None
+        if not (want.get("exact") and found["exact"]) or want.get("digest") is None:
+            return  # a GPU run without deterministic algorithms: its steps may round otherwise
+        if want.get("arithmetic") != found["arithmetic"]:
+            return  # other threads, kernels or devices sum in another order: other last bits
+        if found["iteration"] != want.get("iteration") or found["digest"] != want["digest"]:
+            self._differs(f"after the optimizer step of iteration {want.get('iteration')}, the parameters differ from the run that took it")
+
+    def _compare(self, record: dict, want: dict, when: str) -> None:
+        if record["iteration"] != want.get("iteration"):
+            self._differs(f"the run counted iteration {record['iteration']} where the run that took it was at {when}")
+            return
+        if want.get("batch") is not None and record["batch"] is not None and record["batch"] != want["batch"]:
+            self._differs(f"{when} consumed another batch than in the run that took it")
+            return
+        mine, theirs = record["rng"], want.get("rng") or {}
+        for name in sorted(set(mine) | set(theirs)):
+            if mine.get(name) != theirs.get(name):
+                self._differs(f"after {when}, {_GENERATORS.get(name, name)} random number generator stands elsewhere "
+                              "than in the run that took it")
+                return
+
+    def ended(self) -> None:
+        """The program ended with the window open: what it reached matched (or was warned of)."""
+        if self.window > 0 and self.compared:
+            self.window = 0
+            self.verified(self.compared, self.differences)
+        stop_watching(self)
+
+    def _differs(self, message: str) -> None:
+        self.differences += 1
+        if not self.force:
+            self.fail(message)
+        self.warn(message)
+
+
+_GENERATORS = {"random": "the random module's", "numpy": "numpy's global", "torch": "torch's CPU", "torch.cuda": "torch's CUDA"}
+
+
+def _where(keys: list) -> str:
+    return ", ".join(f"{file}:{loop_id.split(':')[0]} in {function}" for file, function, loop_id in keys)
+
+
+def _nth(n: int) -> str:
+    return {1: "first", 2: "second", 3: "third"}.get(n, f"{n}th")
+
+
+def stop_watching(watch) -> None:
+    global active
+    if active is watch:
+        active = None
+
+
+# -- digests ---------------------------------------------------------------------------------
+def host_digest(obj) -> tuple[str | None, str | None]:
+    """``graph.digest`` of a batch, device tensors copied to the host (the trainee may)."""
+    return digest(obj, host_copy=_to_host)
+
+
+def _to_host(tensor):
+    return tensor.detach().to("cpu")
+
+
+def rng_digests() -> dict:
+    """A short digest of each global generator's state (``rng.compact()``), by name."""
+    rand, gauss, np_state, torch_state, cuda = rng.compact()
+    out = {"random": xxhash.xxh3_64_hexdigest(rand + repr(gauss).encode())}
+    if np_state is not None:
+        out["numpy"] = xxhash.xxh3_64_hexdigest(np_state)
+    if torch_state is not None:
+        out["torch"] = xxhash.xxh3_64_hexdigest(torch_state.numpy().tobytes())
+    if cuda:
+        out["torch.cuda"] = xxhash.xxh3_64_hexdigest(b"".join(t.numpy().tobytes() for t in cuda))
+    return out
+
+
+def arithmetic() -> dict:
+    """What decides the last bits of the same computation: torch's version, its CPU kernels, the
+    intra-op threads that split reductions, the devices."""
+    torch = sys.modules["torch"]
+    out = {"torch": torch.__version__, "threads": torch.get_num_threads(),
+           "cpu": torch.backends.cpu.get_cpu_capability()}
+    if torch.cuda.is_initialized():
+        out["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return out
+
+
+def params_digest(optimizer) -> tuple[str | None, bool]:
+    """(digest of every parameter the optimizer steps, whether it is bitwise reproducible)."""
+    torch = sys.modules.get("torch")
+    h = xxhash.xxh3_128()
+    device_sums = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            t = p.detach()
+            h.update(f"{t.dtype} {tuple(t.shape)} {t.device.type};".encode())
+            if t.device.type == "cpu" and t.is_contiguous() and t.layout == torch.strided:
+                if t.numel():
+                    h.update(t.view(-1).view(torch.uint8).numpy())
+            else:
+                device_sums.append(_word_sum(torch, t))
+    exact = True
+    if device_sums:
+        exact = torch.are_deterministic_algorithms_enabled()
+        by_device: dict = {}
+        for s in device_sums:
+            by_device.setdefault(s.device, []).append(s)
+        for sums in by_device.values():
+            h.update(torch.stack(sums).cpu().numpy().tobytes())
+    return h.hexdigest(), exact
+
+
+def _word_sum(torch, t):
+    """A 64-bit sum of the tensor's 32-bit words (16-bit for odd sizes), on its device: any
+    changed word changes it, and integer sums are exact in any order."""
+    flat = t.contiguous().view(-1)
+    raw = flat.view(torch.uint8) if flat.numel() else flat.new_zeros(0, dtype=torch.uint8)
+    words = raw.view(torch.int32) if raw.numel() % 4 == 0 else raw.view(torch.int16) if raw.numel() % 2 == 0 else raw
+    return words.sum(dtype=torch.int64)

@@ -1,0 +1,173 @@
+"""Every restart proves itself (graph/witness.py): the run that takes a snapshot records the
+iterations after it, a restart compares its own and refuses (exit 6) on the first difference,
+and `gpusnap verify --replay` asks the same question without touching the run directory.
+
+The wrong restores are injected into the restart by tests/inject/sitecustomize.py (the random
+module's generator put back one draw further, one batch skipped, a parameter moved by one ulp),
+and each must be refused, the snapshot left intact: the same snapshot then restarts verified, to
+the bytes of an uninterrupted run. A SIGTERM snapshot trains on while its writer writes, to leave
+its witness, and stops with exit 75."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+
+import pytest
+from harness import REPO, Run, assert_same, copy_programs, gpusnap, load_final, plain, progress, ref_and_out, wait_for
+
+INJECT = REPO / "tests" / "inject"
+ENV = {"OMP_NUM_THREADS": "1"}
+SLOW = {**ENV, "TEST_STEP_SLEEP_S": "0.05"}
+
+
+def injected(fault: str) -> dict:
+    return {**ENV, "GPUSNAP_TEST_WRONG_RESTORE": fault, "PYTHONPATH": f"{INJECT}{os.pathsep}{REPO}"}
+
+
+def stopped(script, args, tmp_path, at_step: int, env: dict = SLOW):
+    """`gpusnap run` the program and SIGTERM it at ``at_step``: exit 75 and a snapshot; returns
+    its witness (None: it has none) and the run's stderr."""
+    out = tmp_path / "out"
+    run = Run("run", "--dir", "snaps", script, out, *args, cwd=tmp_path, env=env)
+    wait_for(lambda: progress(out) >= at_step, f"step {at_step}", timeout=180, proc=run)
+    run.signal(signal.SIGTERM)
+    rc, _, err = run.wait()
+    assert rc == 75, err
+    found = list((tmp_path / "snaps").glob("witness/*.json"))
+    assert len(found) <= 1, found
+    return (json.loads(found[0].read_text()) if found else None), err
+
+
+def tree_state(root) -> dict:
+    """Every file under ``root``: its content's digest and its modification time."""
+    return {str(p.relative_to(root)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+FAULTS = {
+    "rng": "the random module's random number generator stands elsewhere than in the run that took it",
+    "batch": "(the first after the snapshot) consumed another batch than in the run that took it",
+    "ulp": "the parameters differ from the run that took it",
+    "epoch": "(the first after a DataLoader started again) consumed another batch than in the run that took it",
+}
+
+
+def snapshotted_past_an_epoch(script, tmp_path, rnd):
+    """SIGUSR1 in the first epoch (10 batches), kill -9 once the witness holds the next epoch's
+    first iteration; returns the witness."""
+    out = tmp_path / "out"
+    run = Run("run", "--dir", "snaps", script, out, cwd=tmp_path, env=SLOW)
+    at = rnd.randint(2, 6)
+    wait_for(lambda: progress(out) >= at, f"step {at}", timeout=180, proc=run)
+    run.signal(signal.SIGUSR1)
+    witness = tmp_path / "snaps" / "witness" / "000001.json"
+    wait_for(lambda: witness.exists() and json.loads(witness.read_text())["epoch"], "the next epoch in the witness",
+             timeout=180, proc=run)
+    run.kill_group()
+    return json.loads(witness.read_text())
+
+
+def test_each_wrong_restore_is_refused_and_the_snapshot_then_restarts_verified(tmp_path):
+    rnd = random.Random("witness")
+    script = copy_programs(tmp_path) / "corpus" / "collate_draws.py"
+    ref, out = ref_and_out(tmp_path)
+    plain(script, ref, cwd=tmp_path, env=ENV)
+    doc = snapshotted_past_an_epoch(script, tmp_path, rnd)
+    assert len(doc["iterations"]) == 3 and doc["params"]["exact"], doc
+    first = doc["iterations"][0]["iteration"]
+    assert [r["iteration"] for r in doc["iterations"]] == [first, first + 1, first + 2]
+    assert doc["epoch"]["iteration"] == 11, doc["epoch"]  # the second epoch's first batch
+
+    before = tree_state(tmp_path / "snaps")
+    replayed = gpusnap("verify", "--replay", "snaps", cwd=tmp_path, env=ENV)
+    assert replayed.returncode == 0, replayed.stderr
+    assert "verified: the 3 iterations after it match the run that took it" in replayed.stderr
+    assert tree_state(tmp_path / "snaps") == before, "verify --replay changed the run directory"
+    assert [p.name for p in tmp_path.iterdir() if ".verify-" in p.name] == [], "the scratch copy was left behind"
+
+    for fault, says in FAULTS.items():
+        bad = gpusnap("restart", "snaps", cwd=tmp_path, env=injected(fault))
+        print(fault, *[line for line in bad.stderr.splitlines() if "refused" in line], sep="\n")
+        assert bad.returncode == 6, bad.stderr
+        assert f"gpusnap: restore refused: snapshot {doc['snapshot']} restarted to other state" in bad.stderr
+        assert says in bad.stderr, bad.stderr
+        assert "hint: the snapshot is intact" in bad.stderr
+    replayed = gpusnap("verify", "--replay", "snaps", cwd=tmp_path, env=injected("ulp"))
+    assert replayed.returncode == 6 and FAULTS["ulp"] in replayed.stderr, replayed.stderr
+
+    good = gpusnap("restart", "snaps", cwd=tmp_path, env=ENV)
+    assert good.returncode == 0, good.stderr
+    assert f"snapshot {doc['snapshot']} verified: the 3 iterations after it match the run that took it" in good.stderr
+    assert_same(load_final(ref), load_final(out))
+    log = [json.loads(line) for line in (tmp_path / "snaps" / "log.jsonl").read_text().splitlines()]
+    diverged = [e for e in log if e.get("event") == "diverged"]
+    assert len(diverged) == len(FAULTS) and all(e["id"] == doc["snapshot"] for e in diverged)  # (verify's: in its copy)
+    assert [e["verified"] for e in log if e.get("event") == "restored"][-1] == "checking"
+
+
+def test_a_sigterm_snapshot_trains_on_to_leave_its_witness(tmp_path):
+    script = copy_programs(tmp_path) / "corpus" / "collate_draws.py"
+    ref, out = ref_and_out(tmp_path)
+    plain(script, ref, cwd=tmp_path, env=ENV)
+    at = random.Random("sigterm").randint(4, 20)
+    print(f"SIGTERM at step {at}")
+    doc, err = stopped(script, [], tmp_path, at)  # (30 steps: it stops 3 iterations after the snapshot)
+    assert doc is not None and len(doc["iterations"]) == 3, doc
+    restarted = gpusnap("restart", "snaps", cwd=tmp_path, env=ENV)
+    assert restarted.returncode == 0, restarted.stderr
+    assert f"snapshot {doc['snapshot']} verified: the 3 iterations after it match" in restarted.stderr
+    assert_same(load_final(ref), load_final(out))
+
+
+def test_a_restart_without_a_witness_says_it_is_unverified(tmp_path):
+    script = copy_programs(tmp_path) / "corpus" / "collate_draws.py"
+    ref, out = ref_and_out(tmp_path)
+    plain(script, ref, cwd=tmp_path, env=ENV)
+    doc, _ = stopped(script, [], tmp_path, 6, env={**SLOW, "GPUSNAP_WITNESS_STOP_S": "0"})
+    assert doc is None
+    restarted = gpusnap("restart", "snaps", cwd=tmp_path, env=ENV)
+    assert restarted.returncode == 0, restarted.stderr
+    assert "unverified: it has no witness" in restarted.stderr
+    log = [json.loads(line) for line in (tmp_path / "snaps" / "log.jsonl").read_text().splitlines()]
+    assert [e["verified"] for e in log if e.get("event") == "restored"] == ["unverified"]
+    assert_same(load_final(ref), load_final(out))
+
+
+@pytest.mark.parametrize("whole_word", [False, True], ids=["masked", "whole-word"])
+def test_the_masked_lm_trainer_without_its_fix_is_refused_by_the_witness(tmp_path, whole_word):
+    """The held-out program that restarted to other bytes with exit 0: accelerate's shard had
+    collated the next batch, masks drawn, before the snapshot. With gpusnap's fix switched off in
+    the run that takes the snapshot, the restart is refused; with it, it is verified (and
+    tests/test_e2e_frameworks.py restarts it to the same bytes)."""
+    pytest.importorskip("datasets")
+    args = ["--epochs", "2"] + (["--whole-word"] if whole_word else [])
+    script = copy_programs(tmp_path) / "frameworks" / "hf_mlm.py"
+    at = random.Random(f"mlm/{whole_word}").randint(3, 12)
+    print(f"SIGTERM at step {at}")
+    stopped(script, args, tmp_path, at, env={**injected("no-fetch-ahead"), "TEST_STEP_SLEEP_S": "0.1"})
+    restarted = gpusnap("restart", "snaps", cwd=tmp_path, env=ENV)
+    assert restarted.returncode == 6, restarted.stderr
+    assert "consumed another batch than in the run that took it" in restarted.stderr
+
+
+def test_no_snapshot_while_a_process_the_program_started_runs(tmp_path):
+    """mnist_hogwild's shape: trainers started with torch.multiprocessing work on shared weights
+    while the main process joins them. A snapshot then would hold none of their work, and a
+    restart would start them again: it is refused, naming where they were started."""
+    script = copy_programs(tmp_path) / "corpus" / "hogwild.py"
+    out = tmp_path / "out"
+    out.mkdir()
+    run = Run("run", "--dir", "snaps", script, out, cwd=tmp_path, env={**ENV, "TEST_STEP_SLEEP_S": "0.1"})
+    wait_for(lambda: progress(out) >= 1, "the main process joining its trainers", proc=run)
+    run.signal(signal.SIGUSR1)
+    rc, _, err = run.wait()
+    assert rc == 0, err
+    skipped = [line for line in err.splitlines() if line.startswith("gpusnap: snapshot skipped:")]
+    assert len(skipped) == 1, err
+    assert "that the program started at programs/corpus/hogwild.py:41 (__main__.train) is running" in skipped[0]
+    assert "hint: take the snapshot once the processes the program starts itself have ended" in err
+    assert not list((tmp_path / "snaps" / "snapshots").glob("*.json"))
