@@ -48,7 +48,7 @@ from gpusnap.capture import control, session, steploop
 from gpusnap.errors import EXIT_PREEMPTED_UNSAVED, GpusnapError, RestoreError, RunDirError
 from gpusnap.instrument import loops
 from gpusnap.store import shards
-from gpusnap.store.rundir import SNAP_DIGITS
+from gpusnap.store.info import is_snapshot_id, snapshot_id
 
 coordinator: "Coordinator | None" = None
 _FOREVER = datetime.timedelta(days=3650)
@@ -444,9 +444,9 @@ class Coordinator:
         at = target(posts, knobs.DIST_MARGIN)
         stop = any(p.get("stop") for p in posts)
         requested = [p.get("reason") for p in posts if p.get("reason") not in (None, "peer")]
-        top_ids = [int(s) for s in self.top.snapshot_ids() if s.isdigit()]
+        top_ids = [int(s) for s in self.top.snapshot_ids()]
         next_id = max([int(p.get("next") or 1) for p in posts] + [max(top_ids) + 1 if top_ids else 1])
-        plan = {"id": f"{next_id:0{SNAP_DIGITS}d}", "stop": stop,
+        plan = {"id": snapshot_id(next_id), "stop": stop,
                 "reason": "term" if stop else requested[0] if requested else "request"}
         return {**plan, "at": at}
 

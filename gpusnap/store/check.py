@@ -11,7 +11,7 @@ from gpusnap.errors import FormatVersionError, SnapshotNotFound, StoreError
 from gpusnap.store import atomic, index, pack
 from gpusnap.store.pack import PackReader
 from gpusnap.store.info import SnapshotInfo
-from gpusnap.store.reader import ChunkProblem, load_chunk
+from gpusnap.store.reader import ChunkProblem, chunks_of, load_chunk
 
 # Finding kinds, worst first when one snapshot has several.
 KINDS = (
@@ -78,27 +78,23 @@ def _verify_one(rd, idx, reader, sid: str, checked: dict) -> list[Finding]:
     out: list[Finding] = []
     reported: set[str] = set()
     for name, rec in sorted(m["buffers"].items()):
+        path = rec.get("path") if isinstance(rec, dict) and isinstance(rec.get("path"), str) else None
         try:
-            chunks = [(str(c), int(n)) for c, n in rec["chunks"]]
-            nbytes = int(rec["nbytes"])
-        except (KeyError, TypeError, ValueError) as exc:
-            out.append(Finding("buffer_damaged", sid, None, None, rec.get("path") if isinstance(rec, dict) else None,
-                               f"buffer {name} has a damaged record: {exc}", name))
+            chunks = chunks_of(rec, idx)
+        except ChunkProblem as p:
+            out.append(Finding("buffer_damaged", sid, None, None, path, f"buffer {name} is damaged: {p.message}", name))
             continue
-        if sum(n for _, n in chunks) != nbytes:
-            out.append(Finding("buffer_damaged", sid, None, None, rec.get("path"),
-                               f"buffer {name}: chunks hold {sum(n for _, n in chunks)} bytes, record says {nbytes}", name))
         for cid, nb in chunks:
             if cid not in checked:
                 try:
-                    load_chunk(reader, idx, cid, nb, memoryview(bytearray(nb)))
+                    load_chunk(reader, idx, cid, nb)
                     checked[cid] = None
                 except ChunkProblem as p:
                     checked[cid] = p
             p = checked[cid]
             if p is not None and cid not in reported:
                 reported.add(cid)
-                out.append(Finding(p.kind, sid, cid, p.pack, rec.get("path"), p.message, name))
+                out.append(Finding(p.kind, sid, cid, p.pack, path, p.message, name))
     return out
 
 

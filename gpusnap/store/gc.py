@@ -81,9 +81,9 @@ def prune(rd, keep: int | None, drop: list[str] | None = None) -> dict:
     for pack_id, path in on_disk.items():
         if pack_id in idx.packs:
             continue
-        for cid, offset, stored, raw, cd in pack.scan(path):
+        for cid, loc in pack.scan(path, digests=True):
             if cid in referenced and cid not in where:
-                where[cid] = pack.Location(pack_id, offset, stored, raw, cd)
+                where[cid] = loc
                 report["reindexed_chunks"] += 1
 
     keep_packs: dict[str, list[tuple[str, pack.Location]]] = {}

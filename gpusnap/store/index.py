@@ -10,8 +10,8 @@ import secrets
 from dataclasses import dataclass, field
 
 from gpusnap.errors import FormatVersionError
-from gpusnap.store import atomic
-from gpusnap.store.pack import Location
+from gpusnap.store import atomic, codec
+from gpusnap.store.pack import PACK_HEADER_NBYTES, Location
 
 INDEX_FORMAT = 1
 
@@ -54,9 +54,11 @@ def load(root: pathlib.Path) -> Index:
                 )
             entries = []
             for pack_id, pack in doc["packs"].items():
-                nbytes = int(pack["nbytes"])
-                for cid, offset, stored, raw, codec_id in pack["chunks"]:
-                    entries.append((str(cid), Location(pack_id, int(offset), int(stored), int(raw), int(codec_id))))
+                nbytes = _count(pack["nbytes"], "pack nbytes", PACK_HEADER_NBYTES)
+                if not codec.is_digest(pack_id, 32):
+                    raise ValueError(f"pack id {pack_id!r} is not 32 hex digits")
+                for entry in pack["chunks"]:
+                    entries.append(_entry(pack_id, nbytes, entry))
                 entries.append((None, (pack_id, nbytes)))
         except FormatVersionError:
             raise
@@ -72,6 +74,33 @@ def load(root: pathlib.Path) -> Index:
     return idx
 
 
+def _count(value, what: str, least: int = 0, most: int | None = None) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < least or (most is not None and value > most):
+        raise ValueError(f"{what} {value!r} is not a whole number from {least} to {most if most is not None else 'any'}")
+    return value
+
+
+def _entry(pack_id: str, pack_nbytes: int, entry) -> tuple[str, Location]:
+    """One chunk's entry, its fields checked against each other and the pack's size before
+    anything is read or allocated by them (ValueError: the index file is damaged)."""
+    if not isinstance(entry, list) or len(entry) not in (5, 6):
+        raise ValueError(f"chunk entry {entry!r} is not [id, offset, stored, raw, codec(, digest)]")
+    cid, offset, stored, raw, codec_id, *digest = entry
+    digest = digest[0] if digest else None
+    if not codec.is_digest(cid, 32):
+        raise ValueError(f"chunk id {cid!r} is not 32 hex digits")
+    offset = _count(offset, f"chunk {cid}: offset", PACK_HEADER_NBYTES)
+    stored = _count(stored, f"chunk {cid}: stored size", 0, pack_nbytes - offset - codec.ENTRY_NBYTES)
+    raw = _count(raw, f"chunk {cid}: raw size", 1, codec.MAX_CHUNK_BYTES)
+    if codec_id not in (codec.CODEC_RAW, codec.CODEC_BLOSC2) or isinstance(codec_id, bool):
+        raise ValueError(f"chunk {cid}: codec {codec_id!r} is unknown")
+    if codec_id == codec.CODEC_RAW and stored != raw:
+        raise ValueError(f"chunk {cid}: stored raw in {stored} bytes, but {raw} long")
+    if digest is not None and not codec.is_digest(digest, 16):
+        raise ValueError(f"chunk {cid}: digest {digest!r} is not 16 hex digits")
+    return cid, Location(pack_id, offset, stored, raw, codec_id, digest)
+
+
 def write(root: pathlib.Path, prefix: str, packs: dict[str, tuple[int, list[tuple[str, Location]]]], created: str) -> str:
     """Commit one index file naming ``packs`` {pack id: (nbytes, [(chunk id, location)])};
     return its file name. Names are unique so no index file is ever replaced."""
@@ -82,7 +111,8 @@ def write(root: pathlib.Path, prefix: str, packs: dict[str, tuple[int, list[tupl
         "packs": {
             pack_id: {
                 "nbytes": nbytes,
-                "chunks": [[cid, loc.offset, loc.stored_nbytes, loc.raw_nbytes, loc.codec] for cid, loc in located],
+                "chunks": [[cid, loc.offset, loc.stored_nbytes, loc.raw_nbytes, loc.codec]
+                           + ([loc.digest] if loc.digest is not None else []) for cid, loc in located],
             }
             for pack_id, (nbytes, located) in sorted(packs.items())
         },

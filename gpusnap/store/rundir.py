@@ -25,11 +25,10 @@ from gpusnap.errors import (
     StoreError,
 )
 from gpusnap.store import atomic
-from gpusnap.store.info import FORMAT_VERSION, SnapshotInfo, utc_now  # noqa: F401  (re-exported)
+from gpusnap.store.info import FORMAT_VERSION, SNAP_DIGITS, SnapshotInfo, by_number, is_snapshot_id, snapshot_id, utc_now  # noqa: F401  (re-exported)
 from gpusnap.store.lock import RunLock
 
 RUN_JSON = "run.json"
-SNAP_DIGITS = 6
 
 
 def _describe_command_difference(old: dict, new: dict) -> str:
@@ -139,20 +138,26 @@ class RunDir:
 
     # ---- snapshots
 
-    def _manifest_names(self) -> list[str]:
+    def snapshot_ids(self) -> list[str]:
+        """Ids of every committed manifest file, readable or not, oldest first. A file in
+        snapshots/ whose name is no snapshot id is no snapshot."""
         try:
             names = os.listdir(self.path / "snapshots")
         except FileNotFoundError:
             return []
-        return sorted(n for n in names if n.endswith(".json") and not atomic.is_temp(n))
+        return by_number(n[: -len(".json")] for n in names if n.endswith(".json") and is_snapshot_id(n[: -len(".json")]))
 
-    def snapshot_ids(self) -> list[str]:
-        """Ids of every committed manifest file, readable or not, oldest first."""
-        return [n[: -len(".json")] for n in self._manifest_names()]
+    def checked_id(self, snap_id) -> str:
+        """``snap_id`` when it is a snapshot id, else SnapshotNotFound: an id read from anywhere
+        becomes part of a path only through here."""
+        if not is_snapshot_id(snap_id):
+            raise SnapshotNotFound(f"no snapshot {snap_id!r} in {self.path}: a snapshot id is {SNAP_DIGITS} or more digits, "
+                                   f"such as {snapshot_id(1)}")
+        return snap_id
 
     def load_manifest(self, snap_id: str) -> dict:
         """Read one manifest; SnapshotNotFound if absent, StoreError if unreadable."""
-        p = self.path / "snapshots" / f"{snap_id}.json"
+        p = self.path / "snapshots" / f"{self.checked_id(snap_id)}.json"
         try:
             raw = p.read_bytes()
         except FileNotFoundError:
@@ -183,12 +188,12 @@ class RunDir:
         return out
 
     def next_snapshot_id(self) -> str:
-        ids = [int(s) for s in self.snapshot_ids() if s.isdigit()]
-        return f"{(max(ids) + 1) if ids else 1:0{SNAP_DIGITS}d}"
+        ids = [int(s) for s in self.snapshot_ids()]
+        return snapshot_id(max(ids) + 1 if ids else 1)
 
     def resolve(self, snap_id: str | None) -> str:
         if snap_id is not None:
-            return snap_id
+            return self.checked_id(snap_id)
         ids = self.snapshot_ids()
         if not ids:
             raise SnapshotNotFound(f"{self.path} has no snapshot yet", hint="take one with SIGUSR1 or `gpusnap run --every`")
@@ -203,6 +208,8 @@ class RunDir:
         from gpusnap.store.writer import SnapshotWriter
 
         self.check_writable()
+        if not is_snapshot_id(snap_id):
+            raise StoreError(f"{snap_id!r} is no snapshot id: a snapshot id is {SNAP_DIGITS} or more digits")
         if (self.path / "snapshots" / f"{snap_id}.json").exists():
             raise StoreError(f"snapshot {snap_id} already exists in {self.path}; committed snapshots are never rewritten")
         return SnapshotWriter(self, snap_id, chunk_bytes=chunk_bytes, pack_bytes=pack_bytes)

@@ -19,8 +19,7 @@ from gpusnap.store import atomic, codec, index
 from gpusnap.store.pack import Location, PackBuilder, pack_path
 from gpusnap.store.info import FORMAT_VERSION, SnapshotInfo, utc_now
 
-# A chunk length must fit the entry header (u32) and one blosc2 chunk (< 2 GiB).
-_MAX_CHUNK_BYTES = 1 << 30
+_MAX_CHUNK_BYTES = codec.MAX_CHUNK_BYTES
 
 # report_progress(bytes_put, bytes_written) after every chunk, when set: a forked writer sets it
 # to tell the trainee how far it is (the live status line of a long write).
