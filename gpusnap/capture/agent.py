@@ -178,6 +178,7 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         drain=drain,
         optimizers=list(session.optimizers),
         schedule=session.schedule,
+        lock_token=session.config.get("lock_token") if coordinator is None else coordinator.lock_held.token,
     )
     job.generation = stage.writer_starting()  # seals the regions this writer reads
     try:

@@ -46,6 +46,7 @@ class WriteJob:
     optimizers: list = field(default_factory=list)  # what the drain copies first
     generation: int | None = None  # of the arena regions this writer reads (sealed before fork)
     schedule: dict | None = None  # the supervisor's timer and measured overhead (manifest "schedule")
+    lock_token: str | None = None  # of the run directory's lock this writer writes under (store.lock.check_token)
 
 
 def write_snapshot(job: WriteJob) -> dict:
@@ -64,7 +65,7 @@ def write_snapshot(job: WriteJob) -> dict:
     # below allocate (half the time of pickling a deep graph).
     gc.disable()
     rundir = RunDir.open(job.run_dir)
-    sink = rundir.begin_snapshot(job.snap_id)
+    sink = rundir.begin_snapshot(job.snap_id, lock_token=job.lock_token)
     try:
         read = HostMemory(drained, job.unforked).view
         payload = roots.collect(job.frame, job.active_loops, job.rng_states, lambda loop: loopnotes.record(loop, read))

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from gpusnap.cli import cli
+from gpusnap.cli import cli, trust_dir_option
 from gpusnap.errors import SnapshotNotFound, StoreDamaged, UsageError
 
 
@@ -263,6 +263,7 @@ def verify_cmd(run_dir, snapshot, as_json):
 @click.argument("run_dir", metavar="DIR")
 @click.option("--keep", type=int, default=None, metavar="N", help="Keep the newest N snapshots (default: all).")
 @click.option("--json", "as_json", is_flag=True, help="Print what was removed as JSON.")
+@trust_dir_option
 def gc_cmd(run_dir, keep, as_json):
     """Remove the snapshots beyond the newest N, then every chunk, pack and temp file nothing
     references. Crash-safe at every step; refuses while a run holds the directory."""
@@ -277,7 +278,9 @@ def gc_cmd(run_dir, keep, as_json):
             for lock in locks:
                 lock.release()
     else:
-        with rd.lock("gc"):
+        with rd.lock("gc") as lock:
+            if lock.note():
+                click.echo(f"gpusnap: {lock.note()}", err=True)
             report = rd.prune(keep)
     if as_json:
         click.echo(json.dumps(report, indent=1))

@@ -18,6 +18,7 @@ set to a JSON object::
      "signal": "SIGUSR1", "on_term": "snapshot" | "exit", "keep": 3 | null,
      "at": "/abs/FILE:LINE" | null, "instrument": ["/abs/path", "pkg.mod", ...],
      "resume": null | {"snapshot": "000003"}, "force": false,
+     "lock_token": "9f3a..." | null,  (the token in DIR/lock: writers check it before a commit)
      "dist": true}                  (only in the ranks of a torchrun job: capture/dist.py)
 
 Control protocol: newline-delimited JSON objects over the unix socket named by ``"control"``
@@ -125,6 +126,7 @@ class Launch:
     paranoid: bool = False  # copy every chunk of device memory, fingerprints notwithstanding
     verbosity: int = 1  # 0 --quiet: problems and stops only; 1: every snapshot; 2 --verbose: requests too
     torchrun: list[str] | None = None  # a distributed run: torchrun's arguments (launch.torchrun)
+    lock_token: str | None = None  # the run directory's lock, held by the CLI: its writers check it before they commit
 
     def boot_config(self, control_path: str) -> dict:
         return {
@@ -139,6 +141,7 @@ class Launch:
             "force": self.force,
             "verbosity": self.verbosity,
             "paranoid": self.paranoid,
+            "lock_token": self.lock_token,
             **({"dist": True} if self.torchrun is not None else {}),  # a rank of a torchrun job
         }
 
@@ -256,7 +259,11 @@ class Supervisor:
     def run(self) -> int:
         """Start the trainee, serve it until it exits, return the exit status to use."""
         L = self.launch
-        self._log_fd = os.open(os.path.join(L.run_dir, LOG_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        from gpusnap.store.atomic import open_private
+
+        # Never through a symbolic link, as the lock: appending to whatever file one names would
+        # let anyone who can write the directory make this run write there.
+        self._log_fd = open_private(os.path.join(L.run_dir, LOG_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         self.server = ControlServer()
         info_path = supervisor_file(L.run_dir, L.torchrun is not None)
         try:

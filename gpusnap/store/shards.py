@@ -102,8 +102,6 @@ def commit_global(rd: RunDir, snap_id: str, world_size: int, shards: dict[int, d
         except (RunDirError, StoreError) as exc:
             raise StoreError(f"global snapshot {snap_id}: the shard of rank {rank} is not committed ({exc.message})") from exc
     path = pathlib.Path(rd.path) / "snapshots" / f"{snap_id}.json"
-    if path.exists():
-        raise StoreError(f"snapshot {snap_id} already exists in {rd.path}; committed snapshots are never rewritten")
     doc = {
         **fields,
         "format": FORMAT_VERSION,
@@ -121,7 +119,10 @@ def commit_global(rd: RunDir, snap_id: str, world_size: int, shards: dict[int, d
                    for r, s in sorted(shards.items())},
         "buffers": {},
     }
-    atomic.write_file(path, [json.dumps(doc, indent=1, allow_nan=False).encode()])
+    try:
+        atomic.write_file(path, [json.dumps(doc, indent=1, allow_nan=False).encode()], noreplace=True)
+    except atomic.FileExists:
+        raise StoreError(f"snapshot {snap_id} already exists in {rd.path}; committed snapshots are never rewritten") from None
     return SnapshotInfo.from_manifest(doc)
 
 
