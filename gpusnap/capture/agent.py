@@ -170,6 +170,7 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         reason=reason,
         resumed_from=session.resumed_from,
         keep=session.config.get("keep") if coordinator is None else None,  # a shard's retention is global
+        prune_first=session.disk_full,
         steps=session.steps,
         sources=_sources(),
         device=device,

@@ -20,6 +20,7 @@ import time
 import warnings
 
 from gpusnap import lifeline, stage
+from gpusnap.errors import NoSpace
 from gpusnap.stage import memory
 from gpusnap.capture import control, costs, session, watchdog
 
@@ -51,6 +52,8 @@ class Writer:
                 result = {"event": "failed", "message": why}
         result.setdefault("id", self.snap_id)
         result["writer_cpu_s"] = round(cpu_s, 3)
+        if result.get("no_space"):
+            session.disk_full = True
         if result.get("drain_wanted_bytes") is not None:
             stage.drained(result["drain_wanted_bytes"])  # the size of the next drain region
         stage.writer_done(self.generation)  # the child is reaped: nothing reads its regions now
@@ -140,6 +143,8 @@ def _child_main(job, write_fd: int) -> None:
         result = {"event": "failed", "id": job.snap_id, "message": _describe(exc)}
         if getattr(exc, "hint", None):
             result["hint"] = exc.hint
+        if isinstance(exc, NoSpace):
+            result["no_space"] = True  # the next writers prune first (agent.take)
     try:
         os.write(write_fd, json.dumps(result, default=str).encode())
     finally:

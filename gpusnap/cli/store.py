@@ -295,6 +295,9 @@ def gc_cmd(run_dir, keep, as_json):
     )
     if report["reindexed_chunks"]:
         click.echo(f"re-indexed {report['reindexed_chunks']} chunks found in packs no index named")
+    if report.get("no_room"):
+        click.echo("the disk is full: gc removed what no snapshot needs and no index names, but had no room to write "
+                   "the new index it needs to remove the rest; run gc again once there is room for it")
     for kept in report["kept_unknown"]:
         click.echo(f"kept {kept['path']}: pack version {kept['version']}, which this gpusnap cannot read "
                    "(a newer gpusnap wrote it; gc with that version removes it when nothing needs it)")

@@ -35,10 +35,12 @@ def describe(ev: dict, iteration=None) -> str | None:
     if name == "committed":
         it = ev.get("iteration", iteration)
         at = f" at iteration {it}" if it is not None else ""
+        pruned = ev.get("pruned_first")
+        room = f" (the disk was full: removed snapshot {', '.join(pruned)} first)" if pruned else ""
         return (
             f"{snap} committed{at}: stall {float(ev.get('stall_s', 0)):.3f} s, wrote "
             f"{format_bytes(ev.get('bytes_written'))} of {format_bytes(ev.get('bytes_total'))} "
-            f"in {float(ev.get('write_s', 0)):.1f} s"
+            f"in {float(ev.get('write_s', 0)):.1f} s{room}"
         )
     if name == "cost":
         how = (f"over {ev.get('iterations')} iterations against {float(ev.get('step_s') or 0):.3f} s each, "

@@ -81,7 +81,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from gpusnap import knobs, lifeline
-from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
+from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, StoreError
 from gpusnap.launch.control import Connection, ControlServer
 from gpusnap.launch.events import StatusLine, describe, progress_line, schedule_line, warning
 from gpusnap.launch.notices import Watcher
@@ -271,8 +271,11 @@ class Supervisor:
             # SIGUSR1 before its handler would kill the supervisor.
             self._install_signals()
             if L.torchrun is None or not _live_supervisor(info_path):  # the first node's answers `snap`
-                _write_json(info_path, {"pid": os.getpid(), "socket": self.server.path, "started": time.time(),
-                                        "host": socket.gethostname()})
+                try:
+                    _write_json(info_path, {"pid": os.getpid(), "socket": self.server.path, "started": time.time(),
+                                            "host": socket.gethostname()})
+                except StoreError as exc:  # a full disk: the run goes on (and frees room), without `gpusnap snap`
+                    self.say(f"warning: {exc.message}: `gpusnap snap` cannot reach this run; signals and timers still work")
             env = dict(os.environ)
             env["GPUSNAP_BOOT"] = json.dumps(L.boot_config(self.server.path))
             if L.torchrun is not None:

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 
 from gpusnap.errors import FormatVersionError, SnapshotNotFound, StoreError
 from gpusnap.store import atomic, index, pack
-from gpusnap.store.pack import PackReader
+from gpusnap.store.pack import PackReader, list_packs  # noqa: F401  (list_packs: re-exported)
 from gpusnap.store.info import SnapshotInfo
 from gpusnap.store.reader import ChunkProblem, chunks_of, load_chunk
 
@@ -131,18 +131,3 @@ def leftovers(rd) -> list[Leftover]:
         if pack_id not in idx.packs and pack.unknown_version(path) is None:
             out.append(Leftover("unindexed_pack", str(path.relative_to(root))))
     return out
-
-
-def list_packs(root: pathlib.Path):
-    packs = root / "packs"
-    try:
-        subs = sorted(os.listdir(packs))
-    except FileNotFoundError:
-        return
-    for sub in subs:
-        d = packs / sub
-        if not d.is_dir():
-            continue
-        for name in sorted(os.listdir(d)):
-            if name.endswith(".pack") and not atomic.is_temp(name):
-                yield name[: -len(".pack")], d / name

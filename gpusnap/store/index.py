@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from gpusnap.errors import FormatVersionError
 from gpusnap.store import atomic, codec
-from gpusnap.store.pack import PACK_HEADER_NBYTES, Location
+from gpusnap.store.pack import PACK_HEADER_NBYTES, Location, list_packs
 
 INDEX_FORMAT = 1
 
@@ -23,11 +23,22 @@ class Index:
     files: list[str] = field(default_factory=list)
     # (file name, message) for index files that could not be read
     unreadable: list[tuple[str, str]] = field(default_factory=list)
+    live_packs: set[str] | None = None  # the packs on disk when it was loaded (None: not looked at)
 
     def add(self, cid: str, loc: Location) -> None:
         # Duplicates across index files are allowed (gc writes the new index before it
-        # removes the old ones); the first one read wins, and both point at valid data.
-        self.chunks.setdefault(cid, loc)
+        # removes the old ones); the first one read wins, and both point at valid data. An
+        # entry whose pack is gone (gc removes a pack that holds no chunk a snapshot needs
+        # before it rewrites the index: a full disk) gives way to one whose pack is there.
+        held = self.chunks.get(cid)
+        if held is None or (self.live_packs is not None and held.pack not in self.live_packs and loc.pack in self.live_packs):
+            self.chunks[cid] = loc
+
+    def live(self) -> dict[str, Location]:
+        """The chunks whose pack is on disk: the only ones a writer may name without writing them."""
+        if self.live_packs is None:
+            return dict(self.chunks)
+        return {cid: loc for cid, loc in self.chunks.items() if loc.pack in self.live_packs}
 
 
 def index_dir(root: pathlib.Path) -> pathlib.Path:
@@ -35,7 +46,7 @@ def index_dir(root: pathlib.Path) -> pathlib.Path:
 
 
 def load(root: pathlib.Path) -> Index:
-    idx = Index()
+    idx = Index(live_packs={pid for pid, _ in list_packs(root)})
     d = index_dir(root)
     try:
         names = sorted(os.listdir(d))
@@ -45,21 +56,7 @@ def load(root: pathlib.Path) -> Index:
         if atomic.is_temp(name) or not name.endswith(".json"):
             continue
         try:
-            with open(d / name, "rb") as f:
-                doc = json.loads(f.read())
-            fmt = doc.get("format")
-            if fmt != INDEX_FORMAT:
-                raise FormatVersionError(
-                    f"index file {d / name} has format {fmt!r}; this gpusnap knows format {INDEX_FORMAT}"
-                )
-            entries = []
-            for pack_id, pack in doc["packs"].items():
-                nbytes = _count(pack["nbytes"], "pack nbytes", PACK_HEADER_NBYTES)
-                if not codec.is_digest(pack_id, 32):
-                    raise ValueError(f"pack id {pack_id!r} is not 32 hex digits")
-                for entry in pack["chunks"]:
-                    entries.append(_entry(pack_id, nbytes, entry))
-                entries.append((None, (pack_id, nbytes)))
+            entries = _read(d / name)
         except FormatVersionError:
             raise
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -72,6 +69,39 @@ def load(root: pathlib.Path) -> Index:
             else:
                 idx.add(cid, item)
     return idx
+
+
+def load_file(root: pathlib.Path, name: str) -> Index | None:
+    """One index file as an Index of its own; None when it cannot be read."""
+    idx = Index(files=[name])
+    try:
+        entries = _read(index_dir(root) / name)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    for cid, item in entries:
+        if cid is None:
+            idx.packs[item[0]] = item[1]
+        else:
+            idx.add(cid, item)
+    return idx
+
+
+def _read(path: pathlib.Path) -> list:
+    """[(chunk id, Location)] and [(None, (pack id, pack nbytes))] of one index file."""
+    with open(path, "rb") as f:
+        doc = json.loads(f.read())
+    fmt = doc.get("format")
+    if fmt != INDEX_FORMAT:
+        raise FormatVersionError(f"index file {path} has format {fmt!r}; this gpusnap knows format {INDEX_FORMAT}")
+    entries = []
+    for pack_id, pack in doc["packs"].items():
+        nbytes = _count(pack["nbytes"], "pack nbytes", PACK_HEADER_NBYTES)
+        if not codec.is_digest(pack_id, 32):
+            raise ValueError(f"pack id {pack_id!r} is not 32 hex digits")
+        for entry in pack["chunks"]:
+            entries.append(_entry(pack_id, nbytes, entry))
+        entries.append((None, (pack_id, nbytes)))
+    return entries
 
 
 def _count(value, what: str, least: int = 0, most: int | None = None) -> int:

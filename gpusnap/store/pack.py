@@ -185,3 +185,18 @@ def scan(path: pathlib.Path, digests: bool = False):
                 digest = codec.stored_digest(f.read(stored))
             yield cid, Location(pack_id, offset, stored, raw, cd, digest)
             offset += codec.ENTRY_NBYTES + stored
+
+
+def list_packs(root: pathlib.Path):
+    packs = root / "packs"
+    try:
+        subs = sorted(os.listdir(packs))
+    except FileNotFoundError:
+        return
+    for sub in subs:
+        d = packs / sub
+        if not d.is_dir():
+            continue
+        for name in sorted(os.listdir(d)):
+            if name.endswith(".pack") and not atomic.is_temp(name):
+                yield name[: -len(".pack")], d / name

@@ -209,6 +209,7 @@ def prune(rd: RunDir, keep: int | None) -> dict:
         for k in totals:
             totals[k] += sub[k]
         report["kept_unknown"] += [{**u, "path": f"{RANKS}/{rank}/{u['path']}"} for u in sub["kept_unknown"]]
+        report["no_room"] = report["no_room"] or sub["no_room"]
     report.update(totals)
     return report
 

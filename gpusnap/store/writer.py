@@ -56,7 +56,7 @@ class SnapshotWriter:
         self.snap_id = snap_id
         self._lock_token = lock_token  # of the lock this writer writes under: checked before the commit
         self._index = index.load(rd.path)
-        self._known = self._index.chunks  # chunk id -> Location, committed ones
+        self._known = self._index.live()  # chunk id -> Location, committed ones in packs that are there
         self._new: dict[str, Location] = {}
         self._packs: dict[str, tuple[int, list[tuple[str, Location]]]] = {}
         self._flush_at = max(1, min(pack_bytes or knobs.PACK_BYTES, knobs.WRITER_WINDOW_BYTES))
