@@ -5,7 +5,7 @@ the write once a snapshot failed for lack of space), and `gpusnap gc` on a file 
 
 Each case runs twice: on a real tmpfs the test mounts (skipped, with the reason, where mounting
 is not allowed: CI may lack the permission), and on a disk made small through the store's
-injection points (tests/inject/disk/sitecustomize.py), which runs everywhere."""
+injection points (tests/inject/sitecustomize.py), which runs everywhere."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def small_disk(request, tmp_path):
             return (st.f_blocks - st.f_bfree) * st.f_frsize
 
         return disk, {}, fill, used
-    inject = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "inject" / "disk"), str(REPO)]),
+    inject = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "inject"), str(REPO)]),
               "GPUSNAP_TEST_DISK": f"{disk}:{CAPACITY}"}
 
     def used():
