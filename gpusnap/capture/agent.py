@@ -31,6 +31,7 @@ from gpusnap import knobs, lifeline, stage
 from gpusnap.capture import control, fork, session, steploop
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, StageError
 from gpusnap.graph import rng, roots
+from gpusnap.stage import limits
 from gpusnap.instrument import loops
 
 _coalesced_said = False
@@ -225,14 +226,18 @@ def _sources() -> dict:
     return dict(SOURCES)
 
 
-def _headroom_refusal() -> str | None:
+def _headroom_refusal(root: str = "/") -> str | None:
+    """Why a fork now could get the program killed, or None. The writer's copy-on-write worst
+    case is the trainee's resident set, and it must fit in what is left of host memory or, in a
+    job's memory cgroup, of the cgroup's limit, whichever is tighter: the cgroup's OOM killer
+    acts long before the host runs out (``stage.limits``, as the arena is sized)."""
     import psutil
 
     rss = psutil.Process().memory_info().rss
-    available = psutil.virtual_memory().available
-    if rss > available * knobs.HEADROOM_FRACTION:
+    limit = limits.tightest(root)
+    if rss > limit.room_bytes * knobs.HEADROOM_FRACTION:
         return (
-            f"copy-on-write worst case {rss / 2**30:.1f} GiB exceeds "
-            f"{knobs.HEADROOM_FRACTION:.0%} of the {available / 2**30:.1f} GiB available"
+            f"copy-on-write worst case {rss / 2**30:.2f} GiB exceeds {knobs.HEADROOM_FRACTION:.0%} of the "
+            f"{limit.room_bytes / 2**30:.2f} GiB left under {limit.what}"
         )
     return None

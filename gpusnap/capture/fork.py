@@ -142,6 +142,7 @@ def _child(job, trainee: int, read_fd: int, write_fd: int, mask) -> None:
             for signum in _IGNORED_IN_CHILD:
                 signal.signal(signum, signal.SIG_IGN)  # finish the write; the supervisor kills on --grace
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            _expendable()
             # The address space fork passed on, before the writer maps anything into the holes
             # that do-not-fork memory left (stage.memory.mapped).
             memory.freeze_maps()
@@ -158,6 +159,21 @@ def _child(job, trainee: int, read_fd: int, write_fd: int, mask) -> None:
         os.write(write_fd, json.dumps(result, default=str).encode())
     finally:
         os._exit(code)
+
+
+def _expendable() -> None:
+    """Make this process the out-of-memory killer's first choice (``oom_score_adj`` 1000, which
+    needs no privilege): when the host or the job's cgroup runs out while a snapshot is written,
+    the writer dies and its snapshot fails, instead of the program, whose resident set is
+    otherwise the larger."""
+    try:
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, b"1000")
+        finally:
+            os.close(fd)
+    except OSError:
+        pass  # not Linux, or no /proc: the writer is as likely a victim as any
 
 
 def _write(job, write_fd: int) -> dict:
