@@ -226,6 +226,7 @@ def wait_for_writer_at_exit() -> None:
 
 
 def exit_now(code: int) -> None:
+    control.flush()  # the stop snapshot's last events
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -53,6 +53,8 @@ def describe(ev: dict, iteration=None) -> str | None:
         return None  # the trainee printed its restore progress line by line
     if name == "failed":
         return f"{snap} failed: {ev.get('message', 'no reason given')}"
+    if name == "dropped":
+        return f"{ev.get('count', '?')} events of the program were dropped: the supervisor did not read them in time"
     rest = {k: v for k, v in ev.items() if k not in ("op", "event", "t")}
     return f"{name}: {json.dumps(rest)}"
 
