@@ -291,7 +291,7 @@ class Supervisor:
             self.log({"source": "supervisor", "event": "start", "pid": os.getpid(), "trainee_pid": self.child.pid,
                       "command": cmd, "resume": L.resume})
             if L.notices != "off":
-                Watcher(L.notices, self._from_watcher, self._from_watcher).start()
+                Watcher(L.notices, self._from_watcher, self._from_watcher, self._notice_problem).start()
             status = self._loop()
             self.log({"source": "supervisor", "event": "exit", "status": status,
                       "trainee_returncode": self.child.returncode})
@@ -473,6 +473,9 @@ class Supervisor:
         except OSError:
             pass  # the pipe is full: the loop is awake anyway, or it has ended
 
+    def _notice_problem(self, message: str) -> None:
+        self._from_watcher(("problem", message))
+
     def _handle_notices(self) -> None:
         while self.notices:
             notice = self.notices.pop(0)
@@ -480,13 +483,17 @@ class Supervisor:
                 self.say(notice)
                 self.log({"source": "supervisor", "event": "notices_off", "message": notice})
                 continue
+            if isinstance(notice, tuple):  # an answer that is no notice: said once, polling goes on
+                self.say(f"warning: spot notices: {notice[1]}")
+                self.log({"source": "supervisor", "event": "notice_problem", "message": notice[1]})
+                continue
             self.log({"source": "supervisor", "event": "notice", "provider": notice.provider,
-                      "action": notice.action, "deadline": notice.deadline})
+                      "action": notice.action, "left_s": round(notice.left_s, 3)})
             if self.child.poll() is not None:
                 continue
-            # Stop before the machine goes: the grace ends a little before the cloud's deadline.
-            left = max(1.0, notice.deadline - time.time() - knobs.NOTICE_MARGIN_S)
-            deadline = time.monotonic() + min(self.launch.grace_s, left)
+            # Stop before the machine goes: the grace ends a little before the cloud's deadline,
+            # counted on the monotonic clock from when the notice was read.
+            deadline = min(time.monotonic() + self.launch.grace_s, notice.stop_by(knobs.NOTICE_MARGIN_S))
             if self.term_deadline is not None:
                 self.term_deadline = min(self.term_deadline, deadline)
                 self.say(f"{notice.describe()}; already stopping after the next snapshot")
