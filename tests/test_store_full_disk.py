@@ -83,3 +83,28 @@ def test_a_pack_kept_only_for_a_few_small_chunks_is_repacked(tmp_path):
     assert rd.verify() == []
     m = rd.load_manifest("000003")
     assert rd.read_buffer(m["buffers"]["small"]) == small and rd.read_buffer(m["buffers"]["big"]) == payload(12, 2_000_000)
+
+
+def test_verify_while_retention_prunes_and_repacks_reports_no_damage(tmp_path, monkeypatch):
+    """Readers take no lock: a live run's retention may prune a snapshot verify has listed, and
+    repack the chunks of one it keeps, after verify read the index. Neither is damage."""
+    from gpusnap.store import check
+
+    rd = RunDir.create(tmp_path / "run", IDENTITY)
+    small = payload(1, 5000)
+    for k in range(3):
+        w = rd.begin_snapshot(rd.next_snapshot_id())
+        bufs = {name: w.put_buffer(data, dtype="float32", typesize=4)
+                for name, data in {"big": payload(10 + k, 2_000_000), "small": small}.items()}
+        w.commit({"buffers": bufs})
+    real = check._verify_one
+    pruned = []
+
+    def retention_meanwhile(*args):
+        if not pruned:
+            pruned.append(rd.prune(1))  # as a writer's --keep 1 would, between verify's listing and its reads
+        return real(*args)
+
+    monkeypatch.setattr(check, "_verify_one", retention_meanwhile)
+    assert rd.verify() == []
+    assert pruned[0]["removed_snapshots"] == ["000001", "000002"] and pruned[0]["repacked_packs"] == 1

@@ -62,7 +62,16 @@ def verify(rd, snap_id: str | None = None) -> list[Finding]:
     reader = PackReader(root)
     try:
         for sid in ids:
-            findings.extend(_verify_one(rd, idx, reader, sid, checked))
+            found = _verify_one(rd, idx, reader, sid, checked)
+            if found:
+                # A run's retention may have pruned this snapshot, or moved its chunks (gc's
+                # repacking), since the index was read: readers take no lock. Damage is what
+                # a second look, at the index as it is now, still finds.
+                if not (root / "snapshots" / f"{sid}.json").exists():
+                    continue
+                idx, checked = index.load(root), {}
+                found = _verify_one(rd, idx, reader, sid, checked)
+            findings.extend(found)
     finally:
         reader.close()
     return findings

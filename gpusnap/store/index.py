@@ -59,6 +59,8 @@ def load(root: pathlib.Path) -> Index:
             entries = _read(d / name)
         except FormatVersionError:
             raise
+        except FileNotFoundError:
+            continue  # gc replaced it between the listing and the read: its new one is listed too, or reads next time
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             idx.unreadable.append((name, f"{type(exc).__name__}: {exc}"))
             continue

@@ -125,7 +125,14 @@ def read_buffer(rd, record: dict, *, snapshot: str | None = None) -> bytearray:
     try:
         for cid, nb in chunks:
             try:
-                load_chunk(reader, idx, cid, nb, view[pos : pos + nb])
+                try:
+                    load_chunk(reader, idx, cid, nb, view[pos : pos + nb])
+                except ChunkProblem as p:
+                    if p.kind not in ("pack_missing", "chunk_unindexed"):
+                        raise
+                    # gc (a live run's retention) moved the chunk since the index was read
+                    idx = rd._read_index = index.load(rd.path)
+                    load_chunk(reader, idx, cid, nb, view[pos : pos + nb])
             except ChunkProblem as p:
                 cls = ChunkCorrupt if p.kind in ("chunk_corrupt", "pack_truncated") else ChunkMissing
                 raise cls(f"{p.message}{where}") from None
