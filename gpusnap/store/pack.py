@@ -98,6 +98,9 @@ class PackBuilder:
             self._window = None
 
 
+_pread = os.pread  # swappable: tests and tools/chaos.py inject EIO on reads
+
+
 class PackReader:
     """Reads entries from packs, keeping one file open at a time."""
 
@@ -120,7 +123,7 @@ class PackReader:
         self._fd = os.open(pack_path(self._root, pack_id), os.O_RDONLY | os.O_CLOEXEC)
         self.size = os.fstat(self._fd).st_size
         self._pack = pack_id
-        version = _version(os.pread(self._fd, PACK_HEADER_NBYTES, 0))
+        version = _version(_pread(self._fd, PACK_HEADER_NBYTES, 0))
         if version is not None and version != PACK_VERSION:
             self.close()
             raise FormatVersionError(
@@ -134,7 +137,7 @@ class PackReader:
         want = codec.ENTRY_NBYTES + loc.stored_nbytes
         if loc.offset + want > self.size:  # checked before the read allocates what the index claims
             raise EOFError(f"pack is {self.size} bytes; the entry needs bytes up to {loc.offset + want}")
-        buf = os.pread(self._fd, want, loc.offset)
+        buf = _pread(self._fd, want, loc.offset)
         if len(buf) < want:
             raise EOFError(f"pack is {self.size} bytes; the entry needs bytes up to {loc.offset + want}")
         return buf[: codec.ENTRY_NBYTES], buf[codec.ENTRY_NBYTES :]
