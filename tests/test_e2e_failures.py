@@ -225,7 +225,9 @@ def test_an_error_in_the_fork_window_stays_in_the_writer(tmp_path, raised):
     ref.mkdir()
     out.mkdir()
     plain(program, ref, 150, cwd=tmp_path)
-    env = {"PYTHONPATH": f"{harness.REPO / 'tests' / 'inject'}:{harness.REPO}", "GPUSNAP_TEST_CHILD_RAISES": raised,
+    fault = tmp_path / "fault"  # the chaos tool's injector: a forked writer's first open raises
+    fault.write_text(f"FORK-{raised}")
+    env = {"PYTHONPATH": f"{harness.REPO / 'tools' / 'chaos' / 'inject'}:{harness.REPO}", "GPUSNAP_CHAOS_FAULT": str(fault),
            "TEST_STEP_SLEEP_S": "0.02"}
     run = Run("run", "--dir", "snaps", program, out, 150, cwd=tmp_path, env=env)
     harness.wait_for(lambda: progress(out) >= 5, "step 5", proc=run)

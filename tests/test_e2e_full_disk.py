@@ -5,7 +5,7 @@ the write once a snapshot failed for lack of space), and `gpusnap gc` on a file 
 
 Each case runs twice: on a real tmpfs the test mounts (skipped, with the reason, where mounting
 is not allowed: CI may lack the permission), and on a disk made small through the store's
-injection points (tests/inject/sitecustomize.py), which runs everywhere."""
+injection points (tools/chaos/inject/sitecustomize.py's DISK fault), which runs everywhere."""
 
 from __future__ import annotations
 
@@ -56,13 +56,20 @@ def small_disk(request, tmp_path):
             return (st.f_blocks - st.f_bfree) * st.f_frsize
 
         return disk, {}, fill, used
-    inject = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "inject"), str(REPO)]),
-              "GPUSNAP_TEST_DISK": f"{disk}:{CAPACITY}"}
+    # The chaos tool's injector: the run directory disk/snaps is a disk of the size the file says.
+    fault = disk / "fault"
+    fault.write_text(f"DISK {CAPACITY}")
+    inject = {"PYTHONPATH": os.pathsep.join([str(REPO / "tools" / "chaos" / "inject"), str(REPO)]),
+              "GPUSNAP_CHAOS_FAULT": str(fault)}
 
     def used():
-        return sum(p.stat().st_size for p in disk.rglob("*") if p.is_file())
+        return sum(p.stat().st_size for p in (disk / "snaps").rglob("*") if p.is_file())
 
-    return disk, inject, lambda: {**inject, "GPUSNAP_TEST_DISK": f"{disk}:{used()}"}, used
+    def fill():
+        fault.write_text(f"DISK {used()}")
+        return {}
+
+    return disk, inject, fill, used
 
 
 def test_a_run_with_keep_recovers_from_a_full_disk_and_gc_frees_a_full_one(tmp_path, small_disk):

@@ -75,39 +75,37 @@ def plan(value) -> str | None:
     return None
 
 
+def _committed(value, agreed: dict, what: str, manifest) -> tuple[str | None, dict | None]:
+    """(why an outcome is refused or None, the manifest on disk of the commit it claims, or None
+    when it reports a failure)."""
+    if not isinstance(value, dict) or value.get("event") not in ("committed", "failed"):
+        return f"no {what}: {value!r:.120}", None
+    if value["event"] == "failed":
+        return (None if isinstance(value.get("message"), str) else "a failure without a message"), None
+    if value.get("id") != agreed["id"]:
+        return f"a {what} of snapshot {value.get('id')!r:.40}, not of the agreed {agreed['id']}", None
+    on_disk = manifest(agreed["id"])
+    if on_disk is None:
+        return f"a {what} of snapshot {agreed['id']} said to be committed, and it is not", None
+    return None, on_disk
+
+
 def done(value, agreed: dict, shard_manifest) -> str | None:
     """A rank's shard outcome (``done/g/<rank>``) against the plan ``agreed``:
     ``shard_manifest(id)`` is that rank's committed shard manifest, or None when there is none."""
-    if not isinstance(value, dict) or value.get("event") not in ("committed", "failed"):
-        return f"no shard outcome: {value!r:.120}"
-    if value["event"] == "failed":
-        return None if isinstance(value.get("message"), str) else "a failure without a message"
-    if value.get("id") != agreed["id"]:
-        return f"a shard of snapshot {value.get('id')!r:.40}, not of the agreed {agreed['id']}"
-    on_disk = shard_manifest(agreed["id"])
-    if on_disk is None:
-        return f"a shard of snapshot {agreed['id']} that is not committed"
-    if on_disk.get("iteration") != value.get("iteration"):
+    why, on_disk = _committed(value, agreed, "shard", shard_manifest)
+    if on_disk is not None and on_disk.get("iteration") != value.get("iteration"):
         return f"a shard said to be of iteration {value.get('iteration')!r:.20} whose manifest says {on_disk.get('iteration')!r:.20}"
-    return None
+    return why
 
 
 def outcome(value, agreed: dict, global_manifest, rank: int) -> str | None:
     """Rank 0's word on the global snapshot (``global/g``): ``global_manifest(id)`` is the
     committed global manifest, or None when there is none."""
-    if not isinstance(value, dict) or value.get("event") not in ("committed", "failed"):
-        return f"no outcome: {value!r:.120}"
-    if value["event"] == "failed":
-        return None if isinstance(value.get("message"), str) else "a failure without a message"
-    if value.get("id") != agreed["id"]:
-        return f"a global snapshot {value.get('id')!r:.40}, not the agreed {agreed['id']}"
-    on_disk = global_manifest(agreed["id"])
-    if on_disk is None:
-        return f"global snapshot {agreed['id']} said to be committed, and it is not"
-    named = (on_disk.get("shards") or {}).get(str(rank)) or {}
-    if named.get("snapshot") != agreed["id"]:
+    why, on_disk = _committed(value, agreed, "global snapshot", global_manifest)
+    if on_disk is not None and ((on_disk.get("shards") or {}).get(str(rank)) or {}).get("snapshot") != agreed["id"]:
         return f"global snapshot {agreed['id']} names another shard of rank {rank}"
-    return None
+    return why
 
 
 # What a rank takes of rank 0's word on the global snapshot: the report, never what to do next

@@ -18,7 +18,7 @@ _libc.madvise.restype = ctypes.c_int
 _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
 _libc.fallocate.restype = ctypes.c_int
 _FALLOC_FL_KEEP_SIZE = 0x01
-_open = open  # swappable: tests inject an error into a forked writer's first open (tests/inject)
+_open = open  # swappable: tests and tools/chaos.py inject an error into a forked writer's first open
 _FALLOC_FL_PUNCH_HOLE = 0x02
 
 

@@ -65,11 +65,7 @@ def load(root: pathlib.Path) -> Index:
             idx.unreadable.append((name, f"{type(exc).__name__}: {exc}"))
             continue
         idx.files.append(name)
-        for cid, item in entries:
-            if cid is None:
-                idx.packs[item[0]] = item[1]
-            else:
-                idx.add(cid, item)
+        _add(idx, entries)
     return idx
 
 
@@ -77,15 +73,18 @@ def load_file(root: pathlib.Path, name: str) -> Index | None:
     """One index file as an Index of its own; None when it cannot be read."""
     idx = Index(files=[name])
     try:
-        entries = _read(index_dir(root) / name)
+        _add(idx, _read(index_dir(root) / name))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+    return idx
+
+
+def _add(idx: Index, entries: list) -> None:
     for cid, item in entries:
         if cid is None:
             idx.packs[item[0]] = item[1]
         else:
             idx.add(cid, item)
-    return idx
 
 
 def _read(path: pathlib.Path) -> list:
