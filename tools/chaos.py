@@ -360,8 +360,18 @@ class Chaos:
                 found.append(event)
         return found
 
+    def settled(self) -> bool:
+        """Every writer forked so far has its outcome in the run log (a writer that has exited
+        may not have been reported yet: its outcome would be taken for the next snapshot's)."""
+        try:
+            events = [json.loads(line).get("event") for line in (self.work / "snaps" / "log.jsonl").read_text().splitlines()]
+        except (OSError, ValueError):
+            return False
+        return events.count("forked") <= events.count("committed") + events.count("failed")
+
     def snapshot_outcome(self, timeout: float = 60) -> dict | None:
         """SIGUSR1 to the supervisor; the snapshot's outcome (None: none within ``timeout``)."""
+        self.wait(lambda: self.settled() or not self.alive(), 30)
         before = len(self.outcomes())
         os.kill(self.job.pid, signal.SIGUSR1)
         if not self.wait(lambda: len(self.outcomes()) > before or not self.alive(), timeout) or not self.alive():
