@@ -373,7 +373,10 @@ class Chaos:
         """SIGUSR1 to the supervisor; the snapshot's outcome (None: none within ``timeout``)."""
         self.wait(lambda: self.settled() or not self.alive(), 30)
         before = len(self.outcomes())
-        os.kill(self.job.pid, signal.SIGUSR1)
+        try:
+            os.kill(self.job.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return None  # the run ended meanwhile
         if not self.wait(lambda: len(self.outcomes()) > before or not self.alive(), timeout) or not self.alive():
             return None
         return self.outcomes()[before]
