@@ -27,7 +27,7 @@ import os
 import sys
 import time
 
-from gpusnap import knobs, lifeline, stage
+from gpusnap import files, knobs, lifeline, stage
 from gpusnap.capture import control, fork, session, steploop
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, StageError
 from gpusnap.graph import rng, roots
@@ -62,6 +62,9 @@ def install(config: dict, note_source) -> None:
         session.rundir = RunDir.open(session.config["run_dir"], trusted=True)
         loops.on_boundary = _on_boundary
     session.resumed_from = (session.config.get("resume") or {}).get("snapshot")
+    from gpusnap.instrument.cache import cache_dir
+
+    files.install(session.config, str(session.rundir.path), always_excluded=[d for d in (cache_dir(),) if d])
     control.install_signals()
     control.connect(session.config.get("control"))
     steploop.install(note_source)
@@ -144,6 +147,12 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         hint = None
     except StageError as exc:  # the arena cannot hold what the snapshot stages
         refusal, hint = exc.message, exc.hint
+    files_job = None
+    if refusal is None:
+        try:
+            files_job = files.stage(snap_id, session.rundir.path)
+        except Exception as exc:  # noqa: BLE001 - never into the program's loop
+            refusal, hint = f"recording the program's files failed: {type(exc).__name__}: {exc}", None
     if refusal is not None:
         stage.snapshot_skipped()
         if coordinator is not None:
@@ -178,11 +187,13 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         drain=drain,
         optimizers=list(session.optimizers),
         schedule=session.schedule,
+        files=files_job,
     )
     job.generation = stage.writer_starting()  # seals the regions this writer reads
     try:
         writer = fork.start_writer(job, at_step_loop=steploop.is_step_loop(loop))
     except OSError as exc:  # fork itself failed (no memory, process limit): training goes on
+        files.forked(files_job)
         stage.writer_done(job.generation)
         message = f"could not fork the writer: {exc.strerror or exc}"
         if coordinator is not None:
@@ -194,6 +205,7 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         if stop:
             fork.exit_now(EXIT_PREEMPTED_UNSAVED)
         return
+    files.forked(files_job)  # the writer has its own copies of the descriptors
     if stop:
         if coordinator is not None:
             coordinator.stop_after()

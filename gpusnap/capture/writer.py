@@ -46,6 +46,7 @@ class WriteJob:
     optimizers: list = field(default_factory=list)  # what the drain copies first
     generation: int | None = None  # of the arena regions this writer reads (sealed before fork)
     schedule: dict | None = None  # the supervisor's timer and measured overhead (manifest "schedule")
+    files: object = None  # files.record.FilesJob: the program's files, as the stall found them
 
 
 def write_snapshot(job: WriteJob) -> dict:
@@ -79,6 +80,11 @@ def write_snapshot(job: WriteJob) -> dict:
             graph["pickler"] = "iterative"  # the graph was too deep for the C pickler
         iterators = {id(obj): info for obj, _ in pickler.live_only if (info := loopnotes.describe(obj, read, job.active_loops))}
         manifest = _manifest(job, payload, pickler, graph, stall_s, iterators)
+        if job.files is not None:
+            from gpusnap import files
+
+            manifest["files"], file_buffers = files.put(job.files, sink, rundir)
+            manifest["buffers"].update(file_buffers)
         if job.device is not None:
             manifest["allocations"] = [a.record() for a in job.device.allocations]
             manifest["device"] = _device_summary(job.device, pickler)

@@ -45,7 +45,31 @@ allocated through cuda-python (only the chunks that changed since the last snaps
 off the GPU; --paranoid copies all), and where each loop stands. Open files, sockets, threads
 and DataLoader workers are not saved; a restart re-creates them by running the setup code
 again, and places CUDA tensors on the same GPU, another one (GPUSNAP_DEVICE_MAP) or the CPU
-when the machine has no GPU."""
+when the machine has no GPU.
+The files the program writes (logs, metrics, checkpoints; its DataLoader workers' too) are part
+of a snapshot: a restart puts them back as they were at the snapshot before the program runs
+again, and moves what was written after it into DIR/after-<id>/ (nothing is deleted)."""
+
+
+def _files_options(f):
+    from gpusnap.files import DEFAULT_EXCLUDES
+
+    defaults = ", ".join(DEFAULT_EXCLUDES)
+    for deco in reversed([
+        click.option("--files-exclude", "files_exclude", multiple=True, metavar="GLOB",
+                     help="Leave the files matching GLOB alone: not recorded, never put back (repeatable). A GLOB without / "
+                          "matches a file or directory name anywhere (__pycache__, *.lock); one with / a path and everything "
+                          "under it (~/scratch, ./wandb, /data/*/tmp; relative to the working directory). Always left "
+                          f"alone: the run directory, /dev, /proc, /sys, files made by tempfile, and the caches {defaults}. "
+                          "`--files-exclude /` leaves every file alone."),
+        click.option("--files-max", "files_max", metavar="SIZE", default=None,
+                     help=f"Keep at most SIZE of file contents per snapshot, smallest files first (default "
+                          f"{knobs.FILES_MAX_BYTES / 2**20:g}MiB, GPUSNAP_FILES_MAX_BYTES; unchanged files cost nothing). A larger file "
+                          "is kept by its length: an appended log is cut back, but a restart refuses (exit 6; --force goes on) "
+                          "when such a file was removed or rewritten after the snapshot."),
+    ]):
+        f = deco(f)
+    return f
 
 
 def _schedule_options(f):
@@ -77,6 +101,7 @@ def _schedule_options(f):
 @cli.command(context_settings=_PASSTHROUGH, epilog=SCHEDULE_HELP + "\n\n" + EXIT_CODES_HELP)
 @click.option("--dir", "run_dir", metavar="DIR", help="Run directory (snapshots, log). Default: ./gpusnap-runs/<script stem or module name>.")
 @_schedule_options
+@_files_options
 @click.option("--instrument", multiple=True, metavar="PATH_OR_MODULE", help="Also instrument these sources (files, directories, or module names; repeatable).")
 @click.option("--at", "at", metavar="FILE:LINE", help="The step loop: the loop statement at FILE:LINE (when gpusnap cannot find it).")
 @click.option("--resume", default="auto", show_default=True, metavar="auto|never|ID",
@@ -84,7 +109,8 @@ def _schedule_options(f):
                    "never: start fresh (snapshots go on into DIR); ID: continue from that snapshot.")
 @torchrun.options
 @click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT|-m MODULE [ARGS]...")
-def run(run_dir, every, overhead, signal_name, on_term, grace, keep, paranoid, verbosity, notices, instrument, at, resume, program, **dist):
+def run(run_dir, every, overhead, signal_name, on_term, grace, keep, paranoid, verbosity, notices, files_exclude, files_max,
+        instrument, at, resume, program, **dist):
     """Run a Python program under gpusnap, unmodified.
 
     \b
@@ -136,6 +162,7 @@ def run(run_dir, every, overhead, signal_name, on_term, grace, keep, paranoid, v
         default_name = os.path.splitext(os.path.basename(target))[0]
     launch = Launch(kind=kind, target=given, args=args, cwd=cwd, run_dir="")
     _apply_schedule(launch, every, overhead, signal_name, on_term, grace, keep, notices, verbosity, paranoid)
+    _apply_files(launch, files_exclude, files_max)
     launch.at = opt.resolve_at(at, cwd)
     launch.instrument = opt.resolve_instrument(instrument, cwd)
     launch.torchrun = torchrun.arguments(dist)
@@ -162,16 +189,20 @@ def run(run_dir, every, overhead, signal_name, on_term, grace, keep, paranoid, v
 @cli.command(epilog=EXIT_CODES_HELP)
 @click.argument("run_dir", metavar="DIR")
 @click.option("--snapshot", "snapshot_id", metavar="ID", help="Continue from this snapshot (default: the newest that verifies).")
-@click.option("--force", is_flag=True, help="Restore even where the program changed in ways that can be overridden.")
+@click.option("--force", is_flag=True, help="Restore even where the program changed in ways that can be overridden, "
+                                           "and leave files that cannot be put back as they are.")
 @_schedule_options
+@_files_options
 @torchrun.options
-def restart(run_dir, snapshot_id, force, every, overhead, signal_name, on_term, grace, keep, paranoid, verbosity, notices, **dist):
+def restart(run_dir, snapshot_id, force, every, overhead, signal_name, on_term, grace, keep, paranoid, verbosity, notices,
+            files_exclude, files_max, **dist):
     """Continue the program of run directory DIR from a snapshot.
 
     Runs the same command, in the same working directory, as the `gpusnap run` that made DIR,
     and continues it from the snapshot: setup code runs again, the loops skip ahead to where
-    they were, and the saved state is written over the live one. Scheduling options are not
-    remembered; pass them again.
+    they were, and the saved state is written over the live one. Before that, the files the
+    program wrote go back to their state at the snapshot (what was written after it moves into
+    DIR/after-<id>/). Scheduling and --files- options are not remembered; pass them again.
 
     \b
     A distributed run (made by `gpusnap run --nproc-per-node ...`) restarts with the torchrun
@@ -213,6 +244,7 @@ def restart(run_dir, snapshot_id, force, every, overhead, signal_name, on_term, 
                                hint="run the program with `gpusnap run` and take a snapshot (SIGUSR1, --every, `gpusnap snap`)")
     launch = Launch(kind=kind, target=given, args=args, cwd=cwd, run_dir=path, force=force)
     _apply_schedule(launch, every, overhead, signal_name, on_term, grace, keep, notices, verbosity, paranoid)
+    _apply_files(launch, files_exclude, files_max)
     launch.at = ident.get("at")
     launch.instrument = list(ident.get("instrument") or [])
     if ident.get("dist"):
@@ -236,6 +268,11 @@ def _apply_schedule(launch, every, overhead, signal_name, on_term, grace, keep, 
     launch.notices = notices
     launch.paranoid = bool(paranoid)
     launch.verbosity = _verbosity = 1 if verbosity is None else verbosity
+
+
+def _apply_files(launch, files_exclude, files_max) -> None:
+    launch.files_exclude = [p for p in files_exclude if p.strip()]
+    launch.files_max = opt.parse_size(files_max, "--files-max") if files_max is not None else None
 
 
 def _supervise(launch, identity, resume: str, rd=None, require_snapshot: bool = False) -> None:

@@ -125,6 +125,9 @@ class Launch:
     paranoid: bool = False  # copy every chunk of device memory, fingerprints notwithstanding
     verbosity: int = 1  # 0 --quiet: problems and stops only; 1: every snapshot; 2 --verbose: requests too
     torchrun: list[str] | None = None  # a distributed run: torchrun's arguments (launch.torchrun)
+    files_exclude: list[str] = field(default_factory=list)  # --files-exclude, after files.DEFAULT_EXCLUDES
+    files_max: int | None = None  # --files-max (None: knobs.FILES_MAX_BYTES)
+    files_after: str | None = None  # a restart: where files newer than the snapshot were moved
 
     def boot_config(self, control_path: str) -> dict:
         return {
@@ -139,6 +142,7 @@ class Launch:
             "force": self.force,
             "verbosity": self.verbosity,
             "paranoid": self.paranoid,
+            "files": {"exclude": list(self.files_exclude), "max_bytes": self.files_max, "after": self.files_after},
             **({"dist": True} if self.torchrun is not None else {}),  # a rank of a torchrun job
         }
 
@@ -266,6 +270,8 @@ class Supervisor:
             if L.torchrun is None or not _live_supervisor(info_path):  # the first node's answers `snap`
                 _write_json(info_path, {"pid": os.getpid(), "socket": self.server.path, "started": time.time(),
                                         "host": socket.gethostname()})
+            if L.resume:
+                self._put_files_back()
             env = dict(os.environ)
             env["GPUSNAP_BOOT"] = json.dumps(L.boot_config(self.server.path))
             if L.torchrun is not None:
@@ -308,6 +314,37 @@ class Supervisor:
             if self._log_fd >= 0:
                 os.close(self._log_fd)
                 self._log_fd = -1
+
+    def _put_files_back(self) -> None:
+        """Before the replay: the program's files as they were at the snapshot (gpusnap/files)."""
+        from gpusnap.errors import FilesNotRestorable
+        from gpusnap.files import before_replay
+        from gpusnap.store.rundir import RunDir
+
+        L = self.launch
+        try:
+            plan = before_replay(RunDir.open(L.run_dir, trusted=True), L.resume, L.force)
+        except FilesNotRestorable as exc:
+            self.log({"source": "supervisor", "event": "files_refused", "snapshot": L.resume,
+                      "problems": [list(p) for p in exc.problems]})
+            raise
+        if plan is None:
+            return
+        try:
+            plan.apply()
+        except OSError as exc:
+            raise FilesNotRestorable(f"putting the program's files back failed at {exc.filename or '?'}: "
+                                     f"{exc.strerror or exc}; what was done is in {L.run_dir}/log.jsonl",
+                                     hint="fix the cause and restart again (files moved aside stay in "
+                                          f"{plan.after_dir}/)") from exc
+        finally:
+            self.log({"source": "supervisor", "event": "files", "snapshot": L.resume, **plan.report()})
+        L.files_after = plan.after_dir
+        summary = plan.summary()
+        if summary is not None:
+            self.say(f"files back to snapshot {L.resume}: {summary}", level=0 if plan.problems else 1)
+        for path, why in plan.problems:
+            self.say(f"warning: {path} is left as it is (--force): it was {why}")
 
     def _install_signals(self) -> None:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

@@ -1,0 +1,492 @@
+"""Putting the program's files back as they were at a snapshot, twice in a restart.
+
+``rollback`` (the supervisor, before the replay starts): every file in the snapshot's table, every
+path the killed run's journal names after the snapshot's marker, and every entry of a directory
+the program made goes back to its state at the snapshot. Nothing is deleted: a file or directory
+that was not there then moves into ``DIR/after-<id>/`` (its absolute path below it), as does a
+changed file before its snapshot content is written back; an appended file is copied there before
+it is cut back to its length. A file whose state cannot be put back (removed or rewritten after the
+snapshot and too large to have been kept; a file the program first changed after it) stops the
+restart before anything moves (``FilesNotRestorable``, exit 6), unless ``--force``: then it stays as
+it is, and the log says so.
+
+``settle`` (the trainee, at the merge): the replay ran the program's setup again, and what that
+wrote (a log line, a logger's next version directory, a checkpoint directory made again) is undone
+the same way, in place: the program may hold those files open, so contents are written into the
+same inode and the program's own descriptors are moved to the new end; a path the replay made is
+moved aside unless the program holds it open (a TensorBoard event file it goes on writing).
+
+The plan is made first (``Plan``: what to do with each path, what cannot be done), then carried out
+(``Plan.apply``); ``Plan.report()`` is the ``files`` event: what moved where, what was written, cut
+or left, for the run log.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import socket
+import stat as stat_
+from dataclasses import dataclass, field
+
+import xxhash
+
+from gpusnap.errors import FilesNotRestorable
+from gpusnap.files import watch
+from gpusnap.files.paths import Excludes, relative_name
+
+
+@dataclass
+class Source:
+    """One snapshot's file table (a rank's, in a distributed run) and how to read its contents."""
+
+    snap_id: str
+    table: dict
+    buffers: dict
+    read_buffer: object  # read_buffer(record) -> bytes
+    journal: str | None = None  # the journal the run that took it wrote
+
+
+@dataclass
+class Plan:
+    after_dir: str  # where what is moved aside goes
+    in_place: bool  # settle: write into the files the program may hold open
+    moves: list = field(default_factory=list)  # paths to move aside
+    makes: list = field(default_factory=list)  # (path, mode) directories to make
+    writes: list = field(default_factory=list)  # (path, entry, source) contents to write back
+    cuts: list = field(default_factory=list)  # (path, length) files to cut back
+    links: list = field(default_factory=list)  # (path, target)
+    problems: list = field(default_factory=list)  # (path, why)
+    left: list = field(default_factory=list)  # (path, why): not put back, said in the log
+    moved: list = field(default_factory=list)  # (path, to): what apply moved
+    copied: list = field(default_factory=list)  # (path, to): what apply copied before cutting it back
+    open_paths: frozenset = frozenset()
+
+    def report(self) -> dict:
+        return {"moved": [list(m) for m in self.moved], "copied": [list(c) for c in self.copied],
+                "restored": [w[0] for w in self.writes],
+                "truncated": [c[0] for c in self.cuts], "made": [m[0] for m in self.makes] + [l[0] for l in self.links],
+                "left": [list(x) for x in self.left + self.problems]}
+
+    def summary(self) -> str | None:
+        parts = []
+        if self.writes:
+            parts.append(f"{len(self.writes)} restored")
+        if self.cuts:
+            parts.append(f"{len(self.cuts)} cut back to their length")
+        if self.makes or self.links:
+            parts.append(f"{len(self.makes) + len(self.links)} made again")
+        if self.moved:
+            parts.append(f"{len(self.moved)} moved aside")
+        if self.left or self.problems:
+            parts.append(f"{len(self.left) + len(self.problems)} left as they are")
+        if not parts:
+            return None
+        kept = f"; what they held after it is in {self.after_dir}/" if self.moved or self.copied else ""
+        return ", ".join(parts) + kept
+
+    # ---- deciding
+
+    def file(self, path: str, entry: dict, source: Source, cur) -> None:
+        """``path`` must be the file ``entry`` records."""
+        if cur is not None and stat_.S_ISREG(cur.st_mode) and _key(cur) == _entry_key(entry):
+            return  # untouched since
+        record = source.buffers.get(entry.get("buffer") or "")
+        if record is not None:
+            if cur is not None and stat_.S_ISREG(cur.st_mode) and cur.st_size >= entry["size"] and _starts_with(path, record):
+                if cur.st_size > entry["size"]:
+                    self.cuts.append((path, entry["size"]))
+                return  # the same bytes (then more, appended)
+            if cur is not None and not self.in_place:
+                self.moves.append(path)
+            self.writes.append((path, entry, source))
+            return
+        why = entry.get("why") or "not kept"
+        if why == "too large":
+            why = f"too large to keep ({_size(entry['size'])}; --files-max {_size(source.table.get('max_bytes'))} in all)"
+        self.by_length(path, [entry["mode"], entry["size"], entry.get("mtime_ns"), entry.get("ino"), entry.get("tail")], cur,
+                       f"its content at the snapshot was {why}")
+
+    def by_length(self, path: str, before: list, cur, why: str) -> None:
+        """A file known by its length and last bytes only: cut back if it only grew."""
+        mode, size, mtime_ns, ino, tail = before
+        if cur is not None and stat_.S_ISREG(cur.st_mode) and cur.st_ino == ino:
+            if cur.st_size == size and cur.st_mtime_ns == mtime_ns:
+                return
+            if cur.st_size >= size and (size == 0 or watch.tail_digest(path, size) == tail):
+                if cur.st_size > size:
+                    self.cuts.append((path, size))
+                return
+        what = "removed" if cur is None else "rewritten"
+        self.problems.append((path, f"{what} after the snapshot, and {why}"))
+
+    def absent(self, path: str, cur) -> None:
+        if cur is not None:
+            self.moves.append(path)
+
+    def directory(self, path: str, entry: dict, cur, excluded) -> None:
+        if cur is None or not stat_.S_ISDIR(cur.st_mode):
+            if cur is not None:
+                self.moves.append(path)
+            self.makes.append((path, stat_.S_IMODE(entry.get("mode") or 0o755)))
+            return
+        names = entry.get("names")
+        if names is None:
+            return
+        keep = set(names)
+        for name in _listdir(path):
+            inner = os.path.join(path, name)
+            if name not in keep and not excluded(inner):
+                self.moves.append(inner)
+
+    def link(self, path: str, entry: dict, cur) -> None:
+        if cur is not None and stat_.S_ISLNK(cur.st_mode) and os.readlink(path) == entry["target"]:
+            return
+        if cur is not None:
+            self.moves.append(path)
+        self.links.append((path, entry["target"]))
+
+    # ---- carrying it out
+
+    def apply(self) -> None:
+        done: list[str] = []
+        for path in sorted(set(self.moves), key=lambda p: (p.count("/"), p)):
+            if any(path == d or path.startswith(d + "/") for d in done):
+                continue  # moved with its directory
+            if self.after_dir.startswith(path + "/"):
+                continue  # the run directory's own
+            if self.in_place and _held(path, self.open_paths):
+                self.left.append((path, "the program holds it open"))
+                continue
+            to = _move_aside(path, self.after_dir)
+            if to is not None:
+                self.moved.append((path, to))
+                done.append(path)
+        for path, mode in sorted(self.makes):
+            os.makedirs(path, exist_ok=True)
+            os.chmod(path, mode)
+        for path, entry, source in self.writes:
+            data = source.read_buffer(source.buffers[entry["buffer"]])
+            if self.in_place:
+                _write_in_place(path, data, stat_.S_IMODE(entry["mode"]))
+            else:
+                _write_new(path, data, stat_.S_IMODE(entry["mode"]))
+        for path, length in self.cuts:
+            if not self.in_place:
+                self.copied.append((path, _copy_aside(path, self.after_dir)))
+            os.truncate(path, length)
+            if self.in_place:
+                _seek_writers(path, length)
+        for path, target in self.links:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.symlink(target, path)
+
+
+# ---- the two passes
+
+
+def rollback(sources: list[Source], after_dir: str, force: bool) -> Plan:
+    """Plan putting the files of ``sources`` (lowest rank first: a path several ranks wrote is
+    put back by the first) back to their snapshots' state; refuse when some cannot be, unless
+    ``force``. The caller applies the plan."""
+    plan = Plan(after_dir, in_place=False)
+    decided: set[str] = set()
+    for source in sources:
+        excluded = excludes_of(source.table)
+        entries = {e["path"]: e for e in source.table.get("entries") or ()}
+        for path, entry in sorted(entries.items()):
+            if path in decided:
+                continue
+            decided.add(path)
+            _decide(plan, path, entry, source, excluded)
+        for path, before in sorted(journal_after(source.journal, source.table.get("token")).items()):
+            if path in decided or path in entries or excluded(path):
+                continue
+            decided.add(path)
+            cur = _lstat(path)
+            if before is None:
+                plan.absent(path, cur)
+            elif stat_.S_ISREG(before[0]):
+                plan.by_length(path, before, cur, "the program first wrote it then, so its content was never kept")
+            elif stat_.S_ISDIR(before[0]) and (cur is None or not stat_.S_ISDIR(cur.st_mode)):
+                plan.problems.append((path, "removed after the snapshot, and the program had not written into it "
+                                            "before, so its content was never kept"))
+    if plan.problems:
+        if not force:
+            path, why = plan.problems[0]
+            more = f" ({len(plan.problems) - 1} more files cannot be either)" if len(plan.problems) > 1 else ""
+            raise FilesNotRestorable(f"cannot put {path} back as it was at snapshot {sources[0].snap_id}: it was {why}{more}",
+                                     problems=plan.problems)
+    return plan
+
+
+def before_replay(rd, snap_id: str, force: bool) -> Plan | None:
+    """The plan that puts the files of snapshot ``snap_id`` of run directory ``rd`` back (every
+    rank's shard of a distributed run whose files are on this host), or None when the snapshot
+    has no file table. Refuses (``FilesNotRestorable``) as ``rollback`` does."""
+    from gpusnap.store import shards
+
+    pairs = []
+    if shards.is_sharded(rd):
+        for rank, sid in sorted(shards.shards_of(rd.load_manifest(snap_id)).items()):
+            shard = shards.open_shard(rd, rank, trusted=True)
+            pairs.append((shard, shard.load_manifest(sid)))
+    else:
+        pairs.append((rd, rd.load_manifest(snap_id)))
+    host = socket.gethostname()
+    sources = [
+        Source(m["id"], m["files"], m.get("buffers") or {}, shard.read_buffer, os.path.join(shard.path, watch.JOURNAL))
+        for shard, m in pairs
+        if m.get("files") and m["files"].get("host", host) == host
+    ]
+    if not sources:
+        return None
+    return rollback(sources, after_dir(str(rd.path), snap_id), force)
+
+
+def after_dir(run_dir: str, snap_id: str) -> str:
+    """``DIR/after-<id>``, or ``-2``, ``-3``... when an earlier restart from the same snapshot
+    moved files there already."""
+    path = os.path.join(run_dir, f"after-{snap_id}")
+    n = 1
+    while os.path.lexists(path):
+        n += 1
+        path = os.path.join(run_dir, f"after-{snap_id}-{n}")
+    return path
+
+
+def settle(source: Source, after_dir: str) -> Plan:
+    """Plan undoing what the replay wrote before the merge (``watch.notes``: this process's and
+    its workers'): the paths it touched go back to the snapshot's state, in place."""
+    watch.merge_journal()
+    _flush_writers(set(watch.notes))
+    plan = Plan(after_dir, in_place=True, open_paths=_open_paths())
+    excluded = excludes_of(source.table)
+    entries = {e["path"]: e for e in source.table.get("entries") or ()}
+    for path, note in sorted(watch.notes.items()):
+        entry = entries.get(path)
+        if entry is not None:
+            _decide(plan, path, entry, source, excluded)
+        elif note.before is None:
+            plan.absent(path, _lstat(path))
+        elif stat_.S_ISREG(note.before[0]):
+            plan.by_length(path, note.before, _lstat(path), "the replay wrote it")
+    for path, entry in entries.items():
+        if entry.get("kind") == "dir" and entry.get("names") is not None and path not in watch.notes:
+            plan.directory(path, entry, _lstat(path), excluded)  # what the replay's native writers made there
+    return plan  # its problems are the replay's own writes: said, never a refusal
+
+
+def _decide(plan: Plan, path: str, entry: dict, source: Source, excluded) -> None:
+    cur = _lstat(path)
+    kind = entry.get("kind")
+    if kind == "file":
+        plan.file(path, entry, source, cur)
+    elif kind == "dir":
+        plan.directory(path, entry, cur, excluded)
+    elif kind == "link":
+        plan.link(path, entry, cur)
+
+
+def excludes_of(table: dict) -> Excludes:
+    return Excludes.from_saved(table.get("exclude") or {})
+
+
+def journal_after(path: str | None, token: str | None) -> dict:
+    """path -> its state before its first touch, for every path the journal names after the
+    marker ``token`` (the first line of each path after it counts)."""
+    if not path or not token:
+        return {}
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return {}
+    import json
+
+    found = {}
+    after = False
+    for line in data.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line torn by kill -9
+        if not after:
+            after = record.get("token") == token
+            continue
+        p = record.get("path")
+        if p is not None and p not in found:
+            found[p] = record.get("before")
+    return found
+
+
+# ---- the file system
+
+
+def _lstat(path: str):
+    try:
+        return os.lstat(path)
+    except OSError:
+        return None
+
+
+def _key(st) -> tuple:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _entry_key(entry: dict) -> tuple:
+    return (entry.get("ino"), entry.get("size"), entry.get("mtime_ns"), entry.get("ctime_ns"))
+
+
+def _starts_with(path: str, record: dict) -> bool:
+    """Does the file at ``path`` begin with the bytes of ``record`` (a stored buffer)? By the
+    chunks' ids, the digests of their bytes: nothing is read from the store."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        at = 0
+        for cid, nbytes in record["chunks"]:
+            data = os.pread(fd, nbytes, at)
+            if len(data) != nbytes or xxhash.xxh3_128_hexdigest(data) != cid:
+                return False
+            at += nbytes
+        return True
+    finally:
+        os.close(fd)
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _size(nbytes) -> str:
+    nbytes = nbytes or 0
+    if nbytes < 10**6:
+        return f"{nbytes} bytes"
+    return f"{nbytes / 1e6:.1f} MB" if nbytes < 10**9 else f"{nbytes / 1e9:.2f} GB"
+
+
+def _aside_path(path: str, after_dir: str) -> str:
+    to = os.path.join(after_dir, relative_name(path))
+    n = 1
+    while os.path.lexists(to):
+        n += 1
+        to = os.path.join(after_dir, relative_name(path) + f".{n}")
+    return to
+
+
+def _move_aside(path: str, after_dir: str) -> str | None:
+    if not os.path.lexists(path):
+        return None
+    to = _aside_path(path, after_dir)
+    _make_parent(to, after_dir)
+    try:
+        os.rename(path, to)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        # Another file system than the run directory's: copy, then remove the original.
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.copytree(path, to, symlinks=True)
+            shutil.rmtree(path)
+        else:
+            shutil.copy2(path, to, follow_symlinks=False)
+            os.unlink(path)
+    return to
+
+
+def _copy_aside(path: str, after_dir: str) -> str:
+    to = _aside_path(path, after_dir)
+    _make_parent(to, after_dir)
+    shutil.copy2(path, to)
+    return to
+
+
+def _make_parent(to: str, after_dir: str) -> None:
+    if not os.path.isdir(after_dir):
+        os.makedirs(after_dir, exist_ok=True)
+        os.chmod(after_dir, 0o700)  # beside the snapshots, as private as they are
+    os.makedirs(os.path.dirname(to), exist_ok=True)
+
+
+def _write_new(path: str, data, mode: int) -> None:
+    from gpusnap.store import atomic
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    atomic.write_file(path, [data], mode=mode)
+
+
+def _write_in_place(path: str, data, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, mode)
+    try:
+        view = memoryview(data)
+        at = 0
+        while at < len(view):
+            at += os.pwrite(fd, view[at:], at)
+        os.ftruncate(fd, len(view))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _seek_writers(path, len(data))
+
+
+def _open_fds():
+    """(fd, path, flags) of this process's open files."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return
+    for name in names:
+        fd = int(name)
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            with open(f"/proc/self/fdinfo/{fd}") as info:
+                flags = next((int(line.split()[1], 8) for line in info if line.startswith("flags:")), 0)
+        except (OSError, ValueError):
+            continue
+        yield fd, target, flags
+
+
+def _open_paths() -> frozenset:
+    return frozenset(target for _, target, _ in _open_fds() if target.startswith("/"))
+
+
+def _flush_writers(paths: set) -> None:
+    """Flush the program's Python file objects that write ``paths``: what the replayed setup
+    left in their buffers reaches the file now, before it is put back, not after (a header
+    written twice)."""
+    fds = {fd for fd, target, flags in _open_fds() if target in paths and flags & (os.O_WRONLY | os.O_RDWR)}
+    if not fds:
+        return
+    import gc
+    import io
+
+    for obj in gc.get_objects():
+        if isinstance(obj, (io.TextIOBase, io.BufferedIOBase)):
+            try:
+                if not obj.closed and obj.fileno() in fds:
+                    obj.flush()
+            except Exception:  # noqa: BLE001 - a detached or broken stream holds nothing to flush
+                pass
+
+
+def _held(path: str, open_paths: frozenset) -> bool:
+    return any(p == path or p.startswith(path + "/") for p in open_paths)
+
+
+def _seek_writers(path: str, length: int) -> None:
+    """The program's descriptors that write ``path`` without appending go on at ``length``, where
+    the file stood at the snapshot (a handler opened with mode ``w`` at setup)."""
+    real = os.path.realpath(path)
+    for fd, target, flags in list(_open_fds()):
+        if target == real and flags & (os.O_WRONLY | os.O_RDWR) and not flags & os.O_APPEND:
+            try:
+                os.lseek(fd, length, os.SEEK_SET)
+            except OSError:
+                pass
