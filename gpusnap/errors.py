@@ -186,11 +186,13 @@ class FastForwardError(RestoreError):
 
 
 class FilesNotRestorable(RestoreError):
-    """``problems``: every (path, why) that cannot be put back, for the run log."""
+    """``problems``: every (path, why) that cannot be put back, for the run log; ``plan``: what
+    was done before a step failed (``files.rollback.Plan``), or None when nothing was."""
 
     default_hint = ("restart with --force to go on with those files as they are now, or from an earlier snapshot "
                     "with --snapshot ID; a larger --files-max keeps larger files in later snapshots")
 
-    def __init__(self, message: str, hint: str | None = None, *, problems=()):
+    def __init__(self, message: str, hint: str | None = None, *, problems=(), plan=None):
         super().__init__(message, hint)
         self.problems = list(problems)
+        self.plan = plan

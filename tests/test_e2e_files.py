@@ -31,6 +31,10 @@ from harness import (
 
 SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")]
 ENV = {"OMP_NUM_THREADS": "1"}
+# The runs killed after a snapshot: its writer at the trainee's priority, so that on a busy
+# machine it commits while the program still has steps to go (at the default idle priority
+# it waits for a free core).
+PACED = {**ENV, "GPUSNAP_WRITER_PRIORITY": "0"}
 TORCH_FILES = (".pt", ".pth", ".ckpt", ".bin")
 
 
@@ -131,6 +135,12 @@ def test_every_kind_of_write_is_put_back_as_the_snapshot_left_it(tmp_path, seed)
     at_snapshot = next(e for e in manifest["files"]["entries"] if e["path"] == str(out / "work" / "run.log"))
     killed_log = Path(aside[str(out / "work" / "run.log")]).read_text()
     assert killed_log.count("starting") == 1 and len(killed_log) > at_snapshot["size"]
+    # gc and verify leave them alone: they are the program's files, not the store's debris.
+    (tmp_path / "snaps" / f"after-{snap_id}" / "x.tmp-1-0a0b0c0d").write_text("the program's own name")
+    assert gpusnap("gc", "snaps", "--keep", "1", cwd=tmp_path).returncode == 0
+    assert gpusnap("verify", "snaps", cwd=tmp_path).returncode == 0
+    assert Path(aside[str(out / "work" / "run.log")]).read_text() == killed_log
+    assert (tmp_path / "snaps" / f"after-{snap_id}" / "x.tmp-1-0a0b0c0d").exists()
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -147,7 +157,7 @@ def test_a_loop_with_workers_logging_and_rotating_checkpoints(tmp_path, seed):
     ref.mkdir()
     reference = start_plain(program, ref, cwd=tmp_path, env=ENV)
     run = Run("run", "--dir", "snaps", "--files-max", "2k", program, out, cwd=tmp_path,
-              env={**ENV, "TEST_STEP_SLEEP_S": "0.1"})
+              env={**PACED, "TEST_STEP_SLEEP_S": "0.1"})
     # In the second epoch (12 steps each), killed after the third has removed the first checkpoint.
     snap_id = _run_and_kill(run, out, tmp_path / "snaps", rnd.randint(13, 20),
                             lambda at: progress(out) >= max(at, 37) + rnd.randint(0, 3))
@@ -238,7 +248,7 @@ def test_a_lightning_fit_with_loggers_and_checkpoints(tmp_path, seed):
     program = copy_programs(tmp_path) / "frameworks" / "lightning_files.py"
     ref, out = ref_and_out(tmp_path)
     reference = start_plain(program, ref, *args, cwd=tmp_path, env=ENV)
-    run = Run("run", "--dir", "snaps", program, out, *args, cwd=tmp_path, env={**ENV, "TEST_STEP_SLEEP_S": "0.3"})
+    run = Run("run", "--dir", "snaps", program, out, *args, cwd=tmp_path, env={**PACED, "TEST_STEP_SLEEP_S": "0.3"})
     validated = lambda: list(out.glob("logs/version_0/checkpoints/epoch=*.ckpt"))  # noqa: E731
     kill_after = rnd.randint(1, 4)
     _run_and_kill(run, out, tmp_path / "snaps", rnd.randint(2, 12),
@@ -265,7 +275,7 @@ def test_a_transformers_trainer_that_rotates_its_checkpoints(tmp_path, seed):
     args = ["--epochs", "2", "--save-steps", "5", "--save-total-limit", "2"]
     ref, out = ref_and_out(tmp_path)
     reference = start_plain(program, ref, *args, cwd=tmp_path, env=ENV)
-    run = Run("run", "--dir", "snaps", program, out, *args, cwd=tmp_path, env={**ENV, "TEST_STEP_SLEEP_S": "0.15"})
+    run = Run("run", "--dir", "snaps", program, out, *args, cwd=tmp_path, env={**PACED, "TEST_STEP_SLEEP_S": "0.15"})
     snap_at = rnd.randint(6, 14)
     snap_id = _run_and_kill(run, out, tmp_path / "snaps", snap_at, lambda at: progress(out) >= max(at, snap_at + 11) + rnd.randint(0, 3))
     manifest = json.loads((tmp_path / "snaps" / "snapshots" / f"{snap_id}.json").read_text())

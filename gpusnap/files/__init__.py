@@ -66,6 +66,8 @@ def settle(rundir, manifest: dict, config: dict, say) -> dict | None:
     record.resumed(manifest["id"], table)
     for path, why in plan.problems:
         say(f"warning: {path} is left as the replay wrote it: it was {why}")
+    for path, why in plan.failed:
+        say(f"warning: {path} is left as the replay wrote it: it {why}")
     return plan.report()
 
 

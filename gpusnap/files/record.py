@@ -5,17 +5,19 @@ workers' lines read; every path the program has written (``watch.notes``, and ev
 a directory the program made, which native writers fill unseen) is looked at once (``lstat``). A
 file whose size, times and inode are those of the last committed snapshot's entry is taken as it
 was (its chunks are reused: it costs nothing). A changed one is kept, smallest first, while the
-kept files stay within ``--files-max`` in all: read now when it is small or was rewritten in place
-since (its bytes could change under a reader after the fork), else handed to the writer as an open
-descriptor. A file the program only appended to since the last snapshot is read from its last
-whole chunk on: the chunks before it are the last snapshot's. A file over the budget is recorded
-by its length and the digest of its last bytes only (enough to truncate an appended log back).
+kept files stay within ``--files-max`` in all: read now when it is small
+(``knobs.FILES_STALL_READ_BYTES``), else handed to the writer as an open descriptor (the inode as
+it is now, whatever the program renames onto its path later). A file the program only appended
+to since the last snapshot is read from its last whole chunk on: the chunks before it are the
+last snapshot's. A file over the budget is recorded by its length and the digest of its last
+bytes only (enough to truncate an appended log back).
 
 In the writer (``put``): each kept file becomes a buffer (``file/<n>``, ``kind`` ``file``) through
 the store's chunks, so that an unchanged file, or the unchanged start of a growing one, is never
-written twice; descriptors are read, then checked against the shared rewrite counter and their
-times (a file rewritten in place while the writer read it is not kept). The table goes into the
-manifest as ``files`` (docs/FORMAT.md).
+written twice. A file read through its descriptor whose time changed meanwhile is kept only if
+it can only have grown (the shared rewrite counter did not move, and the hook saw its writes):
+one rewritten in place while the writer read it is left to the next snapshot. The table goes
+into the manifest as ``files`` (docs/FORMAT.md).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import os
 import socket
 import stat as stat_
 from dataclasses import dataclass, field
+
+import xxhash
 
 from gpusnap import knobs
 from gpusnap.files import watch
@@ -162,9 +166,7 @@ def _keep(job: FilesJob, files: list) -> None:
         job.kept[path] = key
         if _committed.get(path) == key:
             continue  # unchanged since the last committed snapshot: its chunks
-        note = watch.notes.get(path)
-        rewritten = note is None or note.rewritten_at > _committed_rewrites
-        if size <= knobs.FILES_STALL_READ_BYTES or rewritten:
+        if size <= knobs.FILES_STALL_READ_BYTES:
             data = _read(path, st)
             if data is None:
                 del job.kept[path]
@@ -175,15 +177,26 @@ def _keep(job: FilesJob, files: list) -> None:
             continue
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            if os.fstat(fd).st_ino != st.st_ino:  # replaced since the lstat: not the file recorded
+                os.close(fd)
+                raise OSError
         except OSError:
             del job.kept[path]
             entry["why"] = "unreadable"
             continue
         before = _committed.get(path)
-        # Appended since: the whole chunks below the last snapshot's length are its chunks.
-        start = (before[1] // knobs.CHUNK_BYTES) * knobs.CHUNK_BYTES if before and before[0] == st.st_ino and before[1] <= size else 0
+        start = 0
+        if before and before[0] == st.st_ino and before[1] <= size and _grown_only(watch.notes.get(path), _committed_rewrites):
+            start = (before[1] // knobs.CHUNK_BYTES) * knobs.CHUNK_BYTES  # below it: the last snapshot's chunks
         job.fds[path] = (fd, start)
     job.kept_bytes = total
+
+
+def _grown_only(note, since: int) -> bool:
+    """Has the file only grown since the shared rewrite counter stood at ``since`` (no rewrite in
+    place)? Not known for a file the hook never saw written (a native writer's in a directory
+    the program made): its bytes may have changed anywhere."""
+    return note is not None and note.rewritten_at <= since
 
 
 def _read(path: str, st) -> bytes | None:
@@ -260,15 +273,16 @@ def put(job: FilesJob, sink, rundir) -> tuple[dict, dict]:
         name = f"file/{n}"
         buffers[name] = {**record, "kind": "file", "path": f"file:{path}"}
         entry["buffer"] = name
-    rewritten = watch.rewrites() != job.rewrites
+    moved = watch.rewrites() != job.rewrites
     for entry, fd in late:
         try:
             changed = os.fstat(fd).st_mtime_ns != entry["mtime_ns"]
         except OSError:
             changed = True
-        # A file that only grew keeps the bytes read below its length; one rewritten in place
-        # meanwhile (the shared counter moved) may not.
-        if changed and rewritten and entry.get("buffer"):
+        # A file that only grew while it was read keeps the bytes below its length; one that may
+        # have been rewritten in place meanwhile (the shared counter moved; or a file written by
+        # code the hook does not see) is not kept this time: the next snapshot keeps it.
+        if changed and entry.get("buffer") and (moved or watch.notes.get(entry["path"]) is None):
             buffers.pop(entry.pop("buffer"), None)
             entry["why"] = "changed while the snapshot was written"
     kept = sum(e["size"] for e in job.entries if e.get("buffer"))
@@ -283,11 +297,18 @@ def _pieces(fd: int, start: int, size: int, old):
     chunk = knobs.CHUNK_BYTES
     at = 0
     if start and old is not None:
+        reuse = []
         for cid, nbytes in old[1]["chunks"]:
             if at >= start or nbytes != chunk:
                 break
-            yield (cid, nbytes)
+            reuse.append((cid, nbytes))
             at += nbytes
+        # The first and the last of them read again: a file rewritten rather than appended to
+        # (a CSV's new header) does not pass as grown.
+        if reuse and all(xxhash.xxh3_128_hexdigest(os.pread(fd, chunk, i * chunk)) == reuse[i][0] for i in {0, len(reuse) - 1}):
+            yield from reuse
+        else:
+            at = 0
     while at < size:
         data = os.pread(fd, min(chunk, size - at), at)
         if not data:

@@ -24,6 +24,8 @@ or left, for the run log.
 from __future__ import annotations
 
 import errno
+import fcntl
+import json
 import os
 import shutil
 import socket
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from gpusnap.errors import FilesNotRestorable
+from gpusnap.errors import FilesNotRestorable, GpusnapError
 from gpusnap.files import watch
 from gpusnap.files.paths import Excludes, relative_name
 
@@ -57,7 +59,8 @@ class Plan:
     writes: list = field(default_factory=list)  # (path, entry, source) contents to write back
     cuts: list = field(default_factory=list)  # (path, length) files to cut back
     links: list = field(default_factory=list)  # (path, target)
-    problems: list = field(default_factory=list)  # (path, why)
+    problems: list = field(default_factory=list)  # (path, why): what cannot be put back, known before
+    failed: list = field(default_factory=list)  # (path, why): what apply could not do
     left: list = field(default_factory=list)  # (path, why): not put back, said in the log
     moved: list = field(default_factory=list)  # (path, to): what apply moved
     copied: list = field(default_factory=list)  # (path, to): what apply copied before cutting it back
@@ -67,7 +70,7 @@ class Plan:
         return {"moved": [list(m) for m in self.moved], "copied": [list(c) for c in self.copied],
                 "restored": [w[0] for w in self.writes],
                 "truncated": [c[0] for c in self.cuts], "made": [m[0] for m in self.makes] + [l[0] for l in self.links],
-                "left": [list(x) for x in self.left + self.problems]}
+                "left": [list(x) for x in self.left + self.problems + self.failed]}
 
     def summary(self) -> str | None:
         parts = []
@@ -79,8 +82,8 @@ class Plan:
             parts.append(f"{len(self.makes) + len(self.links)} made again")
         if self.moved:
             parts.append(f"{len(self.moved)} moved aside")
-        if self.left or self.problems:
-            parts.append(f"{len(self.left) + len(self.problems)} left as they are")
+        if self.left or self.problems or self.failed:
+            parts.append(f"{len(self.left) + len(self.problems) + len(self.failed)} left as they are")
         if not parts:
             return None
         kept = f"; what they held after it is in {self.after_dir}/" if self.moved or self.copied else ""
@@ -150,6 +153,9 @@ class Plan:
     # ---- carrying it out
 
     def apply(self) -> None:
+        """Carry the plan out: moves first (parents before what they hold), then directories,
+        contents, cuts and links. A step that fails is listed in ``failed`` and the steps on the
+        same path after it are not taken (a file not moved aside is never written over)."""
         done: list[str] = []
         for path in sorted(set(self.moves), key=lambda p: (p.count("/"), p)):
             if any(path == d or path.startswith(d + "/") for d in done):
@@ -159,28 +165,34 @@ class Plan:
             if self.in_place and _held(path, self.open_paths):
                 self.left.append((path, "the program holds it open"))
                 continue
-            to = _move_aside(path, self.after_dir)
+            to = self._try(path, _move_aside, path, self.after_dir)
             if to is not None:
                 self.moved.append((path, to))
                 done.append(path)
         for path, mode in sorted(self.makes):
-            os.makedirs(path, exist_ok=True)
-            os.chmod(path, mode)
+            self._try(path, _make_dir, path, mode)
         for path, entry, source in self.writes:
-            data = source.read_buffer(source.buffers[entry["buffer"]])
-            if self.in_place:
-                _write_in_place(path, data, stat_.S_IMODE(entry["mode"]))
-            else:
-                _write_new(path, data, stat_.S_IMODE(entry["mode"]))
+            write = _write_in_place if self.in_place else _write_new
+            self._try(path, lambda: write(path, source.read_buffer(source.buffers[entry["buffer"]]), stat_.S_IMODE(entry["mode"])))
         for path, length in self.cuts:
             if not self.in_place:
-                self.copied.append((path, _copy_aside(path, self.after_dir)))
-            os.truncate(path, length)
-            if self.in_place:
-                _seek_writers(path, length)
+                copy = self._try(path, _copy_aside, path, self.after_dir)
+                if copy is None:
+                    continue
+                self.copied.append((path, copy))
+            self._try(path, _cut, path, length, self.in_place)
         for path, target in self.links:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            os.symlink(target, path)
+            self._try(path, _link, path, target)
+
+    def _try(self, path: str, step, *args):
+        if any(path == f or path.startswith(f + "/") for f, _ in self.failed):
+            return None
+        try:
+            return step(*args)
+        except (OSError, GpusnapError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            self.failed.append((path, f"could not be put back: {why}"))
+            return None
 
 
 # ---- the two passes
@@ -222,18 +234,42 @@ def rollback(sources: list[Source], after_dir: str, force: bool) -> Plan:
 
 
 def before_replay(rd, snap_id: str, force: bool) -> Plan | None:
-    """The plan that puts the files of snapshot ``snap_id`` of run directory ``rd`` back (every
-    rank's shard of a distributed run whose files are on this host), or None when the snapshot
-    has no file table. Refuses (``FilesNotRestorable``) as ``rollback`` does."""
+    """Put the files of snapshot ``snap_id`` of run directory ``rd`` back (in a distributed run,
+    those of every rank's shard recorded on this host) and return what was done; None when the
+    snapshot has no file table, or another node's supervisor on this host is doing it for the
+    same restart. Refuses (``FilesNotRestorable``) as ``rollback`` does, before changing anything."""
     from gpusnap.store import shards
 
+    if not shards.is_sharded(rd):  # the supervisor holds the run's lock
+        return _put_back([(rd, rd.load_manifest(snap_id))], str(rd.path), snap_id, force)
     pairs = []
-    if shards.is_sharded(rd):
-        for rank, sid in sorted(shards.shards_of(rd.load_manifest(snap_id)).items()):
-            shard = shards.open_shard(rd, rank, trusted=True)
-            pairs.append((shard, shard.load_manifest(sid)))
-    else:
-        pairs.append((rd, rd.load_manifest(snap_id)))
+    for rank, sid in sorted(shards.shards_of(rd.load_manifest(snap_id)).items()):
+        shard = shards.open_shard(rd, rank, trusted=True)
+        pairs.append((shard, shard.load_manifest(sid)))
+    # The nodes of a job share the run directory, and two may share a host: the first puts the
+    # files back, the others, finding its mark (its supervisor alive), leave them to it.
+    host = socket.gethostname()
+    mark = os.path.join(str(rd.path), f"files-{host}.json")
+    fd = os.open(os.path.join(str(rd.path), f"files-{host}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            with open(mark) as f:
+                done = json.load(f)
+        except (OSError, ValueError):
+            done = {}
+        if done.get("snapshot") == snap_id and _alive(done.get("pid")):
+            return None
+        plan = _put_back(pairs, str(rd.path), snap_id, force)
+        from gpusnap.store import atomic
+
+        atomic.write_file(mark, [json.dumps({"snapshot": snap_id, "pid": os.getpid()}).encode()])
+        return plan
+    finally:
+        os.close(fd)
+
+
+def _put_back(pairs: list, run_dir: str, snap_id: str, force: bool) -> Plan | None:
     host = socket.gethostname()
     sources = [
         Source(m["id"], m["files"], m.get("buffers") or {}, shard.read_buffer, os.path.join(shard.path, watch.JOURNAL))
@@ -242,7 +278,25 @@ def before_replay(rd, snap_id: str, force: bool) -> Plan | None:
     ]
     if not sources:
         return None
-    return rollback(sources, after_dir(str(rd.path), snap_id), force)
+    plan = rollback(sources, after_dir(run_dir, snap_id), force)
+    plan.apply()
+    if plan.failed and not force:
+        path, why = plan.failed[0]
+        more = f" ({len(plan.failed) - 1} more could not either)" if len(plan.failed) > 1 else ""
+        raise FilesNotRestorable(f"cannot put {path} back as it was at snapshot {snap_id}: it {why}{more}",
+                                 f"fix the cause and restart again (what was moved aside is in {plan.after_dir}/), "
+                                 "or pass --force to go on with such files as they are", problems=plan.failed, plan=plan)
+    return plan
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (TypeError, ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def after_dir(run_dir: str, snap_id: str) -> str:
@@ -303,8 +357,6 @@ def journal_after(path: str | None, token: str | None) -> dict:
             data = f.read()
     except OSError:
         return {}
-    import json
-
     found = {}
     after = False
     for line in data.splitlines():
@@ -399,6 +451,22 @@ def _move_aside(path: str, after_dir: str) -> str | None:
             shutil.copy2(path, to, follow_symlinks=False)
             os.unlink(path)
     return to
+
+
+def _make_dir(path: str, mode: int) -> None:
+    os.makedirs(path, exist_ok=True)
+    os.chmod(path, mode)
+
+
+def _cut(path: str, length: int, in_place: bool) -> None:
+    os.truncate(path, length)
+    if in_place:
+        _seek_writers(path, length)
+
+
+def _link(path: str, target: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    os.symlink(target, path)
 
 
 def _copy_aside(path: str, after_dir: str) -> str:

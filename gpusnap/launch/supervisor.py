@@ -18,6 +18,7 @@ set to a JSON object::
      "signal": "SIGUSR1", "on_term": "snapshot" | "exit", "keep": 3 | null,
      "at": "/abs/FILE:LINE" | null, "instrument": ["/abs/path", "pkg.mod", ...],
      "resume": null | {"snapshot": "000003"}, "force": false,
+     "files": {"exclude": [GLOB, ...], "max_bytes": N | null, "after": "/abs/DIR/after-000003" | null},
      "dist": true}                  (only in the ranks of a torchrun job: capture/dist.py)
 
 Control protocol: newline-delimited JSON objects over the unix socket named by ``"control"``
@@ -325,26 +326,21 @@ class Supervisor:
         try:
             plan = before_replay(RunDir.open(L.run_dir, trusted=True), L.resume, L.force)
         except FilesNotRestorable as exc:
+            done = exc.plan.report() if exc.plan is not None else {}
             self.log({"source": "supervisor", "event": "files_refused", "snapshot": L.resume,
-                      "problems": [list(p) for p in exc.problems]})
+                      "problems": [list(p) for p in exc.problems], **done})
             raise
         if plan is None:
             return
-        try:
-            plan.apply()
-        except OSError as exc:
-            raise FilesNotRestorable(f"putting the program's files back failed at {exc.filename or '?'}: "
-                                     f"{exc.strerror or exc}; what was done is in {L.run_dir}/log.jsonl",
-                                     hint="fix the cause and restart again (files moved aside stay in "
-                                          f"{plan.after_dir}/)") from exc
-        finally:
-            self.log({"source": "supervisor", "event": "files", "snapshot": L.resume, **plan.report()})
+        self.log({"source": "supervisor", "event": "files", "snapshot": L.resume, **plan.report()})
         L.files_after = plan.after_dir
         summary = plan.summary()
         if summary is not None:
             self.say(f"files back to snapshot {L.resume}: {summary}", level=0 if plan.problems else 1)
         for path, why in plan.problems:
             self.say(f"warning: {path} is left as it is (--force): it was {why}")
+        for path, why in plan.failed:
+            self.say(f"warning: {path} is left as it is (--force): it {why}")
 
     def _install_signals(self) -> None:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
