@@ -84,6 +84,16 @@ def bench_stall(counts: list[int], repeats: int) -> list[str]:
         lines.append(f"   {n:>6} {unchanged:>10.3f} {statistics.median(appended):>10.3f} {statistics.median(rewritten):>10.3f}")
         for p in paths:
             watch.notes.pop(str(p), None)
+    for nbytes in (1 << 20, 64 << 20):
+        big = top / f"big{nbytes}.csv"
+        times = []
+        for k in range(min(repeats, 10)):
+            with open(big, "wb") as f:  # rewritten in place, as a metrics file at every epoch's end
+                f.write(bytes([k]) * nbytes)
+            times.append(stage_ms())
+        where = "read in the stall" if nbytes <= knobs.FILES_STALL_READ_BYTES else "read by the writer: the stall opens it"
+        lines.append(f"   one {nbytes >> 20} MiB file rewritten: {statistics.median(times):.3f} ms ({where})")
+        watch.notes.pop(str(big), None)
     return lines
 
 
@@ -139,13 +149,19 @@ def bench_run(snapshots: int, keep_files: bool) -> dict:
     for name in sorted(done):
         m = json.loads((run_dir / "snapshots" / name).read_text())
         files = m.get("files") or {}
+        # Rewritten since the last snapshot: its time in the table differs; without a table, by the
+        # steps (the program rewrites it in steps 0, 10, 20..., iteration i is the boundary after
+        # step i - 1).
+        stamp = next((e["mtime_ns"] for e in files.get("entries", ()) if e["path"].endswith("metrics.csv")), None)
         if last is not None:  # the first snapshot stores everything: not a steady state
-            # The metrics file is rewritten in steps 0, 10, 20...; iteration i is the boundary after step i - 1.
-            rewritten = any(step % 10 == 0 for step in range(last, m["iteration"]))
+            if files:
+                rewritten = stamp != last[1]
+            else:
+                rewritten = any(step % 10 == 0 for step in range(last[0], m["iteration"]))
             rows.append({"stall_s": m["stall_s"], "bytes_written": m["stats"]["bytes_written"],
                          "bytes_new": m["stats"]["bytes_new"], "stall_read": files.get("stall_read_bytes", 0),
                          "rewritten": rewritten})
-        last = m["iteration"]
+        last = (m["iteration"], stamp)
     return {"rows": rows}
 
 

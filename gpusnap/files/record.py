@@ -67,7 +67,7 @@ def resumed(snap_id: str, table: dict) -> None:
     global _committed, _committed_id
     _committed = {}
     for entry in table.get("entries") or ():
-        watch.adopt(entry["path"], bool(entry.get("made")))
+        watch.adopt(entry["path"], bool(entry.get("made")), entry.get("kind"))
         if entry.get("kind") == "file" and entry.get("buffer"):
             _committed[entry["path"]] = _key_of(entry)
     _committed_id = snap_id
@@ -120,12 +120,11 @@ def stage(snap_id: str, rundir_path) -> FilesJob | None:
 
 
 def _paths():
-    """(path, made) of every path the program wrote, and of everything in the directories it made."""
-    seen = {}
-    for path, note in list(watch.notes.items()):
-        seen[path] = note.made
+    """(path, made), sorted, of every path the program wrote, and of everything under the
+    directories it made (native writers fill them unseen)."""
+    seen = {path: note.made for path, note in list(watch.notes.items())}
     for path, made in list(seen.items()):
-        if made:
+        if made and "mkdir" in (watch.notes[path].kinds if path in watch.notes else ()):
             for inner in _walk(path):
                 seen.setdefault(inner, True)
     return sorted(seen.items())

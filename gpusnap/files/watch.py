@@ -282,8 +282,11 @@ def merge_journal() -> None:
         note.kinds.add(kind)
 
 
-def adopt(path: str, made: bool, before=None) -> None:
-    """Take over a path an earlier run tracked (a restart, from its snapshot's table)."""
+def adopt(path: str, made: bool, kind: str) -> None:
+    """Take over a path an earlier run wrote (a restart, from its snapshot's table); ``kind``
+    as the table's: a directory the program made is searched at each snapshot, as it was."""
     if path not in notes and not skipped(path):
-        note = notes[path] = Note(before)
+        note = notes[path] = Note(None)
         note.made = made
+        if kind == "dir":
+            note.kinds.add("mkdir")
