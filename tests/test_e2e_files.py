@@ -233,16 +233,17 @@ def test_a_lightning_fit_with_loggers_and_checkpoints(tmp_path, seed):
     """The issue's case: a LightningDataModule with two persistent workers, the CSVLogger (and the
     TensorBoardLogger where tensorboard is installed), ModelCheckpoint(save_top_k=2,
     save_last=True), LearningRateMonitor and EarlyStopping, validation after every epoch of 16
-    steps; snapshotted in the first epoch, before any validation, killed after one. Before
+    steps; snapshotted in the first epoch, before any validation, killed after one (eight epochs:
+    Lightning's snapshots take seconds of the writer's CPU, and must commit first). Before
     gpusnap kept files, the restored CSV logger met a metrics.csv with the killed run's val_loss
     column and the restart died in its first logging call (ValueError from csv_logs.py)."""
     pytest.importorskip("lightning")
     try:
         import tensorboard  # noqa: F401
 
-        args = ["--epochs", "4", "--tensorboard"]
+        args = ["--epochs", "8", "--tensorboard"]
     except ImportError:
-        args = ["--epochs", "4"]
+        args = ["--epochs", "8"]
         print("tensorboard is not installed: the CSVLogger only")
     rnd = random.Random(f"lightning-files/{seed}")
     program = copy_programs(tmp_path) / "frameworks" / "lightning_files.py"

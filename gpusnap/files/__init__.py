@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 
 from gpusnap import knobs
 from gpusnap.files import record, rollback, watch
@@ -43,7 +44,12 @@ def install(config: dict, shard_dir: str, always_excluded=()) -> None:
     patterns = [*DEFAULT_EXCLUDES, *(options.get("exclude") or ())]
     cwd = os.getcwd()
     excludes = Excludes(patterns, cwd, always=[config["run_dir"], os.path.realpath(config["run_dir"]), *always_excluded])
-    watch.install(os.path.join(shard_dir, watch.JOURNAL), excludes)
+    try:
+        watch.install(os.path.join(shard_dir, watch.JOURNAL), excludes)
+    except OSError as exc:  # the program runs on; its snapshots keep no file, and say nothing of them
+        print(f"gpusnap: warning: the program's files will not be kept: cannot open the file journal in {shard_dir}: "
+              f"{exc.strerror or exc}", file=sys.stderr, flush=True)
+        return
     record.install(knobs.FILES_MAX_BYTES if options.get("max_bytes") is None else options["max_bytes"])
 
 

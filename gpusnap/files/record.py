@@ -237,10 +237,10 @@ def put(job: FilesJob, sink, rundir) -> tuple[dict, dict]:
     previous = {}
     if job.previous is not None:
         try:
-            table = rundir.load_manifest(job.previous).get("files") or {}
-            buffers = rundir.load_manifest(job.previous).get("buffers") or {}
+            manifest = rundir.load_manifest(job.previous)
         except Exception:  # noqa: BLE001 - pruned or unreadable: nothing to reuse, read instead
-            table, buffers = {}, {}
+            manifest = {}
+        table, buffers = manifest.get("files") or {}, manifest.get("buffers") or {}
         for entry in table.get("entries") or ():
             if entry.get("buffer") in buffers:
                 previous[entry["path"]] = (entry, buffers[entry["buffer"]])
@@ -248,24 +248,13 @@ def put(job: FilesJob, sink, rundir) -> tuple[dict, dict]:
     late = []  # files read through descriptors: checked once all are read
     for n, entry in enumerate(e for e in job.entries if e.get("kind") == "file" and e["path"] in job.kept):
         path = entry["path"]
-        if path in job.read:
-            record = sink.put_buffer(job.read[path], dtype="bytes", typesize=1)
-        elif path in job.fds:
-            fd, start = job.fds[path]
-            record = sink.put_chunks(_pieces(fd, start, entry["size"], previous.get(path)), dtype="bytes", typesize=1)
-            late.append((entry, fd))
-        else:
-            old = previous.get(path)
-            if old is not None and _key_of(old[0]) == _key_of(entry):
-                record = sink.put_chunks([tuple(c) for c in old[1]["chunks"]], dtype="bytes", typesize=1)
-            else:  # the snapshot it was kept by is gone: read it now, and check it after
-                try:
-                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                except OSError:
-                    entry["why"] = "unreadable"
-                    continue
-                record = sink.put_chunks(_pieces(fd, 0, entry["size"], None), dtype="bytes", typesize=1)
-                late.append((entry, fd))
+        try:
+            record = _put_file(job, entry, sink, previous.get(path), late)
+        except OSError:  # a disk that fails one file's read fails that file, not the snapshot
+            record = None
+        if record is None:
+            entry["why"] = "unreadable"
+            continue
         if record["nbytes"] != entry["size"]:
             entry["why"] = "changed while the snapshot was written"
             continue
@@ -288,6 +277,25 @@ def put(job: FilesJob, sink, rundir) -> tuple[dict, dict]:
     table = {"host": socket.gethostname(), "token": job.token, "max_bytes": max_bytes, "kept_bytes": kept,
              "stall_read_bytes": job.stall_read_bytes, "exclude": watch.excludes().saved(), "entries": job.entries}
     return table, buffers
+
+
+def _put_file(job: FilesJob, entry: dict, sink, old, late: list) -> dict | None:
+    """One kept file into the store: the bytes read in the stall, or read now through the
+    stall's descriptor, or the chunks of the snapshot that kept it unchanged (``old``: its
+    table entry and buffer). A file read now goes into ``late``, to be checked after."""
+    path = entry["path"]
+    if path in job.read:
+        return sink.put_buffer(job.read[path], dtype="bytes", typesize=1)
+    if path in job.fds:
+        fd, start = job.fds[path]
+        late.append((entry, fd))
+        return sink.put_chunks(_pieces(fd, start, entry["size"], old), dtype="bytes", typesize=1)
+    if old is not None and _key_of(old[0]) == _key_of(entry):
+        return sink.put_chunks([tuple(c) for c in old[1]["chunks"]], dtype="bytes", typesize=1)
+    # The snapshot that kept it is gone (pruned): read it now, and check it after.
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    late.append((entry, fd))
+    return sink.put_chunks(_pieces(fd, 0, entry["size"], None), dtype="bytes", typesize=1)
 
 
 def _pieces(fd: int, start: int, size: int, old):
