@@ -11,6 +11,8 @@ records them and puts them back:
     rollback   on restart: before the replay (the supervisor), the files go back to the
                snapshot's state, anything newer moved into ``DIR/after-<id>/``; at the merge
                (the trainee), what the replayed setup wrote is undone
+    disk       what that does to the file system: moves aside, writes, cuts, the program's
+               open files
     paths      normalizing paths, and the excluded ones
 
 The calls below are the whole interface: boot's agent installs, the capture agent stages and

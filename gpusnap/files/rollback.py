@@ -23,11 +23,9 @@ or left, for the run log.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
-import shutil
 import socket
 import stat as stat_
 from dataclasses import dataclass, field
@@ -35,8 +33,8 @@ from dataclasses import dataclass, field
 import xxhash
 
 from gpusnap.errors import FilesNotRestorable, GpusnapError
-from gpusnap.files import watch
-from gpusnap.files.paths import Excludes, relative_name
+from gpusnap.files import disk, watch
+from gpusnap.files.paths import Excludes
 
 
 @dataclass
@@ -162,27 +160,27 @@ class Plan:
                 continue  # moved with its directory
             if self.after_dir.startswith(path + "/"):
                 continue  # the run directory's own
-            if self.in_place and _held(path, self.open_paths):
+            if self.in_place and disk.held(path, self.open_paths):
                 self.left.append((path, "the program holds it open"))
                 continue
-            to = self._try(path, _move_aside, path, self.after_dir)
+            to = self._try(path, disk.move_aside, path, self.after_dir)
             if to is not None:
                 self.moved.append((path, to))
                 done.append(path)
         for path, mode in sorted(self.makes):
-            self._try(path, _make_dir, path, mode)
+            self._try(path, disk.make_dir, path, mode)
         for path, entry, source in self.writes:
-            write = _write_in_place if self.in_place else _write_new
+            write = disk.write_in_place if self.in_place else disk.write_new
             self._try(path, lambda: write(path, source.read_buffer(source.buffers[entry["buffer"]]), stat_.S_IMODE(entry["mode"])))
         for path, length in self.cuts:
             if not self.in_place:
-                copy = self._try(path, _copy_aside, path, self.after_dir)
+                copy = self._try(path, disk.copy_aside, path, self.after_dir)
                 if copy is None:
                     continue
                 self.copied.append((path, copy))
-            self._try(path, _cut, path, length, self.in_place)
+            self._try(path, disk.cut, path, length, self.in_place)
         for path, target in self.links:
-            self._try(path, _link, path, target)
+            self._try(path, disk.link, path, target)
 
     def _try(self, path: str, step, *args):
         if any(path == f or path.startswith(f + "/") for f, _ in self.failed):
@@ -314,8 +312,8 @@ def settle(source: Source, after_dir: str) -> Plan:
     """Plan undoing what the replay wrote before the merge (``watch.notes``: this process's and
     its workers'): the paths it touched go back to the snapshot's state, in place."""
     watch.merge_journal()
-    _flush_writers(set(watch.notes))
-    plan = Plan(after_dir, in_place=True, open_paths=_open_paths())
+    disk.flush_writers(set(watch.notes))
+    plan = Plan(after_dir, in_place=True, open_paths=disk.open_paths())
     excluded = excludes_of(source.table)
     entries = {e["path"]: e for e in source.table.get("entries") or ()}
     for path, note in sorted(watch.notes.items()):
@@ -373,7 +371,7 @@ def journal_after(path: str | None, token: str | None) -> dict:
     return found
 
 
-# ---- the file system
+# ---- reading the file system
 
 
 def _lstat(path: str):
@@ -422,139 +420,3 @@ def _size(nbytes) -> str:
     if nbytes < 10**6:
         return f"{nbytes} bytes"
     return f"{nbytes / 1e6:.1f} MB" if nbytes < 10**9 else f"{nbytes / 1e9:.2f} GB"
-
-
-def _aside_path(path: str, after_dir: str) -> str:
-    to = os.path.join(after_dir, relative_name(path))
-    n = 1
-    while os.path.lexists(to):
-        n += 1
-        to = os.path.join(after_dir, relative_name(path) + f".{n}")
-    return to
-
-
-def _move_aside(path: str, after_dir: str) -> str | None:
-    if not os.path.lexists(path):
-        return None
-    to = _aside_path(path, after_dir)
-    _make_parent(to, after_dir)
-    try:
-        os.rename(path, to)
-    except OSError as exc:
-        if exc.errno != errno.EXDEV:
-            raise
-        # Another file system than the run directory's: copy, then remove the original.
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.copytree(path, to, symlinks=True)
-            shutil.rmtree(path)
-        else:
-            shutil.copy2(path, to, follow_symlinks=False)
-            os.unlink(path)
-    return to
-
-
-def _make_dir(path: str, mode: int) -> None:
-    os.makedirs(path, exist_ok=True)
-    os.chmod(path, mode)
-
-
-def _cut(path: str, length: int, in_place: bool) -> None:
-    os.truncate(path, length)
-    if in_place:
-        _seek_writers(path, length)
-
-
-def _link(path: str, target: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    os.symlink(target, path)
-
-
-def _copy_aside(path: str, after_dir: str) -> str:
-    to = _aside_path(path, after_dir)
-    _make_parent(to, after_dir)
-    shutil.copy2(path, to)
-    return to
-
-
-def _make_parent(to: str, after_dir: str) -> None:
-    if not os.path.isdir(after_dir):
-        os.makedirs(after_dir, exist_ok=True)
-        os.chmod(after_dir, 0o700)  # beside the snapshots, as private as they are
-    os.makedirs(os.path.dirname(to), exist_ok=True)
-
-
-def _write_new(path: str, data, mode: int) -> None:
-    from gpusnap.store import atomic
-
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    atomic.write_file(path, [data], mode=mode)
-
-
-def _write_in_place(path: str, data, mode: int) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, mode)
-    try:
-        view = memoryview(data)
-        at = 0
-        while at < len(view):
-            at += os.pwrite(fd, view[at:], at)
-        os.ftruncate(fd, len(view))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    _seek_writers(path, len(data))
-
-
-def _open_fds():
-    """(fd, path, flags) of this process's open files."""
-    try:
-        names = os.listdir("/proc/self/fd")
-    except OSError:
-        return
-    for name in names:
-        fd = int(name)
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-            with open(f"/proc/self/fdinfo/{fd}") as info:
-                flags = next((int(line.split()[1], 8) for line in info if line.startswith("flags:")), 0)
-        except (OSError, ValueError):
-            continue
-        yield fd, target, flags
-
-
-def _open_paths() -> frozenset:
-    return frozenset(target for _, target, _ in _open_fds() if target.startswith("/"))
-
-
-def _flush_writers(paths: set) -> None:
-    """Flush the program's Python file objects that write ``paths``: what the replayed setup
-    left in their buffers reaches the file now, before it is put back, not after (a header
-    written twice)."""
-    fds = {fd for fd, target, flags in _open_fds() if target in paths and flags & (os.O_WRONLY | os.O_RDWR)}
-    if not fds:
-        return
-    import gc
-    import io
-
-    for obj in gc.get_objects():
-        if isinstance(obj, (io.TextIOBase, io.BufferedIOBase)):
-            try:
-                if not obj.closed and obj.fileno() in fds:
-                    obj.flush()
-            except Exception:  # noqa: BLE001 - a detached or broken stream holds nothing to flush
-                pass
-
-
-def _held(path: str, open_paths: frozenset) -> bool:
-    return any(p == path or p.startswith(path + "/") for p in open_paths)
-
-
-def _seek_writers(path: str, length: int) -> None:
-    """The program's descriptors that write ``path`` without appending go on at ``length``, where
-    the file stood at the snapshot (a handler opened with mode ``w`` at setup)."""
-    real = os.path.realpath(path)
-    for fd, target, flags in list(_open_fds()):
-        if target == real and flags & (os.O_WRONLY | os.O_RDWR) and not flags & os.O_APPEND:
-            try:
-                os.lseek(fd, length, os.SEEK_SET)
-            except OSError:
-                pass
