@@ -180,6 +180,7 @@ def run(run_dir, every, overhead, signal_name, on_term, grace, keep, paranoid, v
         "python": sys.version.split()[0],
         "instrument": launch.instrument,
         "at": launch.at,
+        "files": {"exclude": launch.files_exclude, "max_bytes": launch.files_max},  # what restart keeps watching
     }
     if launch.torchrun is not None:
         identity["dist"] = {"torchrun": launch.torchrun}
@@ -202,7 +203,8 @@ def restart(run_dir, snapshot_id, force, every, overhead, signal_name, on_term, 
     and continues it from the snapshot: setup code runs again, the loops skip ahead to where
     they were, and the saved state is written over the live one. Before that, the files the
     program wrote go back to their state at the snapshot (what was written after it moves into
-    DIR/after-<id>/). Scheduling and --files- options are not remembered; pass them again.
+    DIR/after-<id>/). Scheduling options are not remembered; pass them again. --files-exclude
+    and --files-max are those the run was started with, unless given here.
 
     \b
     A distributed run (made by `gpusnap run --nproc-per-node ...`) restarts with the torchrun
@@ -244,7 +246,10 @@ def restart(run_dir, snapshot_id, force, every, overhead, signal_name, on_term, 
                                hint="run the program with `gpusnap run` and take a snapshot (SIGUSR1, --every, `gpusnap snap`)")
     launch = Launch(kind=kind, target=given, args=args, cwd=cwd, run_dir=path, force=force)
     _apply_schedule(launch, every, overhead, signal_name, on_term, grace, keep, notices, verbosity, paranoid)
-    _apply_files(launch, files_exclude, files_max)
+    recorded = ident.get("files") or {}
+    _apply_files(launch, files_exclude or recorded.get("exclude") or (), files_max)
+    if files_max is None:
+        launch.files_max = recorded.get("max_bytes")
     launch.at = ident.get("at")
     launch.instrument = list(ident.get("instrument") or [])
     if ident.get("dist"):

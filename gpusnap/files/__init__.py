@@ -68,7 +68,8 @@ def settle(rundir, manifest: dict, config: dict, say) -> dict | None:
     if table.get("host") not in (None, socket.gethostname()):
         return None  # another node's files
     after = (config.get("files") or {}).get("after") or os.path.join(str(rundir.path), f"after-{manifest['id']}")
-    source = rollback.Source(manifest["id"], table, manifest.get("buffers") or {}, rundir.read_buffer)
+    source = rollback.Source(manifest["id"], table, manifest.get("buffers") or {},
+                             lambda record: rundir.read_buffer(record, snapshot=manifest["id"]))
     plan = rollback.settle(source, after)
     plan.apply()
     record.resumed(manifest["id"], table)

@@ -91,6 +91,7 @@ def stage(snap_id: str, rundir_path) -> FilesJob | None:
             _committed, _committed_id, _committed_rewrites = _pending.kept, _pending.snap_id, _pending.rewrites
         _pending = None
     token = watch.mark(snap_id)
+    watch.forget_gone_temps()
     job = FilesJob(snap_id, token, [], previous=_committed_id, rewrites=watch.rewrites())
     files = []
     for path, made in _paths():

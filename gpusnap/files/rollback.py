@@ -62,6 +62,7 @@ class Plan:
     left: list = field(default_factory=list)  # (path, why): not put back, said in the log
     moved: list = field(default_factory=list)  # (path, to): what apply moved
     copied: list = field(default_factory=list)  # (path, to): what apply copied before cutting it back
+    contents: dict = field(default_factory=dict)  # path -> the bytes to write back, read ahead (prefetch)
     open_paths: frozenset = frozenset()
 
     def report(self) -> dict:
@@ -150,6 +151,12 @@ class Plan:
 
     # ---- carrying it out
 
+    def prefetch(self) -> None:
+        """Read every content to write back from the store now: a damaged snapshot refuses the
+        restart (ChunkMissing, ChunkCorrupt: exit 4) before any file has changed."""
+        for path, entry, source in self.writes:
+            self.contents[path] = source.read_buffer(source.buffers[entry["buffer"]])
+
     def apply(self) -> None:
         """Carry the plan out: moves first (parents before what they hold), then directories,
         contents, cuts and links. A step that fails is listed in ``failed`` and the steps on the
@@ -171,7 +178,8 @@ class Plan:
             self._try(path, disk.make_dir, path, mode)
         for path, entry, source in self.writes:
             write = disk.write_in_place if self.in_place else disk.write_new
-            self._try(path, lambda: write(path, source.read_buffer(source.buffers[entry["buffer"]]), stat_.S_IMODE(entry["mode"])))
+            self._try(path, lambda: write(path, self.contents.pop(path, None) or source.read_buffer(source.buffers[entry["buffer"]]),
+                                          stat_.S_IMODE(entry["mode"])))
         for path, length in self.cuts:
             if not self.in_place:
                 copy = self._try(path, disk.copy_aside, path, self.after_dir)
@@ -270,13 +278,14 @@ def before_replay(rd, snap_id: str, force: bool) -> Plan | None:
 def _put_back(pairs: list, run_dir: str, snap_id: str, force: bool) -> Plan | None:
     host = socket.gethostname()
     sources = [
-        Source(m["id"], m["files"], m.get("buffers") or {}, shard.read_buffer, os.path.join(shard.path, watch.JOURNAL))
+        Source(m["id"], m["files"], m.get("buffers") or {}, _reader(shard, m["id"]), os.path.join(shard.path, watch.JOURNAL))
         for shard, m in pairs
         if m.get("files") and m["files"].get("host", host) == host
     ]
     if not sources:
         return None
     plan = rollback(sources, after_dir(run_dir, snap_id), force)
+    plan.prefetch()
     plan.apply()
     if plan.failed and not force:
         path, why = plan.failed[0]
@@ -285,6 +294,11 @@ def _put_back(pairs: list, run_dir: str, snap_id: str, force: bool) -> Plan | No
                                  f"fix the cause and restart again (what was moved aside is in {plan.after_dir}/), "
                                  "or pass --force to go on with such files as they are", problems=plan.failed, plan=plan)
     return plan
+
+
+def _reader(rd, snap_id: str):
+    """``read_buffer`` of run directory ``rd`` whose errors name snapshot ``snap_id``."""
+    return lambda record: rd.read_buffer(record, snapshot=snap_id)
 
 
 def _alive(pid) -> bool:

@@ -245,6 +245,12 @@ def _journal(record: dict) -> None:
     os.write(_journal_fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
 
 
+def forget_gone_temps() -> None:
+    """Drop the scratch paths that are gone (a program may make thousands)."""
+    for path in [p for p in _temp if not os.path.lexists(p)]:
+        _temp.discard(path)
+
+
 def mark(snap_id: str) -> str:
     """Write snapshot ``snap_id``'s marker into the journal; read the workers' lines before it.
     Returns the marker's token, which the manifest names."""
