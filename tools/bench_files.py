@@ -140,11 +140,9 @@ def bench_run(snapshots: int, keep_files: bool) -> dict:
     try:
         for k in range(snapshots):
             wait_for(lambda: progress() >= 12 + 5 * k, f"step {12 + 5 * k}", proc)
-            before = set(os.listdir(run_dir / "snapshots"))
+            before = _committed(run_dir)
             os.kill(proc.pid, signal.SIGUSR1)
-            new = wait_for(lambda: set(os.listdir(run_dir / "snapshots")) - before - {n for n in os.listdir(run_dir / "snapshots") if ".tmp-" in n},
-                           "a committed snapshot", proc)
-            done.extend(new)
+            done.extend(wait_for(lambda: _committed(run_dir) - before, "a committed snapshot", proc))
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -195,7 +193,7 @@ def bench_writer_cpu(snapshots: int = 3) -> list[str]:
             wait_for(lambda: (work / "progress").exists(), "the first step", proc)
             for k in range(snapshots):
                 os.kill(proc.pid, signal.SIGUSR1)
-                wait_for(lambda: len([n for n in os.listdir(run_dir / "snapshots") if ".tmp-" not in n]) > k, "a commit", proc)
+                wait_for(lambda: len(_committed(run_dir)) > k, "a commit", proc)
             time.sleep(1)  # the last committed event reaches the log
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -203,6 +201,11 @@ def bench_writer_cpu(snapshots: int = 3) -> list[str]:
         cpu = [json.loads(line)["writer_cpu_s"] for line in open(run_dir / "log.jsonl") if '"event":"committed"' in line]
         out.append(f"   {label:<20} {', '.join(f'{c:.2f}' for c in cpu)} s (median {statistics.median(cpu):.2f})")
     return out
+
+
+def _committed(run_dir: pathlib.Path) -> set[str]:
+    """The committed manifests' names (a snapshot exists once its manifest has its name)."""
+    return {n for n in os.listdir(run_dir / "snapshots") if n.endswith(".json")}
 
 
 def summarize(label: str, result: dict) -> list[str]:
