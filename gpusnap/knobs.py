@@ -106,8 +106,8 @@ WRITER_WINDOW_BYTES = _int("WRITER_WINDOW_BYTES", 256 << 20)
 # The program's files (gpusnap/files/): the most bytes of file contents one snapshot keeps
 # (--files-max overrides it), smallest files first; a larger file is kept by its length only, which
 # puts an appended log back but not a removed or rewritten file. A changed file up to
-# FILES_STALL_READ_BYTES is read in the stall (as is one rewritten in place, whose bytes could
-# change under a reader after the fork); a larger one is read by the writer.
+# FILES_STALL_READ_BYTES is read in the stall; a larger one is read by the writer, through a
+# descriptor the stall opened (so the stall costs an open, not a read).
 FILES_MAX_BYTES = _parsed("FILES_MAX_BYTES", 512 << 20, lambda raw: int(_non_negative(int(raw))), "a number of bytes >= 0")
 FILES_STALL_READ_BYTES = _int("FILES_STALL_READ_BYTES", 1 << 20)
 
