@@ -122,6 +122,8 @@ def test_a_file_several_ranks_wrote_is_put_back_once_as_the_lowest_rank_recorded
 
     tables = [{"entries": [entry(shared, st, 10)]}, {"entries": [entry(shared, st, 12), entry(own, own_st, 8)]}]
     sources = [Source("000004", table, {}, None) for table in tables]
+    # A restart's own --files-exclude leaves a path alone.
+    assert rollback(sources, str(tmp_path / "run" / "after-000004"), force=False, leave=lambda p: p == str(own)).cuts == [(str(shared), 10)]
     plan = rollback(sources, str(tmp_path / "run" / "after-000004"), force=False)
     assert plan.cuts == [(str(shared), 10), (str(own), 8)] and not plan.problems
     plan.apply()

@@ -55,10 +55,9 @@ class FilesJob:
     stall_read_bytes: int = 0
 
 
-def install(files_max: int, resumed_from: str | None = None) -> None:
-    global max_bytes, _committed_id
+def install(files_max: int) -> None:
+    global max_bytes
     max_bytes = int(files_max)
-    _committed_id = resumed_from
 
 
 def resumed(snap_id: str, table: dict) -> None:

@@ -204,17 +204,19 @@ class Plan:
 # ---- the two passes
 
 
-def rollback(sources: list[Source], after_dir: str, force: bool) -> Plan:
+def rollback(sources: list[Source], after_dir: str, force: bool, leave=lambda path: False) -> Plan:
     """Plan putting the files of ``sources`` (lowest rank first: a path several ranks wrote is
-    put back by the first) back to their snapshots' state; refuse when some cannot be, unless
-    ``force``. The caller applies the plan."""
+    put back by the first) back to their snapshots' state, but those ``leave(path)`` names (the
+    restart's own ``--files-exclude``); refuse when some cannot be, unless ``force``. The caller
+    applies the plan."""
     plan = Plan(after_dir, in_place=False)
     decided: set[str] = set()
     for source in sources:
-        excluded = excludes_of(source.table)
+        recorded = excludes_of(source.table)
+        excluded = lambda path, recorded=recorded: recorded(path) or leave(path)  # noqa: E731
         entries = {e["path"]: e for e in source.table.get("entries") or ()}
         for path, entry in sorted(entries.items()):
-            if path in decided:
+            if path in decided or leave(path):
                 continue
             decided.add(path)
             _decide(plan, path, entry, source, excluded)
@@ -239,15 +241,16 @@ def rollback(sources: list[Source], after_dir: str, force: bool) -> Plan:
     return plan
 
 
-def before_replay(rd, snap_id: str, force: bool) -> Plan | None:
+def before_replay(rd, snap_id: str, force: bool, leave=lambda path: False) -> Plan | None:
     """Put the files of snapshot ``snap_id`` of run directory ``rd`` back (in a distributed run,
-    those of every rank's shard recorded on this host) and return what was done; None when the
-    snapshot has no file table, or another node's supervisor on this host is doing it for the
-    same restart. Refuses (``FilesNotRestorable``) as ``rollback`` does, before changing anything."""
+    those of every rank's shard recorded on this host), but those ``leave(path)`` names, and
+    return what was done; None when the snapshot has no file table, or another node's supervisor
+    on this host is doing it for the same restart. Refuses (``FilesNotRestorable``) as
+    ``rollback`` does, before changing anything."""
     from gpusnap.store import shards
 
     if not shards.is_sharded(rd):  # the supervisor holds the run's lock
-        return _put_back([(rd, rd.load_manifest(snap_id))], str(rd.path), snap_id, force)
+        return _put_back([(rd, rd.load_manifest(snap_id))], str(rd.path), snap_id, force, leave)
     pairs = []
     for rank, sid in sorted(shards.shards_of(rd.load_manifest(snap_id)).items()):
         shard = shards.open_shard(rd, rank, trusted=True)
@@ -266,7 +269,7 @@ def before_replay(rd, snap_id: str, force: bool) -> Plan | None:
             done = {}
         if done.get("snapshot") == snap_id and _alive(done.get("pid")):
             return None
-        plan = _put_back(pairs, str(rd.path), snap_id, force)
+        plan = _put_back(pairs, str(rd.path), snap_id, force, leave)
         from gpusnap.store import atomic
 
         atomic.write_file(mark, [json.dumps({"snapshot": snap_id, "pid": os.getpid()}).encode()])
@@ -275,7 +278,7 @@ def before_replay(rd, snap_id: str, force: bool) -> Plan | None:
         os.close(fd)
 
 
-def _put_back(pairs: list, run_dir: str, snap_id: str, force: bool) -> Plan | None:
+def _put_back(pairs: list, run_dir: str, snap_id: str, force: bool, leave) -> Plan | None:
     host = socket.gethostname()
     sources = [
         Source(m["id"], m["files"], m.get("buffers") or {}, _reader(shard, m["id"]), os.path.join(shard.path, watch.JOURNAL))
@@ -284,7 +287,7 @@ def _put_back(pairs: list, run_dir: str, snap_id: str, force: bool) -> Plan | No
     ]
     if not sources:
         return None
-    plan = rollback(sources, after_dir(run_dir, snap_id), force)
+    plan = rollback(sources, after_dir(run_dir, snap_id), force, leave)
     plan.prefetch()
     plan.apply()
     if plan.failed and not force:

@@ -320,11 +320,14 @@ class Supervisor:
         """Before the replay: the program's files as they were at the snapshot (gpusnap/files)."""
         from gpusnap.errors import FilesNotRestorable
         from gpusnap.files import before_replay
+        from gpusnap.files.paths import Excludes
         from gpusnap.store.rundir import RunDir
 
         L = self.launch
+        # The snapshot's table holds the run's exclusions; this restart's own leave more alone.
+        leave = Excludes(L.files_exclude, L.cwd) if L.files_exclude else (lambda path: False)
         try:
-            plan = before_replay(RunDir.open(L.run_dir, trusted=True), L.resume, L.force)
+            plan = before_replay(RunDir.open(L.run_dir, trusted=True), L.resume, L.force, leave)
         except FilesNotRestorable as exc:
             done = exc.plan.report() if exc.plan is not None else {}
             self.log({"source": "supervisor", "event": "files_refused", "snapshot": L.resume,
