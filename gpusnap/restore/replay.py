@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-from gpusnap import knobs
+from gpusnap import files, knobs
 from gpusnap.graph import rng, roots, witness, workers
 from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, ReplayDiverged, RestoreError
 from gpusnap.graph.load import DEVICE_BASES, LiveOnly
@@ -43,6 +43,7 @@ class Replay:
         self.snap_id = self.manifest["id"]
         self.force = bool(config.get("force"))
         self.verify_only = bool(config.get("verify_replay"))  # `gpusnap verify --replay`: stop once compared
+        self.config = config
         self.emit = emit
         self.on_merged = on_merged  # the agent counts steps and iterations on from the snapshot's
         frames = self.manifest["roots"]["frames"]
@@ -250,6 +251,10 @@ class Replay:
             after(merger.aligned.values())
         self._stage = "restoring the random number generators"
         rng.restore(payload["rng"])
+        # After the adapters (a logger's writer they close lets go of its file): what the
+        # replayed setup wrote goes back to the snapshot's state.
+        self._stage = "putting back the files the replayed setup wrote"
+        files_report = files.settle(self.rundir, self.manifest, self.config, _say)
         self.on_merged(self.snap_id, self.manifest.get("steps") or 0, self.manifest.get("iteration"))
         merge_s = time.perf_counter() - started
         verified = self._watch_witness()
@@ -270,6 +275,7 @@ class Replay:
             **{k: v - read_before[k] for k, v in reader.TIMES.items()},  # of load_s and raw memory: the store's parts
             merge_bytes=merger.nbytes,
             fastforwards=self.fastforwards,
+            **({"files": files_report} if files_report else {}),
         )
 
     # -- the witness ------------------------------------------------------------------------
