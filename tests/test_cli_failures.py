@@ -161,3 +161,35 @@ def test_gc_keeps_a_pack_it_cannot_read_and_says_so(work):
     r = gpusnap("gc", rd.path, cwd=work)  # and again: gc never learns to remove them
     assert r.returncode == 0 and all(p.exists() for p in kept), r.stdout + r.stderr
     assert gpusnap("verify", rd.path, snaps[-1][0], cwd=work).returncode == 0
+
+
+# -- a URL where a directory is expected ---------------------------------------------------------
+
+
+URL_COMMANDS = [
+    ("run", "--dir", "{url}", "ok.py"),
+    ("restart", "{url}"),
+    ("snap", "{url}"),
+    ("ls", "{url}"),
+    ("inspect", "{url}"),
+    ("verify", "{url}"),
+    ("verify", "--replay", "{url}"),
+    ("gc", "{url}"),
+    ("export", "{url}", "--out", "w.safetensors"),
+    ("demo", "--dir", "{url}"),
+]
+
+
+@pytest.mark.parametrize("command", URL_COMMANDS, ids=lambda c: " ".join(c[:2]).replace("{url}", "URL"))
+def test_a_url_of_a_store_gpusnap_cannot_write_is_refused_with_exit_2(work, command):
+    # Once `--dir s3://b/p` silently wrote ./s3:/b/p, which vanished with the machine.
+    url = "hdfs://namenode/runs/r1"
+    r = gpusnap(*(a.format(url=url) for a in command), cwd=work)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == [
+        f"gpusnap: {url} is a URL, and run directories on hdfs:// are not supported",
+        "hint: pass a local directory, or one on a shared filesystem (NFS, Lustre) that the next machine "
+        "mounts at the same place",
+    ]
+    assert r.stdout == ""
+    assert sorted(p.name for p in work.iterdir()) == ["ok.py", "wrap.py"]  # no ./hdfs: directory

@@ -12,7 +12,7 @@ from gpusnap.cli import cli
 
 
 @cli.command()
-@click.option("--dir", "work", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+@click.option("--dir", "work", metavar="DIR",
               help="Work directory for the reference run, the snapshotted run and its snapshots (default: a new temporary one).")
 @click.option("--epochs", type=click.IntRange(2, 50), default=4, show_default=True, help="Epochs of the demo's training run.")
 def demo(work, epochs):
@@ -26,8 +26,9 @@ def demo(work, epochs):
     byte for byte. Needs torch.
     """
     from gpusnap import demo as bundled
+    from gpusnap.store.location import local_dir
 
-    work = (work or Path(tempfile.mkdtemp(prefix="gpusnap-demo-"))).resolve()
+    work = (Path(local_dir(work)) if work else Path(tempfile.mkdtemp(prefix="gpusnap-demo-")).resolve())
     try:
         sys.exit(bundled.run(work, epochs))
     except bundled.DemoFailed as exc:

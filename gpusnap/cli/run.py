@@ -17,6 +17,7 @@ from gpusnap.errors import GpusnapError, NoActiveRun, RestoreError as RestoreRef
 from gpusnap.launch import options as opt
 from gpusnap.launch import torchrun
 from gpusnap.store import atomic
+from gpusnap.store.location import local_dir
 
 _PASSTHROUGH = {"ignore_unknown_options": True, "allow_interspersed_args": False}
 
@@ -172,7 +173,7 @@ def run(run_dir, every, overhead, signal_name, on_term, grace, keep, paranoid, v
     launch.torchrun = torchrun.arguments(dist)
     if resume not in ("auto", "never") and not resume.strip():
         raise UsageError("--resume takes auto, never or a snapshot id")
-    path = os.path.abspath(run_dir if run_dir else os.path.join("gpusnap-runs", default_name))
+    path = local_dir(run_dir if run_dir else os.path.join("gpusnap-runs", default_name))
     opt.check_dir_writable(path)
     if resume not in ("auto", "never") and not os.path.exists(os.path.join(path, "run.json")):
         raise SnapshotNotFound(f"no snapshot {resume} in {path}: it holds no run yet")
@@ -223,7 +224,7 @@ def restart(run_dir, snapshot_id, force, every, overhead, signal_name, on_term, 
     """
     from gpusnap.store.rundir import RunDir
 
-    path = os.path.abspath(run_dir)
+    path = local_dir(run_dir)
     rd = RunDir.open(path, trusted=True)  # restoring unpickles: refuse another user's directory
     rd.check_writable()
     launch = _restart_launch(rd, path, force, dist)
@@ -280,7 +281,7 @@ def verify_by_replay(run_dir: str, snapshot: str | None, verbosity: int | None) 
     from gpusnap.store import shards
     from gpusnap.store.rundir import RunDir
 
-    path = os.path.abspath(run_dir)
+    path = local_dir(run_dir)
     rd = RunDir.open(path, trusted=True)
     if shards.is_sharded(rd):
         raise UsageError(f"{path} holds a distributed run: `verify --replay` replays single-process runs only",
@@ -481,7 +482,7 @@ def snap(run_dir, no_wait, timeout):
     from gpusnap.launch.supervisor import SUPERVISOR_FILE, alive, describe, supervisor_file
 
     timeout_s = opt.parse_duration(timeout, "--timeout") if timeout is not None else None
-    path = os.path.abspath(run_dir)
+    path = local_dir(run_dir)
     info_path = os.path.join(path, SUPERVISOR_FILE)
     if not os.path.exists(info_path) and os.path.exists(supervisor_file(path, True)):
         info_path = supervisor_file(path, True)  # a distributed run: this host's node

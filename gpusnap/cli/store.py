@@ -14,8 +14,9 @@ from gpusnap.errors import SnapshotNotFound, StoreDamaged, UsageError
 
 def _open(path: str):
     from gpusnap.store import RunDir
+    from gpusnap.store.location import local_dir
 
-    return RunDir.open(path)
+    return RunDir.open(local_dir(path))
 
 
 def human_bytes(n: int | None) -> str:
