@@ -214,3 +214,26 @@ DIST_TIMEOUT_S = _parsed("DIST_TIMEOUT_S", 300.0, lambda raw: _positive(float(ra
 # a program without torch.optim) beyond the furthest rank's posted position: with a collective in
 # every step, no rank can be further than that by the time it learns the target (DESIGN.md).
 DIST_MARGIN = _int("DIST_MARGIN", 2)
+
+# Run directories on an object store (store.objects, store.levels). A snapshot commits in a local
+# directory first, under CACHE_DIR/<scheme>/<bucket>/<prefix> (the local level), and is copied
+# to the store in the background. The cache is never needed for correctness: a machine without
+# it restarts from what reached the store.
+CACHE_DIR = os.environ.get("GPUSNAP_CACHE_DIR") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "gpusnap")
+# Requests in flight at once per store: the parts of a multipart upload, the ranges of a read.
+STORE_CONNECTIONS = _int("STORE_CONNECTIONS", 8)
+# A part of a multipart upload and a range of a parallel read. S3 needs parts >= 5 MiB.
+STORE_PART_BYTES = _int("STORE_PART_BYTES", 8 << 20)
+# The uploader looks for newly committed local snapshots this often.
+UPLOAD_TICK_S = _float("UPLOAD_TICK_S", 1.0)
+# The lock object's lease: a holder refreshes it every third of this; another machine takes a
+# lock over once it has gone unrefreshed this long (its holder is gone with its VM).
+STORE_LEASE_S = _float("STORE_LEASE_S", 60.0)
+# Retries of a throttled or dropped request (store.retry): attempts, and the first backoff.
+STORE_RETRIES = _int("STORE_RETRIES", 5)
+STORE_BACKOFF_S = _float("STORE_BACKOFF_S", 0.2)
+# Set by `gpusnap restart` of a run from an object store whose recorded working directory is not
+# on this machine: the paths under it in the snapshot's manifest (loop positions, sources, the
+# program's files) are read as under the current working directory (store.rundir.rebase).
+MOVED_FROM = os.environ.get("GPUSNAP_MOVED_FROM") or None

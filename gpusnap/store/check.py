@@ -47,8 +47,8 @@ class Finding:
 
 def verify(rd, snap_id: str | None = None) -> list[Finding]:
     """Read and check every chunk of one snapshot (or of all of them)."""
-    root = pathlib.Path(rd.path)
-    idx = index.load(root)
+    root = rd.path
+    idx = index.load(rd)
     findings = [
         Finding("index_damaged", None, None, None, None, f"index file {name} cannot be read: {why}")
         for name, why in idx.unreadable
@@ -59,7 +59,7 @@ def verify(rd, snap_id: str | None = None) -> list[Finding]:
             raise SnapshotNotFound(f"no snapshot {snap_id} in {root}")
         ids = [snap_id]
     checked: dict[str, ChunkProblem | None] = {}
-    reader = PackReader(root)
+    reader = PackReader(rd)
     try:
         for sid in ids:
             found = _verify_one(rd, idx, reader, sid, checked)
@@ -67,9 +67,9 @@ def verify(rd, snap_id: str | None = None) -> list[Finding]:
                 # A run's retention may have pruned this snapshot, or moved its chunks (gc's
                 # repacking), since the index was read: readers take no lock. Damage is what
                 # a second look, at the index as it is now, still finds.
-                if not (root / "snapshots" / f"{sid}.json").exists():
+                if not rd.backend.exists(f"snapshots/{sid}.json"):
                     continue
-                idx, checked = index.load(root), {}
+                idx, checked = index.load(rd), {}
                 found = _verify_one(rd, idx, reader, sid, checked)
             findings.extend(found)
     finally:
@@ -131,14 +131,15 @@ class Leftover:
 def leftovers(rd) -> list[Leftover]:
     root = pathlib.Path(rd.path)
     out = []
-    for dirpath, dirs, files in os.walk(root):
+    # An object store has no temp files: its puts are whole or nothing.
+    for dirpath, dirs, files in os.walk(root) if rd.local else ():
         if dirpath == str(root):
             dirs[:] = [d for d in dirs if not d.startswith("after-")]  # the program's files a restart moved aside
         for name in files:
             if atomic.is_temp(name):
                 out.append(Leftover("temp_file", str(pathlib.Path(dirpath, name).relative_to(root))))
-    idx = index.load(root)
-    for pack_id, path in list_packs(root):
-        if pack_id not in idx.packs and pack.unknown_version(path) is None:
-            out.append(Leftover("unindexed_pack", str(path.relative_to(root))))
+    idx = index.load(rd)
+    for pack_id, key in list_packs(rd):
+        if pack_id not in idx.packs and pack.unknown_version(rd, key) is None:
+            out.append(Leftover("unindexed_pack", key))
     return out

@@ -51,7 +51,7 @@ def prune(rd, keep: int | None, drop: list[str] | None = None) -> dict:
     writer runs: gc takes any pack no index names for the debris of a dead writer."""
     if keep is not None and keep < 1:
         raise UsageError("--keep must be at least 1")
-    root = pathlib.Path(rd.path)
+    root, b = rd.path, rd.backend
     rd.check_writable()
     report = {"removed_snapshots": [], "removed_packs": 0, "removed_bytes": 0, "removed_temp": 0,
               "reindexed_chunks": 0, "repacked_packs": 0, "kept_packs": 0, "kept_unknown": [], "no_room": False}
@@ -64,11 +64,11 @@ def prune(rd, keep: int | None, drop: list[str] | None = None) -> dict:
     drop += ids_left[: len(ids_left) - keep] if keep is not None and len(ids_left) > keep else []
     drop = by_number(drop)
     for sid in drop:
-        atomic.remove_file(root / "snapshots" / f"{sid}.json")
+        b.delete(f"snapshots/{sid}.json")
     if drop:
-        atomic.fsync_dir(root / "snapshots")
+        b.synced("snapshots")
     report["removed_snapshots"] = drop
-    witness.remove_orphans(root)
+    witness.remove_orphans(b)
 
     # 2. what the remaining manifests need
     referenced: set[str] = set()
@@ -86,20 +86,21 @@ def prune(rd, keep: int | None, drop: list[str] | None = None) -> dict:
             ) from exc
 
     # 3. free what needs no write
-    _remove_temp(root, report)
-    idx = _remove_unreferenced(root, referenced, report)
+    if rd.local:  # an object store has no temp files: its puts are whole or nothing
+        _remove_temp(root, report)
+    idx = _remove_unreferenced(b, referenced, report)
 
     # 4. locate every referenced chunk
-    on_disk = {pid: path for pid, path in list_packs(root)}
+    on_disk = {pid: key for pid, key in list_packs(b)}
     where: dict[str, pack.Location] = {}
     for cid in referenced:
         loc = idx.chunks.get(cid)
         if loc is not None and loc.pack in on_disk:
             where[cid] = loc
-    for pack_id, path in on_disk.items():
+    for pack_id, key in on_disk.items():
         if pack_id in idx.packs:
             continue
-        for cid, loc in pack.scan(path, digests=True):
+        for cid, loc in pack.scan(b, key, digests=True):
             if cid in referenced and cid not in where:
                 where[cid] = loc
                 report["reindexed_chunks"] += 1
@@ -107,13 +108,13 @@ def prune(rd, keep: int | None, drop: list[str] | None = None) -> dict:
     keep_packs: dict[str, list[tuple[str, pack.Location]]] = {}
     for cid, loc in sorted(where.items()):
         keep_packs.setdefault(loc.pack, []).append((cid, loc))
-    _repack(root, on_disk, keep_packs, report)
+    _repack(b, on_disk, keep_packs, report)
     doomed = [pid for pid in on_disk if pid not in keep_packs]
     # Never remove what this gpusnap cannot read: a newer one may know what such a pack holds.
-    unknown = {pid: v for pid in doomed if (v := pack.unknown_version(on_disk[pid])) is not None}
+    unknown = {pid: v for pid in doomed if (v := pack.unknown_version(b, on_disk[pid])) is not None}
     doomed = [pid for pid in doomed if pid not in unknown]
     report["kept_unknown"] = [
-        {"path": str(on_disk[pid].relative_to(root)), "version": v} for pid, v in sorted(unknown.items())
+        {"path": on_disk[pid], "version": v} for pid, v in sorted(unknown.items())
     ]
     entries_now = sum(1 for loc in idx.chunks.values())
     changed = bool(doomed) or bool(idx.unreadable) or report["reindexed_chunks"] or entries_now != len(where) \
@@ -121,11 +122,11 @@ def prune(rd, keep: int | None, drop: list[str] | None = None) -> dict:
 
     # 5–6. one new index, then the old ones go
     if changed:
-        sizes = {pid: on_disk[pid].stat().st_size for pid in keep_packs}
+        sizes = {pid: b.size(on_disk[pid]) for pid in keep_packs}
         new_name = None
         if keep_packs:
             try:
-                new_name = index.write(root, "gc", {pid: (sizes[pid], located) for pid, located in keep_packs.items()}, utc_now())
+                new_name = index.write(b, "gc", {pid: (sizes[pid], located) for pid, located in keep_packs.items()}, utc_now())
             except NoSpace:
                 # A disk full even after step 3: what is left is consistent, and the next gc,
                 # with room for one index file, finishes the job.
@@ -135,11 +136,11 @@ def prune(rd, keep: int | None, drop: list[str] | None = None) -> dict:
                 return report
         for name in idx.files + [n for n, _ in idx.unreadable]:
             if name != new_name:
-                atomic.remove_file(index.index_dir(root) / name)
-        atomic.fsync_dir(index.index_dir(root))
+                b.delete(f"{index.DIR}/{name}")
+        b.synced(index.DIR)
 
     # 7. packs no index names any more
-    _remove_packs(root, [on_disk[pid] for pid in doomed], report)
+    _remove_packs(b, [on_disk[pid] for pid in doomed], report)
     report["kept_packs"] = len(keep_packs)
     rd._read_index = None
     return report
@@ -149,24 +150,24 @@ def prune(rd, keep: int | None, drop: list[str] | None = None) -> dict:
 _REPACK_MIN_DEAD_BYTES = 1 << 20
 
 
-def _repack(root: pathlib.Path, on_disk: dict, keep_packs: dict, report: dict) -> None:
+def _repack(b, on_disk: dict, keep_packs: dict, report: dict) -> None:
     """Copy the live chunks of each mostly dead pack into a new pack, and let ``keep_packs``
     name that one instead: gc does not otherwise split a pack, and a few small buffers that never
     change (an unused RNG's state, a frozen bias) would keep the first snapshot's whole pack for
     the life of the run. Each copy is checked against its id before it is written. Needs room
     for the live bytes only; a pack that cannot be copied (no room, a damaged chunk) stays."""
     for pid, located in list(keep_packs.items()):
-        size = on_disk[pid].stat().st_size
+        size = b.size(on_disk[pid])
         live = pack.PACK_HEADER_NBYTES + sum(codec.ENTRY_NBYTES + loc.stored_nbytes for _, loc in located)
         if size - live < max(live, _REPACK_MIN_DEAD_BYTES):
             continue
-        reader, builder = pack.PackReader(root), pack.PackBuilder(live)
+        reader, builder = pack.PackReader(b), pack.PackBuilder(live)
         try:
             for cid, loc in located:
                 load_chunk(reader, index.Index(chunks={cid: loc}), cid, loc.raw_nbytes)
                 header, stored = reader.read_entry(loc)
                 builder.add(cid, header, stored, loc.raw_nbytes)
-            new_pid, _, moved = builder.flush(root)
+            new_pid, _, moved = builder.flush(b)
         except (ChunkProblem, OSError, NoSpace):
             continue
         finally:
@@ -174,7 +175,7 @@ def _repack(root: pathlib.Path, on_disk: dict, keep_packs: dict, report: dict) -
             builder.close()
         del keep_packs[pid]
         keep_packs[new_pid] = moved
-        on_disk[new_pid] = pack.pack_path(root, new_pid)
+        on_disk[new_pid] = pack.pack_key(new_pid)
         report["repacked_packs"] += 1
 
 
@@ -203,50 +204,46 @@ def _remove_temp(root: pathlib.Path, report: dict) -> None:
             report["removed_temp"] += 1
 
 
-def _remove_unreferenced(root: pathlib.Path, referenced: set[str], report: dict) -> index.Index:
+def _remove_unreferenced(b, referenced: set[str], report: dict) -> index.Index:
     """Remove, writing nothing (so this frees a full disk), the packs that hold no referenced
     chunk (what their index entries say; a pack no index names, what its headers say), then
     the index files that name no referenced chunk. An index file that names some referenced
     chunks may still name a pack removed here: its entries for that pack are dead (readers
     prefer a live entry for the same chunk, writers never reuse a dead one) until steps 5-6
     rewrite the index. Returns the index as it is left."""
-    idx = index.load(root)
+    idx = index.load(b)
     held: dict[str, set[str]] = {}
     for cid, loc in idx.chunks.items():
         held.setdefault(loc.pack, set()).add(cid)
     for name in idx.files:  # every entry, not only the first of a chunk named twice
-        one = index.load_file(root, name)
+        one = index.load_file(b, name)
         for cid, loc in (one.chunks.items() if one is not None else ()):
             held.setdefault(loc.pack, set()).add(cid)
     empty = []
-    for pid, path in list_packs(root):
-        if pack.unknown_version(path) is not None:
+    for pid, key in list_packs(b):
+        if pack.unknown_version(b, key) is not None:
             continue
-        chunks = held[pid] if pid in held else {cid for cid, _ in pack.scan(path)}
+        chunks = held[pid] if pid in held else {cid for cid, _ in pack.scan(b, key)}
         if not chunks & referenced:
-            empty.append(path)
-    _remove_packs(root, empty, report)
-    gone = [name for name in idx.files if (one := index.load_file(root, name)) is not None and not set(one.chunks) & referenced]
+            empty.append(key)
+    _remove_packs(b, empty, report)
+    gone = [name for name in idx.files if (one := index.load_file(b, name)) is not None and not set(one.chunks) & referenced]
     for name in gone:
-        atomic.remove_file(index.index_dir(root) / name)
+        b.delete(f"{index.DIR}/{name}")
     if gone:
-        atomic.fsync_dir(index.index_dir(root))
-    return index.load(root) if empty or gone else idx
+        b.synced(index.DIR)
+    return index.load(b) if empty or gone else idx
 
 
-def _remove_packs(root: pathlib.Path, paths: list[pathlib.Path], report: dict) -> None:
+def _remove_packs(b, keys: list[str], report: dict) -> None:
     dirs = set()
-    for path in paths:
-        report["removed_bytes"] += path.stat().st_size
-        atomic.remove_file(path)
-        dirs.add(path.parent)
+    for key in keys:
+        report["removed_bytes"] += b.size(key)
+        b.delete(key)
+        dirs.add(key.rsplit("/", 1)[0])
         report["removed_packs"] += 1
     for d in dirs:
-        atomic.fsync_dir(d)
-        try:
-            d.rmdir()  # only succeeds when empty
-        except OSError:
-            pass
+        b.synced(d, drop_empty=True)
 
 
 def _alive(pid: int) -> bool:

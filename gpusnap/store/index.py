@@ -4,13 +4,12 @@ snapshot knows the chunks that exist without reading a single pack."""
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import secrets
 from dataclasses import dataclass, field
 
 from gpusnap.errors import FormatVersionError
-from gpusnap.store import atomic, codec
+from gpusnap.store import atomic, backend, codec
 from gpusnap.store.pack import PACK_HEADER_NBYTES, Location, list_packs
 
 INDEX_FORMAT = 1
@@ -41,22 +40,25 @@ class Index:
         return {cid: loc for cid, loc in self.chunks.items() if loc.pack in self.live_packs}
 
 
+DIR = "index"
+
+
 def index_dir(root: pathlib.Path) -> pathlib.Path:
-    return root / "index"
+    return pathlib.Path(root) / DIR
 
 
-def load(root: pathlib.Path) -> Index:
-    idx = Index(live_packs={pid for pid, _ in list_packs(root)})
-    d = index_dir(root)
+def load(root) -> Index:
+    b = backend.of(root)
+    idx = Index(live_packs={pid for pid, _ in list_packs(b)})
     try:
-        names = sorted(os.listdir(d))
+        names = sorted(b.list(DIR))
     except FileNotFoundError:
         return idx
     for name in names:
         if atomic.is_temp(name) or not name.endswith(".json"):
             continue
         try:
-            entries = _read(d / name)
+            entries = _read(b, f"{DIR}/{name}")
         except FormatVersionError:
             raise
         except FileNotFoundError:
@@ -69,11 +71,11 @@ def load(root: pathlib.Path) -> Index:
     return idx
 
 
-def load_file(root: pathlib.Path, name: str) -> Index | None:
+def load_file(root, name: str) -> Index | None:
     """One index file as an Index of its own; None when it cannot be read."""
     idx = Index(files=[name])
     try:
-        _add(idx, _read(index_dir(root) / name))
+        _add(idx, _read(backend.of(root), f"{DIR}/{name}"))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return idx
@@ -87,13 +89,12 @@ def _add(idx: Index, entries: list) -> None:
             idx.add(cid, item)
 
 
-def _read(path: pathlib.Path) -> list:
+def _read(b: backend.Backend, key: str) -> list:
     """[(chunk id, Location)] and [(None, (pack id, pack nbytes))] of one index file."""
-    with open(path, "rb") as f:
-        doc = json.loads(f.read())
+    doc = json.loads(b.get(key))
     fmt = doc.get("format")
     if fmt != INDEX_FORMAT:
-        raise FormatVersionError(f"index file {path} has format {fmt!r}; this gpusnap knows format {INDEX_FORMAT}")
+        raise FormatVersionError(f"index file {b.location}/{key} has format {fmt!r}; this gpusnap knows format {INDEX_FORMAT}")
     entries = []
     for pack_id, pack in doc["packs"].items():
         nbytes = _count(pack["nbytes"], "pack nbytes", PACK_HEADER_NBYTES)
@@ -132,7 +133,7 @@ def _entry(pack_id: str, pack_nbytes: int, entry) -> tuple[str, Location]:
     return cid, Location(pack_id, offset, stored, raw, codec_id, digest)
 
 
-def write(root: pathlib.Path, prefix: str, packs: dict[str, tuple[int, list[tuple[str, Location]]]], created: str) -> str:
+def write(root, prefix: str, packs: dict[str, tuple[int, list[tuple[str, Location]]]], created: str) -> str:
     """Commit one index file naming ``packs`` {pack id: (nbytes, [(chunk id, location)])};
     return its file name. Names are unique so no index file is ever replaced."""
     doc = {
@@ -149,6 +150,5 @@ def write(root: pathlib.Path, prefix: str, packs: dict[str, tuple[int, list[tupl
         },
     }
     name = f"{prefix}-{secrets.token_hex(4)}.json"
-    atomic.make_dir(index_dir(root))
-    atomic.write_file(index_dir(root) / name, [json.dumps(doc, indent=1).encode()])
+    backend.of(root).put(f"{DIR}/{name}", [json.dumps(doc, indent=1).encode()])
     return name

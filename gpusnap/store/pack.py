@@ -10,15 +10,14 @@ the xxh3-128 of its bytes. The window is reused for every pack of a writer.
 from __future__ import annotations
 
 import mmap
-import os
 import pathlib
 import struct
 from dataclasses import dataclass
 
 import xxhash
 
-from gpusnap.errors import FormatVersionError
-from gpusnap.store import atomic, codec
+from gpusnap.errors import FormatVersionError, StoreError
+from gpusnap.store import atomic, backend, codec
 
 PACK_MAGIC = b"GSNPACK\x00"
 PACK_VERSION = 1
@@ -41,8 +40,12 @@ class Location:
     digest: str | None = None
 
 
+def pack_key(pack_id: str) -> str:
+    return f"packs/{pack_id[:2]}/{pack_id}.pack"
+
+
 def pack_path(root: pathlib.Path, pack_id: str) -> pathlib.Path:
-    return root / "packs" / pack_id[:2] / f"{pack_id}.pack"
+    return pathlib.Path(root) / pack_key(pack_id)
 
 
 class PackBuilder:
@@ -77,13 +80,11 @@ class PackBuilder:
         self._pending.append((cid, start, len(stored), raw_nbytes, codec_id, digest))
         self.nbytes = body + len(stored)
 
-    def flush(self, root: pathlib.Path) -> tuple[str, int, list[tuple[str, Location]]]:
+    def flush(self, root) -> tuple[str, int, list[tuple[str, Location]]]:
         """Write the pack; return (pack id, pack bytes, [(chunk id, location), ...])."""
         with memoryview(self._window) as window, window[: self.nbytes] as data:
             pack_id = xxhash.xxh3_128_hexdigest(data)
-            path = pack_path(root, pack_id)
-            atomic.make_dir(path.parent)
-            nbytes = atomic.write_file(path, [data], direct=True)
+            nbytes = backend.of(root).put(pack_key(pack_id), [data], direct=True)
         located = [(cid, Location(pack_id, *entry)) for cid, *entry in self._pending]
         self._pending = []
         self.nbytes = PACK_HEADER_NBYTES
@@ -98,32 +99,29 @@ class PackBuilder:
             self._window = None
 
 
-_pread = os.pread  # swappable: tests and tools/chaos.py inject EIO on reads
-
-
 class PackReader:
-    """Reads entries from packs, keeping one file open at a time."""
+    """Reads entries from packs, keeping one pack open at a time."""
 
-    def __init__(self, root: pathlib.Path) -> None:
-        self._root = root
+    def __init__(self, root) -> None:
+        self._backend = backend.of(root)
         self._pack: str | None = None
-        self._fd = -1
+        self._handle: backend.Ranged | None = None
         self.size = 0
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-        self._fd = -1
+        if self._handle is not None:
+            self._handle.close()
+        self._handle = None
         self._pack = None
 
     def _select(self, pack_id: str) -> None:
         if self._pack == pack_id:
             return
         self.close()
-        self._fd = os.open(pack_path(self._root, pack_id), os.O_RDONLY | os.O_CLOEXEC)
-        self.size = os.fstat(self._fd).st_size
+        self._handle = self._backend.open(pack_key(pack_id))
+        self.size = self._handle.size
         self._pack = pack_id
-        version = _version(_pread(self._fd, PACK_HEADER_NBYTES, 0))
+        version = _version(self._handle.read(0, PACK_HEADER_NBYTES))
         if version is not None and version != PACK_VERSION:
             self.close()
             raise FormatVersionError(
@@ -137,7 +135,7 @@ class PackReader:
         want = codec.ENTRY_NBYTES + loc.stored_nbytes
         if loc.offset + want > self.size:  # checked before the read allocates what the index claims
             raise EOFError(f"pack is {self.size} bytes; the entry needs bytes up to {loc.offset + want}")
-        buf = _pread(self._fd, want, loc.offset)
+        buf = self._handle.read(loc.offset, want)
         if len(buf) < want:
             raise EOFError(f"pack is {self.size} bytes; the entry needs bytes up to {loc.offset + want}")
         return buf[: codec.ENTRY_NBYTES], buf[codec.ENTRY_NBYTES :]
@@ -152,32 +150,31 @@ def _version(head: bytes) -> int | None:
     return version if magic == PACK_MAGIC else None
 
 
-def unknown_version(path: pathlib.Path) -> int | None:
+def unknown_version(root, key: str) -> int | None:
     """The pack's version when it is a pack of a version this gpusnap does not know (written by
     a newer one), else None. gc keeps such a pack: it cannot tell what it holds."""
     try:
-        with open(path, "rb") as f:
-            version = _version(f.read(PACK_HEADER_NBYTES))
-    except OSError:
+        with backend.of(root).open(key) as r:
+            version = _version(r.read(0, PACK_HEADER_NBYTES))
+    except (OSError, StoreError):
         return None
     return version if version is not None and version != PACK_VERSION else None
 
 
-def scan(path: pathlib.Path, digests: bool = False):
+def scan(root, key: str, digests: bool = False):
     """Yield the Location of every well-formed entry of a pack (``digests``: with the digest of
     its stored bytes, which costs reading them; else headers only), with its chunk id first;
     stops at the first damaged header. Used by gc to re-index packs whose index file was lost,
     and to see what a pack holds before it removes the pack."""
-    pack_id = path.name.removesuffix(".pack")
-    with open(path, "rb") as f:
-        if _version(f.read(PACK_HEADER_NBYTES)) != PACK_VERSION:
+    pack_id = key.rsplit("/", 1)[-1].removesuffix(".pack")
+    with backend.of(root).open(key) as f:
+        if _version(f.read(0, PACK_HEADER_NBYTES)) != PACK_VERSION:
             return
-        size = os.fstat(f.fileno()).st_size
+        size = f.size
         offset = PACK_HEADER_NBYTES
         while offset + codec.ENTRY_NBYTES <= size:
-            f.seek(offset)
             try:
-                cd, raw, stored, cid = codec.parse_header(f.read(codec.ENTRY_NBYTES))
+                cd, raw, stored, cid = codec.parse_header(f.read(offset, codec.ENTRY_NBYTES))
             except codec.EntryError:
                 return
             if offset + codec.ENTRY_NBYTES + stored > size or not 0 < raw <= codec.MAX_CHUNK_BYTES \
@@ -185,21 +182,25 @@ def scan(path: pathlib.Path, digests: bool = False):
                 return
             digest = None
             if digests and cd != codec.CODEC_RAW:
-                digest = codec.stored_digest(f.read(stored))
+                digest = codec.stored_digest(f.read(offset + codec.ENTRY_NBYTES, stored))
             yield cid, Location(pack_id, offset, stored, raw, cd, digest)
             offset += codec.ENTRY_NBYTES + stored
 
 
-def list_packs(root: pathlib.Path):
-    packs = root / "packs"
+def list_packs(root):
+    """(pack id, key) of every pack."""
+    b = backend.of(root)
     try:
-        subs = sorted(os.listdir(packs))
+        subs = sorted(b.list("packs"))
     except FileNotFoundError:
         return
     for sub in subs:
-        d = packs / sub
-        if not d.is_dir():
+        if atomic.is_temp(sub):
             continue
-        for name in sorted(os.listdir(d)):
+        try:
+            names = sorted(b.list(f"packs/{sub}"))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for name in names:
             if name.endswith(".pack") and not atomic.is_temp(name):
-                yield name[: -len(".pack")], d / name
+                yield name[: -len(".pack")], f"packs/{sub}/{name}"

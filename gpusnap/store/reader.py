@@ -109,7 +109,7 @@ def read_buffer(rd, record: dict, *, snapshot: str | None = None) -> bytearray:
     snapshot and the object path."""
     idx = getattr(rd, "_read_index", None)
     if idx is None:
-        idx = rd._read_index = index.load(rd.path)
+        idx = rd._read_index = index.load(rd)
     path = record.get("path") if isinstance(record, dict) else None
     where = f" of {path}" if path else ""
     if snapshot:
@@ -120,7 +120,7 @@ def read_buffer(rd, record: dict, *, snapshot: str | None = None) -> bytearray:
         raise ChunkCorrupt(f"buffer{where} is damaged: {p.message}") from None
     out = bytearray(sum(nb for _, nb in chunks))
     view = memoryview(out)
-    reader = PackReader(pathlib.Path(rd.path))
+    reader = PackReader(rd)
     pos = 0
     try:
         for cid, nb in chunks:
@@ -131,7 +131,7 @@ def read_buffer(rd, record: dict, *, snapshot: str | None = None) -> bytearray:
                     if p.kind not in ("pack_missing", "chunk_unindexed"):
                         raise
                     # gc (a live run's retention) moved the chunk since the index was read
-                    idx = rd._read_index = index.load(rd.path)
+                    idx = rd._read_index = index.load(rd)
                     load_chunk(reader, idx, cid, nb, view[pos : pos + nb])
             except ChunkProblem as p:
                 cls = ChunkCorrupt if p.kind in ("chunk_corrupt", "pack_truncated") else ChunkMissing

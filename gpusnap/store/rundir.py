@@ -17,6 +17,7 @@ import pathlib
 import secrets
 import stat
 
+from gpusnap import knobs
 from gpusnap.errors import (
     FormatVersionError,
     RunDirError,
@@ -26,6 +27,8 @@ from gpusnap.errors import (
     StoreError,
 )
 from gpusnap.store import atomic
+from gpusnap.store.backend import Backend
+from gpusnap.store.local import LocalBackend
 from gpusnap.store.info import FORMAT_VERSION, SNAP_DIGITS, SnapshotInfo, by_number, is_snapshot_id, snapshot_id, utc_now  # noqa: F401  (re-exported)
 from gpusnap.store.lock import RunLock
 from gpusnap.trust import TRUST_HINT, untrusted
@@ -48,12 +51,31 @@ def _describe_command_difference(old: dict, new: dict) -> str:
     return "; ".join(parts) or "the command differs"
 
 
+def rebase(doc, old: str, new: str):
+    """``doc`` with every path under ``old`` (a string value or key) under ``new`` instead: a
+    run restarted from its store on a machine whose copy of the program is elsewhere."""
+    old = old.rstrip("/")
+
+    def one(x):
+        if isinstance(x, str):
+            return new + x[len(old):] if x == old or x.startswith(old + "/") else x
+        if isinstance(x, dict):
+            return {one(k): one(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [one(v) for v in x]
+        return x
+
+    return one(doc)
+
+
 class RunDir:
     """An opened run directory. Readers never see a half-written snapshot: a snapshot exists
     only once its manifest has been renamed into ``snapshots/``."""
 
-    def __init__(self, path: pathlib.Path, doc: dict) -> None:
-        self.path = pathlib.Path(path)
+    def __init__(self, path: pathlib.Path, doc: dict, backend: Backend | None = None) -> None:
+        self.path = pathlib.Path(path) if backend is None or isinstance(backend, LocalBackend) else path
+        # Every read, write, listing and lock of the directory goes through this (store.backend).
+        self.backend: Backend = backend or LocalBackend(self.path)
         self.identity: dict = doc.get("identity") or {}
         self.created: str = doc.get("created", "")
         # Random, written once with run.json: it names this run's keys in a distributed job's
@@ -99,12 +121,15 @@ class RunDir:
         return rd
 
     @classmethod
-    def open(cls, path, *, trusted: bool = False) -> "RunDir":
+    def open(cls, path, *, trusted: bool = False, backend: Backend | None = None) -> "RunDir":
         """Open an existing run directory. ``trusted=True`` (restore, which unpickles) also
-        refuses one that another user owns or that others can write to (``check_trusted``)."""
-        path = pathlib.Path(path)
+        refuses one that another user owns or that others can write to (``check_trusted``).
+        ``backend``: where it lives when that is not the local directory ``path``."""
+        if backend is None:
+            path = pathlib.Path(path)
+            backend = LocalBackend(path)
         try:
-            raw = (path / RUN_JSON).read_bytes()
+            raw = backend.get(RUN_JSON)
         except (FileNotFoundError, NotADirectoryError):
             raise RunDirError(f"{path} is not a gpusnap run directory", hint="pass the directory given to `gpusnap run --dir`") from None
         except PermissionError as exc:
@@ -116,13 +141,21 @@ class RunDir:
         fmt = doc.get("format")
         if fmt != FORMAT_VERSION:
             raise FormatVersionError(f"{path} has format {fmt!r}; this gpusnap knows format {FORMAT_VERSION}")
-        rd = cls(path, doc)
+        rd = cls(path, doc, backend)
         if trusted:
             rd.check_trusted()
         return rd
 
+    @property
+    def local(self) -> bool:
+        """On a file system: owner, mode and symbolic links are the OS's to check (an object
+        store's are its credentials and bucket policy)."""
+        return isinstance(self.backend, LocalBackend)
+
     def check_owner(self) -> None:
         """The directory itself is the user's own and nobody else can write to it."""
+        if not self.local:
+            return
         why = untrusted(os.stat(self.path))
         if why is not None:
             raise RunDirPermission(f"{self.path} {why}; a run directory is trusted data (restoring it runs code)",
@@ -134,6 +167,8 @@ class RunDir:
         snapshot is code: restart unpickles it, imports the modules it names and runs the
         command ``run.json`` records, so whoever can write here could run code as the user."""
         self.check_owner()
+        if not self.local:
+            return
         for dirpath, dirs, files in os.walk(self.path):
             for name in dirs + files:
                 entry = pathlib.Path(dirpath, name)
@@ -150,6 +185,8 @@ class RunDir:
         """Refuse a directory that is read-only to its owner even when we are root (root would
         bypass the mode bits and silently write into a directory someone froze)."""
         self.check_owner()
+        if not self.local:
+            return
         mode = os.stat(self.path).st_mode
         if not (mode & stat.S_IWUSR) or not os.access(self.path, os.W_OK):
             raise RunDirPermission(
@@ -161,7 +198,7 @@ class RunDir:
         """Take the lock, once the directory has been found trusted: the lock's holder writes
         what the next restart will run."""
         self.check_trusted()
-        return RunLock(self.path, purpose).acquire()
+        return self.backend.lock(purpose)
 
     # ---- snapshots
 
@@ -169,7 +206,7 @@ class RunDir:
         """Ids of every committed manifest file, readable or not, oldest first. A file in
         snapshots/ whose name is no snapshot id is no snapshot."""
         try:
-            names = os.listdir(self.path / "snapshots")
+            names = self.backend.list("snapshots")
         except FileNotFoundError:
             return []
         return by_number(n[: -len(".json")] for n in names if n.endswith(".json") and is_snapshot_id(n[: -len(".json")]))
@@ -184,9 +221,9 @@ class RunDir:
 
     def load_manifest(self, snap_id: str) -> dict:
         """Read one manifest; SnapshotNotFound if absent, StoreError if unreadable."""
-        p = self.path / "snapshots" / f"{self.checked_id(snap_id)}.json"
+        key = f"snapshots/{self.checked_id(snap_id)}.json"
         try:
-            raw = p.read_bytes()
+            raw = self.backend.get(key)
         except FileNotFoundError:
             raise SnapshotNotFound(f"no snapshot {snap_id} in {self.path}") from None
         try:
@@ -200,6 +237,8 @@ class RunDir:
                 f"snapshot {snap_id} has format {m.get('format')!r}; this gpusnap knows format {FORMAT_VERSION}"
             )
         m["id"] = snap_id
+        if knobs.MOVED_FROM:
+            m = rebase(m, knobs.MOVED_FROM, os.getcwd())
         return m
 
     def snapshots(self) -> list[SnapshotInfo]:
@@ -240,7 +279,7 @@ class RunDir:
         self.check_writable()
         if not is_snapshot_id(snap_id):
             raise StoreError(f"{snap_id!r} is no snapshot id: a snapshot id is {SNAP_DIGITS} or more digits")
-        if (self.path / "snapshots" / f"{snap_id}.json").exists():
+        if self.backend.exists(f"snapshots/{snap_id}.json"):
             raise StoreError(f"snapshot {snap_id} already exists in {self.path}; committed snapshots are never rewritten")
         return SnapshotWriter(self, snap_id, chunk_bytes=chunk_bytes, pack_bytes=pack_bytes, lock_token=lock_token)
 
@@ -249,12 +288,13 @@ class RunDir:
     def write_witness(self, snap_id: str, data: bytes) -> None:
         from gpusnap.store import witness
 
-        witness.write(self.path, snap_id, data)
+        witness.write(self.backend, snap_id, data)
 
     def load_witness(self, snap_id: str) -> dict | None:
         from gpusnap.store import witness
 
-        return witness.read(self.path, snap_id)
+        doc = witness.read(self.backend, snap_id)
+        return rebase(doc, knobs.MOVED_FROM, os.getcwd()) if doc is not None and knobs.MOVED_FROM else doc
 
     # ---- reading, checking, pruning (implemented in their own modules)
 

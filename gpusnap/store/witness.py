@@ -6,35 +6,32 @@ good snapshot (its restart is reported unverified). docs/FORMAT.md, "witness/<id
 from __future__ import annotations
 
 import json
-import pathlib
 
-from gpusnap.store import atomic
+from gpusnap.errors import StoreError
+from gpusnap.store import atomic, backend
 
 DIR = "witness"
 # Bounds what a restart believes of a file it reads: a witness is a few kB.
 MAX_BYTES = 1 << 20
 
 
-def path(root, snap_id: str) -> pathlib.Path:
-    return pathlib.Path(root) / DIR / f"{snap_id}.json"
+def key(snap_id: str) -> str:
+    return f"{DIR}/{snap_id}.json"
 
 
-def write(root, snap_id: str, data: bytes) -> None:
+def write(store, snap_id: str, data: bytes) -> None:
     """Commit ``data`` (the witness's JSON) as snapshot ``snap_id``'s witness (atomic: the old
     one or the new one)."""
-    folder = pathlib.Path(root) / DIR
-    if not folder.is_dir():
-        atomic.make_dir(folder)
-    atomic.write_file(path(root, snap_id), [data])
+    backend.of(store).put(key(snap_id), [data])
 
 
-def read(root, snap_id: str) -> dict | None:
+def read(store, snap_id: str) -> dict | None:
     """Snapshot ``snap_id``'s witness; None when it has none, or one that does not read (a
     damaged witness proves nothing, and the snapshot itself is intact)."""
     try:
-        with open(path(root, snap_id), "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-    except OSError:
+        with backend.of(store).open(key(snap_id)) as r:
+            raw = r.read(0, MAX_BYTES + 1)
+    except (OSError, StoreError):
         return None
     if len(raw) > MAX_BYTES:
         return None
@@ -52,20 +49,20 @@ def read(root, snap_id: str) -> dict | None:
     return doc
 
 
-def remove_orphans(root) -> int:
+def remove_orphans(store) -> int:
     """Remove the witnesses of snapshots that are gone (retention, gc); how many. Temp files are
     gc's (its sweep of killed writers' debris)."""
-    folder = pathlib.Path(root) / DIR
+    b = backend.of(store)
     try:
-        names = [n for n in folder.iterdir() if n.suffix == ".json" and not atomic.is_temp(n.name)]
+        names = [n for n in b.list(DIR) if n.endswith(".json") and not atomic.is_temp(n)]
     except FileNotFoundError:
         return 0
     removed = 0
     for name in names:
-        snap_id = name.name.split(".", 1)[0]
-        if not (pathlib.Path(root) / "snapshots" / f"{snap_id}.json").exists():
-            atomic.remove_file(name)
+        snap_id = name.split(".", 1)[0]
+        if not b.exists(f"snapshots/{snap_id}.json"):
+            b.delete(f"{DIR}/{name}")
             removed += 1
     if removed:
-        atomic.fsync_dir(folder)
+        b.synced(DIR)
     return removed

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from gpusnap import knobs
 from gpusnap.errors import RunDirLocked, StoreError
 from gpusnap.store import atomic, codec, index, lock
-from gpusnap.store.pack import Location, PackBuilder, pack_path
+from gpusnap.store.pack import Location, PackBuilder, pack_key
 from gpusnap.store.info import FORMAT_VERSION, SnapshotInfo, utc_now
 
 _MAX_CHUNK_BYTES = codec.MAX_CHUNK_BYTES
@@ -55,7 +55,7 @@ class SnapshotWriter:
         self._rd = rd
         self.snap_id = snap_id
         self._lock_token = lock_token  # of the lock this writer writes under: checked before the commit
-        self._index = index.load(rd.path)
+        self._index = index.load(rd)
         self._known = self._index.live()  # chunk id -> Location, committed ones in packs that are there
         self._new: dict[str, Location] = {}
         self._packs: dict[str, tuple[int, list[tuple[str, Location]]]] = {}
@@ -125,7 +125,7 @@ class SnapshotWriter:
             return
         t0 = time.perf_counter()
         try:
-            pack_id, nbytes, located = self._pack.flush(self._rd.path)
+            pack_id, nbytes, located = self._pack.flush(self._rd)
         except BaseException:
             self.abort()  # a snapshot that lost a pack cannot commit: take back what it wrote
             raise
@@ -156,7 +156,7 @@ class SnapshotWriter:
             self._pack.close()
             created = utc_now()
             if self._packs:
-                self._index_name = index.write(self._rd.path, self.snap_id, self._packs, created)
+                self._index_name = index.write(self._rd, self.snap_id, self._packs, created)
             st = self.stats
             stats = dict(manifest.get("stats") or {})
             stats.update(
@@ -170,11 +170,10 @@ class SnapshotWriter:
             )
             doc = dict(manifest)
             doc.update(format=FORMAT_VERSION, id=self.snap_id, created=created, stats=stats)
-            path = self._rd.path / "snapshots" / f"{self.snap_id}.json"
             data = json.dumps(doc, indent=1, allow_nan=False, default=_json_default).encode()
             lock.check_token(self._rd.path, self._lock_token)
             try:
-                atomic.write_file(path, [data], noreplace=True)
+                self._rd.backend.commit(f"snapshots/{self.snap_id}.json", data)
             except atomic.FileExists:
                 raise atomic.FileExists(f"snapshot {self.snap_id} already exists; committed snapshots are never rewritten") from None
         except (RunDirLocked, atomic.FileExists):
@@ -195,14 +194,14 @@ class SnapshotWriter:
         if self._done:
             return
         self._done = True
-        if not remove or (self._rd.path / "snapshots" / f"{self.snap_id}.json").exists():
+        if not remove or self._rd.backend.exists(f"snapshots/{self.snap_id}.json"):
             self._pack.close()
             return  # the manifest made it (only the directory fsync failed): it is committed
         try:
             if self._index_name:
-                atomic.remove_file(index.index_dir(self._rd.path) / self._index_name)
+                self._rd.backend.delete(f"{index.DIR}/{self._index_name}")
             for pack_id in self._packs:
-                atomic.remove_file(pack_path(self._rd.path, pack_id))
+                self._rd.backend.delete(pack_key(pack_id))
         except Exception:
             pass  # gc removes what is left; the error that made us abort is the one to report
         self._pack.close()

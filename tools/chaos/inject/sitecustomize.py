@@ -34,7 +34,7 @@ def _oserror(name: str) -> OSError:
 
 if _FAULT:
     from gpusnap.stage import memory
-    from gpusnap.store import atomic, lock, pack
+    from gpusnap.store import atomic, local, lock
 
     _snaps = os.path.join(os.path.dirname(os.path.realpath(_FAULT)), "snaps")
     _process = os.getpid()
@@ -60,7 +60,7 @@ if _FAULT:
 
         return write
 
-    def _pread(fd, n, offset, _real=pack._pread):
+    def _pread(fd, n, offset, _real=local._pread):
         fault = _fault()
         if fault[:1] == ["EIO-READ"] and random.random() < float(fault[1]):
             raise _oserror("EIO")
@@ -77,5 +77,5 @@ if _FAULT:
 
     atomic._write = _writes(atomic._write)
     lock._pwrite = _writes(lock._pwrite)
-    pack._pread = _pread
+    local._pread = _pread
     memory._open = _open
