@@ -189,7 +189,7 @@ def test_a_url_of_a_store_gpusnap_cannot_write_is_refused_with_exit_2(work, comm
     assert r.stderr.splitlines() == [
         f"gpusnap: {url} is a URL, and run directories on hdfs:// are not supported",
         "hint: pass a local directory, or one on a shared filesystem (NFS, Lustre) that the next machine "
-        "mounts at the same place",
+        "mounts at the same place, or s3://BUCKET/PREFIX (also gs://, az://)",
     ]
     assert r.stdout == ""
     assert sorted(p.name for p in work.iterdir()) == ["ok.py", "wrap.py"]  # no ./hdfs: directory

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import shutil
 import sys
 import tempfile
@@ -17,6 +18,7 @@ from gpusnap.errors import GpusnapError, NoActiveRun, RestoreError as RestoreRef
 from gpusnap.launch import options as opt
 from gpusnap.launch import torchrun
 from gpusnap.store import atomic
+from gpusnap.store import location
 from gpusnap.store.location import local_dir
 
 _PASSTHROUGH = {"ignore_unknown_options": True, "allow_interspersed_args": False}
@@ -173,11 +175,17 @@ def run(run_dir, every, overhead, signal_name, on_term, grace, keep, paranoid, v
     launch.torchrun = torchrun.arguments(dist)
     if resume not in ("auto", "never") and not resume.strip():
         raise UsageError("--resume takes auto, never or a snapshot id")
-    path = local_dir(run_dir if run_dir else os.path.join("gpusnap-runs", default_name))
+    path, url = location.resolve(run_dir if run_dir else os.path.join("gpusnap-runs", default_name))
+    if url is not None and launch.torchrun is not None:
+        raise UsageError("a distributed run cannot keep its directory on an object store yet",
+                         hint="pass a directory on a shared filesystem (NFS, Lustre) that every node mounts")
+    if url is not None:
+        location.probe(url)
     opt.check_dir_writable(path)
     if resume not in ("auto", "never") and not os.path.exists(os.path.join(path, "run.json")):
         raise SnapshotNotFound(f"no snapshot {resume} in {path}: it holds no run yet")
     launch.run_dir = path
+    launch.store = url
 
     identity = {
         "command": {"kind": kind, "target": target, "args": args},
@@ -224,10 +232,15 @@ def restart(run_dir, snapshot_id, force, every, overhead, signal_name, on_term, 
     """
     from gpusnap.store.rundir import RunDir
 
-    path = local_dir(run_dir)
+    path, url = location.resolve(run_dir)
+    if url is not None:  # the newest snapshot that reached the store, unless this machine has a newer one
+        from gpusnap.store.levels import fetch
+
+        fetch(location.open_shared(url), pathlib.Path(path), say=lambda line: _say(line, level=1))
     rd = RunDir.open(path, trusted=True)  # restoring unpickles: refuse another user's directory
     rd.check_writable()
-    launch = _restart_launch(rd, path, force, dist)
+    launch = _restart_launch(rd, path, force, dist, moved=url is not None)
+    launch.store = url
     _apply_schedule(launch, every, overhead, signal_name, on_term, grace, keep, notices, verbosity, paranoid)
     recorded = rd.identity.get("files") or {}
     _apply_files(launch, files_exclude or recorded.get("exclude") or (), files_max)
@@ -236,14 +249,22 @@ def restart(run_dir, snapshot_id, force, every, overhead, signal_name, on_term, 
     _supervise(launch, None, snapshot_id or "auto", rd=rd, require_snapshot=True)
 
 
-def _restart_launch(rd, path: str, force: bool, dist: dict):
-    """The Launch that runs run directory ``rd``'s recorded command again (scheduling aside)."""
+def _restart_launch(rd, path: str, force: bool, dist: dict, moved: bool = False):
+    """The Launch that runs run directory ``rd``'s recorded command again (scheduling aside).
+    ``moved``: the run may come from another machine (its store is shared), where the program's
+    files were elsewhere: when the recorded working directory is missing here, the current one
+    takes its place (the next machine's copy of the program's files)."""
     from gpusnap.launch.supervisor import Launch
 
     ident = rd.identity
     command = ident.get("command") or {}
     kind, target, args = command.get("kind"), command.get("target"), list(command.get("args") or [])
     cwd = ident.get("cwd") or os.getcwd()
+    if moved and not os.path.isdir(cwd):
+        if kind == "script" and os.path.isabs(target):
+            target = os.path.join(os.getcwd(), os.path.relpath(target, cwd))
+        knobs.MOVED_FROM = os.environ["GPUSNAP_MOVED_FROM"] = cwd  # the trainee reads it too
+        cwd = os.getcwd()
     if kind not in ("script", "module") or not target:
         raise GpusnapError(f"{path}/run.json names no command to restart")
     if not os.path.isdir(cwd):
@@ -377,15 +398,33 @@ def _supervise(launch, identity, resume: str, rd=None, require_snapshot: bool = 
     launch.lock_token = lock.token if lock is not None else None
     if lock is not None and lock.note():
         _say(lock.note())
+    uploader = shared_lock = None
     try:
+        if launch.store is not None:
+            uploader, shared_lock = _start_uploads(rd, launch)
         launch.resume = _choose_snapshot(rd, resume, require_snapshot, anew_after_end=launch.torchrun is None)
         if launch.resume is not None and launch.torchrun is not None:
             _check_world_size(rd, launch)
         status = Supervisor(launch).run()
     finally:
+        if uploader is not None:
+            uploader.stop()  # what the run committed last (a preempted run's stop snapshot) goes too
+            _say(uploader.summary(), level=1)
+        if shared_lock is not None:
+            shared_lock.release()
         if lock is not None:
             lock.release()
     sys.exit(status)
+
+
+def _start_uploads(rd, launch):
+    """The shared level's lock (one run writes a store at a time) and its uploader."""
+    from gpusnap.store.levels import Uploader
+    from gpusnap.store.objects import open_backend
+
+    shared = open_backend(launch.store)
+    shared_lock = shared.lock("run")  # also where missing credentials or bucket are found, before the program starts
+    return Uploader(rd, shared, keep=launch.keep, say=lambda line: _say(line, level=1)).start(), shared_lock
 
 
 def _check_world_size(rd, launch) -> None:

@@ -9,14 +9,15 @@ import time
 import click
 
 from gpusnap.cli import cli, trust_dir_option
-from gpusnap.errors import SnapshotNotFound, StoreDamaged, UsageError
+from gpusnap.errors import GpusnapError, SnapshotNotFound, StoreDamaged, UsageError
 
 
 def _open(path: str):
-    from gpusnap.store import RunDir
-    from gpusnap.store.location import local_dir
+    """The run directory DIR names: a local one, or the shared level of a URL (read there)."""
+    from gpusnap.store import RunDir, location
 
-    return RunDir.open(local_dir(path))
+    local, url = location.resolve(path)
+    return location.open_shared(url) if url is not None else RunDir.open(local)
 
 
 def human_bytes(n: int | None) -> str:
@@ -49,21 +50,49 @@ def _table(rows: list[list[str]]) -> list[str]:
 def ls_cmd(run_dir, as_json):
     """List the committed snapshots of DIR, oldest first."""
     rd = _open(run_dir)
-    snaps = rd.snapshots()
+    snaps, level = rd.snapshots(), _levels(rd)
+    if level:  # a URL: the snapshots this machine committed that have not reached the store yet too
+        snaps = sorted(snaps + [s for s in level.pop(None).snapshots() if s.id not in {x.id for x in snaps}],
+                       key=lambda s: int(s.id))
     if as_json:
-        click.echo(json.dumps([s.to_json() for s in snaps], indent=1))
+        click.echo(json.dumps([dict(s.to_json(), **({"level": level[s.id]} if level else {})) for s in snaps], indent=1))
         return
     if not snaps:
         click.echo(f"no snapshots in {rd.path}")
         return
-    rows = [["ID", "CREATED", "ITERATION", "STALL", "DIRTY", "WRITTEN", "TOTAL", "INTERVAL", "OVERHEAD", "RESUMED FROM"]]
+    rows = [["ID", "CREATED", "ITERATION", "STALL", "DIRTY", "WRITTEN", "TOTAL", "INTERVAL", "OVERHEAD", "RESUMED FROM"]
+            + (["LEVEL"] if level else [])]
     for s in snaps:
-        rows.append([s.id, s.created, "-" if s.iteration is None else str(s.iteration), _secs(s.stall_s),
+        rows.append(([level[s.id]] if level else []) + [s.id, s.created, "-" if s.iteration is None else str(s.iteration), _secs(s.stall_s),
                      "-" if s.dirty_bytes is None else human_bytes(s.dirty_bytes),
                      human_bytes(s.bytes_written), human_bytes(s.bytes_total), _interval(s.every, s.interval_s),
                      "-" if s.overhead is None else f"{s.overhead * 100:.2f}%", s.resumed_from or "-"])
+        if level:
+            rows[-1].append(rows[-1].pop(0))
     for line in _table(rows):
         click.echo(line)
+
+
+def _levels(rd) -> dict | None:
+    """For the shared level of a URL: {snapshot id: "local", "shared" or "local+shared"}, and
+    under None this machine's local level (an empty one when it has none). None for a path."""
+    if rd.local:
+        return None
+    from gpusnap.store import RunDir, levels, location
+
+    path = location.local_dir(rd.backend.location)
+    try:
+        local = RunDir.open(path)
+    except GpusnapError:
+        local = None
+    out: dict = levels.levels(local, rd)
+    out[None] = local or _NoSnapshots()
+    return out
+
+
+class _NoSnapshots:
+    def snapshots(self) -> list:
+        return []
 
 
 def _interval(every, interval_s) -> str:

@@ -137,6 +137,7 @@ class Launch:
     files_exclude: list[str] = field(default_factory=list)  # --files-exclude, after files.DEFAULT_EXCLUDES
     files_max: int | None = None  # --files-max (None: knobs.FILES_MAX_BYTES)
     files_after: str | None = None  # a restart: where files newer than the snapshot were moved
+    store: str | None = None  # the shared level's URL (--dir s3://...): run_dir is its local level
 
     def boot_config(self, control_path: str) -> dict:
         return {

@@ -30,6 +30,7 @@ from gpusnap.graph.load import DEVICE_BASES, LiveOnly
 from gpusnap.instrument import loops
 from gpusnap.restore import devices, fastforward, itemcheck, livecheck, load
 from gpusnap.store import reader
+from gpusnap.store.rundir import rebase
 from gpusnap.restore.frames import write_locals
 from gpusnap.restore.merge import Merger
 
@@ -216,6 +217,9 @@ class Replay:
         load_s = time.perf_counter() - loading
         live_frames = roots.frames_on_path(loop.frame)
         saved_frames = payload["frames"]
+        if knobs.MOVED_FROM:  # the program's files are elsewhere on this machine (store.rundir.rebase)
+            for f in saved_frames:
+                f["file"] = rebase(f["file"], knobs.MOVED_FROM, os.getcwd())
         _check_frames(live_frames, saved_frames)
         merger = Merger(self.write_device)
         self._stage = "merging"

@@ -74,6 +74,12 @@ class Backend:
     def open(self, key: str) -> Ranged:
         raise NotImplementedError
 
+    def get_ranges(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """Several (offset, nbytes) ranges of one object; an object store requests them in
+        parallel (up to ``connections``)."""
+        with self.open(key) as r:
+            return [r.read(o, n) for o, n in ranges]
+
     def size(self, key: str) -> int:
         raise NotImplementedError
 

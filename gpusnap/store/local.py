@@ -40,14 +40,17 @@ class LocalBackend(Backend):
     def path(self, key: str) -> pathlib.Path:
         return self.root / key if key else self.root
 
-    def put(self, key: str, parts, *, direct: bool = False) -> int:
+    def _parent_made(self, key: str) -> pathlib.Path:
         path = self.path(key)
         if not path.parent.is_dir():
             atomic.make_dir(path.parent)
-        return atomic.write_file(path, parts, direct=direct)
+        return path
+
+    def put(self, key: str, parts, *, direct: bool = False) -> int:
+        return atomic.write_file(self._parent_made(key), parts, direct=direct)
 
     def commit(self, key: str, data: bytes) -> None:
-        atomic.write_file(self.path(key), [data], noreplace=True)
+        atomic.write_file(self._parent_made(key), [data], noreplace=True)
 
     def get(self, key: str) -> bytes:
         with open(self.path(key), "rb") as f:
@@ -77,7 +80,7 @@ class LocalBackend(Backend):
                 pass
 
     def append(self, key: str, data: bytes) -> None:
-        fd = atomic.open_private(self.path(key), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        fd = atomic.open_private(self._parent_made(key), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             os.write(fd, data)
         finally:

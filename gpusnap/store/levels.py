@@ -1,0 +1,255 @@
+"""Levels: a snapshot commits where it is fastest, then is copied where the next machine finds it.
+
+A run whose directory is a URL (``--dir s3://bucket/run``) writes its snapshots exactly as a
+local run does, into a local directory (``cache_dir``: the *local* level), so the trainee's stall
+is that of a local run. A thread of the supervisor (``Uploader``) copies each committed snapshot
+to the object store (the *shared* level) while training goes on: its new packs (each a parallel
+multipart upload), one index file naming them, its witness, then its manifest, last, with a
+conditional create: the snapshot exists in the store from that put on, and never half.
+
+A restart on a machine without the local directory (``fetch``) takes the newest snapshot that
+reached the store, reads its packs with parallel range requests into a new local directory,
+commits the manifest there last, and restarts from it. The local directory is a cache: deleting
+it loses nothing the store holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from gpusnap import knobs
+from gpusnap.errors import GpusnapError, StoreError
+from gpusnap.store import atomic, index, witness
+from gpusnap.store.backend import Backend
+from gpusnap.store.local import LocalBackend
+from gpusnap.store.pack import pack_key
+from gpusnap.store.rundir import RUN_JSON, RunDir
+
+LOCAL, SHARED = "local", "shared"
+# Copied whole after each snapshot (what `gpusnap ls` and a restart elsewhere read of the run).
+LOG_KEYS = ("log.jsonl", "files.jsonl")
+
+
+def cache_dir(url: str) -> pathlib.Path:
+    """The local level of run directory ``url``: CACHE_DIR/<scheme>/<bucket>/<prefix>."""
+    scheme, _, rest = url.partition("://")
+    parts = [p for p in rest.split("/") if p not in ("", ".", "..")]
+    return pathlib.Path(knobs.CACHE_DIR, scheme.lower(), *parts)
+
+
+def _needed_packs(rd: RunDir, manifest: dict, idx: index.Index) -> dict[str, list]:
+    """pack id -> [(chunk id, location)] of every pack holding a chunk of ``manifest``."""
+    want = {str(c) for rec in manifest["buffers"].values() for c, _ in rec["chunks"]}
+    packs: dict[str, list] = {}
+    for cid in want:
+        loc = idx.chunks.get(cid)
+        if loc is None:
+            raise StoreError(f"snapshot {manifest['id']}: chunk {cid} is in no pack of {rd.backend.location}")
+        packs.setdefault(loc.pack, [])
+    for cid, loc in idx.chunks.items():
+        if loc.pack in packs:
+            packs[loc.pack].append((cid, loc))
+    return packs
+
+
+def copy_snapshot(src: RunDir, dst: Backend, snap_id: str, have_packs: set[str], report: dict) -> bool:
+    """Copy snapshot ``snap_id`` of ``src`` to ``dst``: packs ``dst`` lacks, one index file
+    naming them, the witness, the manifest last (a conditional create). False when ``dst``
+    holds that id already (another writer committed it)."""
+    raw = src.backend.get(f"snapshots/{snap_id}.json")
+    manifest = json.loads(raw)
+    manifest["id"] = snap_id
+    idx = src._read_index = index.load(src)
+    packs = _needed_packs(src, manifest, idx)
+    new = {pid: located for pid, located in packs.items() if pid not in have_packs}
+    sizes: dict[str, int] = {}
+
+    def one(pid: str) -> None:
+        t0 = time.monotonic()
+        sizes[pid] = _copy_object(src.backend, dst, pack_key(pid))
+        report["seconds"] += time.monotonic() - t0
+
+    with ThreadPoolExecutor(max(1, min(dst.connections, src.backend.connections * 8, len(new) or 1))) as pool:
+        list(pool.map(one, sorted(new)))
+    if new:
+        index.write(dst, snap_id, {pid: (sizes[pid], located) for pid, located in new.items()},
+                    manifest.get("created") or "")
+    have_packs.update(new)
+    report["bytes"] += sum(sizes.values())
+    try:
+        dst.put(witness.key(snap_id), [src.backend.get(witness.key(snap_id))])
+    except FileNotFoundError:
+        pass
+    try:
+        dst.commit(f"snapshots/{snap_id}.json", raw)
+    except atomic.FileExists:
+        return False
+    return True
+
+
+def _copy_object(src: Backend, dst: Backend, key: str) -> int:
+    """One object from ``src`` to ``dst``: read in parallel ranges where ``src`` can, then one
+    put (a parallel multipart upload on an object store)."""
+    if src.connections <= 1:
+        data = src.get(key)
+    else:
+        size, part = src.size(key), max(1, knobs.STORE_PART_BYTES)
+        data = b"".join(src.get_ranges(key, [(o, min(part, size - o)) for o in range(0, size, part)]))
+    return dst.put(key, [data], direct=True)
+
+
+def ensure_run(shared: Backend, local: RunDir) -> None:
+    try:
+        shared.commit(RUN_JSON, local.backend.get(RUN_JSON))
+    except atomic.FileExists:
+        pass
+
+
+class Uploader:
+    """Copies each snapshot committed in ``local`` to ``shared``, oldest first, in a thread of
+    the supervisor. ``keep``: the store keeps that many (retention, as --keep locally)."""
+
+    def __init__(self, local: RunDir, shared: Backend, keep: int | None = None, say=None) -> None:
+        self.local, self.shared, self.keep = local, shared, keep
+        self._say = say or (lambda line: None)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.report = {"snapshots": [], "bytes": 0, "seconds": 0.0, "failures": 0}
+        self._have: set[str] | None = None
+        self._failed_once: set[str] = set()
+
+    def start(self) -> "Uploader":
+        ensure_run(self.shared, self.local)
+        self._thread = threading.Thread(target=self._loop, name="gpusnap-uploader", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(knobs.UPLOAD_TICK_S):
+            self.sync()
+
+    def sync(self) -> list[str]:
+        """Copy what is committed locally and not yet in the store; the ids it copied. A failure
+        leaves the store as it was before the snapshot's manifest (nothing half-committed is
+        visible) and is tried again at the next tick."""
+        from gpusnap.store.pack import list_packs
+
+        done = []
+        try:
+            shared_ids = set(_ids(self.shared))
+            if self._have is None:
+                self._have = {pid for pid, _ in list_packs(self.shared)}
+            for sid in self.local.snapshot_ids():
+                if sid in shared_ids or sid in self.report["snapshots"]:
+                    continue
+                if copy_snapshot(self.local, self.shared, sid, self._have, self.report):
+                    self.report["snapshots"].append(sid)
+                    done.append(sid)
+                    self._say(f"snapshot {sid} reached {self.shared.location}")
+            for key in LOG_KEYS:
+                try:
+                    self.shared.put(key, [self.local.backend.get(key)])
+                except FileNotFoundError:
+                    pass
+            if done and self.keep is not None:
+                from gpusnap.store.gc import prune
+
+                prune(RunDir.open(self.shared.location, backend=self.shared), self.keep)
+                self._have = None
+        except (GpusnapError, OSError, ValueError) as exc:
+            self.report["failures"] += 1
+            message = getattr(exc, "message", None) or str(exc)
+            if message not in self._failed_once:  # once per kind of failure, not every tick
+                self._failed_once.add(message)
+                self._say(f"copying to {self.shared.location} failed ({message}); retrying; training goes on")
+        return done
+
+    def summary(self) -> str:
+        r = self.report
+        mib = r["bytes"] / 2**20
+        rate = f" ({mib / r['seconds']:.1f} MiB/s)" if r["seconds"] > 0 else ""
+        counts = getattr(self.shared, "counts", {})
+        retried = f"; retried {counts.get('throttled', 0)} throttled and {counts.get('dropped', 0)} dropped requests" \
+            if counts.get("throttled") or counts.get("dropped") else ""
+        left = [sid for sid in self.local.snapshot_ids() if sid not in r["snapshots"] and sid not in _ids(self.shared)]
+        missing = f"; not in the store: {', '.join(left)} (they stay in {self.local.path})" if left else ""
+        return f"{len(r['snapshots'])} snapshots copied to {self.shared.location}: {mib:.1f} MiB of packs{rate}{retried}{missing}"
+
+    def stop(self) -> None:
+        """Stop the thread, then copy what is left (the stop snapshot of a preempted run)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.sync()
+
+
+def _ids(b: Backend) -> list[str]:
+    from gpusnap.store.info import by_number, is_snapshot_id
+
+    try:
+        names = b.list("snapshots")
+    except FileNotFoundError:
+        return []
+    return by_number(n[:-5] for n in names if n.endswith(".json") and is_snapshot_id(n[:-5]))
+
+
+def levels(local: RunDir | None, shared: RunDir) -> dict[str, str]:
+    """snapshot id -> "local", "shared" or "local+shared"."""
+    out = {sid: SHARED for sid in shared.snapshot_ids()}
+    for sid in local.snapshot_ids() if local is not None else ():
+        out[sid] = f"{LOCAL}+{SHARED}" if sid in out else LOCAL
+    return out
+
+
+def fetch(shared: RunDir, path: pathlib.Path, say=None) -> RunDir:
+    """The local level of ``shared`` at ``path``, holding the newest snapshot of the store that
+    reads (its manifest, every chunk indexed), made from the store's when the local directory
+    lacks it; a local directory with a newer committed snapshot (this machine took it) is kept."""
+    say = say or (lambda line: None)
+    raw = shared.backend.get(RUN_JSON)
+    if not (path / RUN_JSON).exists():
+        missing = [p for p in [path, *path.parents] if not p.exists()]
+        for p in reversed(missing):
+            atomic.make_dir(p)
+            os.chmod(p, 0o700)
+        local = LocalBackend(path)
+        for sub in ("snapshots", "index", "packs"):
+            atomic.make_dir(path / sub)
+        local.commit(RUN_JSON, raw)
+    rd = RunDir.open(path)
+    if json.loads(raw).get("nonce") != rd.nonce:
+        raise StoreError(f"{path} caches another run than {shared.backend.location}",
+                         hint=f"remove {path} (a cache: the store keeps everything) and restart again")
+    local_ids = rd.snapshot_ids()
+    for sid in reversed(shared.snapshot_ids()):
+        if local_ids and int(local_ids[-1]) >= int(sid):
+            return rd
+        t0 = time.monotonic()
+        report = {"bytes": 0, "seconds": 0.0}
+        try:
+            copy_snapshot(shared, rd.backend, sid, {pid for pid, _ in _local_packs(rd)}, report)
+        except (StoreError, ValueError, KeyError) as exc:
+            say(f"skipping snapshot {sid} of {shared.backend.location}: {getattr(exc, 'message', exc)}")
+            continue
+        dt = max(time.monotonic() - t0, 1e-9)
+        say(f"fetched snapshot {sid} from {shared.backend.location}: {report['bytes'] / 2**20:.1f} MiB in "
+            f"{dt:.2f} s ({report['bytes'] / 2**20 / dt:.1f} MiB/s)")
+        for key in LOG_KEYS:
+            try:
+                if not rd.backend.exists(key):
+                    rd.backend.put(key, [shared.backend.get(key)])
+            except FileNotFoundError:
+                pass
+        return rd
+    return rd
+
+
+def _local_packs(rd: RunDir):
+    from gpusnap.store.pack import list_packs
+
+    return list_packs(rd)

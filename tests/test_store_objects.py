@@ -1,0 +1,252 @@
+"""Run directories on an object store, against a real S3-compatible HTTP server: moto's server
+mode, started once for this module on 127.0.0.1 at a free port. Clients are configured only
+through the standard variables (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+AWS_REGION, AWS_ALLOW_HTTP)."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from gpusnap.store import atomic
+from gpusnap.store.local import LocalBackend
+from gpusnap.store.memory import MemoryBackend
+from harness import PROGRAMS, REPO, Run, assert_same, gpusnap, load_final, progress, wait_for
+
+obstore = pytest.importorskip("obstore", reason="run directories on S3 need obstore: pip install 'gpusnap[s3]'")
+pytest.importorskip("moto.server", reason="the S3 tests need a local moto server: pip install 'moto[server]'")
+pytest.importorskip("flask", reason="moto's server mode needs flask: pip install 'moto[server]'")
+
+BUCKET = "gpusnap-tests"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """The environment that reaches a fresh moto server holding BUCKET."""
+    port = _free_port()
+    log = tmp_path_factory.mktemp("moto") / "server.log"
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=log.open("w"), stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(endpoint, timeout=2).read()
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise AssertionError(f"moto did not start: {log.read_text()}")
+                time.sleep(0.2)
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/{BUCKET}", method="PUT"), timeout=10).read()
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)  # this process's own clients (the backend contract below)
+        yield env
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def _url(name: str) -> str:
+    return f"s3://{BUCKET}/{name}-{random.randrange(1 << 30):08x}"
+
+
+# -- the interface: every backend does the same thing ---------------------------------------
+
+
+@pytest.fixture(params=["memory", "local", "s3"])
+def backend(request, tmp_path):
+    if request.param == "memory":
+        return MemoryBackend()
+    if request.param == "local":
+        return LocalBackend(tmp_path / "run")
+    request.getfixturevalue("s3")
+    from gpusnap.store.objects import ObjectBackend
+
+    return ObjectBackend(_url("contract"))
+
+
+def test_every_backend_keeps_the_same_contract(backend):
+    with pytest.raises(FileNotFoundError):
+        backend.get("snapshots/000001.json")
+    with pytest.raises(FileNotFoundError):
+        backend.list("snapshots")
+    data = os.urandom(3 << 20)
+    assert backend.put("packs/ab/ab12.pack", [data[:100], data[100:]]) == len(data)
+    assert backend.get("packs/ab/ab12.pack") == data
+    with backend.open("packs/ab/ab12.pack") as r:
+        assert r.size == len(data)
+        assert r.read(1 << 20, 77) == data[1 << 20 : (1 << 20) + 77]
+        assert r.read(len(data) - 5, 100) == data[-5:]  # fewer only at the end
+    backend.commit("snapshots/000001.json", b'{"a": 1}')
+    with pytest.raises(atomic.FileExists):  # the store decides: a commit never replaces
+        backend.commit("snapshots/000001.json", b'{"a": 2}')
+    assert backend.get("snapshots/000001.json") == b'{"a": 1}'
+    assert sorted(backend.list("")) == ["packs", "snapshots"]
+    assert backend.list("packs") == ["ab"] and backend.list("packs/ab") == ["ab12.pack"]
+    backend.append("log.jsonl", b"one\n")
+    backend.append("log.jsonl", b"two\n")
+    assert backend.get("log.jsonl") == b"one\ntwo\n"
+    backend.delete("packs/ab/ab12.pack")
+    backend.delete("packs/ab/ab12.pack")  # gone already: no error
+    assert not backend.exists("packs/ab/ab12.pack") and backend.exists("snapshots/000001.json")
+
+
+# -- a run on S3 -----------------------------------------------------------------------------
+
+
+def _store_ids(url: str, env: dict, cwd: Path) -> list[str]:
+    import json
+
+    r = gpusnap("ls", url, "--json", cwd=cwd, env=env)
+    assert r.returncode == 0, r.stderr
+    return [s["id"] for s in json.loads(r.stdout) if "shared" in s["level"]]
+
+
+def test_drill_a_reclaimed_vm_restarts_from_s3_on_a_fresh_machine(s3, tmp_path):
+    """kill -9 with the whole local tree gone (the program's copy, the cache, its output), then
+    `gpusnap restart s3://...` from a fresh copy of the program in another directory: the run
+    ends byte for byte as an uninterrupted one."""
+    url = _url("drill")
+    first, second = tmp_path / "vm1", tmp_path / "vm2"
+    for vm in (first, second):
+        vm.mkdir()
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    reference = subprocess.Popen([sys.executable, str(PROGRAMS / "style_a.py"), str(ref), "0", "3"], cwd=tmp_path,
+                                 env={**os.environ, "PYTHONPATH": str(REPO), "TEST_STEP_SLEEP_S": "0"})
+    shutil.copytree(PROGRAMS, first / "progs", ignore=shutil.ignore_patterns("__pycache__"))
+    (first / "out").mkdir()
+    env1 = {**s3, "GPUSNAP_CACHE_DIR": str(first / "cache"), "TEST_STEP_SLEEP_S": "0.05"}
+    run = Run("run", "--dir", url, "progs/style_a.py", "out", 0, 3, cwd=first, env=env1)
+    wait_for(lambda: progress(first / "out") >= 8, "step 8", proc=run)
+    run.signal(__import__("signal").SIGUSR1)
+    wait_for(lambda: _store_ids(url, env1, first), "a snapshot in the store", proc=run)
+    at = progress(first / "out")
+    wait_for(lambda: progress(first / "out") >= at + 3, "three more steps", proc=run)
+    run.kill_group()
+    assert not (first / "out" / "final.pt").exists(), "the program finished before it was killed"
+    shutil.rmtree(first)  # the VM's disk: program, output, cache
+
+    shutil.copytree(PROGRAMS, second / "progs", ignore=shutil.ignore_patterns("__pycache__"))
+    (second / "out").mkdir()
+    env2 = {**s3, "GPUSNAP_CACHE_DIR": str(second / "cache")}
+    restarted = gpusnap("restart", url, cwd=second, env=env2)
+    assert restarted.returncode == 0, restarted.stderr
+    assert f"fetched snapshot 000001 from {url}" in restarted.stderr
+    assert "restored snapshot 000001" in restarted.stderr
+    assert not first.exists()  # nothing went back to the old machine's paths
+    assert reference.wait(timeout=240) == 0
+    assert_same(load_final(ref), load_final(second / "out"))
+    # The restarted run's snapshots reach the store as well; the levels say where each is.
+    listed = gpusnap("ls", url, cwd=second, env=env2)
+    assert listed.returncode == 0 and listed.stdout.splitlines()[0].split()[-1] == "LEVEL", listed.stdout
+    assert "local+shared" in listed.stdout
+
+
+# -- faults ------------------------------------------------------------------------------------
+
+
+def test_a_throttled_or_dropped_request_is_retried_with_backoff_and_counted(monkeypatch):
+    from gpusnap.errors import StoreError
+    from gpusnap.store import retry
+
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}")
+    rnd = random.Random(seed)
+    failures = [rnd.choice(["503 SlowDown: please reduce your request rate", "error sending request: connection reset"])
+                for _ in range(rnd.randint(1, 4))]
+    waited = []
+    monkeypatch.setattr(retry, "_sleep", waited.append)
+
+    class Flaky(MemoryBackend):
+        def get(self, key):
+            if failures:
+                raise StoreError(failures.pop())
+            return super().get(key)
+
+    inner = Flaky()
+    inner.put("run.json", [b"{}"])
+    expected = {"throttled": sum("SlowDown" in f for f in failures), "dropped": sum("reset" in f for f in failures)}
+    b = retry.RetryBackend(inner)
+    assert b.get("run.json") == b"{}"
+    assert {k: b.counts[k] for k in expected} == expected and len(waited) == sum(expected.values())
+    with pytest.raises(FileNotFoundError):  # not worth a retry
+        b.get("nothing")
+
+
+def test_a_connection_that_drops_mid_upload_leaves_nothing_half_committed(s3, tmp_path):
+    """The upload of a snapshot fails at a random request: the store shows no part of that
+    snapshot as committed (its manifest is the commit), and the next pass copies it whole."""
+    from gpusnap.errors import StoreError
+    from gpusnap.store import levels, location
+    from gpusnap.store.objects import open_backend
+    from test_store_helpers import make_run
+
+    seed = random.randrange(1 << 30)
+    print(f"seed {seed}")
+    rd, snaps = make_run(tmp_path, n=2)
+    url = _url("drop")
+    shared = open_backend(url)
+    puts = {"n": 0, "fail_at": random.Random(seed).randint(1, 4)}
+    real_put = shared.inner.put
+
+    def dropping_put(key, parts, **kw):
+        puts["n"] += 1
+        if puts["n"] == puts["fail_at"]:
+            raise StoreError(f"{url}/{key}: unexpected EOF: the connection dropped")
+        return real_put(key, parts, **kw)
+
+    shared.inner.put = dropping_put
+    from gpusnap import knobs
+
+    knobs_retries, knobs.STORE_RETRIES = knobs.STORE_RETRIES, 0  # the drop reaches the uploader
+    try:
+        up = levels.Uploader(rd, shared)
+        levels.ensure_run(shared, rd)
+        up.sync()
+        assert up.report["failures"] == 1
+        # Committed in the store: only whole snapshots, every chunk readable.
+        store = location.open_shared(url)
+        assert store.verify() == []
+        assert len(store.snapshot_ids()) < len(snaps)
+        up.sync()
+    finally:
+        knobs.STORE_RETRIES = knobs_retries
+    store = location.open_shared(url)
+    assert store.snapshot_ids() == [sid for sid, _, _ in snaps] and store.verify() == []
+    for sid, recs, bufs in snaps:
+        for name, rec in recs.items():
+            assert store.read_buffer(rec) == bufs[name]
+
+
+def test_a_missing_bucket_is_one_line_before_anything_is_created(s3, tmp_path):
+    (tmp_path / "ok.py").write_text("print('ran')\n")
+    env = {**s3, "GPUSNAP_CACHE_DIR": str(tmp_path / "cache")}
+    r = gpusnap("run", "--dir", "s3://no-such-bucket/r1", "ok.py", cwd=tmp_path, env=env)
+    assert r.returncode == 3, r.stderr
+    assert r.stderr.splitlines() == ["gpusnap: s3://no-such-bucket/r1: the bucket does not exist",
+                                     "hint: create it first (aws s3 mb s3://BUCKET), or check the URL"]
+    assert r.stdout == "" and not (tmp_path / "cache").exists()
