@@ -1,11 +1,16 @@
 """Benchmark of the snapshot store against plain file writes and reads of the same bytes on the
 same disk, in one run. Prints one table.
 
-    python tools/bench_store.py [--quick] [--dir DIR] [--mib N] [--state-gib G]
+    python tools/bench_store.py [--quick] [--dir DIR] [--mib N] [--state-gib G] [--s3 URL | --moto]
 
 Rows: write / read throughput per data kind and codec (ratio = store / plain file), bytes a
 second snapshot writes for unchanged state and for 10% changed buffers, and the peak memory of
-a writer storing a large state (child process, ru_maxrss above its state).
+a writer storing a large state (child process, ru_maxrss above its state). With ``--s3 URL``
+(endpoint and keys from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...) or ``--moto`` (a local moto
+server this run starts), object-store rows: a committed snapshot copied to the store (the
+uploader's parallel multipart puts) and fetched back (parallel range reads), against one plain
+put and get of the same bytes through the same library (obstore), and through fsspec+s3fs where
+it is installed.
 """
 
 from __future__ import annotations
@@ -130,6 +135,8 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     ap.add_argument("--mib", type=int, default=None, help="MiB per throughput case (default 256, quick 64)")
     ap.add_argument("--state-gib", type=float, default=None, help="state size for the memory row (default 4, quick 1)")
+    ap.add_argument("--s3", default=None, metavar="URL", help="object-store rows against this s3:// prefix")
+    ap.add_argument("--moto", action="store_true", help="object-store rows against a local moto server started here")
     args = ap.parse_args()
     mib = args.mib or (64 if args.quick else 256)
     state_gib = args.state_gib or (1.0 if args.quick else 4.0)
@@ -171,8 +178,94 @@ def main() -> None:
     print(f"writer memory for a {state_gib:g} GiB fp32 state: peak RSS {p / 2**20:.0f} MiB, state alone "
           f"{b / 2**20:.0f} MiB, writer overhead {(p - b) / 2**20:.0f} MiB (window knob "
           f"{int(os.environ.get('GPUSNAP_WRITER_WINDOW_BYTES', 256 << 20)) >> 20} MiB); wrote {written / 2**30:.2f} GiB")
+    if args.s3 or args.moto:
+        object_rows(base, mib, rng, args.s3)
     if not args.dir:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _moto() -> tuple[subprocess.Popen, str]:
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(endpoint, timeout=2).read()
+            break
+        except OSError:
+            time.sleep(0.2)
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/gpusnap-bench", method="PUT"), timeout=10).read()
+    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
+                      AWS_REGION="us-east-1", AWS_ALLOW_HTTP="true")
+    return server, f"s3://gpusnap-bench/run-{os.getpid()}"
+
+
+def object_rows(base: pathlib.Path, mib: int, rng, url: str | None) -> None:
+    import obstore
+
+    from gpusnap.store import levels, location
+    from gpusnap.store.objects import open_backend
+
+    server = None
+    if url is None:
+        server, url = _moto()
+    try:
+        mv, dtype, ts = data("fp32 weights", mib << 20, rng)
+        shutil.rmtree(base / "obj", ignore_errors=True)
+        rd = RunDir.create(base / "obj", ID)
+        w = rd.begin_snapshot(rd.next_snapshot_id())
+        rec = w.put_buffer(mv, dtype=dtype, typesize=ts)
+        w.commit({"buffers": {"b": rec}})
+        shared = open_backend(url)
+        levels.ensure_run(shared, rd)
+        report = {"bytes": 0, "seconds": 0.0}
+        t = time.perf_counter()
+        levels.copy_snapshot(rd, shared, "000001", set(), report)
+        up_s = time.perf_counter() - t
+        nbytes = report["bytes"]
+        payload = os.urandom(nbytes)  # the same number of bytes, as one plain object
+        store = shared.inner._store
+        t = time.perf_counter()
+        obstore.put(store, "plain.bin", payload, chunk_size=8 << 20, max_concurrency=8)
+        plain_up = time.perf_counter() - t
+        t = time.perf_counter()
+        levels.fetch(location.open_shared(url), base / "fetched")
+        down_s = time.perf_counter() - t
+        t = time.perf_counter()
+        got = obstore.get(store, "plain.bin").bytes()
+        with open(base / "plain-get.bin", "wb") as f:  # a restart's bytes must reach the disk too
+            f.write(got)
+            os.fsync(f.fileno())
+        plain_down = time.perf_counter() - t
+        mb = nbytes / 2**20
+        print(f"object store {url} ({os.environ.get('AWS_ENDPOINT_URL', 'AWS')}), a {mib} MiB fp32 snapshot, "
+              f"{mb:.0f} MiB of packs:")
+        print(f"  upload (uploader)   {mb / up_s:8.1f} MiB/s   plain put (obstore) {mb / plain_up:8.1f} MiB/s   "
+              f"ratio {plain_up / up_s:.2f}")
+        print(f"  fetch (restart)     {mb / down_s:8.1f} MiB/s   plain get+write     {mb / plain_down:8.1f} MiB/s   "
+              f"ratio {plain_down / down_s:.2f}")
+        try:
+            import s3fs
+        except ImportError:
+            return
+        fs = s3fs.S3FileSystem()
+        key = url.split("://", 1)[1] + "/plain-s3fs.bin"
+        t = time.perf_counter()
+        fs.pipe_file(key, payload)
+        s3fs_up = time.perf_counter() - t
+        t = time.perf_counter()
+        fs.cat_file(key)
+        s3fs_down = time.perf_counter() - t
+        print(f"  fsspec+s3fs         put {mb / s3fs_up:8.1f} MiB/s   get {mb / s3fs_down:8.1f} MiB/s (the library not chosen)")
+    finally:
+        if server is not None:
+            server.terminate()
 
 
 if __name__ == "__main__":

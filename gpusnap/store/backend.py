@@ -95,6 +95,20 @@ class Backend:
         FileNotFoundError when there are none."""
         raise NotImplementedError
 
+    def list_tree(self, prefix: str) -> list[str]:
+        """Every key under ``prefix``, relative to it, at any depth (an object store: one
+        paginated listing rather than one per level)."""
+        out = []
+        try:
+            names = self.list(prefix)
+        except (FileNotFoundError, NotADirectoryError):
+            return out
+        for name in names:
+            sub = join(prefix, name)
+            below = self.list_tree(sub) if not self.exists(sub) else []
+            out += [join(name, k) for k in below] if below else [name]
+        return out
+
     def delete(self, key: str) -> None:
         """Remove ``key``; no error when it is gone already."""
         raise NotImplementedError

@@ -74,7 +74,9 @@ def copy_snapshot(src: RunDir, dst: Backend, snap_id: str, have_packs: set[str],
         sizes[pid] = _copy_object(src.backend, dst, pack_key(pid))
         report["seconds"] += time.monotonic() - t0
 
-    with ThreadPoolExecutor(max(1, min(dst.connections, src.backend.connections * 8, len(new) or 1))) as pool:
+    # Each pack's own parts or ranges go in parallel too (obstore); a few packs at once keep the
+    # connections busy between one pack's last part and the next's first.
+    with ThreadPoolExecutor(max(1, min(max(dst.connections, src.backend.connections) // 2, len(new) or 1))) as pool:
         list(pool.map(one, sorted(new)))
     if new:
         index.write(dst, snap_id, {pid: (sizes[pid], located) for pid, located in new.items()},

@@ -149,6 +149,12 @@ class ObjectBackend(Backend):
             raise FileNotFoundError(f"{self.location}/{prefix}")
         return names
 
+    def list_tree(self, prefix: str) -> list[str]:
+        head = prefix.strip("/") + "/"
+        found = self._call(lambda o: [obj["path"] for batch in o.list(self._store, prefix.strip("/")) for obj in batch],
+                           prefix)
+        return [p[len(head):] for p in found if p.startswith(head)]
+
     def delete(self, key: str) -> None:
         try:
             self._call(lambda o: o.delete(self._store, key), key)

@@ -190,6 +190,12 @@ def scan(root, key: str, digests: bool = False):
 def list_packs(root):
     """(pack id, key) of every pack."""
     b = backend.of(root)
+    if b.shared:  # an object store: one listing, not one per prefix
+        for key in sorted(b.list_tree("packs")):
+            sub, _, name = key.rpartition("/")
+            if sub and name.endswith(".pack"):
+                yield name[: -len(".pack")], f"packs/{key}"
+        return
     try:
         subs = sorted(b.list("packs"))
     except FileNotFoundError:

@@ -112,6 +112,9 @@ class RetryBackend(Backend):
     def list(self, prefix=""):
         return self._retry(lambda: self.inner.list(prefix))
 
+    def list_tree(self, prefix):
+        return self._retry(lambda: self.inner.list_tree(prefix))
+
     def delete(self, key):
         return self._retry(lambda: self.inner.delete(key))
 
