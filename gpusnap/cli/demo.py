@@ -13,7 +13,8 @@ from gpusnap.cli import cli
 
 @cli.command()
 @click.option("--dir", "work", metavar="DIR",
-              help="Work directory for the reference run, the snapshotted run and its snapshots (default: a new temporary one).")
+              help="Work directory for the reference run, the snapshotted run and its snapshots (default: a new temporary one); "
+                   "s3://BUCKET/PREFIX: the snapshots go to the store, and the restart comes from it with the local copy deleted.")
 @click.option("--epochs", type=click.IntRange(2, 50), default=4, show_default=True, help="Epochs of the demo's training run.")
 def demo(work, epochs):
     """Show gpusnap at work on a small training run (about a minute on 2 cores).
@@ -26,11 +27,16 @@ def demo(work, epochs):
     byte for byte. Needs torch.
     """
     from gpusnap import demo as bundled
-    from gpusnap.store.location import local_dir
+    from gpusnap.store import location
 
-    work = (Path(local_dir(work)) if work else Path(tempfile.mkdtemp(prefix="gpusnap-demo-")).resolve())
+    store = None
+    if work and location.scheme_of(work):  # the run directory on a store; the rest in a temporary directory
+        store = location.resolve(work)[1]
+        location.probe(store)
+        work = None
+    work = (Path(location.local_dir(work)) if work else Path(tempfile.mkdtemp(prefix="gpusnap-demo-")).resolve())
     try:
-        sys.exit(bundled.run(work, epochs))
+        sys.exit(bundled.run(work, epochs, store))
     except bundled.DemoFailed as exc:
         click.echo(f"demo: FAILED: {exc}", err=True)
         click.echo(f"hint: the work directory {work} keeps both runs' output and the snapshots; `gpusnap ls {work / 'snapshots'}` lists them", err=True)

@@ -83,10 +83,15 @@ def _restart(run_dir: Path) -> tuple[float, float, str, str]:
     return restored_s, time.perf_counter() - started, timings, witness
 
 
-def run(work: Path, epochs: int) -> int:
-    """The whole demo in ``work``; 0 when the restarted run's weights equal the reference's."""
-    reference, out, run_dir = work / "reference", work / "run", work / "snapshots"
-    for d in (reference, out, run_dir):
+def run(work: Path, epochs: int, store: str | None = None) -> int:
+    """The whole demo in ``work``; 0 when the restarted run's weights equal the reference's.
+    ``store``: the run directory is this URL (s3://...): the snapshot is restarted from the
+    store, with the local level deleted first, as a machine that lost its disk would."""
+    reference, out, run_dir = work / "reference", work / "run", store or work / "snapshots"
+    cache = work / "cache"
+    if store:
+        os.environ["GPUSNAP_CACHE_DIR"] = str(cache)  # the subprocesses' local level
+    for d in (reference, out, cache) if store else (reference, out, run_dir):
         shutil.rmtree(d, ignore_errors=True)
     reference.mkdir(parents=True)
     out.mkdir(parents=True)
@@ -100,7 +105,8 @@ def run(work: Path, epochs: int) -> int:
     try:
         _wait_until(lambda: _step_of(out) >= SNAPSHOT_AT_STEP, f"step {SNAPSHOT_AT_STEP}", job)
         os.kill(job.pid, signal.SIGUSR1)
-        snap = _wait_until(lambda: _committed(run_dir), "the snapshot to commit", job)[-1]
+        snap = _wait_until(lambda: [s for s in _committed(run_dir) if "shared" in s.get("level", "shared")],
+                           "the snapshot to commit" + (" and reach the store" if store else ""), job)[-1]
         kill_at = _step_of(out) + KILL_AFTER_STEPS
         _wait_until(lambda: _step_of(out) >= kill_at, f"step {kill_at}", job)
     finally:
@@ -115,6 +121,9 @@ def run(work: Path, epochs: int) -> int:
         f"job killed at step {_step_of(out)}, final weights written: {(out / 'final.pt').exists()}"
     )
 
+    if store:
+        shutil.rmtree(cache, ignore_errors=True)
+        _say(f"    deleted the local level {cache}, as a reclaimed machine loses its disk")
     _say(f"3/4 gpusnap restart {run_dir}")
     restored_s, finished_s, timings, witness = _restart(run_dir)
     _say(f"    restored {restored_s:.1f} s after the command started ({timings}); training finished {finished_s:.1f} s after it")
