@@ -81,6 +81,7 @@ def resuming():
 
 
 emit = control.emit
+flush_events = control.flush  # before an exit that skips atexit (os._exit)
 
 
 def before_merge() -> None:
