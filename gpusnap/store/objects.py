@@ -86,7 +86,7 @@ class ObjectBackend(Backend):
         try:
             return fn(obstore)
         except FileNotFoundError as exc:
-            if "NoSuchBucket" in str(exc):
+            if "NoSuchBucket" in str(exc) or "ContainerNotFound" in str(exc):
                 raise RunDirError(f"{self.location}: the bucket does not exist",
                                   hint="create it first (aws s3 mb s3://BUCKET), or check the URL") from None
             raise
@@ -186,13 +186,9 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _alive(pid) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (ProcessLookupError, TypeError, ValueError):
-        return False
-    except PermissionError:
-        return True
-    return True
+    from gpusnap.store.gc import _alive as alive  # one notion of a live process in the store
+
+    return isinstance(pid, int) and alive(pid)
 
 
 def _say(line: str) -> None:
