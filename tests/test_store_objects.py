@@ -250,3 +250,26 @@ def test_a_missing_bucket_is_one_line_before_anything_is_created(s3, tmp_path):
     assert r.stderr.splitlines() == ["gpusnap: s3://no-such-bucket/r1: the bucket does not exist",
                                      "hint: create it first (aws s3 mb s3://BUCKET), or check the URL"]
     assert r.stdout == "" and not (tmp_path / "cache").exists()
+
+
+def test_gc_on_the_store_keeps_the_newest_and_frees_the_rest(s3, tmp_path):
+    from gpusnap.store import levels, location
+    from gpusnap.store.objects import open_backend
+    from gpusnap.store.pack import list_packs
+    from test_store_helpers import make_run
+
+    rd, snaps = make_run(tmp_path, n=3)
+    url = _url("gc")
+    shared = open_backend(url)
+    levels.ensure_run(shared, rd)
+    levels.Uploader(rd, shared).sync()
+    before = {pid for pid, _ in list_packs(shared)}
+    r = gpusnap("gc", url, "--keep", "1", cwd=tmp_path, env=s3)
+    assert r.returncode == 0, r.stderr
+    store = location.open_shared(url)
+    sid, recs, bufs = snaps[-1]
+    assert store.snapshot_ids() == [sid] and store.verify() == []
+    assert {pid for pid, _ in list_packs(shared)} < before  # the packs only older snapshots needed are gone
+    for name, rec in recs.items():
+        assert store.read_buffer(rec) == bufs[name]
+    assert not shared.exists("lock")  # gc took the store's lock and gave it back
