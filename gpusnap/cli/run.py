@@ -409,7 +409,8 @@ def _supervise(launch, identity, resume: str, rd=None, require_snapshot: bool = 
     finally:
         if uploader is not None:
             uploader.stop()  # what the run committed last (a preempted run's stop snapshot) goes too
-            _say(uploader.summary(), level=1)
+            if uploader.summary():
+                _say(uploader.summary(), level=1)
         if shared_lock is not None:
             shared_lock.release()
         if lock is not None:

@@ -171,7 +171,8 @@ class Uploader:
                 self._say(f"copying to {self.shared.location} failed ({message}); retrying; training goes on")
         return done
 
-    def summary(self) -> str:
+    def summary(self) -> str | None:
+        """One line on what reached the store, when anything was to be copied."""
         r = self.report
         mib = r["bytes"] / 2**20
         rate = f" ({mib / r['seconds']:.1f} MiB/s)" if r["seconds"] > 0 else ""
@@ -180,6 +181,8 @@ class Uploader:
             if counts.get("throttled") or counts.get("dropped") else ""
         left = [sid for sid in self.local.snapshot_ids() if sid not in r["snapshots"] and sid not in _ids(self.shared)]
         missing = f"; not in the store: {', '.join(left)} (they stay in {self.local.path})" if left else ""
+        if not r["snapshots"] and not left:
+            return None
         return f"{len(r['snapshots'])} snapshots copied to {self.shared.location}: {mib:.1f} MiB of packs{rate}{retried}{missing}"
 
     def stop(self) -> None:
