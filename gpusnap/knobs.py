@@ -216,11 +216,11 @@ DIST_TIMEOUT_S = _parsed("DIST_TIMEOUT_S", 300.0, lambda raw: _positive(float(ra
 DIST_MARGIN = _int("DIST_MARGIN", 2)
 
 # Run directories on an object store (store.objects, store.levels). A snapshot commits in a local
-# directory first, under CACHE_DIR/<scheme>/<bucket>/<prefix> (the local level), and is copied
-# to the store in the background. The cache is never needed for correctness: a machine without
-# it restarts from what reached the store.
-CACHE_DIR = os.environ.get("GPUSNAP_CACHE_DIR") or os.path.join(
-    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "gpusnap")
+# directory first, under LEVEL_DIR/<scheme>/<bucket>/<prefix> (the local level), and is copied
+# to the store in the background. Empty: $XDG_CACHE_HOME/gpusnap/runs (or ~/.cache/gpusnap/runs).
+# It is a cache, never needed for correctness: a machine without it restarts from the store.
+LEVEL_DIR = _str("LEVEL_DIR", "") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "gpusnap", "runs")
 # Requests in flight at once per store: the parts of a multipart upload, the ranges of a read.
 STORE_CONNECTIONS = _int("STORE_CONNECTIONS", 8)
 # A part of a multipart upload and a range of a parallel read. S3 needs parts >= 5 MiB.

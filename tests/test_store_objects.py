@@ -139,7 +139,7 @@ def test_drill_a_reclaimed_vm_restarts_from_s3_on_a_fresh_machine(s3, tmp_path):
                                  env={**os.environ, "PYTHONPATH": str(REPO), "TEST_STEP_SLEEP_S": "0"})
     shutil.copytree(PROGRAMS, first / "progs", ignore=shutil.ignore_patterns("__pycache__"))
     (first / "out").mkdir()
-    env1 = {**s3, "GPUSNAP_CACHE_DIR": str(first / "cache"), "TEST_STEP_SLEEP_S": "0.05"}
+    env1 = {**s3, "GPUSNAP_LEVEL_DIR": str(first / "cache"), "TEST_STEP_SLEEP_S": "0.05"}
     run = Run("run", "--dir", url, "progs/style_a.py", "out", 0, 3, cwd=first, env=env1)
     wait_for(lambda: progress(first / "out") >= 8, "step 8", proc=run)
     run.signal(__import__("signal").SIGUSR1)
@@ -152,7 +152,7 @@ def test_drill_a_reclaimed_vm_restarts_from_s3_on_a_fresh_machine(s3, tmp_path):
 
     shutil.copytree(PROGRAMS, second / "progs", ignore=shutil.ignore_patterns("__pycache__"))
     (second / "out").mkdir()
-    env2 = {**s3, "GPUSNAP_CACHE_DIR": str(second / "cache")}
+    env2 = {**s3, "GPUSNAP_LEVEL_DIR": str(second / "cache")}
     restarted = gpusnap("restart", url, cwd=second, env=env2)
     assert restarted.returncode == 0, restarted.stderr
     assert f"fetched snapshot 000001 from {url}" in restarted.stderr
@@ -244,7 +244,7 @@ def test_a_connection_that_drops_mid_upload_leaves_nothing_half_committed(s3, tm
 
 def test_a_missing_bucket_is_one_line_before_anything_is_created(s3, tmp_path):
     (tmp_path / "ok.py").write_text("print('ran')\n")
-    env = {**s3, "GPUSNAP_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**s3, "GPUSNAP_LEVEL_DIR": str(tmp_path / "cache")}
     r = gpusnap("run", "--dir", "s3://no-such-bucket/r1", "ok.py", cwd=tmp_path, env=env)
     assert r.returncode == 3, r.stderr
     assert r.stderr.splitlines() == ["gpusnap: s3://no-such-bucket/r1: the bucket does not exist",

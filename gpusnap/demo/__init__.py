@@ -90,7 +90,7 @@ def run(work: Path, epochs: int, store: str | None = None) -> int:
     reference, out, run_dir = work / "reference", work / "run", store or work / "snapshots"
     cache = work / "cache"
     if store:
-        os.environ["GPUSNAP_CACHE_DIR"] = str(cache)  # the subprocesses' local level
+        os.environ["GPUSNAP_LEVEL_DIR"] = str(cache)  # the subprocesses' local level
     for d in (reference, out, cache) if store else (reference, out, run_dir):
         shutil.rmtree(d, ignore_errors=True)
     reference.mkdir(parents=True)

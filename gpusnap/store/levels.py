@@ -36,10 +36,10 @@ LOG_KEYS = ("log.jsonl", "files.jsonl")
 
 
 def cache_dir(url: str) -> pathlib.Path:
-    """The local level of run directory ``url``: CACHE_DIR/<scheme>/<bucket>/<prefix>."""
+    """The local level of run directory ``url``: LEVEL_DIR/<scheme>/<bucket>/<prefix>."""
     scheme, _, rest = url.partition("://")
     parts = [p for p in rest.split("/") if p not in ("", ".", "..")]
-    return pathlib.Path(knobs.CACHE_DIR, scheme.lower(), *parts)
+    return pathlib.Path(knobs.LEVEL_DIR, scheme.lower(), *parts)
 
 
 def _needed_packs(rd: RunDir, manifest: dict, idx: index.Index) -> dict[str, list]:
