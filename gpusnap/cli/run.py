@@ -302,14 +302,18 @@ def verify_by_replay(run_dir: str, snapshot: str | None, verbosity: int | None) 
     from gpusnap.store import shards
     from gpusnap.store.rundir import RunDir
 
-    path = local_dir(run_dir)
+    path, url = location.resolve(run_dir)
+    if url is not None:  # replayed from the local level, made from the store's newest snapshot when missing
+        from gpusnap.store.levels import fetch
+
+        fetch(location.open_shared(url), pathlib.Path(path), say=lambda line: _say(line, level=1))
     rd = RunDir.open(path, trusted=True)
     if shards.is_sharded(rd):
         raise UsageError(f"{path} holds a distributed run: `verify --replay` replays single-process runs only",
                          hint="restart it with `gpusnap restart DIR` on its nodes: a restart checks itself against the witness")
     if snapshot is not None and snapshot not in rd.snapshot_ids():
         raise SnapshotNotFound(f"no snapshot {snapshot} in {path}")
-    launch = _restart_launch(rd, path, False, {})
+    launch = _restart_launch(rd, path, False, {}, moved=url is not None)
     _apply_schedule(launch, None, None, "USR1", "snapshot", None, None, "off", verbosity, False)
     scratch = scratch_copy(path)
     try:
