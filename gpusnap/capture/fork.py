@@ -52,6 +52,7 @@ class Writer:
         result.setdefault("id", self.snap_id)
         result["writer_cpu_s"] = round(cpu_s, 3)
         if result.get("event") == "committed":
+            session.last_bytes_total = int(result.get("bytes_total") or 0)
             witness.committed(self.snap_id)  # its witness may be written now
         else:
             witness.failed(self.snap_id)

@@ -24,6 +24,8 @@ class SnapshotInfo:
     bytes_total: int
     resumed_from: str | None
     dirty_bytes: int | None = None  # device bytes copied off the GPU (None: no device memory)
+    # From the safe point to the commit (None: written before it was recorded)
+    durable_s: float | None = None
     # The timer when the snapshot was asked for ("auto", its seconds, or None), the interval it
     # kept, and the overhead measured over the run so far (manifest "schedule")
     every: str | float | None = None
@@ -45,6 +47,7 @@ class SnapshotInfo:
             bytes_total=int(stats.get("bytes_total", 0)),
             resumed_from=m.get("resumed_from"),
             dirty_bytes=(m.get("device") or {}).get("dirty_bytes"),
+            durable_s=m.get("durable_s"),
             every=(m.get("schedule") or {}).get("every"),
             interval_s=(m.get("schedule") or {}).get("interval_s"),
             overhead=(m.get("schedule") or {}).get("overhead"),
