@@ -9,14 +9,15 @@ where ``ratio_c`` is stored/raw bytes and ``speed_c`` one thread's bytes per sec
 time (at idle priority on a busy host that includes the time it waits for a core, so a writer
 that gets little CPU compresses less, on its own). Of the codecs that pay, the one that saves
 the most wins. On a fast disk, float weights that compress by 15% are written raw; a chunk of
-zeros is compressed at any disk speed (LZ4 does that at several GB/s).
+zeros is compressed at almost any disk speed (LZ4 does that at several GB/s).
 
-Each chunk is judged by a probe: its middle ``PROBE_BYTES`` compressed with LZ4 (the fast codec,
-~1-2% of the chunk's raw writing cost), which gives the chunk's ratio and speed under LZ4. ZSTD's
-ratio and speed are the probe's scaled by what this writer saw of ZSTD against its probes on the
-same kind of data (floats, integers, bytes), starting from the measurements in ``codec.py``.
-The disk's speed is measured by the writer's own pack writes (``wrote``), starting from what the
-run's last snapshot measured (its manifest's ``stats.disk_bps``), or ``DISK_BPS_GUESS``.
+Each chunk's ratio under LZ4 comes from a probe: its middle ``PROBE_BYTES`` compressed with LZ4
+(~1-2% of the chunk's cost); ZSTD's ratio is the probe's scaled by what this writer saw of ZSTD
+against its probes on the same kind of data (floats, integers, bytes), starting from the
+measurements below. Speeds are learned from the writer's own compressions, per byte of
+incompressible data: data that compresses well compresses faster (``_faster``), by up to 8x.
+The disk's speed is measured by the writer's own pack writes (``wrote``), starting from what
+the run's last snapshot measured (its manifest's ``stats.disk_bps``), or ``DISK_BPS_GUESS``.
 
 Measured with tools/bench_codec.py on Adam training states (tools/results/bench_codec-*.txt):
 bytedelta and bitshuffle never beat shuffle under ZSTD on weights or moments, so each kind of
@@ -26,7 +27,6 @@ data has one filter per codec (``codec.params_for``).
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 
 from gpusnap.store import codec
@@ -35,11 +35,17 @@ PROBE_BYTES = 64 << 10
 # Before the writer's first pack is written and no earlier snapshot measured the disk: a local
 # NVMe or a page cache, where compressing floats does not pay.
 DISK_BPS_GUESS = 1.0e9
-# Bytes per second of one thread (2-core CI machine, 4 MiB chunks, tools/results/bench_codec-*.txt).
+# One thread's bytes per second on incompressible floats (2-core CI machine, 4 MiB chunks).
 _SPEED_GUESS = {"lz4": 0.6e9, "zstd": 0.25e9}
-# ZSTD against the LZ4 probe of the same chunk: stored bytes, and speed (per kind of data).
-_ZSTD_VS_PROBE = {"float": (0.95, 0.4), "int": (0.9, 0.4), "bytes": (0.85, 0.4)}
+# ZSTD's stored bytes against the LZ4 probe's of the same chunk, per kind of data.
+_ZSTD_VS_PROBE = {"float": 0.95, "int": 0.9, "bytes": 0.85}
 _EWMA = 0.2  # weight of each new measurement
+
+
+def _faster(ratio: float) -> float:
+    """How much faster than on incompressible data a codec runs on data that compresses to
+    ``ratio`` (fewer matches to encode, less to write; the filters cost the same)."""
+    return min(8.0, 1.0 / max(ratio, 1e-3))
 
 
 def kind_of(dtype: str, typesize: int) -> str:
@@ -60,7 +66,7 @@ class Chooser:
         self.measured_disk = False
         self.forced = forced
         self.speed = dict(_SPEED_GUESS)  # one thread's bytes/s, per codec
-        self.vs_probe = {k: list(v) for k, v in _ZSTD_VS_PROBE.items()}
+        self.vs_probe = dict(_ZSTD_VS_PROBE)
         self.counts = {"raw": 0, "lz4": 0, "zstd": 0}
         self._lock = threading.Lock()
 
@@ -68,34 +74,31 @@ class Chooser:
         """How to compress ``data``, or None: store it raw."""
         if self.forced is not None:
             return None if self.forced == "none" else Choice(self.forced, None)
-        n = len(data)
         d, k = self.disk_bps, self.threads
-        # Even a chunk that compresses to nothing saves only n / d of disk time: when LZ4 at its
-        # speed on zeros (~20x its usual) costs more, no probe can change the answer.
-        if n == 0 or d >= 20 * self.speed["lz4"] * k:
+        # Even a chunk that compresses to nothing saves only 1 / d per byte: when LZ4 at its
+        # fastest costs more, no probe can change the answer.
+        if not len(data) or d >= _faster(0.0) * self.speed["lz4"] * k:
             return None
         kind = kind_of(dtype, typesize)
-        ratio, speed = probe(data, dtype, typesize)
-        zstd_ratio, zstd_speed = self.vs_probe[kind]
+        ratio = probe(data, dtype, typesize)
         best, gain = None, 0.0
-        for name, r, s in (("lz4", ratio, speed), ("zstd", ratio * zstd_ratio, speed * zstd_speed)):
-            g = (1.0 - r) / d - 1.0 / (s * k)
+        for name, r in (("lz4", ratio), ("zstd", ratio * self.vs_probe[kind])):
+            g = (1.0 - r) / d - 1.0 / (self.speed[name] * _faster(r) * k)
             if g > gain:
                 best, gain = name, g
-        return Choice(best, (kind, ratio, speed)) if best else None
+        return Choice(best, (kind, ratio)) if best else None
 
     def encoded(self, choice: Choice, raw_nbytes: int, stored_nbytes: int, seconds: float) -> None:
         """``choice`` compressed ``raw_nbytes`` into ``stored_nbytes`` in ``seconds``."""
         if seconds <= 0 or not raw_nbytes:
             return
-        speed = raw_nbytes / seconds
+        ratio = stored_nbytes / raw_nbytes
+        speed = raw_nbytes / seconds / _faster(ratio)
         with self._lock:
             self.speed[choice.codec] += _EWMA * (speed - self.speed[choice.codec])
             if choice.codec == "zstd" and choice.probe is not None:
-                kind, ratio, probe_speed = choice.probe
-                pair = self.vs_probe[kind]
-                pair[0] += _EWMA * (stored_nbytes / raw_nbytes / max(ratio, 1e-6) - pair[0])
-                pair[1] += _EWMA * (speed / probe_speed - pair[1])
+                kind, probed = choice.probe
+                self.vs_probe[kind] += _EWMA * (ratio / max(probed, 1e-6) - self.vs_probe[kind])
 
     def stored(self, codec_name: str | None) -> None:
         with self._lock:
@@ -114,16 +117,13 @@ class Chooser:
 @dataclass(frozen=True)
 class Choice:
     codec: str  # "lz4" or "zstd"
-    probe: tuple | None  # (kind of data, probe's stored/raw, probe's bytes/s); None when forced
+    probe: tuple | None  # (kind of data, the LZ4 probe's stored/raw); None when forced
 
 
-def probe(data, dtype: str, typesize: int) -> tuple[float, float]:
-    """(stored/raw, bytes per second) of LZ4 on the chunk's middle PROBE_BYTES."""
+def probe(data, dtype: str, typesize: int) -> float:
+    """Stored/raw bytes of LZ4 on the chunk's middle PROBE_BYTES."""
     n = len(data)
     if n > PROBE_BYTES:
         start = (n // 2 - PROBE_BYTES // 2) // 64 * 64
         data = data[start : start + PROBE_BYTES]
-    t0 = time.perf_counter()
-    stored = codec.compress(data, dtype, typesize, "lz4")
-    seconds = max(time.perf_counter() - t0, 1e-7)
-    return len(stored) / len(data), len(data) / seconds
+    return len(codec.compress(data, dtype, typesize, "lz4")) / len(data)
