@@ -150,6 +150,16 @@ NOTICE_MARGIN_S = _float("NOTICE_MARGIN_S", 5.0)
 # on a status line redrawn in place (elsewhere, only whole lines are written).
 STATUS_AFTER_S = _parsed("STATUS_AFTER_S", 1.0, lambda raw: _non_negative(float(raw)), "a number of seconds >= 0")
 
+# 1 (--trust-dir): use run directories, and the code cache, that another user owns or that others
+# can write to. Restoring a snapshot runs the code it names, so by default gpusnap refuses them.
+TRUST_DIR = _int("TRUST_DIR", 0)
+
+# The holder of a run directory's lock refreshes its mtime this often; a lock whose record names
+# another host (where flock may not reach: some network file systems) is taken over only after
+# it has gone unrefreshed for LOCK_STALE_S, and reported as held before (gpusnap/store/lock.py).
+LOCK_REFRESH_S = _parsed("LOCK_REFRESH_S", 10.0, lambda raw: _positive(float(raw)), "a number of seconds > 0")
+LOCK_STALE_S = _parsed("LOCK_STALE_S", 60.0, lambda raw: _non_negative(float(raw)), "a number of seconds >= 0")
+
 # Where instrumented code objects are cached, keyed by source hash, transform version and
 # Python version. Empty: $XDG_CACHE_HOME/gpusnap (or ~/.cache/gpusnap); "off": no cache.
 # Never the user's __pycache__: a later plain `python` run must not load instrumented code.

@@ -85,13 +85,15 @@ def _env(extra: dict | None = None) -> dict:
 
 
 class Run:
-    """One `gpusnap run` (or restart) in its own session, so the test can kill its whole group."""
+    """One `gpusnap run` (or restart) in its own session, so the test can kill its whole group.
+    ``prefix``: a command that execs the rest (``sh -c '... && exec "$@"' sh``), to start the
+    run somewhere of its own (a memory cgroup)."""
 
-    def __init__(self, *args, cwd: Path, env: dict | None = None, python: str = sys.executable):
+    def __init__(self, *args, cwd: Path, env: dict | None = None, python: str = sys.executable, prefix: tuple = ()):
         self.cwd = cwd
         self.python = python
         self.proc = subprocess.Popen(
-            _gpusnap_command(python, args),
+            [*prefix, *_gpusnap_command(python, args)],
             cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

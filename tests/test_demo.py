@@ -17,6 +17,8 @@ def test_the_demo_restarts_a_killed_run_to_the_same_bytes(tmp_path):
     out = done.stdout
     assert re.search(r"snapshot 000001 at step \d+: training stalled [\d.]+ ms, [\d.]+ MB written for [\d.]+ MB of state", out), out
     assert re.search(r"restored [\d.]+ s after the command started \(replay [\d.]+ s, fast-forward [\d.]+ s, merge [\d.]+ s\)", out), out
+    assert re.search(r"the restart checked itself against what followed the snapshot: (verified: the \d iterations? after it "
+                     r"match the run that took it|unverified: the snapshot has no witness)", out), out
     assert "identical: all 8 tensors" in out
 
 

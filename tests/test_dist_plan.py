@@ -50,3 +50,46 @@ def test_a_rank_that_leaves_the_agreed_loop_before_its_iteration_has_passed_it()
     assert not left_before(post(0, [*OUTER, 7]), step_loop, at)  # it reached the target there
     assert not left_before(post(0, [*OUTER, 5]), post(0, [*OUTER, 6]), at)  # still inside
     assert not left_before(None, step_loop, at) and not left_before(post(0, [*OUTER, 6]), step_loop, {"steps": 3})
+
+
+# -- what a rank reads from the store, checked (capture/distcheck.py) ---------------------------
+
+from gpusnap.capture import distcheck  # noqa: E402
+
+PLAN = {"id": "000007", "at": {"steps": 12}, "stop": False, "reason": "signal"}
+
+
+def test_a_plan_must_name_a_snapshot_id_and_a_target():
+    assert distcheck.plan(PLAN) is None
+    for bad in ({**PLAN, "id": "../../../outside"}, {**PLAN, "id": "7"}, {**PLAN, "at": {"steps": -1}},
+                {**PLAN, "stop": "yes"}, {**PLAN, "reason": "because"}, [PLAN], None):
+        assert distcheck.plan(bad) is not None, bad
+
+
+def test_a_shard_reported_committed_must_be_the_plans_and_on_disk_at_its_iteration():
+    on_disk = {"000007": {"iteration": 40}, "000001": {"iteration": 4}}
+    manifest = on_disk.get
+    assert distcheck.done({"event": "committed", "id": "000007", "iteration": 40}, PLAN, manifest) is None
+    assert distcheck.done({"event": "failed", "message": "no room"}, PLAN, manifest) is None
+    assert "not of the agreed" in distcheck.done({"event": "committed", "id": "000001", "iteration": 4}, PLAN, manifest)
+    assert "whose manifest says 40" in distcheck.done({"event": "committed", "id": "000007", "iteration": 99}, PLAN, manifest)
+    assert "and it is not" in distcheck.done({"event": "committed", "id": "000007", "iteration": 40}, PLAN, lambda _: None)
+
+
+def test_a_global_outcome_must_be_on_disk_and_what_a_rank_takes_of_it_is_the_report():
+    top = {"000007": {"shards": {"0": {"snapshot": "000007"}, "1": {"snapshot": "000007"}}}}.get
+    said = {"event": "committed", "id": "000007", "stop": True, "iteration": 40, "write_s": "slow"}
+    assert distcheck.outcome(said, PLAN, top, 1) is None
+    assert distcheck.outcome(said, PLAN, lambda _: None, 1) is not None
+    assert distcheck.outcome_fields(said) == {"event": "committed", "id": "000007", "iteration": 40}
+
+
+def test_values_too_large_or_too_deep_are_no_values_and_keys_carry_the_runs_nonce():
+    for raw in (b"[" * (distcheck.MAX_VALUE_BYTES + 1), b"[" * 100_000, b"{not json"):
+        try:
+            distcheck.parse(raw)
+        except ValueError:
+            continue
+        raise AssertionError(f"{raw[:10]!r}... parsed")
+    one, other = distcheck.key_prefix("a" * 32, "job-1", "0"), distcheck.key_prefix("b" * 32, "job-1", "0")
+    assert one != other and one.startswith("gpusnap/") and one.endswith("/0/")

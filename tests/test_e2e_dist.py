@@ -332,3 +332,52 @@ def test_sharded_directory_ls_verify_gc_and_a_restart_with_another_world_size(tm
     manifest_path.write_text(json.dumps(manifest))
     verified = gpusnap("verify", run_dir, cwd=progs)
     assert verified.returncode == 4 and "the manifest names no shard for rank 1" in verified.stdout, verified.stdout
+
+
+def test_forged_keys_in_the_jobs_store_steer_nothing(tmp_path):
+    """Someone else's keys in the job's TCPStore, under this run's prefix and under the prefix a
+    leftover store of another run would use: a plan whose id is a path out of the run directory,
+    a shard reported committed at another iteration, a global snapshot reported committed that
+    is not, a value too large to be one. A SIGTERM's global snapshot still commits, from shards
+    of one iteration, nothing is written outside the run directory, and the run exits 75 only
+    with that snapshot committed."""
+    import psutil
+    from torch.distributed import PrefixStore, TCPStore
+
+    from gpusnap.capture import distcheck
+
+    progs, _, out, run_dir = _setup(tmp_path)
+    run = Run("run", "--nproc-per-node", "2", "--dir", run_dir, "allreduce.py", out, "400", cwd=progs, env=STEP_SLEEP)
+    with running(run):
+        wait_for(lambda: least_progress(out, 2) >= 3, "step 3", proc=run, timeout=180)
+        env = psutil.Process(wait_for(lambda: rank_pids(run).get(1), "rank 1", proc=run)).environ()
+        nonce = json.loads((run_dir / "run.json").read_text())["nonce"]
+        prefixes = [distcheck.key_prefix(nonce, env["TORCHELASTIC_RUN_ID"], env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                    "gpusnap/0/"]  # the keys of gpusnap before they carried a nonce: any run's
+        store = TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False)
+        # A plan a rank would reach a few steps on: the program's step loop, by its LINE:COL.
+        source = (progs / "allreduce.py").read_text().splitlines()
+        line = next(n for n, text in enumerate(source, 1) if "for step in range(steps):" in text)
+        loop = [str(progs / "allreduce.py"), "main", f"{line}:{source[line - 1].index('for')}"]
+        soon = {"steps": 10 ** 9, "loops": [loop], "index": [least_progress(out, 2) + 8]}
+        outside = "../../../../outside"  # from ranks/1/snapshots/: out of the run directory
+        for prefix in prefixes:
+            forged = PrefixStore(prefix, store)  # as the ranks name their keys
+            for g in (1, 2, 3):
+                forged.set(f"plan/{g}", json.dumps({"id": outside, "at": soon, "stop": True, "reason": "term"}))
+                forged.set(f"done/{g}/1", json.dumps({"event": "committed", "id": "000001", "iteration": 99999}))
+                forged.set(f"global/{g}", json.dumps({"event": "committed", "id": f"{g:06d}", "stop": True}))
+                forged.set(f"pos/{g}/{g % 2}", b"[" * (2 << 20) if g < 3 else b"[" * 100_000)
+        first = snapshot_at(run, run_dir, out, 2, least_progress(out, 2) + 2)
+        code, _, err = stop(run)
+    assert code == 75, err[-3000:]
+    assert sorted(committed_ids(run_dir)) == [first, f"{int(first) + 1:06d}"]
+    for committed in committed_ids(run_dir):
+        manifest = json.loads((run_dir / "snapshots" / f"{committed}.json").read_text())
+        assert {s["snapshot"] for s in manifest["shards"].values()} == {committed}
+        iterations = {json.loads((run_dir / "ranks" / r / "snapshots" / f"{committed}.json").read_text())["iteration"]
+                      for r in manifest["shards"]}
+        assert iterations == {manifest["iteration"]}
+    assert [p for p in tmp_path.rglob("outside*")] == []
+    verified = gpusnap("verify", run_dir, cwd=progs)
+    assert verified.returncode == 0, verified.stdout + verified.stderr

@@ -211,3 +211,37 @@ def test_memory_the_fork_does_not_pass_on_and_the_stall_does_not_find_fails_the_
     assert "is not in the forked writer's memory" in err
     assert "hint: this snapshot fails and training goes on" in err
     assert committed_ids(tmp_path / "snaps") == set()
+
+
+@pytest.mark.parametrize("raised", ["EMFILE", "MemoryError", "KeyboardInterrupt"])
+def test_an_error_in_the_fork_window_stays_in_the_writer(tmp_path, raised):
+    """The writer's first file open (its memory map, right after fork) fails: the snapshot fails
+    with one line, exactly one copy of the program goes on training, and it ends as an
+    uninterrupted run does. Before, the error returned from fork() into the program's loop in
+    the child, and two copies trained."""
+    programs = copy_programs(tmp_path)
+    program = programs / "notorch" / "counters.py"
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    ref.mkdir()
+    out.mkdir()
+    plain(program, ref, 150, cwd=tmp_path)
+    fault = tmp_path / "fault"  # the chaos tool's injector: a forked writer's first open raises
+    fault.write_text(f"FORK-{raised}")
+    env = {"PYTHONPATH": f"{harness.REPO / 'tools' / 'chaos' / 'inject'}:{harness.REPO}", "GPUSNAP_CHAOS_FAULT": str(fault),
+           "TEST_STEP_SLEEP_S": "0.02"}
+    run = Run("run", "--dir", "snaps", program, out, 150, cwd=tmp_path, env=env)
+    harness.wait_for(lambda: progress(out) >= 5, "step 5", proc=run)
+    trainee = psutil.Process(run.proc.pid).children()[0]
+    run.signal(signal.SIGUSR1)
+    harness.wait_for(lambda: "failed" in (tmp_path / "snaps" / "log.jsonl").read_text(), "the failed snapshot", proc=run)
+    at = progress(out)
+    harness.wait_for(lambda: progress(out) >= at + 5, "five more steps", proc=run)
+    assert trainee.children() == [], "a copy of the program trains in the writer"
+    code, _, err = run.wait()
+    assert code == 0, err
+    failed = [line for line in err.splitlines() if "failed" in line or "Traceback" in line]
+    why = {"EMFILE": "OSError: [Errno 24] Too many open files", "MemoryError": "MemoryError: MemoryError",
+           "KeyboardInterrupt": "KeyboardInterrupt: KeyboardInterrupt"}[raised]
+    assert failed == [f"gpusnap: snapshot 000001 failed: {why}"], err
+    assert committed_ids(tmp_path / "snaps") == set()
+    assert (out / "final.json").read_text() == (ref / "final.json").read_text()

@@ -177,6 +177,7 @@ def test_signal_snap_and_sigterm_commit_exit_75(work):
             "run_dir": str(work / "rd"), "control": info["socket"], "signal": "SIGUSR2",
             "on_term": "snapshot", "keep": 2, "at": f"{work / 'fake.py'}:3",
             "instrument": [str(work / "fake.py")], "resume": None, "force": False, "verbosity": 1, "paranoid": False,
+            "lock_token": json.loads((work / "rd" / "lock").read_text())["token"],
         }
         assert boot["cwd"] == str(work)
 

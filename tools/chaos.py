@@ -14,18 +14,38 @@ Episodes run the workload (tools/chaos/train.py: a numpy program with STATE_MB o
   kill-restore     SIGKILL `gpusnap restart` while it replays, fast-forwards or merges
   ENOSPC, EIO, EROFS   every store write fails mid-write (a full disk, a failing disk, a file
                    system remounted read-only; tools/chaos/inject/sitecustomize.py), then heals
+  full-disk        the run directory becomes a disk with room for half a snapshot more than the
+                   --keep snapshots it holds: the next snapshot fails, and the run must commit
+                   again by itself (retention before the write) within two more
+  EIO-read         every other read of a pack fails with EIO while `gpusnap restart` restores:
+                   it restores intact bytes or refuses, with one line
+  torn-manifest    the newest manifest is cut in half: the same command again skips it and
+                   resumes from the one before (the torn file is then moved aside, as verify says)
+  fork-error       a writer's first file open fails (EMFILE, MemoryError or a Ctrl-C) right after
+                   fork: the snapshot fails and exactly one copy of the program trains on
+  forged-c10d      a two-rank torchrun job (tools/chaos/dist_train.py) whose c10d store holds
+                   forged plan, done, global and position keys: its SIGTERM snapshot commits, from
+                   shards of one iteration, nothing is written outside its run directory, and it
+                   exits 75 only with a committed snapshot
+  bad-metadata     the fake metadata service the runs watch (--notices aws) answers with a proxy
+                   page, bad JSON, a redirect, a dribble or a huge body: the run trains on; half
+                   the time a real notice follows, and the run stops with 75 and a snapshot
+  stop-supervisor  SIGSTOP the supervisor while the program trains and snapshots itself
+                   (SIGUSR1 to the trainee): training must go on; after SIGCONT a snapshot commits
 
-After every event `gpusnap verify` must find every committed snapshot intact, and every snapshot
-committed before stays committed (unless gc was asked to remove it); after a fault heals, the
-next snapshot must commit. A run that was killed goes
-on with `gpusnap restart`; when it ends, its final state must equal an uninterrupted run's.
-Prints every event with the seed, and a summary; exit 0 only when nothing was lost and no
-restore was wrong.
+The runs keep the newest --keep 3 snapshots. After every event `gpusnap verify` must find every
+committed snapshot intact, and every snapshot committed before stays committed unless retention
+may have removed it (all but the newest two: retention before a write on a full disk keeps
+two) or gc was asked to; after a fault heals, the next snapshot must commit. A run that was
+killed goes on with `gpusnap restart`; when it ends, its final state must equal an uninterrupted
+run's. Prints every event with the seed, and a summary; exit 0 only when nothing was lost, no
+restore was wrong and nothing was stuck.
 """
 
 from __future__ import annotations
 
 import argparse
+import email.utils
 import json
 import os
 import random
@@ -34,15 +54,84 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import psutil
 
 HERE = Path(__file__).resolve().parent
 WORKLOAD = HERE / "chaos" / "train.py"
+DIST_WORKLOAD = HERE / "chaos" / "dist_train.py"
 INJECT = HERE / "chaos" / "inject"
-KINDS = ("kill-trainee", "kill-writer", "kill-supervisor", "kill-job", "kill-gc", "kill-restore", "ENOSPC", "EIO", "EROFS")
+KINDS = ("kill-trainee", "kill-writer", "kill-supervisor", "kill-job", "kill-gc", "kill-restore", "ENOSPC", "EIO", "EROFS",
+         "full-disk", "EIO-read", "torn-manifest", "fork-error", "forged-c10d", "bad-metadata", "stop-supervisor")
+KEEP = 3
+SPOT_ACTION = "/latest/meta-data/spot/instance-action"
+BAD_ANSWERS = ("proxy-page", "bad-json", "redirect", "dribble", "huge")
+
+
+class Metadata(ThreadingHTTPServer):
+    """The cloud's metadata service the runs watch (--notices aws): ``mode`` is "none" (no
+    notice), "notice" (a real one, 60 s ahead) or one of BAD_ANSWERS."""
+
+    daemon_threads = True
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), _MetadataHandler)
+        self.mode = "none"
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def handle_error(self, request, client_address) -> None:
+        pass  # a client that hangs up on a huge or dribbled answer is the point, not news
+
+
+class _MetadataHandler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status: int, body: bytes = b"", headers: dict | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_PUT(self):
+        self._send(200, b"chaos-token") if self.path == "/latest/api/token" else self._send(404)
+
+    def do_GET(self):
+        mode = self.server.mode
+        notice = json.dumps({"action": "terminate", "time": datetime.fromtimestamp(time.time() + 60, timezone.utc)
+                             .strftime("%Y-%m-%dT%H:%M:%SZ")}).encode()
+        if self.path == "/notice":
+            return self._send(200, notice)
+        if self.path != SPOT_ACTION or mode == "none":
+            return self._send(404)
+        if mode == "notice":
+            return self._send(200, notice, {"Date": email.utils.formatdate(usegmt=True)})
+        if mode == "proxy-page":
+            return self._send(200, b"<html><body>502 Bad Gateway: the proxy cannot reach 169.254.169.254</body></html>")
+        if mode == "bad-json":
+            return self._send(200, b'{"action": 5, "time": []}')
+        if mode == "redirect":
+            return self._send(302, headers={"Location": "/notice"})
+        if mode == "huge":
+            return self._send(200, b"{" * (4 << 20))
+        for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n":  # dribble
+            try:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+            except OSError:
+                return
+            time.sleep(0.5)
 
 
 class Chaos:
@@ -52,6 +141,8 @@ class Chaos:
         self.env = dict(os.environ)
         self.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(INJECT), str(HERE.parent), self.env.get("PYTHONPATH")]))
         self.env["GPUSNAP_CHAOS_FAULT"] = str(self.fault)
+        self.metadata = Metadata()
+        self.env.update(GPUSNAP_METADATA_URL=self.metadata.url, GPUSNAP_NOTICE_POLL_S="0.2")
         self.reference = None
         self.job: subprocess.Popen | None = None
         self.episode = 0
@@ -133,7 +224,7 @@ class Chaos:
     def run_again(self) -> None:
         """The job's command, as a requeued job runs it again: it resumes from the newest
         intact snapshot, or starts afresh when there is none."""
-        self.start("run", "--dir", "snaps", WORKLOAD, "out", self.steps, self.state_mb)
+        self.start("run", "--dir", "snaps", "--keep", KEEP, "--notices", "aws", WORKLOAD, "out", self.steps, self.state_mb)
 
     def ensure_running(self) -> None:
         """A finished run is compared and a new episode begins; a dead one is run again."""
@@ -160,7 +251,9 @@ class Chaos:
         return {s["id"] for s in json.loads(done.stdout)} if done.returncode == 0 else set()
 
     def check(self, event: str, pruned: bool = False) -> None:
-        """Every committed snapshot verifies; none vanished unless gc was asked to remove it."""
+        """Every committed snapshot verifies; none vanished unless gc was asked to remove it, or
+        retention may have: --keep keeps the newest KEEP, and before a write on a full disk the
+        newest KEEP - 1."""
         if not (self.work / "snaps").exists():
             return
         verify = subprocess.run(self.gpusnap("verify", "snaps"), cwd=self.work, env=self.env, capture_output=True, text=True)
@@ -168,7 +261,7 @@ class Chaos:
         if verify.returncode != 0:
             self.counts["lost"] += 1
             self.say(f"LOST: after {event}, verify failed: {(verify.stderr or verify.stdout).strip()}")
-        gone = self.committed - now
+        gone = (self.committed - now) & set(sorted(self.committed | now, key=int)[-(KEEP - 1):])
         if gone and not pruned:
             self.counts["lost"] += len(gone)
             self.say(f"LOST: after {event}, committed snapshots {sorted(gone)} are gone")
@@ -205,6 +298,11 @@ class Chaos:
         return 0.25
 
     def strike(self, kind: str) -> str:
+        new = {"full-disk": self.full_disk, "EIO-read": self.eio_read, "torn-manifest": self.torn_manifest,
+               "fork-error": self.fork_error, "forged-c10d": self.forged_c10d, "bad-metadata": self.bad_metadata,
+               "stop-supervisor": self.stop_supervisor}
+        if kind in new:
+            return new[kind]()
         if kind in ("kill-trainee", "kill-writer", "kill-supervisor", "kill-job", "ENOSPC", "EIO", "EROFS"):
             self.ensure_running()
             if kind in ("ENOSPC", "EIO", "EROFS"):
@@ -245,6 +343,274 @@ class Chaos:
         self.kill_job()
         return "restart killed"
 
+    # -- the faults of issue 24 ------------------------------------------------------------------
+    def outcomes(self) -> list[dict]:
+        """The terminal events of the snapshots in the run log, oldest first."""
+        try:
+            lines = (self.work / "snaps" / "log.jsonl").read_text().splitlines()
+        except OSError:
+            return []
+        found = []
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("source") == "trainee" and event.get("event") in ("committed", "failed", "skipped"):
+                found.append(event)
+        return found
+
+    def settled(self) -> bool:
+        """Every writer forked so far has its outcome in the run log (a writer that has exited
+        may not have been reported yet: its outcome would be taken for the next snapshot's)."""
+        try:
+            events = [json.loads(line).get("event") for line in (self.work / "snaps" / "log.jsonl").read_text().splitlines()]
+        except (OSError, ValueError):
+            return False
+        return events.count("forked") <= events.count("committed") + events.count("failed")
+
+    def snapshot_outcome(self, timeout: float = 60) -> dict | None:
+        """SIGUSR1 to the supervisor; the snapshot's outcome (None: none within ``timeout``)."""
+        self.wait(lambda: self.settled() or not self.alive(), 30)
+        before = len(self.outcomes())
+        try:
+            os.kill(self.job.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return None  # the run ended meanwhile
+        if not self.wait(lambda: len(self.outcomes()) > before or not self.alive(), timeout) or not self.alive():
+            return None
+        return self.outcomes()[before]
+
+    def disk_bytes(self) -> int:
+        return sum(p.stat().st_size for p in (self.work / "snaps").rglob("*") if p.is_file())
+
+    def full_disk(self) -> str:
+        self.snapshots_at_least(KEEP)
+        if not self.alive():
+            return "the run ended first"
+        newest = max(self.listed(), key=int)
+        info = subprocess.run(self.gpusnap("ls", "snaps", "--json"), cwd=self.work, env=self.env, capture_output=True, text=True)
+        written = next(s["bytes_written"] for s in json.loads(info.stdout) if s["id"] == newest)
+        self.fault.write_text(f"DISK {self.disk_bytes() + written // 2}")
+        try:
+            seen = []
+            for _ in range(3):  # the first finds no room beside the KEEP it holds; then retention runs first
+                outcome = self.snapshot_outcome()
+                if outcome is None:
+                    break
+                seen.append(outcome["event"])
+                if outcome["event"] == "committed":
+                    break
+        finally:
+            self.fault.unlink()
+        if "committed" not in seen and self.alive():
+            self.counts["stuck"] += 1
+            self.say(f"STUCK: on a full disk with --keep {KEEP}, no snapshot committed again ({seen})")
+        return f"disk full: {' then '.join(seen) or 'the run ended'}"
+
+    def eio_read(self) -> str:
+        self.snapshots_at_least(1)
+        self.kill_job()
+        if not self.listed():
+            return "no snapshot to restore"
+        self.fault.write_text("EIO-READ 0.5")
+        try:
+            self.start("restart", "snaps")
+            self.wait(lambda: not self.alive() or self.step() > 2, 120)
+        finally:
+            self.fault.unlink()
+        log = (self.work / f"gpusnap-{self.counts['runs']}.log").read_text()
+        if "Traceback" in log:
+            self.counts["wrong"] += 1
+            self.say(f"WRONG: a restart under EIO ended in a traceback: {log.strip()[-400:]}")
+        return "restart under EIO on reads: " + ("trains on" if self.alive() else f"exit {self.job.returncode}")
+
+    def torn_manifest(self) -> str:
+        self.snapshots_at_least(2)
+        if not self.alive():
+            return "the run ended first"  # then the same command starts afresh, as it should
+        self.kill_job()
+        ids = sorted(self.listed(), key=int)
+        if len(ids) < 2:
+            return "fewer than 2 snapshots"
+        torn = self.work / "snaps" / "snapshots" / f"{ids[-1]}.json"
+        torn.write_bytes(torn.read_bytes()[: torn.stat().st_size // 2])
+        self.committed.discard(ids[-1])  # damaged on purpose: not a loss of gpusnap's
+        self.run_again()
+        resumed = self.wait(lambda: self.step() > 2 or not self.alive(), 120)
+        torn.rename(self.work / f"torn-{ids[-1]}.json")  # what verify's finding asks for
+        log = (self.work / f"gpusnap-{self.counts['runs']}.log").read_text()
+        if f"skipping snapshot {ids[-1]}: manifest_damaged" not in log:
+            self.counts["wrong"] += 1
+            self.say(f"WRONG: the run did not skip torn snapshot {ids[-1]}: {log.strip()[-400:]}")
+        return f"torn {ids[-1]}: {'resumed from ' + ids[-2] if resumed else 'the run ended'}"
+
+    def fork_error(self) -> str:
+        self.ensure_running()
+        if not self.wait(lambda: self.step() > 2 or not self.alive(), 60) or not self.alive():
+            return "the run ended first"
+        raised = self.rng.choice(["EMFILE", "MemoryError", "KeyboardInterrupt"])
+        trainee = self.trainee()
+        self.fault.write_text(f"FORK-{raised}")
+        try:
+            outcome = self.snapshot_outcome()
+        finally:
+            self.fault.unlink()
+        if outcome is None:
+            return "the run ended first"
+        at = self.step()
+        self.wait(lambda: self.step() > at + 5 or not self.alive(), 30)
+        try:
+            copies = trainee.children() if trainee is not None else []
+        except psutil.NoSuchProcess:
+            copies = []
+        if copies:
+            self.counts["wrong"] += 1
+            self.say(f"WRONG: after {raised} in the fork window, a second copy trains (pid {copies[0].pid})")
+        return f"{raised} in the fork window: snapshot {outcome['event']}; " + self.next_commits(raised)
+
+    def next_commits(self, what: str) -> str:
+        """After a fault healed, the next snapshot must commit."""
+        if not self.alive():
+            return "the run ended"
+        outcome = self.snapshot_outcome()
+        if outcome is None and self.alive():
+            self.counts["stuck"] += 1
+            self.say(f"STUCK: after {what} healed, no snapshot came within 60 s")
+        elif outcome is not None and outcome["event"] != "committed":
+            self.counts["stuck"] += 1
+            self.say(f"STUCK: after {what} healed, the next snapshot {outcome['event']}: {outcome.get('message')}")
+        return "the next snapshot committed" if outcome and outcome["event"] == "committed" else "the run ended"
+
+    def bad_metadata(self) -> str:
+        self.ensure_running()
+        if not self.wait(lambda: self.step() > 2 or not self.alive(), 60) or not self.alive():
+            return "the run ended first"
+        bad = self.rng.choice(BAD_ANSWERS)
+        at = self.step()
+        self.metadata.mode = bad
+        try:
+            self.wait(lambda: not self.alive(), 3.0)
+        finally:
+            self.metadata.mode = "none"
+        if not self.alive() and self.job.returncode in (75, 76):
+            self.counts["wrong"] += 1
+            self.say(f"WRONG: a {bad} answer of the metadata service stopped the run (exit {self.job.returncode})")
+            return f"{bad}: the run stopped"
+        if not self.alive():
+            return f"{bad}: the run ended (exit {self.job.returncode})"
+        if self.rng.random() < 0.5:
+            return f"{bad}: trained on"
+        before = self.listed()
+        self.metadata.mode = "notice"
+        try:
+            stopped = self.wait(lambda: not self.alive(), 60)
+        finally:
+            self.metadata.mode = "none"
+        if not stopped:
+            self.counts["stuck"] += 1
+            self.say("STUCK: a spot notice did not stop the run within 60 s")
+            return f"{bad}, then a notice: still running"
+        if self.job.returncode == 75 and not self.listed() - before:
+            self.counts["lost"] += 1
+            self.say("LOST: the run exited 75 on a notice with no new snapshot")
+        return f"{bad}: trained on; then a notice: exit {self.job.returncode}"
+
+    def stop_supervisor(self) -> str:
+        self.ensure_running()
+        if not self.wait(lambda: self.step() > 2 or not self.alive(), 60) or not self.alive():
+            return "the run ended first"
+        trainee = self.trainee()
+        supervisor = psutil.Process(self.job.pid)
+        supervisor.suspend()
+        try:
+            at = self.step()
+            for _ in range(3):
+                try:
+                    trainee.send_signal(signal.SIGUSR1)  # the program snapshots itself; its events queue up
+                except (psutil.NoSuchProcess, AttributeError):
+                    break
+                time.sleep(1.0)
+            trained = self.wait(lambda: self.step() >= at + 10 or self.trainee() is None, 30)
+        finally:
+            supervisor.resume()
+        if not trained and self.alive():
+            self.counts["stuck"] += 1
+            self.say(f"STUCK: training stalled while the supervisor was stopped (step {at} -> {self.step()})")
+        return "supervisor stopped, training went on; " + self.next_commits("a stopped supervisor")
+
+    def forged_c10d(self) -> str:
+        """A short two-rank job of its own, beside the episode (whose run is stopped meanwhile:
+        the machine's cores are few)."""
+        from torch.distributed import PrefixStore, TCPStore
+
+        sys.path.insert(0, str(HERE.parent))
+        from gpusnap.capture import distcheck
+
+        self.kill_job()
+        job = self.work / f"dist-{self.counts['events']}"
+        job.mkdir()
+        (job / "out").mkdir()
+        with open(job / "gpusnap.log", "w") as log:
+            run = subprocess.Popen(self.gpusnap("run", "--nproc-per-node", "2", "--dir", job / "run", DIST_WORKLOAD, job / "out", 400),
+                                   cwd=job, env={**self.env, "GPUSNAP_WRITER_PRIORITY": "0"}, start_new_session=True,
+                                   stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            def rank_env():
+                for p in psutil.Process(run.pid).children(recursive=True):
+                    try:
+                        env = p.environ()
+                    except psutil.Error:
+                        continue
+                    if env.get("RANK") == "1" and "MASTER_PORT" in env:
+                        return env
+                return None
+
+            def progress():
+                try:
+                    return min(int((job / "out" / f"rank{r}").read_text() or 0) for r in (0, 1))
+                except (OSError, ValueError):
+                    return 0
+
+            env = self.wait(lambda: progress() >= 3 or run.poll() is not None, 180) and rank_env()
+            if not env:
+                self.counts["stuck"] += 1
+                self.say(f"STUCK: the two-rank job did not start: {(job / 'gpusnap.log').read_text()[-400:]}")
+                return "the job did not start"
+            nonce = json.loads((job / "run" / "run.json").read_text())["nonce"]
+            store = TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False)
+            for prefix in (distcheck.key_prefix(nonce, env["TORCHELASTIC_RUN_ID"], env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                           "gpusnap/0/"):
+                forged = PrefixStore(prefix, store)
+                for g in (1, 2):
+                    forged.set(f"plan/{g}", json.dumps({"id": "../../../../outside", "at": {"steps": 0}, "stop": True,
+                                                        "reason": "term"}))
+                    forged.set(f"done/{g}/1", json.dumps({"event": "committed", "id": "000001", "iteration": 99999}))
+                    forged.set(f"global/{g}", json.dumps({"event": "committed", "id": f"{g:06d}", "stop": True}))
+                    forged.set(f"pos/{g}/1", b"[" * 100_000)
+            os.kill(run.pid, signal.SIGTERM)
+            try:
+                code = run.wait(timeout=180)
+            except subprocess.TimeoutExpired:
+                self.counts["stuck"] += 1
+                self.say("STUCK: the two-rank job did not stop within 180 s of SIGTERM")
+                return "did not stop"
+        finally:
+            try:
+                os.killpg(run.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            run.wait()
+        committed = sorted(p.stem for p in (job / "run" / "snapshots").glob("*.json"))
+        outside = [p for p in self.work.rglob("outside*")]
+        verified = subprocess.run(self.gpusnap("verify", job / "run"), cwd=job, env=self.env, capture_output=True, text=True)
+        if code == 75 and not committed or outside or (committed and verified.returncode != 0):
+            self.counts["wrong"] += 1
+            self.say(f"WRONG: forged c10d keys steered the job: exit {code}, committed {committed}, outside the run "
+                     f"directory {outside}, verify {verified.returncode}")
+        shutil.rmtree(job, ignore_errors=True)
+        return f"forged keys: exit {code}, committed {committed}"
+
     def snapshots_at_least(self, n: int) -> None:
         """Take snapshots until ``n`` are committed (or the run ends)."""
         self.ensure_running()
@@ -265,13 +631,7 @@ class Chaos:
         if not self.alive():
             return f"the run ended ({self.job.returncode}) under {name}"
         # Training goes on, and the next snapshot commits.
-        after = self.listed()
-        os.kill(self.job.pid, signal.SIGUSR1)
-        committed = self.wait(lambda: len(self.listed() - after) > 0 or not self.alive(), 60)
-        if not committed and self.alive():
-            self.counts["stuck"] += 1
-            self.say(f"STUCK: after {name} healed, no snapshot committed within 60 s")
-        return f"{name} mid-write; {'the next snapshot committed' if committed else 'the run ended'}"
+        return f"{name} mid-write; " + self.next_commits(name)
 
     # -- main ---------------------------------------------------------------------------------
     def say(self, line: str) -> None:

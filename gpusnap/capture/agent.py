@@ -32,6 +32,7 @@ from gpusnap.capture import children, control, fork, pace, session, steploop
 from gpusnap.capture import witness as witnessing
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, ChildRunning, StageError
 from gpusnap.graph import rng, roots
+from gpusnap.stage import limits
 from gpusnap.instrument import loops
 
 _coalesced_said = False
@@ -212,6 +213,7 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         reason=reason,
         resumed_from=session.resumed_from,
         keep=session.config.get("keep") if coordinator is None else None,  # a shard's retention is global
+        prune_first=session.disk_full,
         steps=session.steps,
         sources=_sources(),
         device=device,
@@ -222,6 +224,7 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         schedule=session.schedule,
         stop=stop,
         expected_bytes=session.last_bytes_total,
+        lock_token=session.config.get("lock_token") if coordinator is None else coordinator.lock_held.token,
     )
     job.generation = stage.writer_starting()  # seals the regions this writer reads
     try:
@@ -270,14 +273,18 @@ def _sources() -> dict:
     return dict(SOURCES)
 
 
-def _headroom_refusal() -> str | None:
+def _headroom_refusal(root: str = "/") -> str | None:
+    """Why a fork now could get the program killed, or None. The writer's copy-on-write worst
+    case is the trainee's resident set, and it must fit in what is left of host memory or, in a
+    job's memory cgroup, of the cgroup's limit, whichever is tighter: the cgroup's OOM killer
+    acts long before the host runs out (``stage.limits``, as the arena is sized)."""
     import psutil
 
     rss = psutil.Process().memory_info().rss
-    available = psutil.virtual_memory().available
-    if rss > available * knobs.HEADROOM_FRACTION:
+    limit = limits.tightest(root)
+    if rss > limit.room_bytes * knobs.HEADROOM_FRACTION:
         return (
-            f"copy-on-write worst case {rss / 2**30:.1f} GiB exceeds "
-            f"{knobs.HEADROOM_FRACTION:.0%} of the {available / 2**30:.1f} GiB available"
+            f"copy-on-write worst case {rss / 2**30:.2f} GiB exceeds {knobs.HEADROOM_FRACTION:.0%} of the "
+            f"{limit.room_bytes / 2**30:.2f} GiB left under {limit.what}"
         )
     return None

@@ -4,16 +4,25 @@ A request (a signal, the supervisor's ``snap``/timer/SIGTERM message, ``gpusnap.
 only appends to ``requests`` and sets ``loops.pending``; the snapshot happens at the next safe
 point (``agent``). Events go back to the supervisor as JSON lines on a Unix socket; without one
 (a program run outside `gpusnap run`, a supervisor gone) they are dropped and training goes on.
+
+No event ever waits for the supervisor: ``emit`` only queues the line (at most ``QUEUE_MAX``;
+beyond that, events are dropped and counted), and a thread of its own writes the queue to the
+socket. A supervisor that stops reading (stopped, swapped out, stuck on a full disk) then stalls
+that thread, never the training thread; once it reads again, a ``dropped`` event with the
+count comes first. ``flush`` gives the queue a moment to drain before the process exits.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import queue
 import signal
 import socket
 import sys
 import threading
+import time
 import warnings
 
 from gpusnap.capture import session
@@ -21,7 +30,10 @@ from gpusnap.instrument import loops
 
 requests: list[tuple[str, bool]] = []  # (reason, stop) in arrival order
 _control = None  # socket to the supervisor
-_send_lock = threading.Lock()
+QUEUE_MAX = 1000  # events waiting for the supervisor; about 200 kB
+_outbox: queue.Queue = queue.Queue(QUEUE_MAX)
+_dropped = 0  # events dropped since the last one the sender wrote
+_drop_lock = threading.Lock()
 
 
 def connected() -> bool:
@@ -49,12 +61,44 @@ def connect(path: str | None) -> None:
         sock.close()
         print(f"gpusnap: no supervisor at {path} ({exc.strerror}); snapshots on signal still work", file=sys.stderr)
         return
-    _control = sock
+    attach(sock)
     hello = {"op": "hello", "pid": os.getpid()}
     if session.config.get("dist"):
         hello["rank"] = int(os.environ.get("RANK", "0"))
     _send(hello)
     threading.Thread(target=_read_control, args=(sock,), name="gpusnap-control", daemon=True).start()
+    atexit.register(flush)
+
+
+def attach(sock) -> None:
+    """Send events on ``sock`` from now on, through the sender thread."""
+    global _control
+    _control = sock
+    threading.Thread(target=_send_forever, args=(sock,), name="gpusnap-control-send", daemon=True).start()
+
+
+def _send_forever(sock) -> None:
+    global _dropped
+    while True:
+        data = _outbox.get()
+        try:
+            with _drop_lock:
+                dropped, _dropped = _dropped, 0
+            if dropped:
+                sock.sendall(_encode({"op": "event", "event": "dropped", "count": dropped}))
+            sock.sendall(data)
+        except OSError:
+            pass  # the supervisor is gone; training goes on
+        finally:
+            _outbox.task_done()
+
+
+def flush(timeout_s: float = 2.0) -> None:
+    """Wait up to ``timeout_s`` for the queued events to be written (before the process exits:
+    a stop snapshot's last events)."""
+    deadline = time.monotonic() + timeout_s
+    while _control is not None and _outbox.unfinished_tasks and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def _read_control(sock) -> None:
@@ -69,15 +113,19 @@ def _read_control(sock) -> None:
             request(message.get("reason", "request"), stop=bool(message.get("stop")))
 
 
+def _encode(message: dict) -> bytes:
+    return (json.dumps(message, default=str) + "\n").encode()
+
+
 def _send(message: dict) -> None:
+    global _dropped
     if _control is None:
         return
-    data = (json.dumps(message, default=str) + "\n").encode()
-    with _send_lock:
-        try:
-            _control.sendall(data)
-        except OSError:
-            pass  # the supervisor is gone; training goes on
+    try:
+        _outbox.put_nowait(_encode(message))
+    except queue.Full:  # the supervisor has stopped reading: count it, never wait for it
+        with _drop_lock:
+            _dropped += 1
 
 
 def emit(event: str, **fields) -> None:

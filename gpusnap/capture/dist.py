@@ -3,8 +3,8 @@ snapshot exists once every rank's shard has committed (DESIGN.md, "Distributed t
 
 Each rank is an ordinary trainee writing its own shard (``store.shards``: ``DIR/ranks/<rank>``).
 The ranks coordinate through the job's own c10d store (the TCPStore that torchrun's agent hosts
-at MASTER_ADDR:MASTER_PORT), under the prefix ``gpusnap/<restart count>/``, one generation ``g``
-of keys per global snapshot::
+at MASTER_ADDR:MASTER_PORT), under the prefix ``gpusnap/<nonce>/<restart count>/`` (the nonce: of
+the run directory and torchrun's run id), one generation ``g`` of keys per global snapshot::
 
     wake/g/<rank>  someone asked: a rank with a request (signal, timer, `gpusnap snap`, SIGTERM
                    through its supervisor, gpusnap.snapshot()) sets it for every rank at its next
@@ -16,6 +16,9 @@ of keys per global snapshot::
                    past the furthest rank), the global snapshot id, stop, reason
     done/g/<rank>  the rank's shard: committed (with its report) or failed (with why)
     global/g       rank 0: the global manifest is committed, or why not
+
+Every value read from the store is checked before use (``distcheck``): a forged or stale plan,
+shard outcome or global outcome is waited past, never believed.
 
 No rank ever waits for another at a loop boundary: it posts where it stands and trains on (a
 rank blocked at a boundary while another needs it for DDP's all-reduce would deadlock), then
@@ -44,11 +47,11 @@ import threading
 import time
 
 from gpusnap import knobs, lifeline
-from gpusnap.capture import control, session, steploop
+from gpusnap.capture import control, distcheck, session, steploop
 from gpusnap.errors import EXIT_PREEMPTED_UNSAVED, GpusnapError, RestoreError, RunDirError
 from gpusnap.instrument import loops
 from gpusnap.store import shards
-from gpusnap.store.rundir import SNAP_DIGITS
+from gpusnap.store.info import is_snapshot_id, snapshot_id
 
 coordinator: "Coordinator | None" = None
 _FOREVER = datetime.timedelta(days=3650)
@@ -167,7 +170,9 @@ class Coordinator:
         self.rank, self.world = rank, world
         self.top, self.shard, self.lock_held = top, shard, lock
         self.addr, self.port = addr, port
-        self.prefix = f"gpusnap/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+        # This run's keys: a store another run left at the same address names none of them.
+        self.prefix = distcheck.key_prefix(top.nonce, os.environ.get("TORCHELASTIC_RUN_ID", ""),
+                                           os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.gen = 1  # the global snapshot being agreed or written; one generation of keys each
         self.requested = 0  # the last generation this rank knows was asked for
         self.posted = 0  # the last generation this rank posted its position for
@@ -216,7 +221,8 @@ class Coordinator:
         or what its command line named), and ranks merged from different ones would train on
         as one job with mixed state."""
         try:
-            said = _wait_get(self._connect(), [f"resume/{r}" for r in range(self.world)], knobs.DIST_TIMEOUT_S)
+            said = _wait_get(self._connect(), [f"resume/{r}" for r in range(self.world)], knobs.DIST_TIMEOUT_S,
+                             lambda key, value: distcheck.resume(value))
         except Exception as exc:  # noqa: BLE001 - a refusal either way: the agreement is not known
             raise RestoreError(f"the other ranks did not say which snapshot they resume from ({exc})",
                                "start every node of the job; GPUSNAP_DIST_TIMEOUT_S sets how long ranks wait") from None
@@ -391,7 +397,7 @@ class Coordinator:
             try:
                 if client is None:
                     client = self._connect()
-                _poll(client, [f"wake/{g}/{self.rank}"], _WATCH_POLL_S, None, self.closing)
+                _poll(client, [f"wake/{g}/{self.rank}"], _WATCH_POLL_S, None, self.closing)  # set is enough: never read
             except Exception:  # noqa: BLE001 - the store went away: the job is ending, or it comes back
                 client = None
                 time.sleep(1.0)
@@ -423,11 +429,12 @@ class Coordinator:
             if client is None:
                 raise ConnectionError("no connection to the job's c10d store")
             if self.rank == 0:
-                posts = _wait_get(client, [f"pos/{g}/{r}" for r in range(self.world)], knobs.DIST_TIMEOUT_S)
+                posts = _wait_get(client, [f"pos/{g}/{r}" for r in range(self.world)], knobs.DIST_TIMEOUT_S,
+                                  lambda key, value: distcheck.post(value))
                 plan = self._plan(posts)
                 client.set(f"plan/{g}", json.dumps(plan))
             else:
-                plan = _wait_get(client, [f"plan/{g}"], knobs.DIST_TIMEOUT_S)[0]
+                plan = _wait_get(client, [f"plan/{g}"], knobs.DIST_TIMEOUT_S, lambda key, value: distcheck.plan(value))[0]
         except Exception as exc:  # noqa: BLE001 - a timeout, or a store that went away
             client = None
             outcome = {"event": "failed", "message": f"abandoned: the ranks did not agree on an iteration within "
@@ -450,9 +457,9 @@ class Coordinator:
         at = target(posts, knobs.DIST_MARGIN)
         stop = any(p.get("stop") for p in posts)
         requested = [p.get("reason") for p in posts if p.get("reason") not in (None, "peer")]
-        top_ids = [int(s) for s in self.top.snapshot_ids() if s.isdigit()]
+        top_ids = [int(s) for s in self.top.snapshot_ids()]
         next_id = max([int(p.get("next") or 1) for p in posts] + [max(top_ids) + 1 if top_ids else 1])
-        plan = {"id": f"{next_id:0{SNAP_DIGITS}d}", "stop": stop,
+        plan = {"id": snapshot_id(next_id), "stop": stop,
                 "reason": "term" if stop else requested[0] if requested else "request"}
         return {**plan, "at": at}
 
@@ -475,16 +482,26 @@ class Coordinator:
         try:
             client.set(f"done/{g}/{self.rank}", json.dumps(shard, default=str))
             if self.rank == 0:
-                dones = _wait_get(client, [f"done/{g}/{r}" for r in range(self.world)], knobs.DIST_TIMEOUT_S)
-                outcome = self._commit(plan, dones)
+                dones = _wait_get(client, [f"done/{g}/{r}" for r in range(self.world)], knobs.DIST_TIMEOUT_S,
+                                  lambda key, value: distcheck.done(value, plan, self._shard_manifest(int(key.rsplit("/", 1)[1]))))
+                outcome = self._commit(plan, [distcheck.outcome_fields(d) for d in dones])
                 client.set(f"global/{g}", json.dumps(outcome, default=str))
             else:
                 # Rank 0 waits up to the timeout for the last shard, then commits.
-                outcome = _wait_get(client, [f"global/{g}"], knobs.DIST_TIMEOUT_S * 2 + 10)[0]
+                outcome = distcheck.outcome_fields(_wait_get(
+                    client, [f"global/{g}"], knobs.DIST_TIMEOUT_S * 2 + 10,
+                    lambda key, value: distcheck.outcome(value, plan, _manifest_of(self.top), self.rank))[0])
         except Exception as exc:  # noqa: BLE001 - a timeout, or a store that went away
             return {"event": "failed", "message": f"abandoned: no word from every rank within {knobs.DIST_TIMEOUT_S:g} s "
                                                   f"({_short(exc)})"}, None
         return outcome, client
+
+    def _shard_manifest(self, rank: int):
+        """``shard_manifest(id)`` for ``distcheck.done``: rank ``rank``'s committed shard manifest."""
+        try:
+            return _manifest_of(shards.open_shard(self.top, rank))
+        except GpusnapError:
+            return lambda snap_id: None
 
     def _commit(self, plan: dict, dones: list[dict]) -> dict:
         failed = [(r, d) for r, d in enumerate(dones) if d.get("event") != "committed"]
@@ -492,6 +509,11 @@ class Coordinator:
             r, d = failed[0]
             more = f" (and {len(failed) - 1} more ranks)" if len(failed) > 1 else ""
             return {"event": "failed", "message": f"rank {r}: {d.get('message', 'no reason given')}{more}"}
+        other = [(r, d) for r, d in enumerate(dones) if d.get("iteration") != dones[0].get("iteration")]
+        if other:  # one global snapshot, one iteration: never shards of different points as one
+            r, d = other[0]
+            return {"event": "failed", "message": f"rank {r}'s shard is of iteration {d.get('iteration')}, rank 0's of "
+                                                  f"{dones[0].get('iteration')}: no global snapshot was committed"}
         shard_reports = {r: {**d, "snapshot": d["id"]} for r, d in enumerate(dones)}
         fields = {"iteration": dones[0].get("iteration"), "reason": plan["reason"], "resumed_from": session.resumed_from}
         try:
@@ -536,23 +558,40 @@ class Coordinator:
             _exit(outcome)
 
 
-def _poll(client, keys: list[str], every_s: float, deadline: float | None, closing=None) -> list:
-    """The keys' values once all are set. Polled with ``check``, not waited for with ``wait``:
-    a thread blocked inside a store call when the interpreter finalizes (a program that ends
-    while a snapshot is being agreed) aborts the process as it returns (pthread_exit through
-    C++), so the threads stay in short calls and sleeps."""
+def _poll(client, keys: list[str], every_s: float, deadline: float | None, closing=None, check=None) -> list | None:
+    """The keys' values once all are set and ``check(key, value)`` (``distcheck``) refuses none
+    (None when ``check`` is None: only that they are set). Polled with ``check``, not waited for
+    with ``wait``: a thread blocked inside a store call when the interpreter finalizes (a program
+    that ends while a snapshot is being agreed) aborts the process as it returns (pthread_exit
+    through C++), so the threads stay in short calls and sleeps. A refused value is waited past:
+    the rank that owns the key replaces it."""
+    refused = None
     while deadline is None or time.monotonic() < deadline:
         if closing is not None and closing.is_set():
             raise TimeoutError("the program is exiting")
         if client.check(keys):
-            return [json.loads(v) for v in client.multi_get(keys)]
+            if check is None:
+                return None
+            values, refused = [], None
+            for key, raw in zip(keys, client.multi_get(keys)):
+                try:
+                    value = distcheck.parse(raw)
+                    why = check(key, value)
+                except ValueError as exc:
+                    why = f"no JSON ({exc})"
+                if why is not None:
+                    refused = f"{key}: {why}"
+                    break
+                values.append(value)
+            else:
+                return values
         time.sleep(every_s)
-    raise TimeoutError("timed out")
+    raise TimeoutError("timed out" + (f"; refused what the store held: {refused}" if refused else ""))
 
 
-def _wait_get(client, keys: list[str], timeout_s: float) -> list:
+def _wait_get(client, keys: list[str], timeout_s: float, check) -> list:
     deadline = time.monotonic() + timeout_s
-    return _within(timeout_s, _poll, client, keys, _POLL_S, deadline, coordinator.closing if coordinator else None)
+    return _within(timeout_s, _poll, client, keys, _POLL_S, deadline, coordinator.closing if coordinator else None, check)
 
 
 def _within(timeout_s: float, call, *args):
@@ -576,6 +615,19 @@ def _within(timeout_s: float, call, *args):
     if "value" not in done:
         raise TimeoutError(f"the job's c10d store did not answer within {timeout_s:g} s")
     return done["value"]
+
+
+def _manifest_of(rd):
+    """``manifest(id)``: ``rd``'s committed manifest ``id``, or None when there is none (for
+    ``distcheck``: what the store says is committed must be on disk)."""
+
+    def manifest(snap_id):
+        try:
+            return rd.load_manifest(snap_id)
+        except GpusnapError:
+            return None
+
+    return manifest
 
 
 def _exit(outcome: dict) -> None:

@@ -20,6 +20,7 @@ import time
 import warnings
 
 from gpusnap import lifeline, stage
+from gpusnap.errors import NoSpace
 from gpusnap.stage import memory
 from gpusnap.capture import control, costs, session, watchdog, witness
 
@@ -56,6 +57,8 @@ class Writer:
             witness.committed(self.snap_id)  # its witness may be written now
         else:
             witness.failed(self.snap_id)
+        if result.get("no_space"):
+            session.disk_full = True
         if result.get("drain_wanted_bytes") is not None:
             stage.drained(result["drain_wanted_bytes"])  # the size of the next drain region
         stage.writer_done(self.generation)  # the child is reaped: nothing reads its regions now
@@ -98,23 +101,33 @@ def _committed_anyway(snap_id: str) -> dict | None:
             "bytes_total": stats.get("bytes_total", 0)}
 
 
+# Blocked across fork(): a signal that reached the child before it ignored the trainee's would run
+# the program's handler there (a Ctrl-C's KeyboardInterrupt, raised inside the program's loop).
+_FORK_BLOCKED = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}
+_IGNORED_IN_CHILD = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+
+
 def start_writer(job, at_step_loop: bool = True) -> Writer:
     """Fork the writer of ``job``; ``at_step_loop``: the safe point is a boundary of the step
-    loop (what ``costs`` needs to know to measure the snapshot's cost)."""
+    loop (what ``costs`` needs to know to measure the snapshot's cost). OSError when fork itself
+    fails; whatever goes wrong in the child stays in the child (``_child``)."""
     read_fd, write_fd = os.pipe()
     trainee = os.getpid()
-    with warnings.catch_warnings():
-        # Python >= 3.12 warns about fork() in a threaded process. The child runs only
-        # fork-safe code (no CUDA, no torch operators, no locks other threads may hold).
-        warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*fork.*")
-        pid = os.fork()
-    if pid == 0:
-        # The address space fork passed on, before the writer maps anything into the holes that
-        # do-not-fork memory left (stage.memory.mapped).
-        memory.freeze_maps()
-        lifeline.die_with_parent(trainee)  # an orphaned writer's snapshot would never be reported
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _FORK_BLOCKED)
+    try:
+        with warnings.catch_warnings():
+            # Python >= 3.12 warns about fork() in a threaded process. The child runs only
+            # fork-safe code (no CUDA, no torch operators, no locks other threads may hold).
+            warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*fork.*")
+            pid = os.fork()
+        if pid == 0:
+            _child(job, trainee, read_fd, write_fd, mask)  # never returns
+    except OSError:
         os.close(read_fd)
-        _child_main(job, write_fd)
+        os.close(write_fd)
+        raise
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # the parent's, as it was: the child never gets here
     os.close(write_fd)
     stall_s = time.perf_counter() - job.requested_s
     writer = session.writer = Writer(pid, job.snap_id, read_fd, stall_s, job.generation)
@@ -124,31 +137,62 @@ def start_writer(job, at_step_loop: bool = True) -> Writer:
     return writer
 
 
-def _child_main(job, write_fd: int) -> None:
+def _child(job, trainee: int, read_fd: int, write_fd: int, mask) -> None:
+    """The writer's whole life: one try whose only way out is ``os._exit``, so that nothing the
+    child meets (EMFILE, MemoryError, a Ctrl-C) can return into the program's own loop, where a
+    second copy of the program would train on. Its report goes to the trainee on ``write_fd``."""
     code = 1
     try:
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
-            signal.signal(signum, signal.SIG_IGN)  # finish the write; the supervisor kills on --grace
-        # The walks touch every attribute of the program's objects and modules (deprecated ones
-        # of torch.distributed warn): the writer speaks only through its report.
-        warnings.simplefilter("ignore")
-        if "blosc2" in sys.modules:
-            sys.modules["blosc2"].free_resources()  # its thread pool did not survive fork
-        from gpusnap.store import writer as store_writer
-
-        store_writer.report_progress = _progress_reporter(write_fd)
-        from gpusnap.capture.writer import write_snapshot
-
-        result = write_snapshot(job)
-        code = 0
-    except BaseException as exc:  # noqa: BLE001 - every failure becomes a report
-        result = {"event": "failed", "id": job.snap_id, "message": _describe(exc)}
-        if getattr(exc, "hint", None):
-            result["hint"] = exc.hint
-    try:
+        try:
+            for signum in _IGNORED_IN_CHILD:
+                signal.signal(signum, signal.SIG_IGN)  # finish the write; the supervisor kills on --grace
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            _expendable()
+            # The address space fork passed on, before the writer maps anything into the holes
+            # that do-not-fork memory left (stage.memory.mapped).
+            memory.freeze_maps()
+            lifeline.die_with_parent(trainee)  # an orphaned writer's snapshot would never be reported
+            os.close(read_fd)
+            result = _write(job, write_fd)
+            code = 0
+        except BaseException as exc:  # noqa: BLE001 - every failure becomes a report
+            result = {"event": "failed", "id": job.snap_id, "message": _describe(exc)}
+            if getattr(exc, "hint", None):
+                result["hint"] = exc.hint
+            if isinstance(exc, NoSpace):
+                result["no_space"] = True  # the next writers prune first (agent.take)
         os.write(write_fd, json.dumps(result, default=str).encode())
     finally:
         os._exit(code)
+
+
+def _expendable() -> None:
+    """Make this process the out-of-memory killer's first choice (``oom_score_adj`` 1000, which
+    needs no privilege): when the host or the job's cgroup runs out while a snapshot is written,
+    the writer dies and its snapshot fails, instead of the program, whose resident set is
+    otherwise the larger."""
+    try:
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, b"1000")
+        finally:
+            os.close(fd)
+    except OSError:
+        pass  # not Linux, or no /proc: the writer is as likely a victim as any
+
+
+def _write(job, write_fd: int) -> dict:
+    # The walks touch every attribute of the program's objects and modules (deprecated ones
+    # of torch.distributed warn): the writer speaks only through its report.
+    warnings.simplefilter("ignore")
+    if "blosc2" in sys.modules:
+        sys.modules["blosc2"].free_resources()  # its thread pool did not survive fork
+    from gpusnap.store import writer as store_writer
+
+    store_writer.report_progress = _progress_reporter(write_fd)
+    from gpusnap.capture.writer import write_snapshot
+
+    return write_snapshot(job)
 
 
 # A writer tells the trainee how far it is this often (the live status line of a long write).
@@ -187,6 +231,7 @@ def wait_for_writer_at_exit() -> None:
 
 
 def exit_now(code: int) -> None:
+    control.flush()  # the stop snapshot's last events
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

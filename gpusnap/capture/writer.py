@@ -38,6 +38,7 @@ class WriteJob:
     reason: str
     resumed_from: str | None = None
     keep: int | None = None
+    prune_first: bool = False  # a snapshot of this run failed for lack of space: retention first, to keep - 1
     steps: int = 0  # optimizer steps so far: restored so that iteration numbers continue
     sources: dict = field(default_factory=dict)  # instrumented file -> xxh3-128 of its source
     device: object = None  # stage.device.DeviceStage: the device memory staged in the arena
@@ -49,6 +50,7 @@ class WriteJob:
     schedule: dict | None = None  # the supervisor's timer and measured overhead (manifest "schedule")
     stop: bool = False  # a stop snapshot (SIGTERM, a spot notice): training waits for it
     expected_bytes: int = 0  # what the last snapshot held: the pacer's guess of this one's bytes
+    lock_token: str | None = None  # of the run directory's lock this writer writes under (store.lock.check_token)
 
 
 def write_snapshot(job: WriteJob) -> dict:
@@ -67,7 +69,11 @@ def write_snapshot(job: WriteJob) -> dict:
     # below allocate (half the time of pickling a deep graph).
     gc.disable()
     rundir = RunDir.open(job.run_dir)
-    sink = rundir.begin_snapshot(job.snap_id)
+    # On a disk that filled, the snapshot would not fit beside the ones --keep keeps: make room
+    # first, keeping the newest keep - 1 (and always one), so that the run has keep again once it
+    # commits. Retention after the commit alone never ran, as no commit came.
+    before = _apply_retention(rundir, max(1, job.keep - 1), "before the write") if job.keep and job.prune_first else {}
+    sink = rundir.begin_snapshot(job.snap_id, lock_token=job.lock_token)
     pacer = None
     if not job.stop:
         staged = job.device.dirty_bytes if job.device is not None else 0
@@ -114,6 +120,7 @@ def write_snapshot(job: WriteJob) -> dict:
     durable_s = time.perf_counter() - job.requested_s
     retention = _apply_retention(rundir, job.keep) if job.keep else {}
     return {
+        **before,
         **retention,
         "event": "committed",
         "id": info.id,
@@ -154,19 +161,20 @@ def _device_summary(stage, pickler: GraphPickler) -> dict:
             "unaccounted_bytes": {str(d): n for d, n in stage.unaccounted().items()}}
 
 
-def _apply_retention(rundir, keep: int) -> dict:
+def _apply_retention(rundir, keep: int, when: str = "after the commit") -> dict:
     """Prune to the newest ``keep`` snapshots. The snapshot is committed before this runs, and a
     commit is a commit: a failure here is a warning beside it (``warning``, ``hint``), never the
-    snapshot's failure (which would turn a SIGTERM's exit 75 into 76)."""
+    snapshot's failure (which would turn a SIGTERM's exit 75 into 76). Before the write (a full
+    disk), a failure is a warning too: the write may fit all the same."""
     try:
-        rundir.prune(keep)
+        report = rundir.prune(keep)
     except Exception as exc:  # noqa: BLE001 - whatever it is, the snapshot stays committed
         message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
         return {
-            "warning": f"retention (--keep {keep}) failed after the commit: {message}",
+            "warning": f"retention (--keep {keep}) failed {when}: {message}",
             "hint": getattr(exc, "hint", None) or "run `gpusnap gc DIR --keep N` once the cause is fixed",
         }
-    return {}
+    return {"pruned_first": report["removed_snapshots"]} if when != "after the commit" else {}
 
 
 def _manifest(job: WriteJob, payload: dict, pickler: GraphPickler, graph: dict, stall_s: float, iterators: dict) -> dict:

@@ -3,11 +3,12 @@ lives here and has to stay responsive while the trainee is inside a CUDA call.""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
-from gpusnap import __version__
+from gpusnap import __version__, knobs
 from gpusnap.errors import GpusnapError
 
 
@@ -32,6 +33,18 @@ def cli():
       gpusnap ls DIR                       list the snapshots
       gpusnap demo                         watch one run snapshotted, killed and restarted
     """
+
+
+def _trust_dir(ctx, param, value) -> None:
+    if value:  # this process's checks, and the trainee's and its writers' (they inherit the environment)
+        knobs.TRUST_DIR = 1
+        os.environ["GPUSNAP_TRUST_DIR"] = "1"
+
+
+trust_dir_option = click.option(
+    "--trust-dir", is_flag=True, expose_value=False, is_eager=True, callback=_trust_dir,
+    help="Use DIR even if another user owns it or others can write to it (GPUSNAP_TRUST_DIR=1). A snapshot is "
+         "code: whoever can write DIR can run code as you when it is restored.")
 
 
 def _register() -> None:

@@ -12,7 +12,7 @@ import tempfile
 import click
 
 from gpusnap import knobs
-from gpusnap.cli import cli
+from gpusnap.cli import cli, trust_dir_option
 from gpusnap.errors import GpusnapError, NoActiveRun, RestoreError as RestoreRefused, RunDirMismatch, SnapshotError, SnapshotNotFound, UsageError
 from gpusnap.launch import options as opt
 from gpusnap.launch import torchrun
@@ -85,6 +85,7 @@ def _schedule_options(f):
 @click.option("--resume", default="auto", show_default=True, metavar="auto|never|ID",
               help="auto: continue from the newest intact snapshot in DIR, if any, unless the program ran to its end last time; "
                    "never: start fresh (snapshots go on into DIR); ID: continue from that snapshot.")
+@trust_dir_option
 @torchrun.options
 @click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT|-m MODULE [ARGS]...")
 def run(run_dir, every, overhead, signal_name, on_term, grace, keep, paranoid, verbosity, notices, instrument, at, resume, program, **dist):
@@ -167,6 +168,7 @@ def run(run_dir, every, overhead, signal_name, on_term, grace, keep, paranoid, v
 @click.option("--snapshot", "snapshot_id", metavar="ID", help="Continue from this snapshot (default: the newest that verifies).")
 @click.option("--force", is_flag=True, help="Restore even where the program changed in ways that can be overridden.")
 @_schedule_options
+@trust_dir_option
 @torchrun.options
 def restart(run_dir, snapshot_id, force, every, overhead, signal_name, on_term, grace, keep, paranoid, verbosity, notices, **dist):
     """Continue the program of run directory DIR from a snapshot.
@@ -311,6 +313,9 @@ def _supervise(launch, identity, resume: str, rd=None, require_snapshot: bool = 
                              hint="pass the same torchrun options as the run that made it, or another --dir")
     # The nodes of a distributed run share the directory: each rank locks its own shard instead.
     lock = rd.lock("run") if launch.torchrun is None else None
+    launch.lock_token = lock.token if lock is not None else None
+    if lock is not None and lock.note():
+        _say(lock.note())
     try:
         launch.resume = _choose_snapshot(rd, resume, require_snapshot, anew_after_end=launch.torchrun is None)
         if launch.resume is not None and launch.torchrun is not None:

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from gpusnap.cli import cli
+from gpusnap.cli import cli, trust_dir_option
 from gpusnap.errors import SnapshotNotFound, StoreDamaged, UsageError
 
 
@@ -286,6 +286,7 @@ def verify_cmd(run_dir, snapshot, as_json, replay, verbosity):
 @click.argument("run_dir", metavar="DIR")
 @click.option("--keep", type=int, default=None, metavar="N", help="Keep the newest N snapshots (default: all).")
 @click.option("--json", "as_json", is_flag=True, help="Print what was removed as JSON.")
+@trust_dir_option
 def gc_cmd(run_dir, keep, as_json):
     """Remove the snapshots beyond the newest N, then every chunk, pack and temp file nothing
     references. Crash-safe at every step; refuses while a run holds the directory."""
@@ -300,7 +301,9 @@ def gc_cmd(run_dir, keep, as_json):
             for lock in locks:
                 lock.release()
     else:
-        with rd.lock("gc"):
+        with rd.lock("gc") as lock:
+            if lock.note():
+                click.echo(f"gpusnap: {lock.note()}", err=True)
             report = rd.prune(keep)
     if as_json:
         click.echo(json.dumps(report, indent=1))
@@ -315,6 +318,9 @@ def gc_cmd(run_dir, keep, as_json):
     )
     if report["reindexed_chunks"]:
         click.echo(f"re-indexed {report['reindexed_chunks']} chunks found in packs no index named")
+    if report.get("no_room"):
+        click.echo("the disk is full: gc removed what no snapshot needs and no index names, but had no room to write "
+                   "the new index it needs to remove the rest; run gc again once there is room for it")
     for kept in report["kept_unknown"]:
         click.echo(f"kept {kept['path']}: pack version {kept['version']}, which this gpusnap cannot read "
                    "(a newer gpusnap wrote it; gc with that version removes it when nothing needs it)")

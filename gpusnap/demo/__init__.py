@@ -63,22 +63,24 @@ def _committed(run_dir: Path) -> list[dict]:
     return json.loads(listed.stdout) if listed.returncode == 0 else []
 
 
-def _restart(run_dir: Path) -> tuple[float, float, str]:
+def _restart(run_dir: Path) -> tuple[float, float, str, str]:
     """Run ``gpusnap restart``, passing its output through; (seconds until the snapshot was
-    restored, seconds until it ended, restore's own split of the time)."""
+    restored, seconds until it ended, restore's own split of the time, what its witness said)."""
     started = time.perf_counter()
     proc = subprocess.Popen(_gpusnap("restart", str(run_dir)), stderr=subprocess.PIPE, text=True)
-    restored_s, timings = None, ""
+    restored_s, timings, witness = None, "", "unverified: the snapshot has no witness"
     for line in proc.stderr:
         sys.stderr.write(line)
         if line.startswith("gpusnap: restored snapshot") and restored_s is None:
             restored_s = time.perf_counter() - started
-            timings = line.rsplit(";", 1)[-1].strip()
+            timings = next((part.strip() for part in line.split(";") if part.strip().startswith("replay")), "")
+        elif line.startswith("gpusnap: snapshot") and " verified: " in line:
+            witness = "verified: " + line.split(" verified: ", 1)[1].strip()
     if proc.wait() != 0:
         raise DemoFailed(f"restart failed with status {proc.returncode}")
     if restored_s is None:
         raise DemoFailed("restart ended without restoring the snapshot")
-    return restored_s, time.perf_counter() - started, timings
+    return restored_s, time.perf_counter() - started, timings, witness
 
 
 def run(work: Path, epochs: int) -> int:
@@ -114,8 +116,9 @@ def run(work: Path, epochs: int) -> int:
     )
 
     _say(f"3/4 gpusnap restart {run_dir}")
-    restored_s, finished_s, timings = _restart(run_dir)
+    restored_s, finished_s, timings, witness = _restart(run_dir)
     _say(f"    restored {restored_s:.1f} s after the command started ({timings}); training finished {finished_s:.1f} s after it")
+    _say(f"    the restart checked itself against what followed the snapshot: {witness}")
 
     _say("4/4 comparing the final weights with the uninterrupted run's")
     import torch

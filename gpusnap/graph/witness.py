@@ -301,6 +301,9 @@ def params_digest(optimizer) -> tuple[str | None, bool]:
     for group in optimizer.param_groups:
         for p in group["params"]:
             t = p.detach()
+            t = getattr(t, "_local_tensor", t)  # a DTensor (FSDP2): this rank's shard
+            if type(t) is not torch.Tensor:
+                t = t.as_subclass(torch.Tensor)  # a subclass's own bytes, read as a plain tensor
             h.update(f"{t.dtype} {tuple(t.shape)} {t.device.type};".encode())
             if t.device.type == "cpu" and t.is_contiguous() and t.layout == torch.strided:
                 if t.numel():

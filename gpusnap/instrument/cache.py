@@ -8,6 +8,11 @@ then ``marshal`` of the code object; a torn or foreign file fails the check and 
 Writes go to a temporary name in the same directory and are renamed into place, so readers see
 an old entry, a new entry or none. No fsync: a lost entry only costs a recompile.
 Every failure here degrades to "not cached"; the cache never stops a program.
+
+A cached entry is code the trainee runs, so the cache is trusted as a run directory is
+(``gpusnap.trust``): an entry is loaded, and written, only where the cache's directories
+and the entry are the user's own, writable by nobody else and no symbolic link; otherwise the
+module is compiled afresh (and one line says why, once).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import sys
 import xxhash
 
 from gpusnap import knobs
+from gpusnap.trust import untrusted
 
 MAGIC = b"GSNPCODE1\n"
 _disabled = knobs.CACHE_DIR.strip().lower() in ("off", "0", "none", "false")
@@ -39,15 +45,49 @@ def key(path: str, source_digest: str, transform_version: int) -> str:
     return xxhash.xxh3_128_hexdigest("\0".join(parts).encode("utf-8", "surrogatepass"))
 
 
+_refused: set[str] = set()  # directories already said to be untrusted
+
+
+def _trusted(*paths: str) -> bool:
+    """Whether each of ``paths`` (that exists) is the user's own and private; says once why not."""
+    for path in paths:
+        try:
+            why = untrusted(os.lstat(path))
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+        if why is not None:
+            if path not in _refused:
+                _refused.add(path)
+                print(f"gpusnap: not using the code cache {path}: it {why}", file=sys.stderr)
+            return False
+    return True
+
+
+def _chain(entry_key: str) -> tuple[str, ...]:
+    """The cache's directories, outermost first, then the entry's subdirectory."""
+    directory = cache_dir()
+    return (os.path.dirname(directory), directory, os.path.join(directory, entry_key[:2]))
+
+
 def load(entry_key: str):
     directory = cache_dir()
-    if directory is None:
+    if directory is None or not _trusted(*_chain(entry_key)):
         return None
     try:
-        with open(os.path.join(directory, entry_key[:2], entry_key), "rb") as f:
+        fd = os.open(os.path.join(directory, entry_key[:2], entry_key), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if untrusted(os.fstat(fd), plain_file=True) is not None:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
             blob = f.read()
     except OSError:
         return None
+    finally:
+        os.close(fd)
     head = len(MAGIC)
     if blob[:head] != MAGIC or len(blob) < head + 8:
         return None
@@ -70,7 +110,10 @@ def store(entry_key: str, code) -> None:
     tmp = os.path.join(subdir, f".{entry_key}.{os.getpid()}.tmp")
     try:
         os.makedirs(subdir, mode=0o700, exist_ok=True)
-        with open(tmp, "wb") as f:
+        if not _trusted(*_chain(entry_key)):
+            return
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as f:
             f.write(blob)
         os.replace(tmp, os.path.join(subdir, entry_key))
     except OSError:

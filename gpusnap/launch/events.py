@@ -35,10 +35,12 @@ def describe(ev: dict, iteration=None) -> str | None:
     if name == "committed":
         it = ev.get("iteration", iteration)
         at = f" at iteration {it}" if it is not None else ""
+        pruned = ev.get("pruned_first")
+        room = f" (the disk was full: removed snapshot {', '.join(pruned)} first)" if pruned else ""
         return (
             f"{snap} committed{at}: stall {float(ev.get('stall_s', 0)):.3f} s, wrote "
             f"{format_bytes(ev.get('bytes_written'))} of {format_bytes(ev.get('bytes_total'))} "
-            f"in {float(ev.get('write_s', 0)):.1f} s"
+            f"in {float(ev.get('write_s', 0)):.1f} s{room}"
         )
     if name == "cost":
         how = (f"over {ev.get('iterations')} iterations against {float(ev.get('step_s') or 0):.3f} s each, "
@@ -51,6 +53,8 @@ def describe(ev: dict, iteration=None) -> str | None:
         return None  # the trainee printed its restore progress line by line
     if name == "failed":
         return f"{snap} failed: {ev.get('message', 'no reason given')}"
+    if name == "dropped":
+        return f"{ev.get('count', '?')} events of the program were dropped: the supervisor did not read them in time"
     rest = {k: v for k, v in ev.items() if k not in ("op", "event", "t")}
     return f"{name}: {json.dumps(rest)}"
 

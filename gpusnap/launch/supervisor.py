@@ -19,6 +19,7 @@ set to a JSON object::
      "at": "/abs/FILE:LINE" | null, "instrument": ["/abs/path", "pkg.mod", ...],
      "resume": null | {"snapshot": "000003"}, "force": false,
      "verify_replay": true,         (only for `gpusnap verify --replay`: stop once the witness is compared)
+     "lock_token": "9f3a..." | null,  (the token in DIR/lock: writers check it before a commit)
      "dist": true}                  (only in the ranks of a torchrun job: capture/dist.py)
 
 Control protocol: newline-delimited JSON objects over the unix socket named by ``"control"``
@@ -85,7 +86,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from gpusnap import knobs, lifeline
-from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED
+from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, StoreError
 from gpusnap.launch.control import Connection, ControlServer
 from gpusnap.launch.events import StatusLine, describe, progress_line, schedule_line, warning
 from gpusnap.launch.notices import Watcher
@@ -131,6 +132,7 @@ class Launch:
     verbosity: int = 1  # 0 --quiet: problems and stops only; 1: every snapshot; 2 --verbose: requests too
     torchrun: list[str] | None = None  # a distributed run: torchrun's arguments (launch.torchrun)
     verify_replay: bool = False  # `gpusnap verify --replay`: stop once the restart is compared with its witness
+    lock_token: str | None = None  # the run directory's lock, held by the CLI: its writers check it before they commit
 
     def boot_config(self, control_path: str) -> dict:
         return {
@@ -145,6 +147,7 @@ class Launch:
             "force": self.force,
             "verbosity": self.verbosity,
             "paranoid": self.paranoid,
+            "lock_token": self.lock_token,
             **({"dist": True} if self.torchrun is not None else {}),  # a rank of a torchrun job
             **({"verify_replay": True} if self.verify_replay else {}),
         }
@@ -263,7 +266,11 @@ class Supervisor:
     def run(self) -> int:
         """Start the trainee, serve it until it exits, return the exit status to use."""
         L = self.launch
-        self._log_fd = os.open(os.path.join(L.run_dir, LOG_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        from gpusnap.store.atomic import open_private
+
+        # Never through a symbolic link, as the lock: appending to whatever file one names would
+        # let anyone who can write the directory make this run write there.
+        self._log_fd = open_private(os.path.join(L.run_dir, LOG_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         self.server = ControlServer()
         info_path = supervisor_file(L.run_dir, L.torchrun is not None)
         try:
@@ -271,8 +278,11 @@ class Supervisor:
             # SIGUSR1 before its handler would kill the supervisor.
             self._install_signals()
             if L.torchrun is None or not _live_supervisor(info_path):  # the first node's answers `snap`
-                _write_json(info_path, {"pid": os.getpid(), "socket": self.server.path, "started": time.time(),
-                                        "host": socket.gethostname()})
+                try:
+                    _write_json(info_path, {"pid": os.getpid(), "socket": self.server.path, "started": time.time(),
+                                            "host": socket.gethostname()})
+                except StoreError as exc:  # a full disk: the run goes on (and frees room), without `gpusnap snap`
+                    self.say(f"warning: {exc.message}: `gpusnap snap` cannot reach this run; signals and timers still work")
             env = dict(os.environ)
             env["GPUSNAP_BOOT"] = json.dumps(L.boot_config(self.server.path))
             if L.torchrun is not None:
@@ -288,7 +298,7 @@ class Supervisor:
             self.log({"source": "supervisor", "event": "start", "pid": os.getpid(), "trainee_pid": self.child.pid,
                       "command": cmd, "resume": L.resume})
             if L.notices != "off":
-                Watcher(L.notices, self._from_watcher, self._from_watcher).start()
+                Watcher(L.notices, self._from_watcher, self._from_watcher, self._notice_problem).start()
             status = self._loop()
             self.log({"source": "supervisor", "event": "exit", "status": status,
                       "trainee_returncode": self.child.returncode})
@@ -470,6 +480,9 @@ class Supervisor:
         except OSError:
             pass  # the pipe is full: the loop is awake anyway, or it has ended
 
+    def _notice_problem(self, message: str) -> None:
+        self._from_watcher(("problem", message))
+
     def _handle_notices(self) -> None:
         while self.notices:
             notice = self.notices.pop(0)
@@ -477,13 +490,17 @@ class Supervisor:
                 self.say(notice)
                 self.log({"source": "supervisor", "event": "notices_off", "message": notice})
                 continue
+            if isinstance(notice, tuple):  # an answer that is no notice: said once, polling goes on
+                self.say(f"warning: spot notices: {notice[1]}")
+                self.log({"source": "supervisor", "event": "notice_problem", "message": notice[1]})
+                continue
             self.log({"source": "supervisor", "event": "notice", "provider": notice.provider,
-                      "action": notice.action, "deadline": notice.deadline})
+                      "action": notice.action, "left_s": round(notice.left_s, 3)})
             if self.child.poll() is not None:
                 continue
-            # Stop before the machine goes: the grace ends a little before the cloud's deadline.
-            left = max(1.0, notice.deadline - time.time() - knobs.NOTICE_MARGIN_S)
-            deadline = time.monotonic() + min(self.launch.grace_s, left)
+            # Stop before the machine goes: the grace ends a little before the cloud's deadline,
+            # counted on the monotonic clock from when the notice was read.
+            deadline = min(time.monotonic() + self.launch.grace_s, notice.stop_by(knobs.NOTICE_MARGIN_S))
             if self.term_deadline is not None:
                 self.term_deadline = min(self.term_deadline, deadline)
                 self.say(f"{notice.describe()}; already stopping after the next snapshot")

@@ -228,11 +228,7 @@ class Arena:
 
     def tightest_room(self) -> limits.Limit:
         """The ceiling with the least room left: host memory available or the cgroup's."""
-        found = [limits.host_memory(self._root)]
-        cgroup = limits.cgroup_memory(self._root)
-        if cgroup is not None:
-            found.append(cgroup)
-        return min(found, key=lambda limit: limit.room_bytes)
+        return limits.tightest(self._root)
 
     def populated(self, offset: int, nbytes: int) -> int:
         """Bytes of [offset, offset + nbytes) that have pages already (SEEK_DATA / SEEK_HOLE)."""

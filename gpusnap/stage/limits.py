@@ -44,6 +44,15 @@ def host_memory(root: str = "/") -> Limit:
     return Limit(total, total - fields.get("MemAvailable", fields.get("MemFree", 0)), "host memory")
 
 
+def tightest(root: str = "/") -> Limit:
+    """Of host memory and the cgroup's limit, the one with the least room left."""
+    found = [host_memory(root)]
+    cgroup = cgroup_memory(root)
+    if cgroup is not None:
+        found.append(cgroup)
+    return min(found, key=lambda limit: limit.room_bytes)
+
+
 def cgroup_memory(root: str = "/") -> Limit | None:
     """The tightest memory limit of this process's cgroups (v2 and v1), or None when no
     group on the way up sets one (or there is no cgroup file system to read)."""

@@ -18,6 +18,7 @@ _libc.madvise.restype = ctypes.c_int
 _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
 _libc.fallocate.restype = ctypes.c_int
 _FALLOC_FL_KEEP_SIZE = 0x01
+_open = open  # swappable: tests and tools/chaos.py inject an error into a forked writer's first open
 _FALLOC_FL_PUNCH_HOLE = 0x02
 
 
@@ -102,7 +103,7 @@ def mapped(address: int, nbytes: int) -> bool:
 def _read_maps():
     global _maps
     starts, ends = [], []
-    with open("/proc/self/maps") as f:
+    with _open("/proc/self/maps") as f:
         for line in f:
             lo, _, hi = line.split(" ", 1)[0].partition("-")
             starts.append(int(lo, 16))

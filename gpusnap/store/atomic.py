@@ -5,6 +5,14 @@ renames onto the final name and fsyncs the directory (restic ``local.Save``). No
 a final path for writing. A crash at any moment leaves either no final file or a complete one,
 plus at worst a temporary file that ``gc`` removes.
 
+A manifest is committed with ``noreplace``: renamed with ``renameat2(RENAME_NOREPLACE)`` (or,
+where the file system lacks it, linked and the temporary name unlinked), so that two writers that
+both believe they hold a run directory can never replace each other's committed manifest.
+
+``open_private`` opens the files gpusnap keeps open in a run directory (the lock, the run log):
+never through a symbolic link, and only a plain file of the user's own that nobody else can
+write (the run directory is trusted data: ``gpusnap.trust``).
+
 The OS calls go through the module-level names below so that tests can inject ENOSPC or EIO by
 swapping one of them (``atomic._write = failing_write``) without patching the OS.
 """
@@ -19,6 +27,7 @@ import pathlib
 import secrets
 
 from gpusnap.errors import NoSpace, RunDirPermission, StoreError
+from gpusnap.trust import TRUST_HINT, untrusted
 
 _open = os.open
 _write = os.write
@@ -26,6 +35,7 @@ _fsync = os.fsync
 _rename = os.rename
 _unlink = os.unlink
 _close = os.close
+_renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)  # glibc >= 2.28
 
 # A temporary file is "<final name>.tmp-<pid>-<8 hex>": gc can tell it from a final file and,
 # from the pid, whether the writer that left it is gone.
@@ -65,10 +75,14 @@ def fsync_dir(path: pathlib.Path) -> None:
         os.close(fd)
 
 
-def write_file(path: pathlib.Path, parts, mode: int = 0o600, *, direct: bool = False) -> int:
+def write_file(path: pathlib.Path, parts, mode: int = 0o600, *, direct: bool = False, noreplace: bool = False) -> int:
     """Write ``parts`` (an iterable of bytes-like objects) to ``path`` atomically; return the
     number of bytes written. Raises NoSpace, RunDirPermission or StoreError, leaving no
     temporary file behind when it can.
+
+    ``noreplace``: the final name must not exist (a committed manifest): FileExists when it
+    does, decided by the rename itself, not by a check before it that another writer could
+    slip past.
 
     ``direct``: when ``parts`` is one writable, page-aligned buffer, its whole blocks go to the
     disk with O_DIRECT (no copy into the page cache) and only the tail is buffered. A file
@@ -95,7 +109,10 @@ def write_file(path: pathlib.Path, parts, mode: int = 0o600, *, direct: bool = F
         _fsync(fd)
         _close(fd)
         fd = -1
-        _rename(tmp, path)
+        if noreplace:
+            _rename_noreplace(tmp, path)
+        else:
+            _rename(tmp, path)
     except OSError as exc:
         if fd >= 0:
             try:
@@ -106,12 +123,36 @@ def write_file(path: pathlib.Path, parts, mode: int = 0o600, *, direct: bool = F
             os.unlink(tmp)
         except OSError:
             pass
+        if noreplace and exc.errno == errno.EEXIST:
+            raise FileExists(f"{path} exists already: a committed file is never replaced") from exc
         _raise_for(exc, path, "write of")
     try:
         fsync_dir(path.parent)
     except OSError as exc:
         _raise_for(exc, path.parent, "fsync of directory")
     return expected
+
+
+class FileExists(StoreError):
+    """``write_file(noreplace=True)`` found its final name taken."""
+
+
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+
+
+def _rename_noreplace(src: pathlib.Path, dst: pathlib.Path) -> None:
+    """rename(2) that fails with EEXIST instead of replacing ``dst``. A file system without
+    renameat2's flags (EINVAL) gets link(2), which never replaces either, then the unlink of
+    the temporary name."""
+    if _renameat2 is not None:
+        if _renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise OSError(err, os.strerror(err), str(dst))
+    os.link(src, dst)
+    os.unlink(src)
 
 
 # O_DIRECT needs block-aligned memory, lengths and file offsets; a page covers every common
@@ -178,3 +219,21 @@ def make_dir(path: pathlib.Path, mode: int = 0o700) -> None:
         os.makedirs(path, mode=mode, exist_ok=True)
     except OSError as exc:
         _raise_for(exc, pathlib.Path(path), "creation of directory")
+
+
+def open_private(path: pathlib.Path, flags: int, mode: int = 0o600) -> int:
+    """``os.open`` of a file gpusnap keeps in a run directory (the lock, the run log), never
+    through a symbolic link (O_NOFOLLOW), refused (RunDirPermission) unless ``untrusted`` finds
+    nothing wrong with what it opened. Other OSErrors pass through."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise RunDirPermission(f"{path} is a symbolic link: gpusnap never follows one in a run directory",
+                                   hint=f"remove it (rm {path}); something other than gpusnap put it there") from None
+        raise
+    why = untrusted(os.fstat(fd), plain_file=True)
+    if why is not None:
+        os.close(fd)
+        raise RunDirPermission(f"{path} {why}", hint=TRUST_HINT)
+    return fd

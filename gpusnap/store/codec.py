@@ -30,6 +30,10 @@ ENTRY_NBYTES = ENTRY.size  # 32
 CODEC_RAW = 0
 CODEC_BLOSC2 = 1
 
+# A chunk length must fit the entry header (u32) and one blosc2 chunk (< 2 GiB); no writer cuts
+# longer ones, so a reader takes a longer claim for damage before it allocates anything.
+MAX_CHUNK_BYTES = 1 << 30
+
 FILTER_NONE = 0
 FILTER_SHUFFLE = 1
 FILTER_BITSHUFFLE = 2
@@ -40,6 +44,17 @@ FLOATS = ("float", "bfloat", "half", "double", "complex")
 def chunk_id(data) -> str:
     """A chunk's name: the xxh3-128 digest of its raw bytes, 32 lower-case hex digits."""
     return xxhash.xxh3_128_hexdigest(data)
+
+
+def stored_digest(stored) -> str:
+    """The xxh3-64 of a chunk's stored (compressed) bytes, 16 hex digits: the index keeps it, and
+    a reader checks it before the bytes reach the decompressor (the chunk id names the raw bytes,
+    which exist only after decoding)."""
+    return xxhash.xxh3_64_hexdigest(stored)
+
+
+def is_digest(text, nhex: int) -> bool:
+    return isinstance(text, str) and len(text) == nhex and all(c in "0123456789abcdef" for c in text)
 
 
 def params_for(dtype: str, typesize: int, codec: str | None = None) -> tuple[int, int, int]:
@@ -122,6 +137,26 @@ _decode_threads: dict = {}
 
 def decode_on_one_thread() -> None:
     _decode_threads["nthreads"] = 1
+
+
+# A blosc2 chunk begins with its own header: version, versionlz, flags, typesize (1 byte each),
+# then the decoded length, the block size and the chunk's own length (int32 LE each).
+_BLOSC2_HEAD = struct.Struct("<BBBBiii")
+
+
+def check_stored(codec: int, stored, raw_nbytes: int) -> None:
+    """EntryError unless the stored bytes claim what the index and the entry header say: a raw
+    chunk is its length, a blosc2 chunk decodes to ``raw_nbytes`` and is as long as it says."""
+    if codec == CODEC_RAW:
+        if len(stored) != raw_nbytes:
+            raise EntryError(f"raw chunk is {len(stored)} bytes, expected {raw_nbytes}")
+        return
+    if len(stored) < _BLOSC2_HEAD.size:
+        raise EntryError(f"a blosc2 chunk of {len(stored)} bytes is shorter than its header")
+    *_, nbytes, _blocksize, cbytes = _BLOSC2_HEAD.unpack_from(stored)
+    if nbytes != raw_nbytes or cbytes != len(stored):
+        raise EntryError(f"the blosc2 chunk says it is {cbytes} bytes decoding to {nbytes}, "
+                         f"the entry {len(stored)} decoding to {raw_nbytes}")
 
 
 def decode_into(codec: int, stored, out: memoryview) -> None:

@@ -5,6 +5,7 @@ data) so the store needs neither torch nor the safetensors package."""
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import struct
 
@@ -42,6 +43,8 @@ def export_safetensors(rd, snap_id: str | None, out: pathlib.Path, module: str |
 
     m = rd.manifest(snap_id)
     modules = m.get("modules") or {}
+    if not isinstance(modules, dict):
+        raise ExportError(f"snapshot {m['id']}: the manifest's table of modules is damaged")
     if module is not None:
         if module not in modules:
             raise StoreError(
@@ -60,8 +63,12 @@ def export_safetensors(rd, snap_id: str | None, out: pathlib.Path, module: str |
     blobs = []
     offset = 0
     for mpath, state in sorted(modules.items()):
+        if not isinstance(state, dict):
+            raise ExportError(f"{mpath}: the manifest's record of the module is damaged")
         for key, t in state.items():
             name = f"{mpath}.{key}" if prefix else key
+            if not isinstance(t, dict) or not isinstance(t.get("dtype"), str) or not isinstance(t.get("buffer"), str):
+                raise ExportError(f"{name}: the manifest's record of the tensor is damaged")
             dtype = _strip(t["dtype"])
             if dtype not in DTYPES:
                 raise ExportError(f"{name}: dtype {dtype} has no safetensors code")
@@ -72,17 +79,21 @@ def export_safetensors(rd, snap_id: str | None, out: pathlib.Path, module: str |
                 if rec is None:
                     raise StoreError(f"{name} names buffer {bname}, which snapshot {m['id']} lacks")
                 cache[bname] = rd.read_buffer(rec, snapshot=m["id"])
-            raw = memoryview(cache[bname])[int(t.get("byte_offset", 0)):]  # a storage inside a device range
-            shape = [int(s) for s in t["shape"]]
-            stride = [int(s) for s in t.get("stride") or _contiguous(shape)]
-            off = int(t.get("offset", 0))
+            shape, stride, off, byte_offset = _layout(name, t)
+            if not 0 <= byte_offset <= len(cache[bname]):
+                raise ExportError(f"{name}: its storage starts at byte {byte_offset} of its {len(cache[bname])}-byte buffer {bname}")
+            raw = memoryview(cache[bname])[byte_offset:]  # a storage inside a device range
             numel_storage = len(raw) // size
-            if any(s == 0 for s in shape):
+            numel = math.prod(shape)
+            if numel == 0:
                 arr = np.zeros(shape, dtype=npdt)
             else:
                 last = off + sum((n - 1) * s for n, s in zip(shape, stride))
-                if off < 0 or last >= numel_storage or any(s < 0 for s in stride):
-                    raise ExportError(f"{name}: shape {shape}, stride {stride}, offset {off} run outside its buffer {bname}")
+                # More elements than the storage holds can only come from overlapping strides (a
+                # stride of 0 repeats one element): no state_dict tensor is laid out so.
+                if last >= numel_storage or numel > numel_storage:
+                    raise ExportError(f"{name}: shape {shape}, stride {stride}, offset {off} do not fit the "
+                                      f"{numel_storage} elements of its buffer {bname}")
                 base = np.frombuffer(raw, dtype=npdt, count=numel_storage)
                 arr = np.lib.stride_tricks.as_strided(
                     base[off:], shape=shape, strides=[s * size for s in stride], writeable=False
@@ -95,6 +106,26 @@ def export_safetensors(rd, snap_id: str | None, out: pathlib.Path, module: str |
     head += b" " * (-len(head) % 8)  # keep the data 8-byte aligned, as safetensors does
     atomic.write_file(pathlib.Path(out), [struct.pack("<Q", len(head)), head, *blobs], mode=0o644)
     return {"snapshot": m["id"], "tensors": len(blobs), "nbytes": offset, "modules": sorted(modules)}
+
+
+def _layout(name: str, t: dict) -> tuple[list[int], list[int], int, int]:
+    """(shape, stride, element offset, byte offset) of a manifest's module tensor, refused
+    (ExportError) unless each is a whole number that can lay out a tensor: sizes and offsets
+    from 0, strides from 1 along every dimension longer than 1."""
+
+    def counts(value, what: str) -> list[int]:
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+            raise ExportError(f"{name}: its {what} {value!r} is not a list of whole numbers")
+        return value
+
+    shape = counts(t.get("shape"), "shape")
+    stride = counts(t.get("stride") or _contiguous(shape), "stride")
+    off, byte_offset = counts([t.get("offset", 0), t.get("byte_offset", 0)], "offset")
+    if len(stride) != len(shape):
+        raise ExportError(f"{name}: stride {stride} does not match shape {shape}")
+    if any(s == 0 and n > 1 for n, s in zip(shape, stride)):
+        raise ExportError(f"{name}: stride {stride} repeats elements along a dimension of shape {shape}")
+    return shape, stride, off, byte_offset
 
 
 def _contiguous(shape: list[int]) -> list[int]:

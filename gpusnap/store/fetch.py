@@ -33,10 +33,10 @@ def threads_for() -> int:
 class _Buffer:
     __slots__ = ("record", "data", "left", "ready", "problem")
 
-    def __init__(self, record: dict):
+    def __init__(self, record: dict, chunks: list):
         self.record = record
         self.data = bytearray(int(record["nbytes"]))
-        self.left = len(record["chunks"])
+        self.left = len(chunks)
         self.ready = threading.Event()
         self.problem: reader.ChunkProblem | None = None
         if not self.left:
@@ -61,11 +61,13 @@ class Prefetch:
         names = [n for n in order if n in buffers] + [n for n in buffers if n not in set(order)]
         for name in names:
             record = buffers[name]
-            if sum(nb for _, nb in record["chunks"]) != int(record["nbytes"]):
+            try:
+                chunks = reader.chunks_of(record, self._idx)  # sizes checked before they allocate
+            except reader.ChunkProblem:
                 continue  # damaged: ``get`` reads it the checked way and says so
-            buf = self._buffers[name] = _Buffer(record)
+            buf = self._buffers[name] = _Buffer(record, chunks)
             pos = 0
-            for cid, nb in record["chunks"]:
+            for cid, nb in chunks:
                 self._tasks.put((buf, cid, nb, pos))
                 self._left += 1
                 pos += nb
@@ -81,6 +83,10 @@ class Prefetch:
         if buf is None:
             return reader.read_buffer(self._rd, self._records[name], snapshot=self._snapshot)
         buf.ready.wait()
+        if buf.problem is not None and buf.problem.kind in ("pack_missing", "chunk_unindexed"):
+            # gc (a live run's retention) may have moved the chunk since the index was read:
+            # the one-thread path reads the index again and says what is missing if it still is.
+            return reader.read_buffer(self._rd, self._records[name], snapshot=self._snapshot)
         if buf.problem is not None:
             p = buf.problem
             path = buf.record.get("path")

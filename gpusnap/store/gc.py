@@ -5,15 +5,25 @@ Order (each step leaves a directory that verifies; see docs/FORMAT.md, "gc")::
     1. remove the manifests of the snapshots beyond --keep      (fsync snapshots/), then the
        witnesses of snapshots that are gone                    (fsync witness/)
     2. compute the chunks the remaining manifests reference
-    3. locate each: in an indexed pack, or by scanning a pack no index names (a lost index)
-    4. commit ONE new index naming only referenced chunks in the packs kept
-    5. remove every older index file                             (fsync index/)
-    6. remove the packs the new index does not name               (fsync packs/xx/)
-    7. remove temp files whose writer is gone
+    3. free what needs no write: temp files whose writer is gone, packs that hold no
+       referenced chunk (fsync packs/xx/), index files that name no referenced chunk
+       (fsync index/)
+    4. locate each referenced chunk: in an indexed pack, or by scanning a pack no index names
+       (a lost index); copy the live chunks of a pack that is mostly dead into a new pack
+       (``_repack``), which step 7 then removes
+    5. commit ONE new index naming only referenced chunks in the packs kept
+    6. remove every older index file                             (fsync index/)
+    7. remove the packs the new index does not name               (fsync packs/xx/)
 
-A crash after step 4 leaves duplicate index entries (harmless: same pack, same offset); a crash
-after step 5 leaves packs no index names, which the next gc removes. No step removes a pack that
-an index still names, so no manifest is ever left naming a chunk whose pack is gone.
+Step 3 is what a full disk needs: everything before step 5 only removes files, so gc frees the
+space of the pruned snapshots even when no byte can be written; when step 5 then finds no room
+it stops there (``report["no_room"]``), with a directory that verifies. A pack removed in step
+3 may still be named by an index file that also names chunks in use: those entries are dead
+until step 5 rewrites the index (``index.Index`` prefers a live entry, the writer never reuses a
+dead one). A crash after step 5 leaves duplicate index entries (harmless: same pack, same
+offset); a crash after step 6 leaves packs no index names, which the next gc removes. No step
+removes a pack that holds a chunk a remaining manifest names, so no manifest is ever left naming
+a chunk whose pack is gone.
 """
 
 from __future__ import annotations
@@ -24,10 +34,11 @@ import time
 
 import psutil
 
-from gpusnap.errors import StoreError, UsageError
-from gpusnap.store import atomic, index, pack, witness
-from gpusnap.store.check import list_packs
-from gpusnap.store.info import utc_now
+from gpusnap.errors import NoSpace, StoreError, UsageError
+from gpusnap.store import atomic, codec, index, pack, witness
+from gpusnap.store.pack import list_packs
+from gpusnap.store.reader import ChunkProblem, load_chunk
+from gpusnap.store.info import by_number, utc_now
 
 # A temp file older than this is removed even when its pid is alive again (pid reuse).
 _TEMP_MAX_AGE_S = 3600.0
@@ -43,7 +54,7 @@ def prune(rd, keep: int | None, drop: list[str] | None = None) -> dict:
     root = pathlib.Path(rd.path)
     rd.check_writable()
     report = {"removed_snapshots": [], "removed_packs": 0, "removed_bytes": 0, "removed_temp": 0,
-              "reindexed_chunks": 0, "kept_packs": 0, "kept_unknown": []}
+              "reindexed_chunks": 0, "repacked_packs": 0, "kept_packs": 0, "kept_unknown": [], "no_room": False}
 
     # 1. retention
     ids = rd.snapshot_ids()
@@ -51,7 +62,7 @@ def prune(rd, keep: int | None, drop: list[str] | None = None) -> dict:
     ids_left = [sid for sid in ids if sid not in dropped]
     drop = [sid for sid in ids if sid in dropped]
     drop += ids_left[: len(ids_left) - keep] if keep is not None and len(ids_left) > keep else []
-    drop.sort()
+    drop = by_number(drop)
     for sid in drop:
         atomic.remove_file(root / "snapshots" / f"{sid}.json")
     if drop:
@@ -64,16 +75,21 @@ def prune(rd, keep: int | None, drop: list[str] | None = None) -> dict:
     for sid in rd.snapshot_ids():
         try:
             m = rd.load_manifest(sid)
+            try:
+                referenced.update(str(c) for rec in m["buffers"].values() for c, _ in rec["chunks"])
+            except (AttributeError, KeyError, TypeError, ValueError):
+                raise StoreError(f"the manifest of snapshot {sid} has a damaged buffer record") from None
         except StoreError as exc:
             raise StoreError(
                 f"gc stops: {exc.message}, so it cannot tell which chunks that snapshot needs",
                 hint=f"move {root / 'snapshots' / (sid + '.json')} out of the directory, then run gc again",
             ) from exc
-        for rec in m["buffers"].values():
-            referenced.update(c for c, _ in rec["chunks"])
 
-    # 3. locate every referenced chunk
-    idx = index.load(root)
+    # 3. free what needs no write
+    _remove_temp(root, report)
+    idx = _remove_unreferenced(root, referenced, report)
+
+    # 4. locate every referenced chunk
     on_disk = {pid: path for pid, path in list_packs(root)}
     where: dict[str, pack.Location] = {}
     for cid in referenced:
@@ -83,14 +99,15 @@ def prune(rd, keep: int | None, drop: list[str] | None = None) -> dict:
     for pack_id, path in on_disk.items():
         if pack_id in idx.packs:
             continue
-        for cid, offset, stored, raw, cd in pack.scan(path):
+        for cid, loc in pack.scan(path, digests=True):
             if cid in referenced and cid not in where:
-                where[cid] = pack.Location(pack_id, offset, stored, raw, cd)
+                where[cid] = loc
                 report["reindexed_chunks"] += 1
 
     keep_packs: dict[str, list[tuple[str, pack.Location]]] = {}
     for cid, loc in sorted(where.items()):
         keep_packs.setdefault(loc.pack, []).append((cid, loc))
+    _repack(root, on_disk, keep_packs, report)
     doomed = [pid for pid in on_disk if pid not in keep_packs]
     # Never remove what this gpusnap cannot read: a newer one may know what such a pack holds.
     unknown = {pid: v for pid in doomed if (v := pack.unknown_version(on_disk[pid])) is not None}
@@ -102,34 +119,68 @@ def prune(rd, keep: int | None, drop: list[str] | None = None) -> dict:
     changed = bool(doomed) or bool(idx.unreadable) or report["reindexed_chunks"] or entries_now != len(where) \
         or any(p not in on_disk for p in idx.packs) or len(idx.files) > 1
 
-    # 4–5. one new index, then the old ones go
+    # 5–6. one new index, then the old ones go
     if changed:
         sizes = {pid: on_disk[pid].stat().st_size for pid in keep_packs}
         new_name = None
         if keep_packs:
-            new_name = index.write(root, "gc", {pid: (sizes[pid], located) for pid, located in keep_packs.items()}, utc_now())
+            try:
+                new_name = index.write(root, "gc", {pid: (sizes[pid], located) for pid, located in keep_packs.items()}, utc_now())
+            except NoSpace:
+                # A disk full even after step 3: what is left is consistent, and the next gc,
+                # with room for one index file, finishes the job.
+                report["no_room"] = True
+                report["kept_packs"] = len(on_disk)
+                rd._read_index = None
+                return report
         for name in idx.files + [n for n, _ in idx.unreadable]:
             if name != new_name:
                 atomic.remove_file(index.index_dir(root) / name)
         atomic.fsync_dir(index.index_dir(root))
 
-    # 6. packs no index names any more
-    dirs = set()
-    for pid in doomed:
-        path = on_disk[pid]
-        report["removed_bytes"] += path.stat().st_size
-        atomic.remove_file(path)
-        dirs.add(path.parent)
-        report["removed_packs"] += 1
-    for d in dirs:
-        atomic.fsync_dir(d)
-        try:
-            d.rmdir()  # only succeeds when empty
-        except OSError:
-            pass
+    # 7. packs no index names any more
+    _remove_packs(root, [on_disk[pid] for pid in doomed], report)
     report["kept_packs"] = len(keep_packs)
+    rd._read_index = None
+    return report
 
-    # 7. debris of killed writers
+
+# A pack is repacked when more of it is dead than alive, and at least this much.
+_REPACK_MIN_DEAD_BYTES = 1 << 20
+
+
+def _repack(root: pathlib.Path, on_disk: dict, keep_packs: dict, report: dict) -> None:
+    """Copy the live chunks of each mostly dead pack into a new pack, and let ``keep_packs``
+    name that one instead: gc does not otherwise split a pack, and a few small buffers that never
+    change (an unused RNG's state, a frozen bias) would keep the first snapshot's whole pack for
+    the life of the run. Each copy is checked against its id before it is written. Needs room
+    for the live bytes only; a pack that cannot be copied (no room, a damaged chunk) stays."""
+    for pid, located in list(keep_packs.items()):
+        size = on_disk[pid].stat().st_size
+        live = pack.PACK_HEADER_NBYTES + sum(codec.ENTRY_NBYTES + loc.stored_nbytes for _, loc in located)
+        if size - live < max(live, _REPACK_MIN_DEAD_BYTES):
+            continue
+        reader, builder = pack.PackReader(root), pack.PackBuilder(live)
+        try:
+            for cid, loc in located:
+                load_chunk(reader, index.Index(chunks={cid: loc}), cid, loc.raw_nbytes)
+                header, stored = reader.read_entry(loc)
+                builder.add(cid, header, stored, loc.raw_nbytes)
+            new_pid, _, moved = builder.flush(root)
+        except (ChunkProblem, OSError, NoSpace):
+            continue
+        finally:
+            reader.close()
+            builder.close()
+        del keep_packs[pid]
+        keep_packs[new_pid] = moved
+        on_disk[new_pid] = pack.pack_path(root, new_pid)
+        report["repacked_packs"] += 1
+
+
+def _remove_temp(root: pathlib.Path, report: dict) -> None:
+    """Temp files of writers that are gone (a killed writer's half-written pack is the largest
+    thing a full disk may hold that nothing needs)."""
     now = time.time()
     for dirpath, dirs, files in os.walk(root):
         if dirpath == str(root) and "ranks" in dirs:
@@ -140,16 +191,60 @@ def prune(rd, keep: int | None, drop: list[str] | None = None) -> dict:
             path = pathlib.Path(dirpath, name)
             pid = atomic.temp_pid(name)
             try:
-                age = now - path.stat().st_mtime
+                st = path.stat()
             except FileNotFoundError:
                 continue
-            if pid is not None and pid != os.getpid() and _alive(pid) and age < _TEMP_MAX_AGE_S:
+            if pid is not None and pid != os.getpid() and _alive(pid) and now - st.st_mtime < _TEMP_MAX_AGE_S:
                 continue
-            report["removed_bytes"] += path.stat().st_size
             atomic.remove_file(path)
+            report["removed_bytes"] += st.st_size
             report["removed_temp"] += 1
-    rd._read_index = None
-    return report
+
+
+def _remove_unreferenced(root: pathlib.Path, referenced: set[str], report: dict) -> index.Index:
+    """Remove, writing nothing (so this frees a full disk), the packs that hold no referenced
+    chunk (what their index entries say; a pack no index names, what its headers say), then
+    the index files that name no referenced chunk. An index file that names some referenced
+    chunks may still name a pack removed here: its entries for that pack are dead (readers
+    prefer a live entry for the same chunk, writers never reuse a dead one) until steps 5-6
+    rewrite the index. Returns the index as it is left."""
+    idx = index.load(root)
+    held: dict[str, set[str]] = {}
+    for cid, loc in idx.chunks.items():
+        held.setdefault(loc.pack, set()).add(cid)
+    for name in idx.files:  # every entry, not only the first of a chunk named twice
+        one = index.load_file(root, name)
+        for cid, loc in (one.chunks.items() if one is not None else ()):
+            held.setdefault(loc.pack, set()).add(cid)
+    empty = []
+    for pid, path in list_packs(root):
+        if pack.unknown_version(path) is not None:
+            continue
+        chunks = held[pid] if pid in held else {cid for cid, _ in pack.scan(path)}
+        if not chunks & referenced:
+            empty.append(path)
+    _remove_packs(root, empty, report)
+    gone = [name for name in idx.files if (one := index.load_file(root, name)) is not None and not set(one.chunks) & referenced]
+    for name in gone:
+        atomic.remove_file(index.index_dir(root) / name)
+    if gone:
+        atomic.fsync_dir(index.index_dir(root))
+    return index.load(root) if empty or gone else idx
+
+
+def _remove_packs(root: pathlib.Path, paths: list[pathlib.Path], report: dict) -> None:
+    dirs = set()
+    for path in paths:
+        report["removed_bytes"] += path.stat().st_size
+        atomic.remove_file(path)
+        dirs.add(path.parent)
+        report["removed_packs"] += 1
+    for d in dirs:
+        atomic.fsync_dir(d)
+        try:
+            d.rmdir()  # only succeeds when empty
+        except OSError:
+            pass
 
 
 def _alive(pid: int) -> bool:

@@ -8,6 +8,27 @@ import datetime
 from dataclasses import asdict, dataclass
 
 FORMAT_VERSION = 1
+# A snapshot id is its number in decimal, zero-padded to at least this many digits: "000042".
+SNAP_DIGITS = 6
+
+
+def is_snapshot_id(text) -> bool:
+    """Whether ``text`` is a snapshot id as this gpusnap writes them: digits only (no path
+    characters), at least SNAP_DIGITS of them, padded with zeros to exactly that and no more.
+    Ids come from file names, manifests, the command line and the job's c10d store: each is
+    checked before it becomes part of a path."""
+    return (isinstance(text, str) and len(text) >= SNAP_DIGITS and text.isascii() and text.isdigit()
+            and text == snapshot_id(int(text)))
+
+
+def snapshot_id(number: int) -> str:
+    return f"{number:0{SNAP_DIGITS}d}"
+
+
+def by_number(ids) -> list[str]:
+    """Snapshot ids oldest first: in the order of their numbers (000999 < 1000000), not of
+    their text."""
+    return sorted(ids, key=int)
 
 
 def utc_now() -> str:
@@ -37,18 +58,35 @@ class SnapshotInfo:
 
     @classmethod
     def from_manifest(cls, m: dict) -> "SnapshotInfo":
-        stats = m.get("stats") or {}
+        """What ``ls`` shows of a manifest. Its informational fields are taken as they are
+        only where they have the type they should: a damaged one reads as unknown."""
+        stats, device, schedule = (_table(m, key) for key in ("stats", "device", "schedule"))
         return cls(
             id=m["id"],
-            created=m.get("created", ""),
-            iteration=m.get("iteration"),
-            stall_s=m.get("stall_s"),
-            bytes_written=int(stats.get("bytes_written", 0)),
-            bytes_total=int(stats.get("bytes_total", 0)),
-            resumed_from=m.get("resumed_from"),
-            dirty_bytes=(m.get("device") or {}).get("dirty_bytes"),
-            durable_s=m.get("durable_s"),
-            every=(m.get("schedule") or {}).get("every"),
-            interval_s=(m.get("schedule") or {}).get("interval_s"),
-            overhead=(m.get("schedule") or {}).get("overhead"),
+            created=_typed(m.get("created"), str) or "",
+            iteration=_typed(m.get("iteration"), int),
+            stall_s=_typed(m.get("stall_s"), float),
+            bytes_written=_typed(stats.get("bytes_written"), int) or 0,
+            bytes_total=_typed(stats.get("bytes_total"), int) or 0,
+            resumed_from=_typed(m.get("resumed_from"), str),
+            dirty_bytes=_typed(device.get("dirty_bytes"), int),
+            durable_s=_typed(m.get("durable_s"), float),
+            every=_typed(schedule.get("every"), (str, float)),
+            interval_s=_typed(schedule.get("interval_s"), float),
+            overhead=_typed(schedule.get("overhead"), float),
         )
+
+
+def _table(m: dict, key: str) -> dict:
+    value = m.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _typed(value, kind):
+    """``value`` when it is of ``kind`` (a float may be given as an int), else None."""
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool):
+        return None
+    if float in kinds and isinstance(value, int):
+        return float(value)
+    return value if isinstance(value, kinds) else None

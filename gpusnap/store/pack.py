@@ -29,13 +29,16 @@ PACK_HEADER_NBYTES = PACK_HEADER.size  # 16
 
 @dataclass(frozen=True)
 class Location:
-    """Where one chunk lives: pack id, offset of its entry header, stored and raw sizes."""
+    """Where one chunk lives: pack id, offset of its entry header, stored and raw sizes, and
+    the digest of its stored bytes (``codec.stored_digest``) for a compressed chunk (None: a raw
+    chunk, whose id names its stored bytes already, or one indexed before digests existed)."""
 
     pack: str
     offset: int
     stored_nbytes: int
     raw_nbytes: int
     codec: int
+    digest: str | None = None
 
 
 def pack_path(root: pathlib.Path, pack_id: str) -> pathlib.Path:
@@ -50,7 +53,7 @@ class PackBuilder:
     def __init__(self, capacity: int) -> None:
         self._capacity = -(-(capacity + PACK_HEADER_NBYTES) // mmap.PAGESIZE) * mmap.PAGESIZE
         self._window: mmap.mmap | None = None  # allocated on the first add: a reader needs none
-        self._pending: list[tuple[str, int, int, int, int]] = []
+        self._pending: list[tuple[str, int, int, int, int, str | None]] = []
         self.nbytes = PACK_HEADER_NBYTES
 
     def __len__(self) -> int:
@@ -59,7 +62,9 @@ class PackBuilder:
     def fits(self, stored_nbytes: int) -> bool:
         return self.nbytes + codec.ENTRY_NBYTES + stored_nbytes <= self._capacity
 
-    def add(self, cid: str, header: bytes, stored, raw_nbytes: int) -> None:
+    def add(self, cid: str, header: bytes, stored, raw_nbytes: int, digest: str | None = None) -> None:
+        """Append one entry; ``digest``: ``codec.stored_digest(stored)`` when the caller has it
+        (the writer's encoder threads take it outside their shared lock)."""
         if not self.fits(len(stored)):
             raise ValueError(f"a {len(stored)}-byte entry does not fit the pack window; flush first")
         if self._window is None:
@@ -70,7 +75,11 @@ class PackBuilder:
         body = start + codec.ENTRY_NBYTES
         self._window[start:body] = header
         self._window[body : body + len(stored)] = stored
-        self._pending.append((cid, start, len(stored), raw_nbytes, codec_id))
+        if codec_id == codec.CODEC_RAW:
+            digest = None
+        elif digest is None:
+            digest = codec.stored_digest(stored)
+        self._pending.append((cid, start, len(stored), raw_nbytes, codec_id, digest))
         self.nbytes = body + len(stored)
 
     def flush(self, root: pathlib.Path) -> tuple[str, int, list[tuple[str, Location]]]:
@@ -80,7 +89,7 @@ class PackBuilder:
             path = pack_path(root, pack_id)
             atomic.make_dir(path.parent)
             nbytes = atomic.write_file(path, [data], direct=True)
-        located = [(cid, Location(pack_id, off, st, raw, cd)) for cid, off, st, raw, cd in self._pending]
+        located = [(cid, Location(pack_id, *entry)) for cid, *entry in self._pending]
         self._pending = []
         self.nbytes = PACK_HEADER_NBYTES
         return pack_id, nbytes, located
@@ -92,6 +101,9 @@ class PackBuilder:
             except BufferError:
                 pass  # a traceback still holds a view of it; it is unmapped when that goes
             self._window = None
+
+
+_pread = os.pread  # swappable: tests and tools/chaos.py inject EIO on reads
 
 
 class PackReader:
@@ -116,7 +128,7 @@ class PackReader:
         self._fd = os.open(pack_path(self._root, pack_id), os.O_RDONLY | os.O_CLOEXEC)
         self.size = os.fstat(self._fd).st_size
         self._pack = pack_id
-        version = _version(os.pread(self._fd, PACK_HEADER_NBYTES, 0))
+        version = _version(_pread(self._fd, PACK_HEADER_NBYTES, 0))
         if version is not None and version != PACK_VERSION:
             self.close()
             raise FormatVersionError(
@@ -128,7 +140,9 @@ class PackReader:
         and EOFError when it ends before the entry does."""
         self._select(loc.pack)
         want = codec.ENTRY_NBYTES + loc.stored_nbytes
-        buf = os.pread(self._fd, want, loc.offset)
+        if loc.offset + want > self.size:  # checked before the read allocates what the index claims
+            raise EOFError(f"pack is {self.size} bytes; the entry needs bytes up to {loc.offset + want}")
+        buf = _pread(self._fd, want, loc.offset)
         if len(buf) < want:
             raise EOFError(f"pack is {self.size} bytes; the entry needs bytes up to {loc.offset + want}")
         return buf[: codec.ENTRY_NBYTES], buf[codec.ENTRY_NBYTES :]
@@ -154,10 +168,12 @@ def unknown_version(path: pathlib.Path) -> int | None:
     return version if version is not None and version != PACK_VERSION else None
 
 
-def scan(path: pathlib.Path):
-    """Yield (chunk id, offset, stored_nbytes, raw_nbytes, codec) for every well-formed entry of
-    a pack, reading headers only; stops at the first damaged header. Used by gc to re-index
-    packs whose index file was lost."""
+def scan(path: pathlib.Path, digests: bool = False):
+    """Yield the Location of every well-formed entry of a pack (``digests``: with the digest of
+    its stored bytes, which costs reading them; else headers only), with its chunk id first;
+    stops at the first damaged header. Used by gc to re-index packs whose index file was lost,
+    and to see what a pack holds before it removes the pack."""
+    pack_id = path.name.removesuffix(".pack")
     with open(path, "rb") as f:
         if _version(f.read(PACK_HEADER_NBYTES)) != PACK_VERSION:
             return
@@ -169,7 +185,26 @@ def scan(path: pathlib.Path):
                 cd, raw, stored, cid = codec.parse_header(f.read(codec.ENTRY_NBYTES))
             except codec.EntryError:
                 return
-            if offset + codec.ENTRY_NBYTES + stored > size:
+            if offset + codec.ENTRY_NBYTES + stored > size or not 0 < raw <= codec.MAX_CHUNK_BYTES \
+                    or (cd == codec.CODEC_RAW and stored != raw):
                 return
-            yield cid, offset, stored, raw, cd
+            digest = None
+            if digests and cd != codec.CODEC_RAW:
+                digest = codec.stored_digest(f.read(stored))
+            yield cid, Location(pack_id, offset, stored, raw, cd, digest)
             offset += codec.ENTRY_NBYTES + stored
+
+
+def list_packs(root: pathlib.Path):
+    packs = root / "packs"
+    try:
+        subs = sorted(os.listdir(packs))
+    except FileNotFoundError:
+        return
+    for sub in subs:
+        d = packs / sub
+        if not d.is_dir():
+            continue
+        for name in sorted(os.listdir(d)):
+            if name.endswith(".pack") and not atomic.is_temp(name):
+                yield name[: -len(".pack")], d / name

@@ -142,10 +142,11 @@ class Pipeline:
             try:
                 t0 = time.perf_counter()
                 header, stored = self._encode(cid, piece, dtype, typesize)
+                digest = codec.stored_digest(stored) if header[4] != codec.CODEC_RAW else None
                 spent = time.perf_counter() - t0
                 with self._cond:
                     builder = self._builder_for(len(stored))
-                    builder.add(cid, header, stored, len(piece))
+                    builder.add(cid, header, stored, len(piece), digest)
                     if builder.nbytes >= self._flush_at:
                         self._full.append(builder)
                         self._filling = None

@@ -31,8 +31,42 @@ class ChunkProblem(Exception):
         self.message = message
 
 
-def load_chunk(reader: PackReader, idx: index.Index, cid: str, raw_nbytes: int, out: memoryview) -> None:
-    """Decode chunk ``cid`` into ``out`` and check it against its name, or raise ChunkProblem."""
+def chunks_of(record, idx: index.Index) -> list[tuple[str, int]]:
+    """The ``[(chunk id, raw nbytes)]`` of a manifest's buffer record, each size checked against
+    the record's ``nbytes`` and the index before any of them sizes an allocation or a read:
+    ChunkProblem ``buffer_damaged`` says what does not agree. A chunk no index names is left
+    for ``load_chunk`` to report."""
+
+    def damaged(why: str):
+        return ChunkProblem("buffer_damaged", None, None, why)
+
+    if not isinstance(record, dict) or not isinstance(record.get("chunks"), list):
+        raise damaged("its record has no list of chunks")
+    nbytes = record.get("nbytes")
+    if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+        raise damaged(f"its size {nbytes!r} is no number of bytes")
+    out, total = [], 0
+    for entry in record["chunks"]:
+        if not isinstance(entry, list) or len(entry) != 2 or not codec.is_digest(entry[0], 32):
+            raise damaged(f"chunk entry {entry!r} is not [32 hex digits, size]")
+        cid, nb = entry
+        if not isinstance(nb, int) or isinstance(nb, bool) or not 0 < nb <= codec.MAX_CHUNK_BYTES:
+            raise damaged(f"chunk {cid} claims {nb!r} bytes (a chunk holds 1 to {codec.MAX_CHUNK_BYTES})")
+        loc = idx.chunks.get(cid)
+        if loc is not None and loc.raw_nbytes != nb:
+            raise damaged(f"chunk {cid} is {loc.raw_nbytes} bytes in the index, the manifest says {nb}")
+        out.append((cid, nb))
+        total += nb
+    if total != nbytes:
+        raise damaged(f"its chunks hold {total} bytes, its record says {nbytes}")
+    return out
+
+
+def load_chunk(reader: PackReader, idx: index.Index, cid: str, raw_nbytes: int, out: memoryview | None = None) -> memoryview:
+    """Decode chunk ``cid`` and check it against its name, or raise ChunkProblem; returns
+    ``out``, or when None a buffer allocated once the index, the pack's entry header and the
+    stored bytes have agreed on the chunk's size. Compressed bytes are checked against their
+    digest before they reach the decompressor."""
     loc: Location | None = idx.chunks.get(cid)
     if loc is None:
         raise ChunkProblem("chunk_unindexed", cid, None, f"chunk {cid} is named by no index file")
@@ -52,8 +86,13 @@ def load_chunk(reader: PackReader, idx: index.Index, cid: str, raw_nbytes: int, 
     read = time.perf_counter()
     try:
         cd, raw, stored_nbytes, hid = codec.parse_header(header)
-        if hid != cid or raw != raw_nbytes or stored_nbytes != loc.stored_nbytes:
+        if hid != cid or raw != raw_nbytes or stored_nbytes != loc.stored_nbytes or cd != loc.codec:
             raise codec.EntryError("entry header does not match the index")
+        if loc.digest is not None and codec.stored_digest(stored) != loc.digest:
+            raise codec.EntryError("its stored bytes do not match their digest")
+        codec.check_stored(cd, stored, raw_nbytes)
+        if out is None:
+            out = memoryview(bytearray(raw_nbytes))
         codec.decode_into(cd, stored, out)
     except codec.EntryError as exc:
         raise ChunkProblem("chunk_corrupt", cid, loc.pack, f"chunk {cid} in pack {loc.pack} is damaged: {exc}") from None
@@ -66,6 +105,7 @@ def load_chunk(reader: PackReader, idx: index.Index, cid: str, raw_nbytes: int, 
         TIMES["nbytes"] += raw_nbytes
     if got != cid:
         raise ChunkProblem("chunk_corrupt", cid, loc.pack, f"chunk {cid} in pack {loc.pack} reads back as {got}")
+    return out
 
 
 def read_buffer(rd, record: dict, *, snapshot: str | None = None) -> bytearray:
@@ -74,19 +114,29 @@ def read_buffer(rd, record: dict, *, snapshot: str | None = None) -> bytearray:
     idx = getattr(rd, "_read_index", None)
     if idx is None:
         idx = rd._read_index = index.load(rd.path)
-    out = bytearray(int(record["nbytes"]))
-    view = memoryview(out)
-    reader = PackReader(pathlib.Path(rd.path))
-    where = f" of {record['path']}" if record.get("path") else ""
+    path = record.get("path") if isinstance(record, dict) else None
+    where = f" of {path}" if path else ""
     if snapshot:
         where += f" (snapshot {snapshot})"
-    if sum(nb for _, nb in record["chunks"]) != len(out):
-        raise ChunkCorrupt(f"buffer{where}: its chunks do not add up to {len(out)} bytes")
+    try:
+        chunks = chunks_of(record, idx)
+    except ChunkProblem as p:
+        raise ChunkCorrupt(f"buffer{where} is damaged: {p.message}") from None
+    out = bytearray(sum(nb for _, nb in chunks))
+    view = memoryview(out)
+    reader = PackReader(pathlib.Path(rd.path))
     pos = 0
     try:
-        for cid, nb in record["chunks"]:
+        for cid, nb in chunks:
             try:
-                load_chunk(reader, idx, cid, nb, view[pos : pos + nb])
+                try:
+                    load_chunk(reader, idx, cid, nb, view[pos : pos + nb])
+                except ChunkProblem as p:
+                    if p.kind not in ("pack_missing", "chunk_unindexed"):
+                        raise
+                    # gc (a live run's retention) moved the chunk since the index was read
+                    idx = rd._read_index = index.load(rd.path)
+                    load_chunk(reader, idx, cid, nb, view[pos : pos + nb])
             except ChunkProblem as p:
                 cls = ChunkCorrupt if p.kind in ("chunk_corrupt", "pack_truncated") else ChunkMissing
                 raise cls(f"{p.message}{where}") from None
@@ -95,8 +145,6 @@ def read_buffer(rd, record: dict, *, snapshot: str | None = None) -> bytearray:
                 report_read(nb)
     finally:
         reader.close()
-    if pos != len(out):
-        raise ChunkCorrupt(f"buffer{where} has chunks for {pos} bytes, expected {len(out)}")
     return out
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import secrets
 import stat
 
 from gpusnap.errors import (
@@ -25,11 +26,11 @@ from gpusnap.errors import (
     StoreError,
 )
 from gpusnap.store import atomic
-from gpusnap.store.info import FORMAT_VERSION, SnapshotInfo, utc_now  # noqa: F401  (re-exported)
+from gpusnap.store.info import FORMAT_VERSION, SNAP_DIGITS, SnapshotInfo, by_number, is_snapshot_id, snapshot_id, utc_now  # noqa: F401  (re-exported)
 from gpusnap.store.lock import RunLock
+from gpusnap.trust import TRUST_HINT, untrusted
 
 RUN_JSON = "run.json"
-SNAP_DIGITS = 6
 
 
 def _describe_command_difference(old: dict, new: dict) -> str:
@@ -55,6 +56,9 @@ class RunDir:
         self.path = pathlib.Path(path)
         self.identity: dict = doc.get("identity") or {}
         self.created: str = doc.get("created", "")
+        # Random, written once with run.json: it names this run's keys in a distributed job's
+        # c10d store (capture.dist), which a store left over from another run then cannot steer.
+        self.nonce: str = str(doc.get("nonce") or json.dumps(doc, sort_keys=True))  # older directories: all of run.json
 
     # ---- opening
 
@@ -86,15 +90,18 @@ class RunDir:
         rd.check_writable()
         for sub in ("snapshots", "index", "packs"):
             atomic.make_dir(path / sub)
-        doc = {"format": FORMAT_VERSION, "created": utc_now(), "identity": identity}
-        atomic.write_file(path / RUN_JSON, [json.dumps(doc, indent=1, sort_keys=True).encode()])
-        rd.created = doc["created"]
+        doc = {"format": FORMAT_VERSION, "created": utc_now(), "identity": identity, "nonce": secrets.token_hex(16)}
+        try:
+            atomic.write_file(path / RUN_JSON, [json.dumps(doc, indent=1, sort_keys=True).encode()], noreplace=True)
+        except atomic.FileExists:  # another node's supervisor made it first (store.shards.create_top)
+            return cls.create(path, identity)
+        rd.created, rd.nonce = doc["created"], doc["nonce"]
         return rd
 
     @classmethod
     def open(cls, path, *, trusted: bool = False) -> "RunDir":
         """Open an existing run directory. ``trusted=True`` (restore, which unpickles) also
-        refuses a directory owned by another user."""
+        refuses one that another user owns or that others can write to (``check_trusted``)."""
         path = pathlib.Path(path)
         try:
             raw = (path / RUN_JSON).read_bytes()
@@ -111,17 +118,33 @@ class RunDir:
             raise FormatVersionError(f"{path} has format {fmt!r}; this gpusnap knows format {FORMAT_VERSION}")
         rd = cls(path, doc)
         if trusted:
-            rd.check_owner()
+            rd.check_trusted()
         return rd
 
     def check_owner(self) -> None:
-        st = os.stat(self.path)
-        if st.st_uid != os.geteuid():
-            raise RunDirPermission(
-                f"{self.path} is owned by uid {st.st_uid}, not by you (uid {os.geteuid()}); "
-                "a run directory is trusted data (restoring it unpickles code)",
-                hint="use a run directory you own",
-            )
+        """The directory itself is the user's own and nobody else can write to it."""
+        why = untrusted(os.stat(self.path))
+        if why is not None:
+            raise RunDirPermission(f"{self.path} {why}; a run directory is trusted data (restoring it runs code)",
+                                   hint=TRUST_HINT)
+
+    def check_trusted(self) -> None:
+        """Before a restore or a lock: the directory and everything in it (shards included) is
+        the user's own, nobody else can write to it, and none of it is a symbolic link. A
+        snapshot is code: restart unpickles it, imports the modules it names and runs the
+        command ``run.json`` records, so whoever can write here could run code as the user."""
+        self.check_owner()
+        for dirpath, dirs, files in os.walk(self.path):
+            for name in dirs + files:
+                entry = pathlib.Path(dirpath, name)
+                try:
+                    why = untrusted(os.lstat(entry))
+                except FileNotFoundError:
+                    continue  # a temp file its writer renamed or removed meanwhile
+                if why is not None:
+                    hint = f"remove it (rm {entry}); gpusnap never follows one in a run directory" \
+                        if why == "is a symbolic link" else TRUST_HINT
+                    raise RunDirPermission(f"{entry} {why}; a run directory is trusted data (restoring it runs code)", hint=hint)
 
     def check_writable(self) -> None:
         """Refuse a directory that is read-only to its owner even when we are root (root would
@@ -135,24 +158,33 @@ class RunDir:
             )
 
     def lock(self, purpose: str) -> RunLock:
+        """Take the lock, once the directory has been found trusted: the lock's holder writes
+        what the next restart will run."""
+        self.check_trusted()
         return RunLock(self.path, purpose).acquire()
 
     # ---- snapshots
 
-    def _manifest_names(self) -> list[str]:
+    def snapshot_ids(self) -> list[str]:
+        """Ids of every committed manifest file, readable or not, oldest first. A file in
+        snapshots/ whose name is no snapshot id is no snapshot."""
         try:
             names = os.listdir(self.path / "snapshots")
         except FileNotFoundError:
             return []
-        return sorted(n for n in names if n.endswith(".json") and not atomic.is_temp(n))
+        return by_number(n[: -len(".json")] for n in names if n.endswith(".json") and is_snapshot_id(n[: -len(".json")]))
 
-    def snapshot_ids(self) -> list[str]:
-        """Ids of every committed manifest file, readable or not, oldest first."""
-        return [n[: -len(".json")] for n in self._manifest_names()]
+    def checked_id(self, snap_id) -> str:
+        """``snap_id`` when it is a snapshot id, else SnapshotNotFound: an id read from anywhere
+        becomes part of a path only through here."""
+        if not is_snapshot_id(snap_id):
+            raise SnapshotNotFound(f"no snapshot {snap_id!r} in {self.path}: a snapshot id is {SNAP_DIGITS} or more digits, "
+                                   f"such as {snapshot_id(1)}")
+        return snap_id
 
     def load_manifest(self, snap_id: str) -> dict:
         """Read one manifest; SnapshotNotFound if absent, StoreError if unreadable."""
-        p = self.path / "snapshots" / f"{snap_id}.json"
+        p = self.path / "snapshots" / f"{self.checked_id(snap_id)}.json"
         try:
             raw = p.read_bytes()
         except FileNotFoundError:
@@ -183,12 +215,12 @@ class RunDir:
         return out
 
     def next_snapshot_id(self) -> str:
-        ids = [int(s) for s in self.snapshot_ids() if s.isdigit()]
-        return f"{(max(ids) + 1) if ids else 1:0{SNAP_DIGITS}d}"
+        ids = [int(s) for s in self.snapshot_ids()]
+        return snapshot_id(max(ids) + 1 if ids else 1)
 
     def resolve(self, snap_id: str | None) -> str:
         if snap_id is not None:
-            return snap_id
+            return self.checked_id(snap_id)
         ids = self.snapshot_ids()
         if not ids:
             raise SnapshotNotFound(f"{self.path} has no snapshot yet", hint="take one with SIGUSR1 or `gpusnap run --every`")
@@ -197,15 +229,20 @@ class RunDir:
     def manifest(self, snap_id: str | None = None) -> dict:
         return self.load_manifest(self.resolve(snap_id))
 
-    def begin_snapshot(self, snap_id: str, *, chunk_bytes: int | None = None, pack_bytes: int | None = None):
+    def begin_snapshot(self, snap_id: str, *, chunk_bytes: int | None = None, pack_bytes: int | None = None,
+                       lock_token: str | None = None):
         """Start writing snapshot ``snap_id``; the sizes override knobs.CHUNK_BYTES and
-        knobs.PACK_BYTES for this writer only (tests, bench)."""
+        knobs.PACK_BYTES for this writer only (tests, bench). ``lock_token``: the token of the
+        lock the writer writes under (its run's), which must still be in the lock file when it
+        commits."""
         from gpusnap.store.writer import SnapshotWriter
 
         self.check_writable()
+        if not is_snapshot_id(snap_id):
+            raise StoreError(f"{snap_id!r} is no snapshot id: a snapshot id is {SNAP_DIGITS} or more digits")
         if (self.path / "snapshots" / f"{snap_id}.json").exists():
             raise StoreError(f"snapshot {snap_id} already exists in {self.path}; committed snapshots are never rewritten")
-        return SnapshotWriter(self, snap_id, chunk_bytes=chunk_bytes, pack_bytes=pack_bytes)
+        return SnapshotWriter(self, snap_id, chunk_bytes=chunk_bytes, pack_bytes=pack_bytes, lock_token=lock_token)
 
     # ---- witnesses (store.witness)
 

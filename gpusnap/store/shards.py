@@ -28,7 +28,7 @@ import time
 from gpusnap.errors import RunDirError, SnapshotNotFound, StoreError
 from gpusnap.store import atomic
 from gpusnap.store.check import Finding, Leftover, leftovers as _leftovers
-from gpusnap.store.info import FORMAT_VERSION, SnapshotInfo, utc_now
+from gpusnap.store.info import FORMAT_VERSION, SnapshotInfo, is_snapshot_id, utc_now
 from gpusnap.store.rundir import RunDir
 
 RANKS = "ranks"
@@ -76,14 +76,24 @@ def create_top(path, identity: dict, wait_s: float = 10.0) -> RunDir:
 
 
 def shards_of(manifest: dict) -> dict[int, str]:
-    """rank -> shard snapshot id, from a global manifest."""
-    return {int(r): s["snapshot"] for r, s in (manifest.get("shards") or {}).items()}
+    """rank -> shard snapshot id, from a global manifest; StoreError when its table is damaged
+    (a rank that is no number, an id that is no snapshot id)."""
+    table = manifest.get("shards") or {}
+    try:
+        named = {int(r): s["snapshot"] for r, s in table.items()}
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise StoreError(f"global snapshot {manifest.get('id')}: its shards table is damaged ({exc!r})") from None
+    bad = sorted(r for r, s in named.items() if not is_snapshot_id(s) or r < 0)
+    if bad:
+        raise StoreError(f"global snapshot {manifest.get('id')}: rank {bad[0]}'s shard {named[bad[0]]!r} is no snapshot id")
+    return named
 
 
 def commit_global(rd: RunDir, snap_id: str, world_size: int, shards: dict[int, dict], fields: dict) -> SnapshotInfo:
     """Write global manifest ``snap_id`` once every rank's shard snapshot is committed.
     ``shards[rank]`` is that rank's writer report (``snapshot``, ``stall_s``, ``write_s``,
     ``durable_s``, ``bytes_written``, ``bytes_total``)."""
+    rd.checked_id(snap_id)
     if sorted(shards) != list(range(world_size)):
         raise StoreError(f"global snapshot {snap_id} needs {world_size} shards, got ranks {sorted(shards)}")
     for rank, shard in shards.items():
@@ -92,8 +102,6 @@ def commit_global(rd: RunDir, snap_id: str, world_size: int, shards: dict[int, d
         except (RunDirError, StoreError) as exc:
             raise StoreError(f"global snapshot {snap_id}: the shard of rank {rank} is not committed ({exc.message})") from exc
     path = pathlib.Path(rd.path) / "snapshots" / f"{snap_id}.json"
-    if path.exists():
-        raise StoreError(f"snapshot {snap_id} already exists in {rd.path}; committed snapshots are never rewritten")
     doc = {
         **fields,
         "format": FORMAT_VERSION,
@@ -113,7 +121,10 @@ def commit_global(rd: RunDir, snap_id: str, world_size: int, shards: dict[int, d
                    for r, s in sorted(shards.items())},
         "buffers": {},
     }
-    atomic.write_file(path, [json.dumps(doc, indent=1, allow_nan=False).encode()])
+    try:
+        atomic.write_file(path, [json.dumps(doc, indent=1, allow_nan=False).encode()], noreplace=True)
+    except atomic.FileExists:
+        raise StoreError(f"snapshot {snap_id} already exists in {rd.path}; committed snapshots are never rewritten") from None
     return SnapshotInfo.from_manifest(doc)
 
 
@@ -131,14 +142,18 @@ def verify(rd: RunDir, snap_id: str | None = None) -> list[Finding]:
     for sid in ids:
         try:
             m = rd.load_manifest(sid)
+            named = shards_of(m)
+            world = m.get("world_size")
+            if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+                raise StoreError(f"global snapshot {sid}: its world_size {world!r} is no number of ranks")
         except StoreError as exc:
             findings.append(Finding("manifest_damaged", sid, None, None, None, exc.message))
             continue
-        absent = sorted(set(range(int(m.get("world_size") or 0))) - set(shards_of(m)))
+        absent = sorted(set(range(world)) - set(named))
         if absent:
             findings.append(Finding("shard_missing", sid, None, None, None,
                                     f"the manifest names no shard for rank{'s' if len(absent) > 1 else ''} {', '.join(map(str, absent))}"))
-        for rank, shard_id in sorted(shards_of(m).items()):
+        for rank, shard_id in sorted(named.items()):
             if rank not in shards_dirs:
                 try:
                     shards_dirs[rank] = open_shard(rd, rank)
@@ -173,8 +188,8 @@ def orphans(rd: RunDir, shard: RunDir) -> list[str]:
     """Shard snapshots that no global manifest names and that never will (older than the
     newest global snapshot: a newer one may belong to a global snapshot still being committed)."""
     committed = set(rd.snapshot_ids())
-    newest = max(committed) if committed else None
-    return [s for s in shard.snapshot_ids() if s not in committed and newest is not None and s < newest]
+    newest = max(map(int, committed)) if committed else None
+    return [s for s in shard.snapshot_ids() if s not in committed and newest is not None and int(s) < newest]
 
 
 def prune_shard(rd: RunDir, shard: RunDir) -> dict | None:
@@ -196,6 +211,7 @@ def prune(rd: RunDir, keep: int | None) -> dict:
         for k in totals:
             totals[k] += sub[k]
         report["kept_unknown"] += [{**u, "path": f"{RANKS}/{rank}/{u['path']}"} for u in sub["kept_unknown"]]
+        report["no_room"] = report["no_room"] or sub["no_room"]
     report.update(totals)
     return report
 

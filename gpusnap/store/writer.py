@@ -16,14 +16,13 @@ import time
 from dataclasses import dataclass
 
 from gpusnap import knobs
-from gpusnap.errors import StoreError
-from gpusnap.store import atomic, codec, index
+from gpusnap.errors import RunDirLocked, StoreError
+from gpusnap.store import atomic, codec, index, lock
 from gpusnap.store.pack import Location, pack_path
 from gpusnap.store.pipeline import Pipeline
 from gpusnap.store.info import FORMAT_VERSION, SnapshotInfo, utc_now
 
-# A chunk length must fit the entry header (u32) and one blosc2 chunk (< 2 GiB).
-_MAX_CHUNK_BYTES = 1 << 30
+_MAX_CHUNK_BYTES = codec.MAX_CHUNK_BYTES
 
 # report_progress(bytes_put, bytes_written) after every chunk, when set: a forked writer sets it
 # to tell the trainee how far it is (the live status line of a long write).
@@ -58,13 +57,15 @@ def as_bytes_view(data) -> memoryview:
 
 
 class SnapshotWriter:
-    def __init__(self, rd, snap_id: str, *, chunk_bytes: int | None = None, pack_bytes: int | None = None) -> None:
+    def __init__(self, rd, snap_id: str, *, chunk_bytes: int | None = None, pack_bytes: int | None = None,
+                 lock_token: str | None = None) -> None:
         import blosc2
 
         self._rd = rd
         self.snap_id = snap_id
+        self._lock_token = lock_token  # of the lock this writer writes under: checked before the commit
         self._index = index.load(rd.path)
-        self._known = self._index.chunks  # chunk id -> Location, committed ones
+        self._known = self._index.live()  # chunk id -> Location, committed ones in packs that are there
         self._new: dict[str, Location] = {}
         self._packs: dict[str, tuple[int, list[tuple[str, Location]]]] = {}
         # Two windows (one filling while the other is written) within WRITER_WINDOW_BYTES.
@@ -218,24 +219,33 @@ class SnapshotWriter:
             if stamp is not None:
                 stamp(doc)
             path = self._rd.path / "snapshots" / f"{self.snap_id}.json"
-            if path.exists():
-                raise StoreError(f"snapshot {self.snap_id} already exists; committed snapshots are never rewritten")
-            atomic.write_file(path, [json.dumps(doc, indent=1, allow_nan=False, default=_json_default).encode()])
+            data = json.dumps(doc, indent=1, allow_nan=False, default=_json_default).encode()
+            lock.check_token(self._rd.path, self._lock_token)
+            try:
+                atomic.write_file(path, [data], noreplace=True)
+            except atomic.FileExists:
+                raise atomic.FileExists(f"snapshot {self.snap_id} already exists; committed snapshots are never rewritten") from None
+        except (RunDirLocked, atomic.FileExists):
+            # Another writer holds the directory, or committed this id: this one is not alone,
+            # and a pack of its own may be that writer's too (same bytes, same name).
+            self.abort(remove=False)
+            raise
         except BaseException:
             self.abort()
             raise
         self._done = True
         return SnapshotInfo.from_manifest(doc)
 
-    def abort(self) -> None:
+    def abort(self, remove: bool = True) -> None:
         """Remove what this writer wrote: its index first (so no index names a missing pack),
-        then its packs. Committed snapshots are untouched."""
+        then its packs. Committed snapshots are untouched. ``remove=False``: leave it all to gc
+        (another writer may name the same packs)."""
         if self._done:
             return
         self._done = True
         if self._pipeline is not None:
             self._packs.update(self._pipeline.abort())  # its threads stop; what they wrote goes below
-        if (self._rd.path / "snapshots" / f"{self.snap_id}.json").exists():
+        if not remove or (self._rd.path / "snapshots" / f"{self.snap_id}.json").exists():
             return  # the manifest made it (only the directory fsync failed): it is committed
         try:
             if self._index_name:
