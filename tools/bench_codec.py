@@ -40,6 +40,7 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from common import Tee, git_commit  # noqa: E402
 from gpusnap.store import RunDir, codec  # noqa: E402
 from gpusnap.store.choose import Chooser, _faster  # noqa: E402
 
@@ -170,15 +171,10 @@ def main() -> int:
     args = parser.parse_args()
     stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
     out = args.out or str(REPO / "tools" / "results" / f"bench_codec-cpu-{stamp}.txt")
-    lines = []
-
-    def say(line: str = "") -> None:
-        print(line, flush=True)
-        lines.append(line)
-
     import blosc2
 
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    say = Tee(out)
+    commit = git_commit(REPO)
     say(f"# bench_codec {datetime.datetime.now().isoformat(timespec='seconds')}; gpusnap {commit}, blosc2 {blosc2.__version__}; "
         f"{os.cpu_count()} cores, load avg {os.getloadavg()[0]:.2f}")
     say(f"# command: python tools/bench_codec.py --warmup {args.warmup} --between {args.between}")
@@ -204,7 +200,6 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    pathlib.Path(out).write_text("\n".join(lines) + "\n")
     print(f"raw output: {out}")
     return 0
 

@@ -34,7 +34,7 @@ import tempfile
 import textwrap
 import time
 
-from common import wait_for
+from common import MLP, Tee, git_commit, wait_for
 
 GB = 1e9
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -43,19 +43,7 @@ PROGRAM = textwrap.dedent(
     import json, os, sys, time
     import torch
 
-    def build(state_bytes):
-        n_params = int(state_bytes / 3 / 4)
-        width = 4096 if n_params >= 64 * 4096 * 4096 // 16 else 2048 if n_params >= 4 * 2048 * 2048 else 1024
-        depth = max(1, round(n_params / (width * width + width)))
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(depth)])
-        return model, torch.optim.Adam(model.parameters(), lr=1e-5), torch.randn(8, width)
-
-    def step(model, opt, x):
-        model(x).square().mean().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
+    {MLP}
     def evict(path):
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -64,7 +52,7 @@ PROGRAM = textwrap.dedent(
             os.close(fd)
 
     mode, state_bytes = sys.argv[1], float(sys.argv[2])
-    model, opt, x = build(state_bytes)
+    model, opt, x, _, _ = build(state_bytes)
     if mode == "train":
         out, steps = sys.argv[3], int(sys.argv[4])
         for i in range(steps):
@@ -82,7 +70,7 @@ PROGRAM = textwrap.dedent(
         f.flush()
         os.fsync(f.fileno())
     nbytes = os.path.getsize(path)
-    fresh, fresh_opt, _ = build(state_bytes)
+    fresh, fresh_opt, *_ = build(state_bytes)
     step(fresh, fresh_opt, x)  # the optimizer has its state tensors, as a replayed one would
     evict(path)
     t0 = time.perf_counter()
@@ -93,7 +81,7 @@ PROGRAM = textwrap.dedent(
     t2 = time.perf_counter()
     print("TORCH " + json.dumps({"load_s": t1 - t0, "copy_s": t2 - t1, "nbytes": nbytes}), flush=True)
     '''
-)
+).replace("{MLP}\n", MLP + "\n")
 
 
 def evict_tree(root: pathlib.Path) -> None:
@@ -172,18 +160,13 @@ def main() -> int:
     args = parser.parse_args()
     stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
     out = args.out or str(REPO / "tools" / "results" / f"bench_restart-cpu-{stamp}.txt")
-    lines = []
-
-    def say(line: str = "") -> None:
-        print(line, flush=True)
-        lines.append(line)
-
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    os.makedirs(args.dir, exist_ok=True)
+    say = Tee(out)
+    commit = git_commit(REPO)
     df = subprocess.run(["df", "-h", "--output=source,fstype", args.dir], capture_output=True, text=True).stdout.split()[-2:]
     say(f"# bench_restart {datetime.datetime.now().isoformat(timespec='seconds')}; gpusnap {commit}; {os.cpu_count()} cores; "
         f"load avg {os.getloadavg()[0]:.2f}; disk {args.dir} ({' '.join(df)})")
     say(f"# command: python tools/bench_restart.py --sizes {args.sizes} --dir {args.dir}")
-    os.makedirs(args.dir, exist_ok=True)
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="bench_restart-", dir=args.dir))
     try:
         for size in (float(s) for s in args.sizes.split(",")):
@@ -194,7 +177,6 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    pathlib.Path(out).write_text("\n".join(lines) + "\n")
     print(f"raw output: {out}")
     return 0
 

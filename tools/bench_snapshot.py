@@ -75,7 +75,7 @@ import tempfile
 import textwrap
 import time
 
-from common import read_json, wait_for
+from common import MLP, Tee, read_json, wait_for
 
 GB = 1e9
 TAIL_STEPS = 2  # steps after a commit counted into extra wall (and kept out of the baseline)
@@ -89,25 +89,7 @@ PROGRAM = textwrap.dedent(
     import json, os, shutil, signal, statistics, sys, time
     import torch
 
-    def build(state_bytes):
-        n_params = int(state_bytes / 3 / 4)
-        width = 4096 if n_params >= 64 * 4096 * 4096 // 16 else 2048 if n_params >= 4 * 2048 * 2048 else 1024
-        depth = max(1, round(n_params / (width * width + width)))
-        torch.manual_seed(0)
-        layers = []
-        for _ in range(depth):
-            layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-        model = torch.nn.Sequential(*layers[:-1])
-        opt = torch.optim.Adam(model.parameters(), lr=1e-5)
-        x = torch.randn(8, width)
-        return model, opt, x, width, depth
-
-    def step(model, opt, x):
-        loss = model(x).square().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
+    {MLP}
     def dir_bytes(path):
         if os.path.isfile(path):
             return os.path.getsize(path)
@@ -229,7 +211,7 @@ PROGRAM = textwrap.dedent(
     shutil.rmtree(path)
     print("ANCHORS " + json.dumps(result), flush=True)
     '''
-)
+).replace("{MLP}\n", MLP + "\n")
 
 
 def sh(cmd: str) -> str:
@@ -237,16 +219,6 @@ def sh(cmd: str) -> str:
         return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=10).stdout.strip()
     except Exception:
         return "?"
-
-
-class Tee:
-    def __init__(self, path: str):
-        self.file = open(path, "w")
-
-    def __call__(self, line: str = "") -> None:
-        print(line, flush=True)
-        self.file.write(line + "\n")
-        self.file.flush()
 
 
 def environment(args, say) -> None:

@@ -58,7 +58,7 @@ def as_bytes_view(data) -> memoryview:
 
 class SnapshotWriter:
     def __init__(self, rd, snap_id: str, *, chunk_bytes: int | None = None, pack_bytes: int | None = None,
-                 lock_token: str | None = None) -> None:
+                 threads: int | None = None, codec: str | None = None, lock_token: str | None = None) -> None:
         import blosc2
 
         self._rd = rd
@@ -75,7 +75,8 @@ class SnapshotWriter:
             raise StoreError(f"GPUSNAP_CHUNK_BYTES must be between 1 and {_MAX_CHUNK_BYTES}")
         # A forked child inherits blosc2's thread pool state but not its threads.
         blosc2.free_resources()
-        self._nthreads = encoder_threads or knobs.WRITER_THREADS or (os.cpu_count() or 1)
+        self._nthreads = threads or encoder_threads or knobs.WRITER_THREADS or (os.cpu_count() or 1)
+        self._codec = codec or knobs.CODEC
         self._pipeline: Pipeline | None = None
         self._disk_prior = _measured_disk_bps(rd)
         self._index_name: str | None = None
@@ -134,7 +135,7 @@ class SnapshotWriter:
         if self._pipeline is None:
             from gpusnap.store.choose import Chooser
 
-            forced = None if knobs.CODEC == "auto" else knobs.CODEC
+            forced = None if self._codec == "auto" else self._codec
             chooser = Chooser(self._nthreads, self._disk_prior, forced)
             # A stored chunk is never longer than its raw bytes (codec.encode stores raw then).
             self._pipeline = Pipeline(self._rd.path, capacity=self._flush_at + codec.ENTRY_NBYTES + self._chunk_bytes,
