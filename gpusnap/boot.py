@@ -232,7 +232,7 @@ def main(argv=None) -> None:
         from gpusnap.restore import replay
 
         replay.install(*resuming, config, agent.emit, agent.resumed, agent.restore_device, agent.before_merge,
-                       agent.write_device)
+                       agent.write_device, agent.flush_events)
     _run(code, namespace)
 
 

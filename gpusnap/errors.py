@@ -33,7 +33,9 @@ and exits with the class's ``exit_code``::
         ├── ReplayDiverged               ... replay never reached the saved loop position
         ├── StateMismatch                ... shape / dtype / tying differs at an object path
         ├── ProgramChanged               ... script, sources or arguments differ
-        └── FastForwardError             ... a loop's position cannot be reproduced exactly
+        ├── FastForwardError             ... a loop's position cannot be reproduced exactly
+        └── FilesNotRestorable           ... a file the program wrote cannot be put back as it
+                                             was at the snapshot (removed, too large to keep)
 
 ``gpusnap run`` itself passes the program's exit status through; see ``EXIT_*`` below and the
 README's table.
@@ -186,3 +188,16 @@ class FastForwardError(RestoreError):
         "between items, an iterator advanced by hand); give the source a seeded generator of its "
         "own, restart from another snapshot with --snapshot ID, or pass --force to continue anyway"
     )
+
+
+class FilesNotRestorable(RestoreError):
+    """``problems``: every (path, why) that cannot be put back, for the run log; ``plan``: what
+    was done before a step failed (``files.rollback.Plan``), or None when nothing was."""
+
+    default_hint = ("restart with --force to go on with those files as they are now, or from an earlier snapshot "
+                    "with --snapshot ID; a larger --files-max keeps larger files in later snapshots")
+
+    def __init__(self, message: str, hint: str | None = None, *, problems=(), plan=None):
+        super().__init__(message, hint)
+        self.problems = list(problems)
+        self.plan = plan

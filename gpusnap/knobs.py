@@ -106,6 +106,14 @@ HUGEPAGES = _choice("HUGEPAGES", "on", ("on", "off"))
 # Upper bound on chunk bytes the writer holds in memory at once, whatever the state's size.
 WRITER_WINDOW_BYTES = _int("WRITER_WINDOW_BYTES", 256 << 20)
 
+# The program's files (gpusnap/files/): the most bytes of file contents one snapshot keeps
+# (--files-max overrides it), smallest files first; a larger file is kept by its length only, which
+# puts an appended log back but not a removed or rewritten file. A changed file up to
+# FILES_STALL_READ_BYTES is read in the stall; a larger one is read by the writer, through a
+# descriptor the stall opened (so the stall costs an open, not a read).
+FILES_MAX_BYTES = _parsed("FILES_MAX_BYTES", 512 << 20, lambda raw: int(_non_negative(int(raw))), "a number of bytes >= 0")
+FILES_STALL_READ_BYTES = _int("FILES_STALL_READ_BYTES", 1 << 20)
+
 # Fast-forward proves a consumed loop source by a digest of the last item it reproduced; items
 # holding more data than this are not digested (restart then checks less; see graph/digest.py).
 FF_DIGEST_MAX_BYTES = _int("FF_DIGEST_MAX_BYTES", 64 << 20)

@@ -234,14 +234,15 @@ def kill_and_restart(
     return restarted
 
 
-def snapshotted_twice_and_killed(script: Path, steps: int, tmp: Path, env: dict, paced: dict, first_at: int):
+def snapshotted_twice_and_killed(script: Path, steps: int, tmp: Path, env: dict, paced: dict, first_at: int, run_args=()):
     """An uninterrupted reference run of ``script`` (to ``tmp/ref``), and a run paced by ``paced``
-    (to ``tmp/out``, run directory ``tmp/snaps``) snapshotted at step ``first_at`` and 5 steps
-    later, then killed -9 3 steps after that. Returns (ref, out, first id, second id)."""
+    (to ``tmp/out``, run directory ``tmp/snaps``, gpusnap options ``run_args``) snapshotted at
+    step ``first_at`` and 5 steps later, then killed -9 3 steps after that. Returns (ref, out,
+    first id, second id)."""
     ref, out = ref_and_out(tmp)
-    done = gpusnap("run", "--dir", "refsnaps", script, ref, steps, cwd=tmp, env=env)
+    done = gpusnap("run", "--dir", "refsnaps", *run_args, script, ref, steps, cwd=tmp, env=env)
     assert done.returncode == 0, done.stderr
-    run = Run("run", "--dir", "snaps", script, out, steps, cwd=tmp, env={**env, **paced})
+    run = Run("run", "--dir", "snaps", *run_args, script, out, steps, cwd=tmp, env={**env, **paced})
     wait_for(lambda: progress(out) >= first_at, f"step {first_at}", proc=run)
     first = request_snapshot(run, tmp / "snaps")
     at = progress(out)

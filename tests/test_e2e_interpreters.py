@@ -30,6 +30,8 @@ PROGRAMS = {
     "cycles-argparse-parents-self-list": ("cycles.py", ["--steps", 80], 80),
     "rng-numpy-generator-sgd": ("rng_sgd.py", [4, 20], 80),
     "do-not-fork-memory-staged-by-the-trainee": ("dontfork.py", [80], 80),
+    # the program's files put back: each interpreter's audit events (it exits 3 on a difference)
+    "files-every-kind-of-write": ("files_ops.py", [40], 40),
 }
 
 

@@ -2,7 +2,7 @@
 iterations after it, a restart compares its own and refuses (exit 6) on the first difference,
 and `gpusnap verify --replay` asks the same question without touching the run directory.
 
-The wrong restores are injected into the restart by tests/inject/sitecustomize.py (the random
+The wrong restores are injected into the restart by tools/chaos/inject/sitecustomize.py (the random
 module's generator put back one draw further, one batch skipped, a parameter moved by one ulp),
 and each must be refused, the snapshot left intact: the same snapshot then restarts verified, to
 the bytes of an uninterrupted run. A SIGTERM snapshot trains on while its writer writes, to leave
@@ -19,7 +19,7 @@ import signal
 import pytest
 from harness import REPO, Run, assert_same, copy_programs, gpusnap, load_final, plain, progress, ref_and_out, wait_for
 
-INJECT = REPO / "tests" / "inject"
+INJECT = REPO / "tools" / "chaos" / "inject"
 ENV = {"OMP_NUM_THREADS": "1"}
 SLOW = {**ENV, "TEST_STEP_SLEEP_S": "0.05"}
 

@@ -15,13 +15,14 @@ FLOOR = {"errors", "knobs", "lifeline", "trust"}  # importable from anywhere
 ALLOWED = {
     "__init__": {"capture"},  # gpusnap.snapshot() asks the capture side
     "__main__": {"cli"},
-    "cli": {"launch", "store", "demo"},
+    "cli": {"launch", "store", "demo", "files"},
     "demo": set(),  # runs gpusnap as a user would: through the command line
-    "launch": {"store"},
+    "launch": {"store", "files"},  # files: put back before the replay starts
     "boot": {"instrument", "capture", "restore", "frameworks", "device"},  # device: tracking at boot
-    "frameworks": {"capture", "restore", "graph", "instrument"},  # adapters for both halves
-    "capture": {"stage", "store", "instrument", "graph"},
-    "restore": {"store", "instrument", "graph"},
+    "frameworks": {"capture", "restore", "graph", "instrument", "files"},  # adapters for both halves
+    "capture": {"stage", "store", "instrument", "graph", "files"},
+    "restore": {"store", "instrument", "graph", "files"},
+    "files": {"store"},  # the program's files: recorded, kept in the store, put back
     "graph": {"instrument"},
     "stage": {"device"},
     "device": set(),  # the GPU backends: below the pipeline, beside store

@@ -178,6 +178,7 @@ def test_signal_snap_and_sigterm_commit_exit_75(work):
             "on_term": "snapshot", "keep": 2, "at": f"{work / 'fake.py'}:3",
             "instrument": [str(work / "fake.py")], "resume": None, "force": False, "verbosity": 1, "paranoid": False,
             "lock_token": json.loads((work / "rd" / "lock").read_text())["token"],
+            "files": {"exclude": [], "max_bytes": None, "after": None},
         }
         assert boot["cwd"] == str(work)
 

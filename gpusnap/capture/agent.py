@@ -27,7 +27,7 @@ import os
 import sys
 import time
 
-from gpusnap import knobs, lifeline, stage
+from gpusnap import files, knobs, lifeline, stage
 from gpusnap.capture import children, control, fork, pace, session, steploop
 from gpusnap.capture import witness as witnessing
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, ChildRunning, StageError
@@ -64,6 +64,9 @@ def install(config: dict, note_source) -> None:
     loops.on_boundary = _boundary
     session.resumed_from = (session.config.get("resume") or {}).get("snapshot")
     children.install()
+    from gpusnap.instrument.cache import cache_dir
+
+    files.install(session.config, str(session.rundir.path), always_excluded=[d for d in (cache_dir(),) if d])
     control.install_signals()
     control.connect(session.config.get("control"))
     steploop.install(note_source)
@@ -78,6 +81,7 @@ def resuming():
 
 
 emit = control.emit
+flush_events = control.flush  # before an exit that skips atexit (os._exit)
 
 
 def before_merge() -> None:
@@ -187,6 +191,12 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         first = (str(exc).splitlines() or [""])[0]
         refusal = f"staging failed: {type(exc).__name__}: {first}"
         hint = "this snapshot is skipped, training goes on; please report this"
+    files_job = None
+    if refusal is None:
+        try:
+            files_job = files.stage(snap_id, session.rundir.path)
+        except Exception as exc:  # noqa: BLE001 - never into the program's loop
+            refusal, hint = f"recording the program's files failed: {type(exc).__name__}: {exc}", None
     if refusal is not None:
         stage.snapshot_skipped()
         if coordinator is not None:
@@ -225,11 +235,13 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         stop=stop,
         expected_bytes=session.last_bytes_total,
         lock_token=session.config.get("lock_token") if coordinator is None else coordinator.lock_held.token,
+        files=files_job,
     )
     job.generation = stage.writer_starting()  # seals the regions this writer reads
     try:
         writer = fork.start_writer(job, at_step_loop=steploop.is_step_loop(loop))
     except OSError as exc:  # fork itself failed (no memory, process limit): training goes on
+        files.forked(files_job)
         stage.writer_done(job.generation)
         message = f"could not fork the writer: {exc.strerror or exc}"
         if coordinator is not None:
@@ -241,6 +253,7 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         if stop:
             fork.exit_now(EXIT_PREEMPTED_UNSAVED)
         return
+    files.forked(files_job)  # the writer has its own copies of the descriptors
     trains_on = witnessing.start(job.snap_id, loop, steploop.step_loop_keys(), stop and coordinator is None)
     if stop and trains_on:
         pace.trainee_yields()  # the writer has the machine; the witness's iterations take what it leaves

@@ -51,6 +51,7 @@ class WriteJob:
     stop: bool = False  # a stop snapshot (SIGTERM, a spot notice): training waits for it
     expected_bytes: int = 0  # what the last snapshot held: the pacer's guess of this one's bytes
     lock_token: str | None = None  # of the run directory's lock this writer writes under (store.lock.check_token)
+    files: object = None  # files.record.FilesJob: the program's files, as the stall found them
 
 
 def write_snapshot(job: WriteJob) -> dict:
@@ -96,6 +97,11 @@ def write_snapshot(job: WriteJob) -> dict:
         iterators = {id(obj): info for obj, _ in pickler.live_only
                      if id(obj) not in sources and (info := loopnotes.describe(obj, read, job.active_loops))}
         manifest = _manifest(job, payload, pickler, graph, stall_s, iterators)
+        if job.files is not None:
+            from gpusnap import files
+
+            manifest["files"], file_buffers = files.put(job.files, sink, rundir)
+            manifest["buffers"].update(file_buffers)
         if job.device is not None:
             manifest["allocations"] = [a.record() for a in job.device.allocations]
             manifest["device"] = _device_summary(job.device, pickler)

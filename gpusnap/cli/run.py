@@ -48,7 +48,31 @@ allocated through cuda-python (only the chunks that changed since the last snaps
 off the GPU; --paranoid copies all), and where each loop stands. Open files, sockets, threads
 and DataLoader workers are not saved; a restart re-creates them by running the setup code
 again, and places CUDA tensors on the same GPU, another one (GPUSNAP_DEVICE_MAP) or the CPU
-when the machine has no GPU."""
+when the machine has no GPU.
+The files the program writes (logs, metrics, checkpoints; its DataLoader workers' too) are part
+of a snapshot: a restart puts them back as they were at the snapshot before the program runs
+again, and moves what was written after it into DIR/after-<id>/ (nothing is deleted)."""
+
+
+def _files_options(f):
+    from gpusnap.files import DEFAULT_EXCLUDES
+
+    defaults = ", ".join(DEFAULT_EXCLUDES)
+    for deco in reversed([
+        click.option("--files-exclude", "files_exclude", multiple=True, metavar="GLOB",
+                     help="Leave the files matching GLOB alone: not recorded, never put back (repeatable). A GLOB without / "
+                          "matches a file or directory name anywhere (__pycache__, *.lock); one with / a path and everything "
+                          "under it (~/scratch, ./wandb, /data/*/tmp; relative to the working directory). Always left "
+                          f"alone: the run directory, /dev, /proc, /sys, files made by tempfile, and the caches {defaults}. "
+                          "`--files-exclude /` leaves every file alone."),
+        click.option("--files-max", "files_max", metavar="SIZE", default=None,
+                     help=f"Keep at most SIZE of file contents per snapshot, smallest files first (default "
+                          f"{knobs.FILES_MAX_BYTES / 2**20:g}MiB, GPUSNAP_FILES_MAX_BYTES; unchanged files cost nothing). A larger file "
+                          "is kept by its length: an appended log is cut back, but a restart refuses (exit 6; --force goes on) "
+                          "when such a file was removed or rewritten after the snapshot."),
+    ]):
+        f = deco(f)
+    return f
 
 
 def _schedule_options(f):
@@ -80,6 +104,7 @@ def _schedule_options(f):
 @cli.command(context_settings=_PASSTHROUGH, epilog=SCHEDULE_HELP + "\n\n" + EXIT_CODES_HELP)
 @click.option("--dir", "run_dir", metavar="DIR", help="Run directory (snapshots, log). Default: ./gpusnap-runs/<script stem or module name>.")
 @_schedule_options
+@_files_options
 @click.option("--instrument", multiple=True, metavar="PATH_OR_MODULE", help="Also instrument these sources (files, directories, or module names; repeatable).")
 @click.option("--at", "at", metavar="FILE:LINE", help="The step loop: the loop statement at FILE:LINE (when gpusnap cannot find it).")
 @click.option("--resume", default="auto", show_default=True, metavar="auto|never|ID",
@@ -88,7 +113,8 @@ def _schedule_options(f):
 @trust_dir_option
 @torchrun.options
 @click.argument("program", nargs=-1, type=click.UNPROCESSED, metavar="SCRIPT|-m MODULE [ARGS]...")
-def run(run_dir, every, overhead, signal_name, on_term, grace, keep, paranoid, verbosity, notices, instrument, at, resume, program, **dist):
+def run(run_dir, every, overhead, signal_name, on_term, grace, keep, paranoid, verbosity, notices, files_exclude, files_max,
+        instrument, at, resume, program, **dist):
     """Run a Python program under gpusnap, unmodified.
 
     \b
@@ -140,6 +166,7 @@ def run(run_dir, every, overhead, signal_name, on_term, grace, keep, paranoid, v
         default_name = os.path.splitext(os.path.basename(target))[0]
     launch = Launch(kind=kind, target=given, args=args, cwd=cwd, run_dir="")
     _apply_schedule(launch, every, overhead, signal_name, on_term, grace, keep, notices, verbosity, paranoid)
+    _apply_files(launch, files_exclude, files_max)
     launch.at = opt.resolve_at(at, cwd)
     launch.instrument = opt.resolve_instrument(instrument, cwd)
     launch.torchrun = torchrun.arguments(dist)
@@ -157,6 +184,7 @@ def run(run_dir, every, overhead, signal_name, on_term, grace, keep, paranoid, v
         "python": sys.version.split()[0],
         "instrument": launch.instrument,
         "at": launch.at,
+        "files": {"exclude": launch.files_exclude, "max_bytes": launch.files_max},  # what restart keeps watching
     }
     if launch.torchrun is not None:
         identity["dist"] = {"torchrun": launch.torchrun}
@@ -166,17 +194,22 @@ def run(run_dir, every, overhead, signal_name, on_term, grace, keep, paranoid, v
 @cli.command(epilog=EXIT_CODES_HELP)
 @click.argument("run_dir", metavar="DIR")
 @click.option("--snapshot", "snapshot_id", metavar="ID", help="Continue from this snapshot (default: the newest that verifies).")
-@click.option("--force", is_flag=True, help="Restore even where the program changed in ways that can be overridden.")
+@click.option("--force", is_flag=True, help="Restore even where the program changed in ways that can be overridden, "
+                                           "and leave files that cannot be put back as they are.")
 @_schedule_options
 @trust_dir_option
+@_files_options
 @torchrun.options
-def restart(run_dir, snapshot_id, force, every, overhead, signal_name, on_term, grace, keep, paranoid, verbosity, notices, **dist):
+def restart(run_dir, snapshot_id, force, every, overhead, signal_name, on_term, grace, keep, paranoid, verbosity, notices,
+            files_exclude, files_max, **dist):
     """Continue the program of run directory DIR from a snapshot.
 
     Runs the same command, in the same working directory, as the `gpusnap run` that made DIR,
     and continues it from the snapshot: setup code runs again, the loops skip ahead to where
-    they were, and the saved state is written over the live one. Scheduling options are not
-    remembered; pass them again.
+    they were, and the saved state is written over the live one. Before that, the files the
+    program wrote go back to their state at the snapshot (what was written after it moves into
+    DIR/after-<id>/). Scheduling options are not remembered; pass them again. --files-exclude
+    and --files-max are those the run was started with, unless given here.
 
     \b
     A distributed run (made by `gpusnap run --nproc-per-node ...`) restarts with the torchrun
@@ -195,6 +228,10 @@ def restart(run_dir, snapshot_id, force, every, overhead, signal_name, on_term, 
     rd.check_writable()
     launch = _restart_launch(rd, path, force, dist)
     _apply_schedule(launch, every, overhead, signal_name, on_term, grace, keep, notices, verbosity, paranoid)
+    recorded = rd.identity.get("files") or {}
+    _apply_files(launch, files_exclude or recorded.get("exclude") or (), files_max)
+    if files_max is None:
+        launch.files_max = recorded.get("max_bytes")
     _supervise(launch, None, snapshot_id or "auto", rd=rd, require_snapshot=True)
 
 
@@ -237,7 +274,9 @@ def _restart_launch(rd, path: str, force: bool, dist: dict):
 
 def verify_by_replay(run_dir: str, snapshot: str | None, verbosity: int | None) -> None:
     """``gpusnap verify --replay``: restart SNAP in a scratch copy of DIR, compare the iterations
-    after the merge with its witness, stop, and remove the copy. DIR itself is only read."""
+    after the merge with its witness, stop, and remove the copy. DIR itself is only read, and
+    the program's files end as they were (``files.guard``)."""
+    from gpusnap.files import guard
     from gpusnap.store import shards
     from gpusnap.store.rundir import RunDir
 
@@ -252,12 +291,28 @@ def verify_by_replay(run_dir: str, snapshot: str | None, verbosity: int | None) 
     _apply_schedule(launch, None, None, "USR1", "snapshot", None, None, "off", verbosity, False)
     scratch = scratch_copy(path)
     try:
+        # The restart puts the program's files back to the snapshot's state (this process, before
+        # the replay; the trainee, at the merge), and the replay writes them: all of it is undone.
+        guard.install(os.path.join(scratch, guard.GUARD_DIR))
         launch.run_dir = scratch
         launch.verify_replay = True
         _say(f"replaying {'snapshot ' + snapshot if snapshot else 'the newest intact snapshot'} of {path} in a scratch copy", level=1)
         _supervise(launch, None, snapshot or "auto", rd=RunDir.open(scratch, trusted=True), require_snapshot=True)
     finally:
+        _put_back_verify_writes(scratch)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _put_back_verify_writes(scratch: str) -> None:
+    """The replay wrote the program's files as a restart would: they go back to what they were."""
+    from gpusnap.files import guard
+
+    guard.uninstall()
+    done, failed = guard.put_back(os.path.join(scratch, guard.GUARD_DIR))
+    if done:
+        _say(f"put back {done} path{'s' if done != 1 else ''} the replay wrote", level=1)
+    for path, why in failed:
+        _say(f"warning: {path} is left as the replay wrote it: {why}")
 
 
 def scratch_copy(path: str) -> str:
@@ -297,6 +352,11 @@ def _apply_schedule(launch, every, overhead, signal_name, on_term, grace, keep, 
     launch.notices = notices
     launch.paranoid = bool(paranoid)
     launch.verbosity = _verbosity = 1 if verbosity is None else verbosity
+
+
+def _apply_files(launch, files_exclude, files_max) -> None:
+    launch.files_exclude = [p for p in files_exclude if p.strip()]
+    launch.files_max = opt.parse_size(files_max, "--files-max") if files_max is not None else None
 
 
 def _supervise(launch, identity, resume: str, rd=None, require_snapshot: bool = False) -> None:

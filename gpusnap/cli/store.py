@@ -216,8 +216,8 @@ def _device_memory(m: dict, echo) -> None:
 @click.option("--replay", is_flag=True,
               help="Restart SNAP (default: the newest intact) in a scratch copy of DIR, run the iterations its "
                    "witness recorded, compare, and stop: would this snapshot restart correctly? Exits 0 when they "
-                   "match (or it has no witness: then it only restores), 6 when they differ. DIR is left as it is; "
-                   "the program's own files are written as a restart would write them.")
+                   "match (or it has no witness: then it only restores), 6 when they differ. DIR is left as it is, "
+                   "and so are the program's files: what the replay writes to them is put back afterwards.")
 @click.option("-q", "--quiet", "verbosity", flag_value=0, default=None, help="--replay: only what went wrong and the verdict.")
 def verify_cmd(run_dir, snapshot, as_json, replay, verbosity):
     """Read every chunk of SNAP (default: every snapshot) and check it against its name.

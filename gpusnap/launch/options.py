@@ -108,6 +108,20 @@ def parse_signal(text: str) -> signal.Signals:
     return signal.Signals[name]
 
 
+SIZE_HINT = "write a size as 512MB, 2GB, 100k or plain bytes (0 keeps no file content)"
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?", re.IGNORECASE)
+
+
+def parse_size(text: str, option: str) -> int:
+    """``512MB``, ``2G``, ``1.5GiB``, ``100k``, ``4096`` -> bytes (MB is 10**6, MiB 2**20)."""
+    m = _SIZE.fullmatch(text.strip())
+    if m is None:
+        raise UsageError(f"malformed size {text!r} for {option}", hint=SIZE_HINT)
+    number, unit, binary = m.groups()
+    power = "kmgt".find(unit.lower()) + 1 if unit else 0
+    return int(float(number) * (1024 if binary else 1000) ** power)
+
+
 def parse_keep(text: str | None) -> int | None:
     if text is None:
         return None

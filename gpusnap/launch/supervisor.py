@@ -20,6 +20,7 @@ set to a JSON object::
      "resume": null | {"snapshot": "000003"}, "force": false,
      "verify_replay": true,         (only for `gpusnap verify --replay`: stop once the witness is compared)
      "lock_token": "9f3a..." | null,  (the token in DIR/lock: writers check it before a commit)
+     "files": {"exclude": [GLOB, ...], "max_bytes": N | null, "after": "/abs/DIR/after-000003" | null},
      "dist": true}                  (only in the ranks of a torchrun job: capture/dist.py)
 
 Control protocol: newline-delimited JSON objects over the unix socket named by ``"control"``
@@ -133,6 +134,9 @@ class Launch:
     torchrun: list[str] | None = None  # a distributed run: torchrun's arguments (launch.torchrun)
     verify_replay: bool = False  # `gpusnap verify --replay`: stop once the restart is compared with its witness
     lock_token: str | None = None  # the run directory's lock, held by the CLI: its writers check it before they commit
+    files_exclude: list[str] = field(default_factory=list)  # --files-exclude, after files.DEFAULT_EXCLUDES
+    files_max: int | None = None  # --files-max (None: knobs.FILES_MAX_BYTES)
+    files_after: str | None = None  # a restart: where files newer than the snapshot were moved
 
     def boot_config(self, control_path: str) -> dict:
         return {
@@ -148,6 +152,7 @@ class Launch:
             "verbosity": self.verbosity,
             "paranoid": self.paranoid,
             "lock_token": self.lock_token,
+            "files": {"exclude": list(self.files_exclude), "max_bytes": self.files_max, "after": self.files_after},
             **({"dist": True} if self.torchrun is not None else {}),  # a rank of a torchrun job
             **({"verify_replay": True} if self.verify_replay else {}),
         }
@@ -283,6 +288,8 @@ class Supervisor:
                                             "host": socket.gethostname()})
                 except StoreError as exc:  # a full disk: the run goes on (and frees room), without `gpusnap snap`
                     self.say(f"warning: {exc.message}: `gpusnap snap` cannot reach this run; signals and timers still work")
+            if L.resume:
+                self._put_files_back()
             env = dict(os.environ)
             env["GPUSNAP_BOOT"] = json.dumps(L.boot_config(self.server.path))
             if L.torchrun is not None:
@@ -325,6 +332,35 @@ class Supervisor:
             if self._log_fd >= 0:
                 os.close(self._log_fd)
                 self._log_fd = -1
+
+    def _put_files_back(self) -> None:
+        """Before the replay: the program's files as they were at the snapshot (gpusnap/files)."""
+        from gpusnap.errors import FilesNotRestorable
+        from gpusnap.files import before_replay
+        from gpusnap.files.paths import Excludes
+        from gpusnap.store.rundir import RunDir
+
+        L = self.launch
+        # The snapshot's table holds the run's exclusions; this restart's own leave more alone.
+        leave = Excludes(L.files_exclude, L.cwd) if L.files_exclude else (lambda path: False)
+        try:
+            plan = before_replay(RunDir.open(L.run_dir, trusted=True), L.resume, L.force, leave)
+        except FilesNotRestorable as exc:
+            done = exc.plan.report() if exc.plan is not None else {}
+            self.log({"source": "supervisor", "event": "files_refused", "snapshot": L.resume,
+                      "problems": [list(p) for p in exc.problems], **done})
+            raise
+        if plan is None:
+            return
+        self.log({"source": "supervisor", "event": "files", "snapshot": L.resume, **plan.report()})
+        L.files_after = plan.after_dir
+        summary = plan.summary()
+        if summary is not None:
+            self.say(f"files back to snapshot {L.resume}: {summary}", level=0 if plan.problems else 1)
+        for path, why in plan.problems:
+            self.say(f"warning: {path} is left as it is (--force): it was {why}")
+        for path, why in plan.failed:
+            self.say(f"warning: {path} is left as it is (--force): it {why}")
 
     def _install_signals(self) -> None:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

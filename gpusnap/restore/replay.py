@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-from gpusnap import knobs
+from gpusnap import files, knobs
 from gpusnap.graph import rng, roots, witness, workers
 from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, ReplayDiverged, RestoreError
 from gpusnap.graph.load import DEVICE_BASES, LiveOnly
@@ -44,6 +44,7 @@ class Replay:
         self.snap_id = self.manifest["id"]
         self.force = bool(config.get("force"))
         self.verify_only = bool(config.get("verify_replay"))  # `gpusnap verify --replay`: stop once compared
+        self.config = config
         self.emit = emit
         self.on_merged = on_merged  # the agent counts steps and iterations on from the snapshot's
         frames = self.manifest["roots"]["frames"]
@@ -256,6 +257,10 @@ class Replay:
             after(merger.aligned.values())
         self._stage = "restoring the random number generators"
         rng.restore(payload["rng"])
+        # After the adapters (a logger's writer they close lets go of its file): what the
+        # replayed setup wrote goes back to the snapshot's state.
+        self._stage = "putting back the files the replayed setup wrote"
+        files_report = files.settle(self.rundir, self.manifest, self.config, _say)
         self.on_merged(self.snap_id, self.manifest.get("steps") or 0, self.manifest.get("iteration"))
         merge_s = time.perf_counter() - started
         verified = self._watch_witness()
@@ -276,6 +281,7 @@ class Replay:
             **{k: v - read_before[k] for k, v in reader.TIMES.items()},  # of load_s and raw memory: the store's parts
             merge_bytes=merger.nbytes,
             fastforwards=self.fastforwards,
+            **({"files": files_report} if files_report else {}),
         )
 
     # -- the witness ------------------------------------------------------------------------
@@ -361,15 +367,17 @@ def check_sources(manifest: dict, force: bool) -> None:
 
 
 def install(rundir, snap_id: str, config: dict, emit, on_merged, restore_device=None, before_merge=None,
-            write_device=None) -> Replay:
+            write_device=None, flush_events=None) -> Replay:
     """Replay snapshot ``snap_id`` of ``rundir``; ``emit(event, **fields)`` reports to the
     supervisor, ``before_merge()`` may refuse (a ``GpusnapError``) at the saved boundary,
     ``on_merged(snap_id, steps, iteration)`` runs once the snapshot is merged.
     ``restore_device(records, read_buffer)`` restores raw allocations and ``write_device(address,
     data, host)`` fills device memory (cuda.core Buffers): the device side, which restore does
-    not import."""
-    global active, _verbosity
+    not import. ``flush_events()`` waits for the events emitted so far to reach the supervisor
+    (they are queued: a refusal's ``diverged`` was lost to the exit that followed it)."""
+    global active, _verbosity, _flush_events
     _verbosity = int(config.get("verbosity", 1))
+    _flush_events = flush_events or (lambda: None)
     replay = Replay(rundir, snap_id, config, emit, on_merged)
     replay.restore_device = restore_device or _no_device
     replay.write_device = write_device
@@ -451,6 +459,7 @@ def _one_line(exc: BaseException) -> str:
 
 def _stop(code: int) -> None:
     """End the program now (``verify --replay`` has what it came for)."""
+    _flush_events()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -458,11 +467,13 @@ def _stop(code: int) -> None:
 
 def fail(exc: GpusnapError) -> None:
     _write(f"gpusnap: {_rank_prefix()}restore refused: {exc.message}\nhint: {exc.hint}\n")
+    _flush_events()
     sys.stdout.flush()
     os._exit(exc.exit_code)
 
 
 _verbosity = 1  # the run's --quiet (0) / --verbose (2), from the boot configuration
+_flush_events = lambda: None  # noqa: E731 - install's: the agent's, which restore does not import
 # What a framework adapter does once the snapshot is merged, by what the restore is doing then
 # (named in a refusal): called with every live object the snapshot's objects merged into.
 AFTER_MERGE: dict[str, object] = {}

@@ -131,7 +131,9 @@ class Leftover:
 def leftovers(rd) -> list[Leftover]:
     root = pathlib.Path(rd.path)
     out = []
-    for dirpath, _dirs, files in os.walk(root):
+    for dirpath, dirs, files in os.walk(root):
+        if dirpath == str(root):
+            dirs[:] = [d for d in dirs if not d.startswith("after-")]  # the program's files a restart moved aside
         for name in files:
             if atomic.is_temp(name):
                 out.append(Leftover("temp_file", str(pathlib.Path(dirpath, name).relative_to(root))))

@@ -183,8 +183,10 @@ def _remove_temp(root: pathlib.Path, report: dict) -> None:
     thing a full disk may hold that nothing needs)."""
     now = time.time()
     for dirpath, dirs, files in os.walk(root):
-        if dirpath == str(root) and "ranks" in dirs:
-            dirs.remove("ranks")  # a distributed run's shards: each is pruned as a run directory of its own
+        if dirpath == str(root):
+            # A distributed run's shards are pruned each as a run directory of its own; the files
+            # a restart moved aside (after-<id>/) are the program's, whatever their names.
+            dirs[:] = [d for d in dirs if d != "ranks" and not d.startswith("after-")]
         for name in files:
             if not atomic.is_temp(name):
                 continue

@@ -2,7 +2,9 @@
 generated token ids, a loss logged at every step; a callback reports progress. The final state
 holds what the Trainer keeps: weights, optimizer and scheduler states, the log history (losses,
 learning rates, gradient norms, epochs, the mean training loss; not the timings), the global step and epoch.
-usage: hf_trainer.py OUT [--epochs N] [--accumulate N] [--auto-batch]"""
+With --save-steps N the Trainer checkpoints every N steps into OUT/trainer, keeping the last
+--save-total-limit (2) checkpoint directories.
+usage: hf_trainer.py OUT [--epochs N] [--accumulate N] [--auto-batch] [--save-steps N [--save-total-limit N]]"""
 import argparse
 import os
 import sys
@@ -36,6 +38,8 @@ def main():
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--accumulate", type=int, default=1, help="gradient accumulation steps")
     parser.add_argument("--auto-batch", action="store_true", help="auto_find_batch_size (Accelerate's retry loop)")
+    parser.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: never)")
+    parser.add_argument("--save-total-limit", type=int, default=2, help="checkpoints kept")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2))
@@ -46,7 +50,9 @@ def main():
         gradient_accumulation_steps=args.accumulate,
         auto_find_batch_size=args.auto_batch,
         logging_steps=1,
-        save_strategy="no",
+        save_strategy="steps" if args.save_steps else "no",
+        save_steps=args.save_steps or 500,
+        save_total_limit=args.save_total_limit,
         report_to=[],
         use_cpu=True,
         seed=0,

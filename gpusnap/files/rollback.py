@@ -1,0 +1,439 @@
+"""Putting the program's files back as they were at a snapshot, twice in a restart.
+
+``rollback`` (the supervisor, before the replay starts): every file in the snapshot's table, every
+path the killed run's journal names after the snapshot's marker, and every entry of a directory
+the program made goes back to its state at the snapshot. Nothing is deleted: a file or directory
+that was not there then moves into ``DIR/after-<id>/`` (its absolute path below it), as does a
+changed file before its snapshot content is written back; an appended file is copied there before
+it is cut back to its length. A file whose state cannot be put back (removed or rewritten after the
+snapshot and too large to have been kept; a file the program first changed after it) stops the
+restart before anything moves (``FilesNotRestorable``, exit 6), unless ``--force``: then it stays as
+it is, and the log says so.
+
+``settle`` (the trainee, at the merge): the replay ran the program's setup again, and what that
+wrote (a log line, a logger's next version directory, a checkpoint directory made again) is undone
+the same way, in place: the program may hold those files open, so contents are written into the
+same inode and the program's own descriptors are moved to the new end; a path the replay made is
+moved aside unless the program holds it open (a TensorBoard event file it goes on writing).
+
+The plan is made first (``Plan``: what to do with each path, what cannot be done), then carried out
+(``Plan.apply``); ``Plan.report()`` is the ``files`` event: what moved where, what was written, cut
+or left, for the run log.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import stat as stat_
+from dataclasses import dataclass, field
+
+import xxhash
+
+from gpusnap.errors import FilesNotRestorable, GpusnapError
+from gpusnap.files import disk, watch
+from gpusnap.files.paths import Excludes
+
+
+@dataclass
+class Source:
+    """One snapshot's file table (a rank's, in a distributed run) and how to read its contents."""
+
+    snap_id: str
+    table: dict
+    buffers: dict
+    read_buffer: object  # read_buffer(record) -> bytes
+    journal: str | None = None  # the journal the run that took it wrote
+
+
+@dataclass
+class Plan:
+    after_dir: str  # where what is moved aside goes
+    in_place: bool  # settle: write into the files the program may hold open
+    moves: list = field(default_factory=list)  # paths to move aside
+    makes: list = field(default_factory=list)  # (path, mode) directories to make
+    writes: list = field(default_factory=list)  # (path, entry, source) contents to write back
+    cuts: list = field(default_factory=list)  # (path, length) files to cut back
+    links: list = field(default_factory=list)  # (path, target)
+    problems: list = field(default_factory=list)  # (path, why): what cannot be put back, known before
+    failed: list = field(default_factory=list)  # (path, why): what apply could not do
+    left: list = field(default_factory=list)  # (path, why): not put back, said in the log
+    moved: list = field(default_factory=list)  # (path, to): what apply moved
+    copied: list = field(default_factory=list)  # (path, to): what apply copied before cutting it back
+    contents: dict = field(default_factory=dict)  # path -> the bytes to write back, read ahead (prefetch)
+    open_paths: frozenset = frozenset()
+
+    def report(self) -> dict:
+        return {"moved": [list(m) for m in self.moved], "copied": [list(c) for c in self.copied],
+                "restored": [w[0] for w in self.writes],
+                "truncated": [c[0] for c in self.cuts], "made": [m[0] for m in self.makes] + [l[0] for l in self.links],
+                "left": [list(x) for x in self.left + self.problems + self.failed]}
+
+    def summary(self) -> str | None:
+        parts = []
+        if self.writes:
+            parts.append(f"{len(self.writes)} restored")
+        if self.cuts:
+            parts.append(f"{len(self.cuts)} cut back to their length")
+        if self.makes or self.links:
+            parts.append(f"{len(self.makes) + len(self.links)} made again")
+        if self.moved:
+            parts.append(f"{len(self.moved)} moved aside")
+        if self.left or self.problems or self.failed:
+            parts.append(f"{len(self.left) + len(self.problems) + len(self.failed)} left as they are")
+        if not parts:
+            return None
+        kept = f"; what they held after it is in {self.after_dir}/" if self.moved or self.copied else ""
+        return ", ".join(parts) + kept
+
+    # ---- deciding
+
+    def file(self, path: str, entry: dict, source: Source, cur) -> None:
+        """``path`` must be the file ``entry`` records."""
+        if cur is not None and stat_.S_ISREG(cur.st_mode) and _key(cur) == _entry_key(entry):
+            return  # untouched since
+        record = source.buffers.get(entry.get("buffer") or "")
+        if record is not None:
+            if cur is not None and stat_.S_ISREG(cur.st_mode) and cur.st_size >= entry["size"] and _starts_with(path, record):
+                if cur.st_size > entry["size"]:
+                    self.cuts.append((path, entry["size"]))
+                return  # the same bytes (then more, appended)
+            if cur is not None and not self.in_place:
+                self.moves.append(path)
+            self.writes.append((path, entry, source))
+            return
+        why = entry.get("why") or "not kept"
+        if why == "too large":
+            why = f"too large to keep ({_size(entry['size'])}; --files-max {_size(source.table.get('max_bytes'))} in all)"
+        self.by_length(path, [entry["mode"], entry["size"], entry.get("mtime_ns"), entry.get("ino"), entry.get("tail")], cur,
+                       f"its content at the snapshot was {why}")
+
+    def by_length(self, path: str, before: list, cur, why: str) -> None:
+        """A file known by its length and last bytes only: cut back if it only grew."""
+        mode, size, mtime_ns, ino, tail = before
+        if cur is not None and stat_.S_ISREG(cur.st_mode) and cur.st_ino == ino:
+            if cur.st_size == size and cur.st_mtime_ns == mtime_ns:
+                return
+            if cur.st_size >= size and (size == 0 or watch.tail_digest(path, size) == tail):
+                if cur.st_size > size:
+                    self.cuts.append((path, size))
+                return
+        what = "removed" if cur is None else "rewritten"
+        self.problems.append((path, f"{what} after the snapshot, and {why}"))
+
+    def absent(self, path: str, cur) -> None:
+        if cur is not None:
+            self.moves.append(path)
+
+    def directory(self, path: str, entry: dict, cur, excluded) -> None:
+        if cur is None or not stat_.S_ISDIR(cur.st_mode):
+            if cur is not None:
+                self.moves.append(path)
+            self.makes.append((path, stat_.S_IMODE(entry.get("mode") or 0o755)))
+            return
+        names = entry.get("names")
+        if names is None:
+            return
+        keep = set(names)
+        for name in _listdir(path):
+            inner = os.path.join(path, name)
+            if name not in keep and not excluded(inner):
+                self.moves.append(inner)
+
+    def link(self, path: str, entry: dict, cur) -> None:
+        if cur is not None and stat_.S_ISLNK(cur.st_mode) and os.readlink(path) == entry["target"]:
+            return
+        if cur is not None:
+            self.moves.append(path)
+        self.links.append((path, entry["target"]))
+
+    # ---- carrying it out
+
+    def prefetch(self) -> None:
+        """Read every content to write back from the store now: a damaged snapshot refuses the
+        restart (ChunkMissing, ChunkCorrupt: exit 4) before any file has changed."""
+        for path, entry, source in self.writes:
+            self.contents[path] = source.read_buffer(source.buffers[entry["buffer"]])
+
+    def apply(self) -> None:
+        """Carry the plan out: moves first (parents before what they hold), then directories,
+        contents, cuts and links. A step that fails is listed in ``failed`` and the steps on the
+        same path after it are not taken (a file not moved aside is never written over)."""
+        done: list[str] = []
+        for path in sorted(set(self.moves), key=lambda p: (p.count("/"), p)):
+            if any(path == d or path.startswith(d + "/") for d in done):
+                continue  # moved with its directory
+            if self.after_dir.startswith(path + "/"):
+                continue  # the run directory's own
+            if self.in_place and disk.held(path, self.open_paths):
+                self.left.append((path, "the program holds it open"))
+                continue
+            to = self._try(path, disk.move_aside, path, self.after_dir)
+            if to is not None:
+                self.moved.append((path, to))
+                done.append(path)
+        for path, mode in sorted(self.makes):
+            self._try(path, disk.make_dir, path, mode)
+        for path, entry, source in self.writes:
+            write = disk.write_in_place if self.in_place else disk.write_new
+            self._try(path, lambda: write(path, self.contents.pop(path, None) or source.read_buffer(source.buffers[entry["buffer"]]),
+                                          stat_.S_IMODE(entry["mode"])))
+        for path, length in self.cuts:
+            if not self.in_place:
+                copy = self._try(path, disk.copy_aside, path, self.after_dir)
+                if copy is None:
+                    continue
+                self.copied.append((path, copy))
+            self._try(path, disk.cut, path, length, self.in_place)
+        for path, target in self.links:
+            self._try(path, disk.link, path, target)
+
+    def _try(self, path: str, step, *args):
+        if any(path == f or path.startswith(f + "/") for f, _ in self.failed):
+            return None
+        try:
+            return step(*args)
+        except (OSError, GpusnapError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            self.failed.append((path, f"could not be put back: {why}"))
+            return None
+
+
+# ---- the two passes
+
+
+def rollback(sources: list[Source], after_dir: str, force: bool, leave=lambda path: False) -> Plan:
+    """Plan putting the files of ``sources`` (lowest rank first: a path several ranks wrote is
+    put back by the first) back to their snapshots' state, but those ``leave(path)`` names (the
+    restart's own ``--files-exclude``); refuse when some cannot be, unless ``force``. The caller
+    applies the plan."""
+    plan = Plan(after_dir, in_place=False)
+    decided: set[str] = set()
+    for source in sources:
+        recorded = excludes_of(source.table)
+        excluded = lambda path, recorded=recorded: recorded(path) or leave(path)  # noqa: E731
+        entries = {e["path"]: e for e in source.table.get("entries") or ()}
+        for path, entry in sorted(entries.items()):
+            if path in decided or leave(path):
+                continue
+            decided.add(path)
+            _decide(plan, path, entry, source, excluded)
+        for path, before in sorted(journal_after(source.journal, source.table.get("token")).items()):
+            if path in decided or path in entries or excluded(path):
+                continue
+            decided.add(path)
+            cur = _lstat(path)
+            if before is None:
+                plan.absent(path, cur)
+            elif stat_.S_ISREG(before[0]):
+                plan.by_length(path, before, cur, "the program first wrote it then, so its content was never kept")
+            elif stat_.S_ISDIR(before[0]) and (cur is None or not stat_.S_ISDIR(cur.st_mode)):
+                plan.problems.append((path, "removed after the snapshot, and the program had not written into it "
+                                            "before, so its content was never kept"))
+    if plan.problems:
+        if not force:
+            path, why = plan.problems[0]
+            more = f" ({len(plan.problems) - 1} more files cannot be either)" if len(plan.problems) > 1 else ""
+            raise FilesNotRestorable(f"cannot put {path} back as it was at snapshot {sources[0].snap_id}: it was {why}{more}",
+                                     problems=plan.problems)
+    return plan
+
+
+def before_replay(rd, snap_id: str, force: bool, leave=lambda path: False) -> Plan | None:
+    """Put the files of snapshot ``snap_id`` of run directory ``rd`` back (in a distributed run,
+    those of every rank's shard recorded on this host), but those ``leave(path)`` names, and
+    return what was done; None when the snapshot has no file table, or another node's supervisor
+    on this host is doing it for the same restart. Refuses (``FilesNotRestorable``) as
+    ``rollback`` does, before changing anything."""
+    from gpusnap.store import shards
+
+    if not shards.is_sharded(rd):  # the supervisor holds the run's lock
+        return _put_back([(rd, rd.load_manifest(snap_id))], str(rd.path), snap_id, force, leave)
+    pairs = []
+    for rank, sid in sorted(shards.shards_of(rd.load_manifest(snap_id)).items()):
+        shard = shards.open_shard(rd, rank, trusted=True)
+        pairs.append((shard, shard.load_manifest(sid)))
+    # The nodes of a job share the run directory, and two may share a host: the first puts the
+    # files back, the others, finding its mark (its supervisor alive), leave them to it.
+    host = socket.gethostname()
+    mark = os.path.join(str(rd.path), f"files-{host}.json")
+    fd = os.open(os.path.join(str(rd.path), f"files-{host}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            with open(mark) as f:
+                done = json.load(f)
+        except (OSError, ValueError):
+            done = {}
+        if done.get("snapshot") == snap_id and _alive(done.get("pid")):
+            return None
+        plan = _put_back(pairs, str(rd.path), snap_id, force, leave)
+        from gpusnap.store import atomic
+
+        atomic.write_file(mark, [json.dumps({"snapshot": snap_id, "pid": os.getpid()}).encode()])
+        return plan
+    finally:
+        os.close(fd)
+
+
+def _put_back(pairs: list, run_dir: str, snap_id: str, force: bool, leave) -> Plan | None:
+    host = socket.gethostname()
+    sources = [
+        Source(m["id"], m["files"], m.get("buffers") or {}, _reader(shard, m["id"]), os.path.join(shard.path, watch.JOURNAL))
+        for shard, m in pairs
+        if m.get("files") and m["files"].get("host", host) == host
+    ]
+    if not sources:
+        return None
+    plan = rollback(sources, after_dir(run_dir, snap_id), force, leave)
+    plan.prefetch()
+    plan.apply()
+    if plan.failed and not force:
+        path, why = plan.failed[0]
+        more = f" ({len(plan.failed) - 1} more could not either)" if len(plan.failed) > 1 else ""
+        raise FilesNotRestorable(f"cannot put {path} back as it was at snapshot {snap_id}: it {why}{more}",
+                                 f"fix the cause and restart again (what was moved aside is in {plan.after_dir}/), "
+                                 "or pass --force to go on with such files as they are", problems=plan.failed, plan=plan)
+    return plan
+
+
+def _reader(rd, snap_id: str):
+    """``read_buffer`` of run directory ``rd`` whose errors name snapshot ``snap_id``."""
+    return lambda record: rd.read_buffer(record, snapshot=snap_id)
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (TypeError, ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def after_dir(run_dir: str, snap_id: str) -> str:
+    """``DIR/after-<id>``, or ``-2``, ``-3``... when an earlier restart from the same snapshot
+    moved files there already."""
+    path = os.path.join(run_dir, f"after-{snap_id}")
+    n = 1
+    while os.path.lexists(path):
+        n += 1
+        path = os.path.join(run_dir, f"after-{snap_id}-{n}")
+    return path
+
+
+def settle(source: Source, after_dir: str) -> Plan:
+    """Plan undoing what the replay wrote before the merge (``watch.notes``: this process's and
+    its workers'): the paths it touched go back to the snapshot's state, in place."""
+    watch.merge_journal()
+    disk.flush_writers(set(watch.notes))
+    plan = Plan(after_dir, in_place=True, open_paths=disk.open_paths())
+    excluded = excludes_of(source.table)
+    entries = {e["path"]: e for e in source.table.get("entries") or ()}
+    for path, note in sorted(watch.notes.items()):
+        entry = entries.get(path)
+        if entry is not None:
+            _decide(plan, path, entry, source, excluded)
+        elif note.before is None:
+            plan.absent(path, _lstat(path))
+        elif stat_.S_ISREG(note.before[0]):
+            plan.by_length(path, note.before, _lstat(path), "the replay wrote it")
+    for path, entry in entries.items():
+        if entry.get("kind") == "dir" and entry.get("names") is not None and path not in watch.notes:
+            plan.directory(path, entry, _lstat(path), excluded)  # what the replay's native writers made there
+    return plan  # its problems are the replay's own writes: said, never a refusal
+
+
+def _decide(plan: Plan, path: str, entry: dict, source: Source, excluded) -> None:
+    cur = _lstat(path)
+    kind = entry.get("kind")
+    if kind == "file":
+        plan.file(path, entry, source, cur)
+    elif kind == "dir":
+        plan.directory(path, entry, cur, excluded)
+    elif kind == "link":
+        plan.link(path, entry, cur)
+
+
+def excludes_of(table: dict) -> Excludes:
+    return Excludes.from_saved(table.get("exclude") or {})
+
+
+def journal_after(path: str | None, token: str | None) -> dict:
+    """path -> its state before its first touch, for every path the journal names after the
+    marker ``token`` (the first line of each path after it counts)."""
+    if not path or not token:
+        return {}
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return {}
+    found = {}
+    after = False
+    for line in data.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line torn by kill -9
+        if not after:
+            after = record.get("token") == token
+            continue
+        p = record.get("path")
+        if p is not None and p not in found:
+            found[p] = record.get("before")
+    return found
+
+
+# ---- reading the file system
+
+
+def _lstat(path: str):
+    try:
+        return os.lstat(path)
+    except OSError:
+        return None
+
+
+def _key(st) -> tuple:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _entry_key(entry: dict) -> tuple:
+    return (entry.get("ino"), entry.get("size"), entry.get("mtime_ns"), entry.get("ctime_ns"))
+
+
+def _starts_with(path: str, record: dict) -> bool:
+    """Does the file at ``path`` begin with the bytes of ``record`` (a stored buffer)? By the
+    chunks' ids, the digests of their bytes: nothing is read from the store."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        at = 0
+        for cid, nbytes in record["chunks"]:
+            data = os.pread(fd, nbytes, at)
+            if len(data) != nbytes or xxhash.xxh3_128_hexdigest(data) != cid:
+                return False
+            at += nbytes
+        return True
+    finally:
+        os.close(fd)
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _size(nbytes) -> str:
+    nbytes = nbytes or 0
+    if nbytes < 10**6:
+        return f"{nbytes} bytes"
+    return f"{nbytes / 1e6:.1f} MB" if nbytes < 10**9 else f"{nbytes / 1e9:.2f} GB"

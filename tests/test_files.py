@@ -1,0 +1,131 @@
+"""The parts of gpusnap/files on real paths: which paths are excluded, what the audit hook
+records (in a subprocess: a hook cannot be removed once added), and the options' refusals.
+The end-to-end behaviour (kill, restart, every file compared) is tests/test_e2e_files.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from harness import REPO, gpusnap
+
+from gpusnap.files.paths import DEFAULT_EXCLUDES, Excludes
+
+
+def test_exclusion_patterns_match_names_anywhere_and_paths_with_what_is_under_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SCRATCH", str(tmp_path / "scratch"))
+    monkeypatch.delenv("HF_HOME", raising=False)
+    ex = Excludes([*DEFAULT_EXCLUDES, "*.lock", "./outputs/tmp", "$SCRATCH", "/data/*/cache", "$UNSET_FOR_TEST/x"], str(tmp_path),
+                  always=["/runs/r1"])
+    excluded = {
+        f"{tmp_path}/home/.cache/huggingface/datasets/x.arrow": True,  # ~/.cache
+        f"{tmp_path}/proj/__pycache__/m.cpython-311.pyc": True,  # a name anywhere
+        f"{tmp_path}/proj/data/cache-1a2b.arrow": True,
+        f"{tmp_path}/proj/ckpt/train.lock": True,
+        f"{tmp_path}/outputs/tmp/a/b.txt": True,  # relative to the working directory, and under it
+        f"{tmp_path}/outputs/tmpfile.txt": False,  # a prefix of a name is not the directory
+        f"{tmp_path}/scratch/big.bin": True,
+        "/data/imagenet/cache/0.npy": True,
+        "/data/imagenet/train/0.npy": False,
+        "/runs/r1/snapshots/000001.json": True,
+        "/dev/null": True,
+        "/proc/self/status": True,
+        f"{tmp_path}/proj/metrics.csv": False,
+    }
+    assert {path: ex(path) for path in excluded} == excluded
+    assert not any(p.startswith("$") for p in ex.prefixes + ex.globs), "an unset variable's pattern is dropped"
+    assert Excludes.from_saved(ex.saved())(f"{tmp_path}/outputs/tmp/a") is True
+
+
+WATCHED = """
+import json, mmap, os, shutil, sys, tempfile
+from pathlib import Path
+from gpusnap.files import watch
+from gpusnap.files.paths import Excludes
+work = sys.argv[1]
+os.chdir(work)
+watch.install(os.path.join(work, "journal.jsonl"), Excludes(["skip"], work, always=[os.path.join(work, "journal.jsonl")]))
+with open("new.txt", "w") as f: f.write("a")
+with open("new.txt", "w") as f: f.write("b")              # a non-empty file rewritten
+with open("log.txt", "a") as f: f.write("line")
+Path("p.txt").write_text("p")
+os.close(os.open("raw.bin", os.O_WRONLY | os.O_CREAT, 0o644))
+os.makedirs("d/e")
+os.rename("p.txt", "d/q.txt")
+with open("pre.txt", "a") as f: f.write("x")
+os.truncate("log.txt", 1)
+shutil.rmtree("d")
+os.makedirs("skip/inner"); open("skip/inner/x", "w").close()
+fd, name = tempfile.mkstemp(dir=work); os.close(fd)
+os.replace(name, "final.txt")                               # a scratch file renamed onto a kept name
+open(os.path.join(work, "read.txt")).close()               # a read: not the program's writes
+notes = {os.path.relpath(p, work): {"kinds": sorted(n.kinds), "made": n.made, "before": n.before is not None}
+         for p, n in watch.notes.items()}
+lines = [json.loads(l) for l in open(os.path.join(work, "journal.jsonl"))]
+print(json.dumps({"notes": notes, "lines": len(lines)}))
+"""
+
+
+def test_the_hook_records_each_write_with_what_was_there_before(tmp_path):
+    (tmp_path / "pre.txt").write_text("existing")
+    (tmp_path / "read.txt").write_text("read")
+    script = tmp_path / "watched.py"
+    script.write_text(textwrap.dedent(WATCHED))
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    notes = seen["notes"]
+    assert notes["new.txt"] == {"kinds": ["rewrite", "write"], "made": True, "before": False}
+    assert notes["log.txt"] == {"kinds": ["append", "rewrite"], "made": True, "before": False}  # truncated
+    assert notes["pre.txt"] == {"kinds": ["append"], "made": False, "before": True}
+    assert notes["p.txt"] == {"kinds": ["moved", "write"], "made": True, "before": False}
+    # rmtree removes what it holds through directory descriptors: seen too.
+    assert notes["d/q.txt"]["kinds"] == ["remove", "replaced"] and notes["d"]["kinds"] == ["mkdir", "remove"]
+    assert notes["d/e"]["made"] and notes["raw.bin"]["kinds"] == ["write"]
+    assert notes["final.txt"]["kinds"] == ["replaced"]
+    assert not any(name.startswith(("skip", "tmp", "read", "journal")) for name in notes), notes
+    # One line per path and kind of touch, and nothing else.
+    assert seen["lines"] == sum(len(n["kinds"]) for n in notes.values())
+
+
+@pytest.mark.parametrize("value", ["12 parsecs", "-1", "1.5x"])
+def test_a_malformed_files_max_is_refused_before_anything_runs(tmp_path, value):
+    (tmp_path / "train.py").write_text("print('never')\n")
+    done = gpusnap("run", "--dir", "d", "--files-max", value, "train.py", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"gpusnap: malformed size {value!r} for --files-max",
+                                        "hint: write a size as 512MB, 2GB, 100k or plain bytes (0 keeps no file content)"]
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_file_several_ranks_wrote_is_put_back_once_as_the_lowest_rank_recorded_it(tmp_path):
+    """Two ranks' tables name one shared log, each with the length it saw at its snapshot (ranks
+    snapshot at the same iteration, not at the same instant): the plan cuts it back once, to
+    rank 0's length; each rank's own file is put back from its own table."""
+    from gpusnap.files import watch
+    from gpusnap.files.rollback import Source, rollback
+
+    shared = tmp_path / "shared.log"
+    shared.write_text("0123456789abcdefXYZ")  # 10 bytes at rank 0's snapshot, 12 at rank 1's, more since
+    own = tmp_path / "rank1.log"
+    own.write_text("one\ntwo\nthree\n")
+    st, own_st = shared.stat(), own.stat()
+
+    def entry(path, st, size):
+        return {"path": str(path), "kind": "file", "mode": st.st_mode, "made": True, "size": size, "mtime_ns": 1, "ctime_ns": 1,
+                "ino": st.st_ino, "why": "too large", "tail": watch.tail_digest(str(path), size)}
+
+    tables = [{"entries": [entry(shared, st, 10)]}, {"entries": [entry(shared, st, 12), entry(own, own_st, 8)]}]
+    sources = [Source("000004", table, {}, None) for table in tables]
+    # A restart's own --files-exclude leaves a path alone.
+    assert rollback(sources, str(tmp_path / "run" / "after-000004"), force=False, leave=lambda p: p == str(own)).cuts == [(str(shared), 10)]
+    plan = rollback(sources, str(tmp_path / "run" / "after-000004"), force=False)
+    assert plan.cuts == [(str(shared), 10), (str(own), 8)] and not plan.problems
+    plan.apply()
+    assert shared.read_text() == "0123456789" and own.read_text() == "one\ntwo\n"
+    assert [to for _, to in plan.copied] == [f"{tmp_path}/run/after-000004{shared}", f"{tmp_path}/run/after-000004{own}"]
