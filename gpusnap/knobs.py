@@ -74,10 +74,13 @@ CHUNK_BYTES = _int("CHUNK_BYTES", 4 << 20)
 PACK_BYTES = _int("PACK_BYTES", 64 << 20)
 # Compression that gains less than this fraction is not worth its decode time: store raw.
 COMPRESS_MIN_GAIN = _float("COMPRESS_MIN_GAIN", 0.05)
-# blosc2 codec: "zstd" (level 1, better ratio), "lz4" (3x faster, most of the ratio) or "none"
-# (store raw: no compression CPU at all, for hosts with no core to spare).
-CODEC = _choice("CODEC", "zstd", ("zstd", "lz4", "none"))
-# Threads the forked writer gives blosc2 (0 = one per core).
+# How chunks are compressed: "auto" (each chunk raw, LZ4 or ZSTD level 1, by what its compression
+# saves in disk time against what it costs in CPU time at the measured disk speed:
+# gpusnap/store/choose.py), or every chunk "zstd" (better ratio), "lz4" (3x faster, most of the
+# ratio) or "none" (raw: no compression CPU at all).
+CODEC = _choice("CODEC", "auto", ("auto", "zstd", "lz4", "none"))
+# Encoder threads of the writer's pipeline (0 = one per core; a rank of a distributed run on a
+# node of N ranks gets its share, cores / N).
 WRITER_THREADS = _int("WRITER_THREADS", 0)
 # How the writer runs: "idle" (SCHED_IDLE: only on cores the trainee leaves idle, so training
 # barely slows; the snapshot takes longer) or a nice value such as "10".

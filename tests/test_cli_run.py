@@ -122,7 +122,7 @@ def test_bad_input_is_refused_and_touches_nothing(work, args, code, line):
 
 BAD_KNOBS = [
     ({"GPUSNAP_DRAIN": "sometimes"}, "gpusnap: GPUSNAP_DRAIN='sometimes' is not one of keep, release, off"),
-    ({"GPUSNAP_CODEC": "gzip"}, "gpusnap: GPUSNAP_CODEC='gzip' is not one of zstd, lz4, none"),
+    ({"GPUSNAP_CODEC": "gzip"}, "gpusnap: GPUSNAP_CODEC='gzip' is not one of auto, zstd, lz4, none"),
     ({"GPUSNAP_CHUNK_BYTES": "4M"}, "gpusnap: GPUSNAP_CHUNK_BYTES='4M' is not an integer"),
     ({"GPUSNAP_WRITER_PRIORITY": "low"}, "gpusnap: GPUSNAP_WRITER_PRIORITY='low' is not idle or a nice value"),
     ({"GPUSNAP_HUGEPAGES": "yes"}, "gpusnap: GPUSNAP_HUGEPAGES='yes' is not one of on, off"),

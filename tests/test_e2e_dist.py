@@ -296,6 +296,11 @@ def test_sharded_directory_ls_verify_gc_and_a_restart_with_another_world_size(tm
     assert [s["id"] for s in listed] == [first, second, third]
     shard = json.loads((run_dir / "ranks" / "1" / "snapshots" / f"{second}.json").read_text())
     assert listed[1]["bytes_total"] > shard["stats"]["bytes_total"]  # the sum over ranks
+    # Time to durable: each rank's, and the job's (its slowest rank's), in the manifest and the log.
+    top = json.loads((run_dir / "snapshots" / f"{second}.json").read_text())
+    assert top["durable_s"] > 0 and top["durable_s"] == max(s["durable_s"] for s in top["shards"].values())
+    log = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+    assert all(e["durable_s"] > 0 for e in log if e.get("event") == "committed" and e.get("ranks"))
 
     inspected = gpusnap("inspect", run_dir, second, "--rank", "1", cwd=progs)
     assert inspected.returncode == 0, inspected.stderr

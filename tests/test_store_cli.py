@@ -27,12 +27,12 @@ def test_ls_table_and_json(tmp_path):
     r = run("ls", rd.path)
     assert r.exit_code == 0
     lines = r.stdout.splitlines()
-    assert lines[0].split() == ["ID", "CREATED", "ITERATION", "STALL", "DIRTY", "WRITTEN", "TOTAL", "INTERVAL", "OVERHEAD", "RESUMED", "FROM"]
+    assert lines[0].split() == ["ID", "CREATED", "ITERATION", "STALL", "DURABLE", "DIRTY", "WRITTEN", "TOTAL", "INTERVAL", "OVERHEAD", "RESUMED", "FROM"]
     assert [line.split()[0] for line in lines[1:]] == ["000001", "000002", "000003"]
     r = run("ls", rd.path, "--json")
     doc = json.loads(r.stdout)
     assert [sorted(d) for d in doc] == [sorted(["id", "created", "iteration", "stall_s", "bytes_written", "bytes_total", "resumed_from",
-                                                "dirty_bytes", "every", "interval_s", "overhead"])] * 3
+                                                "dirty_bytes", "durable_s", "every", "interval_s", "overhead"])] * 3
     assert [d["iteration"] for d in doc] == [10, 20, 30]
     assert [d["dirty_bytes"] for d in doc] == [None] * 3  # no device memory: "-" in the table
     assert doc[0]["bytes_total"] == 500_000 and doc[1]["bytes_written"] < doc[0]["bytes_written"]

@@ -58,8 +58,11 @@ def test_flipped_byte_in_pack(tmp_path):
 
 def test_truncated_pack(tmp_path):
     rd, snaps = make_run(tmp_path)
-    cid = snaps[-1][1]["b"]["chunks"][-1][0]
-    loc = _loc(rd, cid)
+    # The last entry of a pack of snapshot 3, which wrote only chunks of 'b' (the encoder threads
+    # put chunks in a pack in the order they finish, not their buffer's).
+    locs = {cid: _loc(rd, cid) for cid, _ in snaps[-1][1]["b"]["chunks"]}
+    cid = max(locs, key=lambda c: (locs[c].pack, locs[c].offset))
+    loc = locs[cid]
     path = pack_path(rd.path, loc.pack)
     os.truncate(path, loc.offset + ENTRY_NBYTES + 8)
 

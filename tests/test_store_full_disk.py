@@ -49,8 +49,10 @@ def test_gc_on_a_full_disk_frees_the_pruned_snapshots_without_writing(tmp_path, 
 def test_dead_index_entries_are_never_reused_or_preferred(tmp_path, monkeypatch):
     """A pack that gc removed before it could rewrite the index leaves dead entries: a later
     writer writes such a chunk anew instead of naming it, and readers take the live copy."""
-    rd, snaps = make_run(tmp_path, n=2)
-    gone = payload(100, 200_000)  # snapshot 1's 'b', dropped with it
+    rd = RunDir.create(tmp_path / "run", IDENTITY)
+    gone = payload(100, 1_000_000)  # snapshot 1's 'b', dropped with it: packs of its own
+    snap(rd, {"a": payload(0, 300_000), "b": gone})
+    snap(rd, {"a": payload(0, 300_000), "b": payload(101, 200_000)})
     with monkeypatch.context() as full:
         _fill(full)
         assert rd.prune(1)["no_room"]

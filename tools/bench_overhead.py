@@ -60,6 +60,8 @@ import tempfile
 import textwrap
 import time
 
+from common import MLP
+
 GB = 1e9
 WARMUP_STEPS = 5
 # In-run measure: steps this long after a commit still count as affected (--tail-s). Measured
@@ -79,32 +81,21 @@ PROGRAM = textwrap.dedent(
     import os, sys, time
     import torch
 
+    {MLP}
     state_bytes, stamps_path, steps, deadline = float(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     torch.set_num_threads(int(os.environ["BENCH_TRAINEE_THREADS"]))
-    n_params = int(state_bytes / 3 / 4)
-    width = 4096 if n_params >= 64 * 4096 * 4096 // 16 else 2048 if n_params >= 4 * 2048 * 2048 else 1024
-    depth = max(1, round(n_params / (width * width + width)))
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(depth):
-        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers[:-1])
-    opt = torch.optim.Adam(model.parameters(), lr=1e-5)
-    x = torch.randn(8, width)
+    model, opt, x, _, _ = build(state_bytes)
     stamps = open(stamps_path, "w")
     for it in range(steps):
         stamps.write(f"{time.time():.6f}\\n")
         stamps.flush()
         if time.time() > deadline:
             break
-        loss = model(x).square().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        step(model, opt, x)
     stamps.write(f"{time.time():.6f}\\n")
     stamps.close()
     '''
-)
+).replace("{MLP}\n", MLP + "\n")
 
 
 def _threads(arg: str) -> int:

@@ -2,7 +2,7 @@
 torch.distributed.checkpoint (DCP) save / async_save of the same state, in one run.
 
     python tools/bench_snapshot.py [--sizes 0.5,1.5,4] [--quick] [--snapshots 3] [--repeats 3]
-                                   [--settings tuned|default]
+                                   [--settings tuned|default] [--stop]
                                    [--trainee-threads spare|all|N] [--malloc fixed|glibc]
                                    [--dir /work/bench-tmp] [--out FILE]
 
@@ -31,6 +31,12 @@ state at a loop boundary is exactly params + Adam state, as in the anchors' stat
                      (re-fault of pages shared with the exited writer) of (step - baseline);
                      a step stamp is taken at the top of the loop body, so the stall, which
                      happens at the loop boundary, falls inside one of these steps
+     durable         `durable_s` from the log: safe point to commit; against the store alone on
+                     the same state (issue 26: <= 1.5x with a core left idle)
+With --stop, each run ends with SIGTERM instead of a stop file: a stop snapshot, whose fork to
+commit (its `write_s`) is set against the disk's sequential write bandwidth, measured dd-style
+(16 MiB blocks, fsync'd, O_DIRECT where the file system takes it and through the page cache;
+the faster counts) in the same directory just before (issue 26: <= 1.25x bytes written / that).
 Targets (from the issue): stall <= 5% of torch.save; extra wall <= 50% of torch.save.
 
 Settings: ``tuned`` (default) is ``--trainee-threads spare --malloc fixed`` below; ``default`` is
@@ -69,7 +75,7 @@ import tempfile
 import textwrap
 import time
 
-from common import read_json, wait_for
+from common import MLP, Tee, read_json, wait_for
 
 GB = 1e9
 TAIL_STEPS = 2  # steps after a commit counted into extra wall (and kept out of the baseline)
@@ -83,25 +89,7 @@ PROGRAM = textwrap.dedent(
     import json, os, shutil, signal, statistics, sys, time
     import torch
 
-    def build(state_bytes):
-        n_params = int(state_bytes / 3 / 4)
-        width = 4096 if n_params >= 64 * 4096 * 4096 // 16 else 2048 if n_params >= 4 * 2048 * 2048 else 1024
-        depth = max(1, round(n_params / (width * width + width)))
-        torch.manual_seed(0)
-        layers = []
-        for _ in range(depth):
-            layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-        model = torch.nn.Sequential(*layers[:-1])
-        opt = torch.optim.Adam(model.parameters(), lr=1e-5)
-        x = torch.randn(8, width)
-        return model, opt, x, width, depth
-
-    def step(model, opt, x):
-        loss = model(x).square().mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
+    {MLP}
     def dir_bytes(path):
         if os.path.isfile(path):
             return os.path.getsize(path)
@@ -223,7 +211,7 @@ PROGRAM = textwrap.dedent(
     shutil.rmtree(path)
     print("ANCHORS " + json.dumps(result), flush=True)
     '''
-)
+).replace("{MLP}\n", MLP + "\n")
 
 
 def sh(cmd: str) -> str:
@@ -231,16 +219,6 @@ def sh(cmd: str) -> str:
         return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=10).stdout.strip()
     except Exception:
         return "?"
-
-
-class Tee:
-    def __init__(self, path: str):
-        self.file = open(path, "w")
-
-    def __call__(self, line: str = "") -> None:
-        print(line, flush=True)
-        self.file.write(line + "\n")
-        self.file.flush()
 
 
 def environment(args, say) -> None:
@@ -302,14 +280,45 @@ def run_anchors(prog: str, size_gb: float, work: str, args) -> dict:
     raise RuntimeError(f"anchor process failed ({p.returncode}):\n{p.stderr[-3000:]}")
 
 
+def disk_bandwidth(directory: str, nbytes: int) -> dict:
+    """dd-style sequential writes of ``nbytes`` in 16 MiB blocks, fsync'd, in ``directory``: with
+    O_DIRECT (as gpusnap writes packs; where the file system takes it) and through the page
+    cache. Bytes per second of each; ``bps`` is the faster."""
+    import mmap
+
+    block = mmap.mmap(-1, 16 << 20)  # page-aligned, as O_DIRECT needs
+    block.write(os.urandom(1 << 20) * 16)
+    out = {}
+    for name, flags in (("direct", getattr(os, "O_DIRECT", 0)), ("buffered", 0)):
+        path = os.path.join(directory, f"dd-{name}")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flags, 0o600)
+        except OSError:
+            continue  # tmpfs refuses O_DIRECT
+        try:
+            t = time.perf_counter()
+            for _ in range(max(1, nbytes // len(block))):
+                os.write(fd, block)
+            os.fsync(fd)
+            out[name] = max(1, nbytes // len(block)) * len(block) / (time.perf_counter() - t)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+            os.unlink(path)
+    out["bps"] = max(v for k, v in out.items())
+    return out
+
+
 def run_gpusnap(prog: str, size_gb: float, work: str, args, say) -> dict:
     rd = os.path.join(work, "run")
     stamps_path, stop_path = os.path.join(work, "stamps.txt"), os.path.join(work, "stop")
     log_path = os.path.join(rd, "log.jsonl")
     out = open(os.path.join(work, "gpusnap.out"), "w")
     deadline = time.time() + 1500
+    disk = None
     proc = subprocess.Popen(
-        ["gpusnap", "run", "--dir", rd, "--resume", "never", prog, "train", str(size_gb * GB), stamps_path,
+        [sys.executable, "-m", "gpusnap", "run", "--dir", rd, "--resume", "never", prog, "train", str(size_gb * GB), stamps_path,
          stop_path, str(deadline)],
         stdout=out, stderr=subprocess.STDOUT, cwd=work,
     )
@@ -332,8 +341,15 @@ def run_gpusnap(prog: str, size_gb: float, work: str, args, say) -> dict:
             requests.append(t_req)
             n = nstamps()
             wait_for(lambda: nstamps() >= n + POST_STEPS, "steps after commit", proc, 900)
-        open(stop_path, "w").close()
-        proc.wait(timeout=600)
+        if args.stop:
+            # A stop snapshot (SIGTERM: what a spot notice does) against the disk's own bandwidth,
+            # measured in the same directory just before it.
+            disk = disk_bandwidth(work, int(min(size_gb, 2.0) * GB))
+            os.kill(sup["pid"], signal.SIGTERM)
+            proc.wait(timeout=1800)
+        else:
+            open(stop_path, "w").close()
+            proc.wait(timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -346,15 +362,21 @@ def run_gpusnap(prog: str, size_gb: float, work: str, args, say) -> dict:
         if e.get("event") == "committed":
             forked = next((f for f in log if f.get("event") == "forked" and f.get("id") == e["id"]), {})
             snaps.append({"id": e["id"], "commit_t": e["t"], "stall_s": forked.get("stall_s", e["stall_s"]),
-                          "child_stall_s": e["stall_s"], "write_s": e["write_s"],
+                          "child_stall_s": e["stall_s"], "write_s": e["write_s"], "durable_s": e.get("durable_s"),
                           "drain_s": e.get("drain_s", 0.0), "drained_bytes": e.get("drained_bytes", 0),
                           "bytes_written": e["bytes_written"], "bytes_total": e["bytes_total"]})
     for s, t_req in zip(snaps, requests):
         s["request_t"] = t_req
     runs = sorted(os.listdir(os.path.join(rd, "packs"))) if os.path.isdir(os.path.join(rd, "packs")) else []
-    disk = sh(f"du -sb {rd} | cut -f1")
+    du = sh(f"du -sb {rd} | cut -f1")
     shutil.rmtree(rd, ignore_errors=True)
-    return {"stamps": stamps, "snaps": snaps, "rc": proc.returncode, "disk_bytes": int(disk or 0), "packs": len(runs)}
+    stop = None
+    if args.stop:
+        stop = snaps.pop() if snaps and len(snaps) > len(requests) else None
+        if stop is not None:
+            stop["disk"] = disk
+    return {"stamps": stamps, "snaps": snaps, "rc": proc.returncode, "disk_bytes": int(du or 0), "packs": len(runs),
+            "stop": stop}
 
 
 def analyse(g: dict) -> dict:
@@ -432,6 +454,18 @@ def report(size_gb: float, a: dict, g: dict, st: dict, say) -> dict:
         say(f"gpusnap store alone on this state (plain python, no fork, no training): {s['wall_s']:.2f} s = "
             f"hash {s['hash_s']:.2f} + compress {s['compress_s']:.2f} + pack write/fsync {s['io_s']:.2f} "
             f"(+ rest); {fmt_b(s['bytes_total'])} -> {fmt_b(s['bytes_written'])}")
+    if s:
+        say("gpusnap time to durable (safe point to commit) / store alone: "
+            + "; ".join(f"#{i + 1} {x['durable_s']:.2f} s = {x['durable_s'] / s['wall_s']:.2f}x" for i, x in enumerate(snaps)
+                        if x.get("durable_s")))
+    stop = g.get("stop")
+    if stop:
+        d = stop["disk"]
+        floor = stop["bytes_written"] / d["bps"]
+        say(f"stop snapshot (SIGTERM): fork to commit {stop['write_s']:.2f} s for {fmt_b(stop['bytes_written'])} written; "
+            f"disk {d['bps'] / GB:.2f} GB/s ({', '.join(f'{k} {v / GB:.2f}' for k, v in d.items() if k != 'bps')}) -> "
+            f"{floor:.2f} s at the disk's speed; {stop['write_s'] / floor:.2f}x -> "
+            f"{'MET' if stop['write_s'] <= 1.25 * floor else 'NOT MET'} (goal <= 1.25x); durable {stop['durable_s']:.2f} s")
     stall1, stall_l = snaps[0]["stall_s"], med([s["stall_s"] for s in later])
     extra1, extra_l = snaps[0]["extra_s"], med([s["extra_s"] for s in later])
     ab = med(a["dcp_async_block_s"])
@@ -457,6 +491,8 @@ def main() -> int:
     parser.add_argument("--dir", default="/work/bench-tmp", help="scratch directory (deleted at the end)")
     parser.add_argument("--out", default=None, help="raw output (default tools/results/bench_snapshot-cpu-DATE-TIME-threads-T.txt)")
     parser.add_argument("--keep", action="store_true", help="keep the run's scratch folder under --dir")
+    parser.add_argument("--stop", action="store_true",
+                        help="end each run with SIGTERM (a stop snapshot), timed against the disk's bandwidth")
     parser.add_argument("--settings", choices=("tuned", "default"), default="tuned",
                         help="tuned: --trainee-threads spare --malloc fixed; default: all, glibc (what an untuned program gets)")
     parser.add_argument("--trainee-threads", default=None,
@@ -465,6 +501,10 @@ def main() -> int:
                         help="fixed: pin glibc's mmap and trim thresholds (stable steps); glibc: its dynamic ones")
     args = parser.parse_args()
     tuned = args.settings == "tuned"
+    # This checkout's gpusnap, in the runs and in the anchors' store-alone measure, whatever an
+    # editable install points at.
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))
     args.trainee_threads = args.trainee_threads or ("spare" if tuned else "all")
     args.malloc = args.malloc or ("fixed" if tuned else "glibc")
     if args.malloc == "fixed":
@@ -503,7 +543,7 @@ def main() -> int:
             say(f"(anchors {t1 - t0:.0f} s, gpusnap run {time.time() - t1:.0f} s, rc {g['rc']})")
             with open(os.path.join(scratch, f"raw-{size:g}.json"), "w") as f:
                 json.dump({"anchors": a, "gpusnap": g, "stats": st}, f)
-            say("# raw " + json.dumps({"anchors": a, "snaps": g["snaps"], "base_s": st["base_s"]}))
+            say("# raw " + json.dumps({"anchors": a, "snaps": g["snaps"], "stop": g["stop"], "base_s": st["base_s"]}))
             shutil.rmtree(work, ignore_errors=True)
     finally:
         if not args.keep:

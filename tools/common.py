@@ -4,6 +4,8 @@ is importable beside them)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import textwrap
 import time
 
 
@@ -30,3 +32,51 @@ def read_json(path):
             return json.load(f)
     except (OSError, ValueError):
         return None
+
+
+class Tee:
+    """``say(line)``: print a line and append it to the raw output file at once (a long run that
+    fails midway keeps what it measured)."""
+
+    def __init__(self, path: str):
+        self.file = open(path, "w")
+
+    def __call__(self, line: str = "") -> None:
+        print(line, flush=True)
+        self.file.write(line + "\n")
+        self.file.flush()
+
+
+def git_commit(repo) -> str:
+    """The checkout's short commit, ``(dirty)`` after it when tracked files are changed."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True).stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + (" (dirty)" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+# The benchmarks' training state, as program text (their programs are written into a temp dir):
+# an MLP of square fp32 Linear layers with Adam, sized so that parameters + Adam's two moments
+# are ``state_bytes``, and one training step of it.
+MLP = textwrap.dedent(
+    """
+    def build(state_bytes):
+        n_params = int(state_bytes / 3 / 4)
+        width = 4096 if n_params >= 64 * 4096 * 4096 // 16 else 2048 if n_params >= 4 * 2048 * 2048 else 1024
+        depth = max(1, round(n_params / (width * width + width)))
+        torch.manual_seed(0)
+        layers = []
+        for _ in range(depth):
+            layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+        model = torch.nn.Sequential(*layers[:-1])
+        opt = torch.optim.Adam(model.parameters(), lr=1e-5)
+        x = torch.randn(8, width)
+        return model, opt, x, width, depth
+
+    def step(model, opt, x):
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    """
+)

@@ -28,7 +28,7 @@ import sys
 import time
 
 from gpusnap import files, knobs, lifeline, stage
-from gpusnap.capture import children, control, fork, session, steploop
+from gpusnap.capture import children, control, fork, pace, session, steploop
 from gpusnap.capture import witness as witnessing
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, ChildRunning, StageError
 from gpusnap.graph import rng, roots
@@ -180,7 +180,9 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
             raise ChildRunning(running)
         device = stage.stage_device_memory(snap_id, _written, paranoid=bool(knobs.PARANOID or session.config.get("paranoid")))
         unforked = stage.stage_unforked(roots.frames_on_path(loop.frame))
-        drain = stage.drain_region() if knobs.DRAIN != "off" else None
+        # A stop snapshot drains nothing: training stops (its witness's few iterations run at
+        # idle priority), and the drain's copy would only delay the commit.
+        drain = stage.drain_region() if knobs.DRAIN != "off" and not stop else None
         refusal = _headroom_refusal()
         hint = None
     except StageError as exc:  # the arena cannot hold what the snapshot stages, a CUDA error
@@ -230,6 +232,8 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         drain=drain,
         optimizers=list(session.optimizers),
         schedule=session.schedule,
+        stop=stop,
+        expected_bytes=session.last_bytes_total,
         lock_token=session.config.get("lock_token") if coordinator is None else coordinator.lock_held.token,
         files=files_job,
     )
@@ -251,6 +255,8 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         return
     files.forked(files_job)  # the writer has its own copies of the descriptors
     trains_on = witnessing.start(job.snap_id, loop, steploop.step_loop_keys(), stop and coordinator is None)
+    if stop and trains_on:
+        pace.trainee_yields()  # the writer has the machine; the witness's iterations take what it leaves
     if stop and not trains_on:
         if coordinator is not None:
             coordinator.stop_after()

@@ -521,7 +521,8 @@ class Coordinator:
         except Exception as exc:  # noqa: BLE001 - the shards stay orphans; training goes on
             return {"event": "failed", "message": f"the global manifest could not be committed: {_short(exc)}"}
         outcome = {"event": "committed", "id": info.id, "iteration": info.iteration, "stall_s": info.stall_s,
-                   "write_s": max(float(d.get("write_s") or 0) for d in dones), "bytes_written": info.bytes_written,
+                   "write_s": max(float(d.get("write_s") or 0) for d in dones), "durable_s": info.durable_s,
+                   "bytes_written": info.bytes_written,
                    "bytes_total": info.bytes_total, "ranks": self.world}
         keep = session.config.get("keep")
         if keep:

@@ -111,7 +111,8 @@ def outcome(value, agreed: dict, global_manifest, rank: int) -> str | None:
 # What a rank takes of rank 0's word on the global snapshot: the report, never what to do next
 # (whether the run stops is the plan's, which every rank checked before it took its shard).
 _OUTCOME_FIELDS = {"event": str, "id": str, "message": str, "warning": str, "hint": str, "iteration": int,
-                   "stall_s": float, "write_s": float, "bytes_written": int, "bytes_total": int, "ranks": int}
+                   "stall_s": float, "write_s": float, "durable_s": float, "bytes_written": int, "bytes_total": int,
+                   "ranks": int}
 
 
 def outcome_fields(value: dict) -> dict:

@@ -53,6 +53,7 @@ class Writer:
         result.setdefault("id", self.snap_id)
         result["writer_cpu_s"] = round(cpu_s, 3)
         if result.get("event") == "committed":
+            session.last_bytes_total = int(result.get("bytes_total") or 0)
             witness.committed(self.snap_id)  # its witness may be written now
         else:
             witness.failed(self.snap_id)
@@ -96,7 +97,8 @@ def _committed_anyway(snap_id: str) -> dict | None:
         return None
     stats = m.get("stats") or {}
     return {"event": "committed", "id": snap_id, "iteration": m.get("iteration"), "stall_s": m.get("stall_s") or 0.0,
-            "write_s": m.get("write_s") or 0.0, "bytes_written": stats.get("bytes_written", 0),
+            "write_s": m.get("write_s") or 0.0, "durable_s": m.get("durable_s") or 0.0,
+            "bytes_written": stats.get("bytes_written", 0),
             "bytes_total": stats.get("bytes_total", 0)}
 
 

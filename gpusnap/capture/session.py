@@ -11,6 +11,7 @@ rundir = None  # the RunDir, open for the whole run; None when not under `gpusna
 resumed_from: str | None = None  # the snapshot this run restarted from, then the last one merged
 writer = None  # the running fork.Writer, if any: at most one runs
 last_result: dict = {}  # the last writer's report
+last_bytes_total = 0  # raw bytes the last committed snapshot held (the next writer's pace)
 disk_full = False  # a snapshot of this run failed for lack of space: retention runs before each write
 steps = 0  # optimizer steps seen (two optimizers in one iteration count twice)
 iterations = 0  # iterations of step loops in which an optimizer stepped: what snapshots report

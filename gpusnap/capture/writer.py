@@ -1,23 +1,24 @@
 """The writer: runs in the forked child, turns the trainee's image into a committed snapshot.
 
-Order: drain large CPU tensors into the drain region of the staging arena -> drop to idle priority -> collect roots
-(with what fast-forward will need of each loop: its note, RNG states, a digest of its last item)
--> pickle the graph (buffers stream into the store as they are met) -> put the pickle stream
-itself as the buffer "graph" -> name objects by path -> commit the manifest -> apply retention (a failure there is a warning: the snapshot is committed).
-The trainee has resumed training before any of this starts.
+Order: drain large CPU tensors into the drain region of the staging arena (not for a stop
+snapshot) -> set up the store's encoder threads and, for a periodic snapshot, the pacer
+(``pace``: idle priority, bounded) -> collect roots (with what fast-forward will need of each
+loop: its note, RNG states, a digest of its last item) -> pickle the graph (buffers stream into
+the store as they are met) -> put the pickle stream itself as the buffer "graph" -> name objects
+by path -> commit the manifest -> apply retention (a failure there is a warning: the snapshot is
+committed). The trainee has resumed training before any of this starts.
 """
 
 from __future__ import annotations
 
 import gc
 import io
-import os
 import sys
 import time
 from dataclasses import dataclass, field
 
 from gpusnap import knobs
-from gpusnap.capture import loopnotes, paths
+from gpusnap.capture import loopnotes, pace, paths
 from gpusnap.graph import roots, workers
 from gpusnap.capture.pickler import GraphPickler, HostMemory, _storage_key, type_name
 from gpusnap.stage.drain import Drained, drain
@@ -47,6 +48,8 @@ class WriteJob:
     optimizers: list = field(default_factory=list)  # what the drain copies first
     generation: int | None = None  # of the arena regions this writer reads (sealed before fork)
     schedule: dict | None = None  # the supervisor's timer and measured overhead (manifest "schedule")
+    stop: bool = False  # a stop snapshot (SIGTERM, a spot notice): training waits for it
+    expected_bytes: int = 0  # what the last snapshot held: the pacer's guess of this one's bytes
     lock_token: str | None = None  # of the run directory's lock this writer writes under (store.lock.check_token)
     files: object = None  # files.record.FilesJob: the program's files, as the stall found them
 
@@ -61,7 +64,7 @@ def write_snapshot(job: WriteJob) -> dict:
     # only cores the trainee leaves idle.
     drained = drain(job.arena_fd, job.drain, knobs.DRAIN_MIN_BYTES, job.optimizers) if job.drain is not None else Drained()
     drain_s = time.perf_counter() - started
-    lower_priority(knobs.WRITER_PRIORITY)
+    plan = pace.plan(job.stop)
     # The writer exits when done, so its garbage never needs collecting, and the cycle collector
     # would otherwise rescan the trainee's whole inherited heap over and over while the walks
     # below allocate (half the time of pickling a deep graph).
@@ -72,6 +75,11 @@ def write_snapshot(job: WriteJob) -> dict:
     # commits. Retention after the commit alone never ran, as no commit came.
     before = _apply_retention(rundir, max(1, job.keep - 1), "before the write") if job.keep and job.prune_first else {}
     sink = rundir.begin_snapshot(job.snap_id, lock_token=job.lock_token)
+    pacer = None
+    if not job.stop:
+        staged = job.device.dirty_bytes if job.device is not None else 0
+        expected = max(job.expected_bytes, drained.wanted + staged)
+        pacer = pace.Pacer(plan, sink, expected, sink.disk_bps(), started).start()
     try:
         read = HostMemory(drained, job.unforked).view
         payload = roots.collect(job.frame, job.active_loops, job.rng_states, lambda loop: loopnotes.record(loop, read),
@@ -97,16 +105,25 @@ def write_snapshot(job: WriteJob) -> dict:
         if job.device is not None:
             manifest["allocations"] = [a.record() for a in job.device.allocations]
             manifest["device"] = _device_summary(job.device, pickler)
-        manifest["write_s"] = time.perf_counter() - started
         manifest["drain"] = {"s": drain_s, "bytes": drained.nbytes}
         if job.unforked is not None:
             manifest["unforked_bytes"] = job.unforked.nbytes
         if job.schedule:
             manifest["schedule"] = job.schedule
-        info = sink.commit(manifest)
+
+        def stamp(doc: dict) -> None:  # once every pack and the index are committed
+            if pacer is not None:
+                pacer.stop()
+            now = time.perf_counter()
+            doc.update(write_s=now - started, durable_s=now - job.requested_s, writer=plan.record())
+
+        info = sink.commit(manifest, stamp)
     except BaseException:
+        if pacer is not None:
+            pacer.stop()
         sink.abort()
         raise
+    durable_s = time.perf_counter() - job.requested_s
     retention = _apply_retention(rundir, job.keep) if job.keep else {}
     return {
         **before,
@@ -115,6 +132,7 @@ def write_snapshot(job: WriteJob) -> dict:
         "id": info.id,
         "iteration": job.iteration,
         "stall_s": stall_s,
+        "durable_s": durable_s,
         "write_s": time.perf_counter() - started,
         "drain_s": drain_s,
         "drained_bytes": drained.nbytes,
@@ -163,20 +181,6 @@ def _apply_retention(rundir, keep: int, when: str = "after the commit") -> dict:
             "hint": getattr(exc, "hint", None) or "run `gpusnap gc DIR --keep N` once the cause is fixed",
         }
     return {"pruned_first": report["removed_snapshots"]} if when != "after the commit" else {}
-
-
-def lower_priority(policy: str) -> None:
-    """``idle``: run only on cores the trainee leaves idle (SCHED_IDLE); a number: that nice."""
-    if policy == "idle":
-        try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-            return
-        except (AttributeError, OSError):
-            policy = "19"
-    try:
-        os.nice(int(policy))
-    except (ValueError, OSError):
-        pass
 
 
 def _manifest(job: WriteJob, payload: dict, pickler: GraphPickler, graph: dict, stall_s: float, iterators: dict) -> dict:

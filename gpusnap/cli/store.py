@@ -60,10 +60,11 @@ def ls_cmd(run_dir, as_json):
     if not snaps:
         click.echo(f"no snapshots in {rd.path}")
         return
-    rows = [["ID", "CREATED", "ITERATION", "STALL", "DIRTY", "WRITTEN", "TOTAL", "INTERVAL", "OVERHEAD", "RESUMED FROM"]
-            + (["LEVEL"] if level else [])]
+    rows = [["ID", "CREATED", "ITERATION", "STALL", "DURABLE", "DIRTY", "WRITTEN", "TOTAL", "INTERVAL", "OVERHEAD",
+             "RESUMED FROM"] + (["LEVEL"] if level else [])]
     for s in snaps:
-        rows.append(([level[s.id]] if level else []) + [s.id, s.created, "-" if s.iteration is None else str(s.iteration), _secs(s.stall_s),
+        rows.append(([level[s.id]] if level else []) + [s.id, s.created, "-" if s.iteration is None else str(s.iteration),
+                     _secs(s.stall_s), _secs(s.durable_s),
                      "-" if s.dirty_bytes is None else human_bytes(s.dirty_bytes),
                      human_bytes(s.bytes_written), human_bytes(s.bytes_total), _interval(s.every, s.interval_s),
                      "-" if s.overhead is None else f"{s.overhead * 100:.2f}%", s.resumed_from or "-"])

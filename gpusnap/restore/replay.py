@@ -30,6 +30,7 @@ from gpusnap.graph.load import DEVICE_BASES, LiveOnly
 from gpusnap.instrument import loops
 from gpusnap.restore import devices, fastforward, itemcheck, livecheck, load
 from gpusnap.store import reader
+from gpusnap.store.fetch import Prefetch
 from gpusnap.store.rundir import rebase
 from gpusnap.restore.frames import write_locals
 from gpusnap.restore.merge import Merger
@@ -207,13 +208,18 @@ class Replay:
         self._stage = f"loading snapshot {self.snap_id}"
         check_sources(self.manifest, self.force)
         records = self.manifest.get("allocations") or []
-        if records:
-            self._stage = "restoring raw device memory"
-            DEVICE_BASES.update(self.restore_device(records, lambda name: self.rundir.read_buffer(self.manifest["buffers"][name])))
         device_tensors: list = []
         loading = time.perf_counter()
-        with _reading_status(self.snap_id, (self.manifest.get("stats") or {}).get("bytes_total")):
-            _, payload = load(self.rundir, self.snap_id, device_tensors)
+        buffers = self.manifest["buffers"]
+        # Every buffer is read from here on, in parallel, while raw memory is written and the
+        # graph unpickled: the raw allocations' first, then the graph's.
+        with _reading_status(self.snap_id, (self.manifest.get("stats") or {}).get("bytes_total")), \
+                Prefetch(self.rundir, buffers, [r.get("buffer") for r in records] + ["graph"], snapshot=self.snap_id) as fetched:
+            if records:
+                self._stage = "restoring raw device memory"
+                DEVICE_BASES.update(self.restore_device(records, fetched.get))
+            self._stage = f"loading snapshot {self.snap_id}"
+            _, payload = load(self.rundir, self.snap_id, device_tensors, fetched)
         load_s = time.perf_counter() - loading
         live_frames = roots.frames_on_path(loop.frame)
         saved_frames = payload["frames"]

@@ -247,7 +247,7 @@ class Arena:
 
     def populate(self, region: Region):
         """Allocate the region's pages ahead of the snapshot that writes them, 8 MiB a step
-        (an iterator: ``prepare`` runs the steps in its idle thread), so that no drain pays for
+        (an iterator: ``prepare`` runs the steps in its thread), so that no drain pays for
         zeroing fresh pages (about 0.5 s per GB) while it races the trainee.
 
         MADV_POPULATE_WRITE (Linux 5.14) on a mapping made for the step: it allocates holes

@@ -3,33 +3,33 @@
 After an optimizer's first step, and again on the first step after each snapshot, ``prepare``
 lists the large CPU tensors the optimizers step (a few microseconds a tensor, in the training
 thread), reserves the next snapshot's drain region of the arena for them (``drain_region``
-hands it to the snapshot), and gives the work to one thread of the trainee that runs at idle
-priority, so that it uses only a core training leaves idle:
+hands it to the snapshot), and gives the work to one thread of the trainee:
 
 1. collapse those tensors into huge pages (``hugepages``): after a drain, the trainee's next
-   write then costs one fault per 2 MiB instead of one per 4 KiB page;
+   write then costs one fault per 2 MiB instead of one per 4 KiB, and fork copies 512 times
+   fewer page-table entries;
 2. allocate the drain region's pages (``Arena.populate``), with ``GPUSNAP_DRAIN=keep``: no
    drain then pays for fresh pages while it races the trainee.
 
-Both are done in steps of a few milliseconds, and none starts while a writer runs. A snapshot
-never waits long for this thread: ``writer_starting`` raises a flag and gives a step in flight
-a few milliseconds to end, then forks anyway; a step still in flight at the fork is harmless (a
-collapse copies 2 MiB of the trainee's own pages; populating never overwrites a page that
-exists). Waiting for the step to end, however long, was a priority inversion. The thread runs at
-SCHED_IDLE, so when every core is busy (training on all of them, or other jobs) it can sit
-preempted for long while it holds the step's lock, and the stall waited for it: the first
-snapshot of a run, which lands while the thread is at work, stalled 0.64 s, of which 0.61 s
-waiting for that lock and 25 ms on the CPU, where the snapshots after it, once the thread is
-done, stalled 0.01-0.06 s (tools/results/bench_snapshot-cpu-2026-11-24-exp-first-stall.txt).
-Each pass skips what is done already, so the pass after a snapshot does only what the snapshot
-undid.
+Both are done in steps of a few milliseconds, and none starts while a writer runs. The thread
+runs at the trainee's priority and sleeps after each step for as long as ``1 / SHARE - 1`` times
+the step took, so it takes at most ``SHARE`` of one core from training. It ran at idle priority
+once, and that made the first snapshot of a run wait: a collapse holds the process's memory-map
+lock, which fork needs for writing, and on a host whose cores training keeps busy an idle-priority
+thread preempted inside a step held it for hundreds of milliseconds (the first snapshot stalled
+0.49-0.64 s where later ones, once the thread was done, stalled 0.01-0.06 s:
+tools/results/bench_snapshot-cpu-2026-11-24-exp-first-stall.txt), and the training threads' own
+page faults queued behind it too (populating holds the same lock). At the trainee's priority a
+step in flight ends within its few milliseconds, so ``writer_starting`` gives it
+``_STEP_GRACE_S`` and forks. Each pass skips what is done already, so the pass after a snapshot
+does only what the snapshot undid.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 import threading
+import time
 from collections.abc import Iterator
 
 from gpusnap import knobs
@@ -39,9 +39,11 @@ from gpusnap.stage.arena import Region, made_arena, trainee_arena
 
 
 # How long the stall lets a step in flight finish before it forks anyway: a step takes a few
-# milliseconds when the thread runs, and a step that is done holds no kernel lock (mmap_lock,
-# for a collapse or a populate) that fork would queue behind; past this the thread is preempted.
+# milliseconds, and a step that is done holds no kernel lock (mmap_lock, for a collapse) that
+# fork would queue behind.
 _STEP_GRACE_S = 0.005
+# The share of one core the thread takes at most (it sleeps between steps to keep to it).
+SHARE = 0.5
 
 
 class _Worker:
@@ -75,10 +77,6 @@ class _Worker:
         self._writer_running = False
 
     def _run(self) -> None:
-        try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # this thread only
-        except (AttributeError, OSError):
-            pass
         while True:
             with self._new_work:
                 while not self._pending:
@@ -87,6 +85,7 @@ class _Worker:
                 work, self._pending = self._work, False
             while work is not None and not self._writer_running and work is self._work:
                 self._between_steps.clear()
+                started = time.perf_counter()
                 try:
                     next(work)
                 except StopIteration:
@@ -95,6 +94,7 @@ class _Worker:
                     break
                 finally:
                     self._between_steps.set()
+                time.sleep((time.perf_counter() - started) * (1.0 / SHARE - 1.0))
 
 
 _worker = _Worker()

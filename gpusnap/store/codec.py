@@ -38,7 +38,7 @@ FILTER_NONE = 0
 FILTER_SHUFFLE = 1
 FILTER_BITSHUFFLE = 2
 
-_FLOATS = ("float", "bfloat", "half", "double", "complex")
+FLOATS = ("float", "bfloat", "half", "double", "complex")
 
 
 def chunk_id(data) -> str:
@@ -61,43 +61,46 @@ def params_for(dtype: str, typesize: int, codec: str | None = None) -> tuple[int
     """(blosc2 codec, filter, clevel) for a buffer of this dtype."""
     import blosc2
 
-    codec = (codec or knobs.CODEC).lower()
-    zstd = codec != "lz4"
+    zstd = (codec or knobs.CODEC).lower() != "lz4"
     b2codec = (blosc2.Codec.ZSTD if zstd else blosc2.Codec.LZ4).value
     if typesize <= 1 or dtype in ("bytes", "bool", "uint8", "int8"):
         return b2codec, FILTER_NONE, 1
-    if dtype.startswith(_FLOATS) and not zstd:
+    if dtype.startswith(FLOATS) and not zstd:
         return b2codec, FILTER_BITSHUFFLE, 1
     return b2codec, FILTER_SHUFFLE, 1
 
 
-def encode(cid: str, data, dtype: str, typesize: int, nthreads: int) -> tuple[bytes, bytes]:
-    """Encode one chunk: return (32-byte entry header, stored bytes). A chunk stored raw comes
-    back as ``data`` itself, not a copy."""
+def compress(data, dtype: str, typesize: int, codec: str | None = None) -> bytes:
+    """``data`` as one blosc2 chunk, on the calling thread (the writer runs one per encoder
+    thread, so blosc2's own pool, which does not survive fork, never starts)."""
     import blosc2
 
-    raw_nbytes = len(data)
-    if knobs.CODEC.lower() == "none":
-        return _raw(cid, data)
-    b2codec, filt, clevel = params_for(dtype, typesize)
-    filters = {
-        FILTER_NONE: blosc2.Filter.NOFILTER,
-        FILTER_SHUFFLE: blosc2.Filter.SHUFFLE,
-        FILTER_BITSHUFFLE: blosc2.Filter.BITSHUFFLE,
-    }[filt]
+    b2codec, filt, clevel = params_for(dtype, typesize, codec)
     # blosc2 rejects typesize > 255 and chunks whose length is not a multiple of typesize are
     # fine (the tail is copied), so only clamp.
-    stored = blosc2.compress2(
+    return blosc2.compress2(
         data,
         codec=blosc2.Codec(b2codec),
         clevel=clevel,
-        filters=[filters],
+        filters=[blosc2.Filter(filt)],  # the FILTER_* numbers are blosc2's
         filters_meta=[0],
         typesize=max(1, min(int(typesize), 255)),
-        nthreads=nthreads,
+        nthreads=1,
     )
+
+
+def encode(cid: str, data, dtype: str, typesize: int, codec: str | None = None) -> tuple[bytes, bytes]:
+    """Encode one chunk with ``codec`` ("zstd", "lz4"; None: knobs.CODEC, where "auto" means
+    "zstd"), or raw when that gains less than COMPRESS_MIN_GAIN: return (32-byte entry header,
+    stored bytes). A chunk stored raw comes back as ``data`` itself, not a copy."""
+    raw_nbytes = len(data)
+    codec = codec or knobs.CODEC
+    if codec == "none":
+        return _raw(cid, data)
+    stored = compress(data, dtype, typesize, codec)
     if len(stored) > raw_nbytes * (1.0 - knobs.COMPRESS_MIN_GAIN):
         return _raw(cid, data)
+    b2codec, filt, clevel = params_for(dtype, typesize, codec)
     header = ENTRY.pack(
         ENTRY_MAGIC, CODEC_BLOSC2, b2codec, filt, clevel, raw_nbytes, len(stored), bytes.fromhex(cid)
     )

@@ -45,6 +45,8 @@ class SnapshotInfo:
     bytes_total: int
     resumed_from: str | None
     dirty_bytes: int | None = None  # device bytes copied off the GPU (None: no device memory)
+    # From the safe point to the commit (None: written before it was recorded)
+    durable_s: float | None = None
     # The timer when the snapshot was asked for ("auto", its seconds, or None), the interval it
     # kept, and the overhead measured over the run so far (manifest "schedule")
     every: str | float | None = None
@@ -68,6 +70,7 @@ class SnapshotInfo:
             bytes_total=_typed(stats.get("bytes_total"), int) or 0,
             resumed_from=_typed(m.get("resumed_from"), str),
             dirty_bytes=_typed(device.get("dirty_bytes"), int),
+            durable_s=_typed(m.get("durable_s"), float),
             every=_typed(schedule.get("every"), (str, float)),
             interval_s=_typed(schedule.get("interval_s"), float),
             overhead=_typed(schedule.get("overhead"), float),

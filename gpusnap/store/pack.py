@@ -65,7 +65,9 @@ class PackBuilder:
     def fits(self, stored_nbytes: int) -> bool:
         return self.nbytes + codec.ENTRY_NBYTES + stored_nbytes <= self._capacity
 
-    def add(self, cid: str, header: bytes, stored, raw_nbytes: int) -> None:
+    def add(self, cid: str, header: bytes, stored, raw_nbytes: int, digest: str | None = None) -> None:
+        """Append one entry; ``digest``: ``codec.stored_digest(stored)`` when the caller has it
+        (the writer's encoder threads take it outside their shared lock)."""
         if not self.fits(len(stored)):
             raise ValueError(f"a {len(stored)}-byte entry does not fit the pack window; flush first")
         if self._window is None:
@@ -76,7 +78,10 @@ class PackBuilder:
         body = start + codec.ENTRY_NBYTES
         self._window[start:body] = header
         self._window[body : body + len(stored)] = stored
-        digest = codec.stored_digest(stored) if codec_id != codec.CODEC_RAW else None
+        if codec_id == codec.CODEC_RAW:
+            digest = None
+        elif digest is None:
+            digest = codec.stored_digest(stored)
         self._pending.append((cid, start, len(stored), raw_nbytes, codec_id, digest))
         self.nbytes = body + len(stored)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import threading
 import time
 
 from gpusnap.errors import ChunkCorrupt, ChunkMissing
@@ -12,7 +13,9 @@ from gpusnap.store.pack import Location, PackReader, pack_path
 
 # Time this process spent reading chunks (the files), decoding them (blosc2) and checking them
 # against their names (xxh3), and the bytes they came to: a restart reports its read's parts.
-TIMES = {"read_s": 0.0, "decode_s": 0.0, "check_s": 0.0, "nbytes": 0}
+# Summed over the threads that read (store/fetch.py), which adds the wall time of its reads.
+TIMES = {"read_s": 0.0, "decode_s": 0.0, "check_s": 0.0, "nbytes": 0, "fetch_s": 0.0}
+_times_lock = threading.Lock()
 # report_read(nbytes) after every chunk read, when set: a restore sets it to show its progress.
 report_read = None
 
@@ -95,10 +98,11 @@ def load_chunk(reader: PackReader, idx: index.Index, cid: str, raw_nbytes: int, 
         raise ChunkProblem("chunk_corrupt", cid, loc.pack, f"chunk {cid} in pack {loc.pack} is damaged: {exc}") from None
     decoded = time.perf_counter()
     got = codec.chunk_id(out)
-    TIMES["read_s"] += read - started
-    TIMES["decode_s"] += decoded - read
-    TIMES["check_s"] += time.perf_counter() - decoded
-    TIMES["nbytes"] += raw_nbytes
+    with _times_lock:
+        TIMES["read_s"] += read - started
+        TIMES["decode_s"] += decoded - read
+        TIMES["check_s"] += time.perf_counter() - decoded
+        TIMES["nbytes"] += raw_nbytes
     if got != cid:
         raise ChunkProblem("chunk_corrupt", cid, loc.pack, f"chunk {cid} in pack {loc.pack} reads back as {got}")
     return out

@@ -92,7 +92,7 @@ def shards_of(manifest: dict) -> dict[int, str]:
 def commit_global(rd: RunDir, snap_id: str, world_size: int, shards: dict[int, dict], fields: dict) -> SnapshotInfo:
     """Write global manifest ``snap_id`` once every rank's shard snapshot is committed.
     ``shards[rank]`` is that rank's writer report (``snapshot``, ``stall_s``, ``write_s``,
-    ``bytes_written``, ``bytes_total``)."""
+    ``durable_s``, ``bytes_written``, ``bytes_total``)."""
     rd.checked_id(snap_id)
     if sorted(shards) != list(range(world_size)):
         raise StoreError(f"global snapshot {snap_id} needs {world_size} shards, got ranks {sorted(shards)}")
@@ -111,11 +111,13 @@ def commit_global(rd: RunDir, snap_id: str, world_size: int, shards: dict[int, d
         "world_size": world_size,
         "stall_s": max(float(s.get("stall_s") or 0.0) for s in shards.values()),
         "write_s": max(float(s.get("write_s") or 0.0) for s in shards.values()),
+        # the slowest shard's; the global manifest follows it within the ranks' exchange
+        "durable_s": max(float(s.get("durable_s") or 0.0) for s in shards.values()),
         "stats": {
             "bytes_written": sum(int(s.get("bytes_written") or 0) for s in shards.values()),
             "bytes_total": sum(int(s.get("bytes_total") or 0) for s in shards.values()),
         },
-        "shards": {str(r): {k: s.get(k) for k in ("snapshot", "stall_s", "write_s", "bytes_written", "bytes_total")}
+        "shards": {str(r): {k: s.get(k) for k in ("snapshot", "stall_s", "write_s", "durable_s", "bytes_written", "bytes_total")}
                    for r, s in sorted(shards.items())},
         "buffers": {},
     }

@@ -2,8 +2,10 @@
 commits index then manifest.
 
 Order of calls: RunDir.begin_snapshot() → put_buffer() any number of times → commit(manifest)
-or abort(). It runs inside a forked child of the training program, so it starts no thread of
-its own and resets blosc2's pool before compressing with threads.
+or abort(). The caller's thread hashes every chunk; new ones are encoded and written by the
+threads of a ``pipeline.Pipeline``, started at the first new chunk (so a writer that stores
+nothing new starts none), each running blosc2 on one thread (its own pool does not survive the
+fork the writer runs in).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from dataclasses import dataclass
 from gpusnap import knobs
 from gpusnap.errors import RunDirLocked, StoreError
 from gpusnap.store import atomic, codec, index, lock
-from gpusnap.store.pack import Location, PackBuilder, pack_key
+from gpusnap.store.pack import Location, pack_key
+from gpusnap.store.pipeline import Pipeline
 from gpusnap.store.info import FORMAT_VERSION, SnapshotInfo, utc_now
 
 _MAX_CHUNK_BYTES = codec.MAX_CHUNK_BYTES
@@ -24,6 +27,11 @@ _MAX_CHUNK_BYTES = codec.MAX_CHUNK_BYTES
 # report_progress(bytes_put, bytes_written) after every chunk, when set: a forked writer sets it
 # to tell the trainee how far it is (the live status line of a long write).
 report_progress = None
+# How the pipeline runs, set by a forked writer before begin_snapshot (capture/pace.py): encoder
+# threads (0: knobs.WRITER_THREADS, else one per core), and a function each of them runs first
+# (to lower its own priority).
+encoder_threads = 0
+encoder_init = None
 
 
 @dataclass
@@ -34,8 +42,9 @@ class WriterStats:
     chunks_total: int = 0
     chunks_new: int = 0
     hash_s: float = 0.0
-    compress_s: float = 0.0
-    io_s: float = 0.0
+    compress_s: float = 0.0  # summed over the encoder threads
+    io_s: float = 0.0  # the pack writes, on the flusher thread
+    bytes_known: int = 0  # raw bytes of chunks the store had: done once hashed
 
 
 def as_bytes_view(data) -> memoryview:
@@ -49,7 +58,7 @@ def as_bytes_view(data) -> memoryview:
 
 class SnapshotWriter:
     def __init__(self, rd, snap_id: str, *, chunk_bytes: int | None = None, pack_bytes: int | None = None,
-                 lock_token: str | None = None) -> None:
+                 threads: int | None = None, codec: str | None = None, lock_token: str | None = None) -> None:
         import blosc2
 
         self._rd = rd
@@ -59,15 +68,17 @@ class SnapshotWriter:
         self._known = self._index.live()  # chunk id -> Location, committed ones in packs that are there
         self._new: dict[str, Location] = {}
         self._packs: dict[str, tuple[int, list[tuple[str, Location]]]] = {}
-        self._flush_at = max(1, min(pack_bytes or knobs.PACK_BYTES, knobs.WRITER_WINDOW_BYTES))
+        # Two windows (one filling while the other is written) within WRITER_WINDOW_BYTES.
+        self._flush_at = max(1, min(pack_bytes or knobs.PACK_BYTES, knobs.WRITER_WINDOW_BYTES // 2))
         self._chunk_bytes = int(chunk_bytes or knobs.CHUNK_BYTES)
         if not 0 < self._chunk_bytes <= _MAX_CHUNK_BYTES:
             raise StoreError(f"GPUSNAP_CHUNK_BYTES must be between 1 and {_MAX_CHUNK_BYTES}")
-        # A stored chunk is never longer than its raw bytes (codec.encode stores raw then).
-        self._pack = PackBuilder(self._flush_at + codec.ENTRY_NBYTES + self._chunk_bytes)
         # A forked child inherits blosc2's thread pool state but not its threads.
         blosc2.free_resources()
-        self._nthreads = knobs.WRITER_THREADS or (os.cpu_count() or 1)
+        self._nthreads = threads or encoder_threads or knobs.WRITER_THREADS or (os.cpu_count() or 1)
+        self._codec = codec or knobs.CODEC
+        self._pipeline: Pipeline | None = None
+        self._disk_prior = _measured_disk_bps(rd)
         self._index_name: str | None = None
         self._done = False
         self.stats = WriterStats()
@@ -93,6 +104,7 @@ class SnapshotWriter:
                 if cid not in self._known and cid not in self._new:
                     raise StoreError(f"chunk {cid} is reused but this store does not hold it")
                 st.chunks_total += 1
+                st.bytes_known += nbytes
                 chunks.append([cid, nbytes])
                 n += nbytes
                 continue
@@ -102,42 +114,73 @@ class SnapshotWriter:
             st.hash_s += time.perf_counter() - t0
             st.chunks_total += 1
             if cid not in self._known and cid not in self._new:
-                t0 = time.perf_counter()
-                header, stored = codec.encode(cid, piece, dtype, typesize, self._nthreads)
-                st.compress_s += time.perf_counter() - t0
-                if not self._pack.fits(len(stored)):
-                    self._flush_pack()
-                self._pack.add(cid, header, stored, len(piece))
                 self._new[cid] = None  # located once its pack is written
+                try:
+                    self._start().submit(cid, piece, dtype, typesize)
+                except BaseException:
+                    self.abort()  # a snapshot that lost a pack cannot commit: take back what it wrote
+                    raise
                 st.chunks_new += 1
                 st.bytes_new += len(piece)
-                if self._pack.nbytes >= self._flush_at:
-                    self._flush_pack()
+            else:
+                st.bytes_known += len(piece)
             chunks.append([cid, len(piece)])
             n += len(piece)
             if report_progress is not None:
-                report_progress(st.bytes_total + n, st.bytes_written)
+                report_progress(st.bytes_total + n, self._pipeline.bytes_written if self._pipeline else 0)
         st.bytes_total += n
         return {"nbytes": n, "dtype": dtype, "chunks": chunks}
 
-    def _flush_pack(self) -> None:
-        if not len(self._pack):
-            return
-        t0 = time.perf_counter()
-        try:
-            pack_id, nbytes, located = self._pack.flush(self._rd)
-        except BaseException:
-            self.abort()  # a snapshot that lost a pack cannot commit: take back what it wrote
-            raise
-        self.stats.io_s += time.perf_counter() - t0
-        self.stats.bytes_written += nbytes
-        self._packs[pack_id] = (nbytes, located)
-        for cid, loc in located:
-            self._new[cid] = loc
+    def _start(self) -> Pipeline:
+        if self._pipeline is None:
+            from gpusnap.store.choose import Chooser
 
-    def commit(self, manifest: dict) -> SnapshotInfo:
-        """Flush the last pack, commit the index of the new chunks, then the manifest. Only
-        then does the snapshot exist."""
+            forced = None if self._codec == "auto" else self._codec
+            chooser = Chooser(self._nthreads, self._disk_prior, forced)
+            # A stored chunk is never longer than its raw bytes (codec.encode stores raw then).
+            self._pipeline = Pipeline(self._rd, capacity=self._flush_at + codec.ENTRY_NBYTES + self._chunk_bytes,
+                                      flush_at=self._flush_at, chooser=chooser, threads=self._nthreads,
+                                      worker_init=encoder_init)
+        return self._pipeline
+
+    def disk_bps(self) -> float:
+        """The disk's write speed as this writer knows it: measured by its own packs, else by
+        the run's last snapshot, else a guess."""
+        from gpusnap.store.choose import DISK_BPS_GUESS
+
+        if self._pipeline is not None:
+            return self._pipeline.chooser.disk_bps
+        return self._disk_prior or DISK_BPS_GUESS
+
+    def progress(self) -> tuple[int, int]:
+        """(raw bytes done, raw bytes put): a chunk is done once it is in a pack window, or
+        once hashed when the store had it."""
+        done = self.stats.bytes_known + (self._pipeline.done_bytes if self._pipeline else 0)
+        return done, self.stats.bytes_total
+
+    def add_encoder(self, until) -> bool:
+        """One more encoder thread at the calling thread's priority, until ``until()``; False
+        when the pipeline has not started (no new chunk yet: nothing to encode). Another thread
+        than the caller's may call this: only the caller's thread starts the pipeline."""
+        pipeline = self._pipeline
+        return pipeline is not None and pipeline.add_worker(until)
+
+    def _finish_packs(self) -> None:
+        if self._pipeline is None:
+            return
+        try:
+            self._packs = self._pipeline.finish()
+        finally:
+            p = self._pipeline
+            self.stats.compress_s, self.stats.io_s, self.stats.bytes_written = p.compress_s, p.io_s, p.bytes_written
+        for _, located in self._packs.values():
+            for cid, loc in located:
+                self._new[cid] = loc
+
+    def commit(self, manifest: dict, stamp=None) -> SnapshotInfo:
+        """Wait for the pipeline's packs, commit the index of the new chunks, then the manifest.
+        Only then does the snapshot exist. ``stamp(doc)``, when given, is called just before the
+        manifest is written (the times that end there)."""
         if self._done:
             raise StoreError("commit after commit or abort")
         buffers = manifest.get("buffers")
@@ -152,8 +195,7 @@ class SnapshotWriter:
             if total != rec["nbytes"]:
                 raise StoreError(f"buffer {name!r}: chunks hold {total} bytes, record says {rec['nbytes']}")
         try:
-            self._flush_pack()
-            self._pack.close()
+            self._finish_packs()
             created = utc_now()
             if self._packs:
                 self._index_name = index.write(self._rd, self.snap_id, self._packs, created)
@@ -168,8 +210,15 @@ class SnapshotWriter:
                 compression_ratio=round(st.bytes_new / st.bytes_written, 4) if st.bytes_written else None,
                 dedup_ratio=round(st.bytes_total / st.bytes_new, 4) if st.bytes_new else None,
             )
+            if self._pipeline is not None:
+                chooser = self._pipeline.chooser
+                stats["codecs"] = dict(chooser.counts)
+                if chooser.measured_disk:
+                    stats["disk_bps"] = round(chooser.disk_bps)
             doc = dict(manifest)
             doc.update(format=FORMAT_VERSION, id=self.snap_id, created=created, stats=stats)
+            if stamp is not None:
+                stamp(doc)
             data = json.dumps(doc, indent=1, allow_nan=False, default=_json_default).encode()
             lock.check_token(self._rd.path, self._lock_token)
             try:
@@ -194,8 +243,9 @@ class SnapshotWriter:
         if self._done:
             return
         self._done = True
+        if self._pipeline is not None:
+            self._packs.update(self._pipeline.abort())  # its threads stop; what they wrote goes below
         if not remove or self._rd.backend.exists(f"snapshots/{self.snap_id}.json"):
-            self._pack.close()
             return  # the manifest made it (only the directory fsync failed): it is committed
         try:
             if self._index_name:
@@ -204,7 +254,6 @@ class SnapshotWriter:
                 self._rd.backend.delete(pack_key(pack_id))
         except Exception:
             pass  # gc removes what is left; the error that made us abort is the one to report
-        self._pack.close()
 
 
 def _json_default(obj):
@@ -213,3 +262,12 @@ def _json_default(obj):
     if isinstance(obj, (set, tuple)):
         return list(obj)
     raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+def _measured_disk_bps(rd) -> float | None:
+    """What the newest snapshot's writer measured of this directory's disk, or None."""
+    try:
+        ids = rd.snapshot_ids()
+        return float(rd.load_manifest(ids[-1]).get("stats", {}).get("disk_bps") or 0) or None if ids else None
+    except Exception:  # noqa: BLE001 - a guess: a damaged manifest only means no measurement
+        return None

@@ -1,0 +1,84 @@
+"""A snapshot becomes durable without waiting for training to leave it a core: a stop snapshot's
+writer runs at the trainee's priority on every core while the trainee idles, and a periodic one,
+whose encoders run at idle priority, is paced to commit even where training and its DataLoader
+workers keep every core busy (capture/pace.py). Both say how long they took to be durable."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import psutil
+
+from gpusnap.errors import EXIT_PREEMPTED
+from harness import Run, committed_ids, gpusnap, programs_and_out, progress, wait_for
+
+SCHED_IDLE = 5
+
+
+def policies(pid: int) -> list[int]:
+    """The scheduling policy of each thread of ``pid`` (field 41 of /proc/PID/task/TID/stat)."""
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                out.append(int(f.read().rsplit(b")", 1)[1].split()[38]))
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+def log(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+
+
+def test_a_stop_snapshot_writes_at_the_trainees_priority_on_every_core_while_the_trainee_idles(tmp_path):
+    programs, out = programs_and_out(tmp_path)
+    run = Run("run", "--dir", "snaps", programs / "big_state.py", out, 100_000, 192, cwd=tmp_path)
+    wait_for(lambda: progress(out) >= 3, "step 3", proc=run)
+    trainee = psutil.Process(run.proc.pid).children()[0]
+    run.signal(signal.SIGTERM)
+    writer_seen, trainee_idle = [], []
+    while run.proc.poll() is None:
+        try:
+            children = trainee.children()
+            if children:
+                writer_seen.append(policies(children[0].pid))
+                trainee_idle.append(set(policies(trainee.pid)) == {SCHED_IDLE})
+        except (psutil.NoSuchProcess, FileNotFoundError):
+            pass
+        time.sleep(0.005)
+    code, _, err = run.wait()
+    assert code == EXIT_PREEMPTED, err
+    assert any(len(seen) > 2 for seen in writer_seen)  # its encoder threads, seen at work
+    assert all(SCHED_IDLE not in seen for seen in writer_seen)
+    assert any(trainee_idle)
+    manifest = json.loads((tmp_path / "snaps" / "snapshots" / "000001.json").read_text())
+    assert manifest["writer"]["priority"] == "trainee" and manifest["writer"]["threads"] == len(os.sched_getaffinity(0))
+    assert manifest["drain"]["bytes"] == 0  # training stops: nothing to drain for it
+    assert 0 < manifest["write_s"] < manifest["durable_s"]
+
+
+def test_a_periodic_snapshot_commits_while_training_and_its_workers_keep_every_core_busy(tmp_path):
+    """At idle priority alone the writer got no CPU until the program ended (its snapshot came
+    after the last step); paced, it commits while training goes on, and says how long it took."""
+    programs, out = programs_and_out(tmp_path)
+    steps = 50  # 45 after the request: a writer at idle priority alone committed 60 later
+    run = Run("run", "--dir", "snaps", programs / "busy_workers.py", out, steps, cwd=tmp_path,
+              env={"TEST_STEP_SLEEP_S": "0"})
+    wait_for(lambda: progress(out) >= 5, "step 5", proc=run)
+    run.signal(signal.SIGUSR1)
+    wait_for(lambda: committed_ids(tmp_path / "snaps") or progress(out) >= steps, "the commit or the end", proc=run,
+             timeout=600)
+    at_commit = progress(out)
+    code, _, err = run.wait()
+    assert code == 0, err
+    assert at_commit < steps, "the snapshot committed only once training was over"
+    committed = next(e for e in log(tmp_path / "snaps") if e["event"] == "committed")
+    manifest = json.loads((tmp_path / "snaps" / "snapshots" / f"{committed['id']}.json").read_text())
+    assert manifest["writer"]["priority"] == "idle" and manifest["writer"]["boosts"] >= 1
+    assert committed["durable_s"] >= manifest["durable_s"] > 0
+    listed = gpusnap("ls", "snaps", cwd=tmp_path)
+    assert listed.returncode == 0 and "DURABLE" in listed.stdout.splitlines()[0]

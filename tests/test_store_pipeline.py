@@ -1,0 +1,133 @@
+"""The writer's parallel pipeline and its choice of encoding per chunk, on real bytes: what the
+encoder threads and the flusher write restores exactly, an error in any thread fails the
+snapshot and leaves nothing behind, a chunk is compressed only where that pays at the disk's
+speed, and a restore's threads read every buffer back (and name a damaged one)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from gpusnap.errors import ChunkCorrupt
+from gpusnap.store import RunDir, codec, index, writer
+from gpusnap.store.choose import Chooser
+from gpusnap.store.codec import ENTRY_NBYTES
+from gpusnap.store.fetch import Prefetch
+from gpusnap.store.pack import pack_path
+from test_store_helpers import IDENTITY
+
+CHUNK = 64 << 10
+
+
+def weights(seed: int, n: int) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(n) * 0.02).astype(np.float32)
+
+
+def buffers(seed: int) -> dict[str, np.ndarray]:
+    """Weight-like floats (compress ~15%), zeros, a mix, and odd sizes."""
+    rng = np.random.default_rng(seed)
+    out = {f"w{i}": weights(seed * 100 + i, int(rng.integers(1, 200_000))) for i in range(12)}
+    out["zeros"] = np.zeros(300_000, np.float32)
+    mixed = weights(seed + 7, 300_000)
+    mixed[::2] = 0
+    out["mixed"] = mixed
+    out["tiny"] = np.arange(3, dtype=np.float32)
+    return out
+
+
+def store(rd: RunDir, snap_id: str, bufs: dict, threads: int, monkeypatch) -> dict:
+    monkeypatch.setattr(writer, "encoder_threads", threads)
+    w = rd.begin_snapshot(snap_id, chunk_bytes=CHUNK, pack_bytes=256 << 10)
+    recs = {name: w.put_buffer(memoryview(a).cast("B"), dtype="float32", typesize=4) for name, a in bufs.items()}
+    w.commit({"buffers": recs})
+    return recs
+
+
+def codecs_by_chunk(rd: RunDir) -> dict[str, int]:
+    return {entry[0]: entry[4] for f in (rd.path / "index").glob("*.json")
+            for p in json.loads(f.read_text())["packs"].values() for entry in p["chunks"]}
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_what_the_threads_write_restores_exactly_and_every_chunk_is_indexed(tmp_path, monkeypatch, threads):
+    rd = RunDir.create(tmp_path / "run", IDENTITY)
+    for k in range(3):
+        bufs = buffers(k)
+        recs = store(rd, f"00000{k + 1}", bufs, threads, monkeypatch)
+        assert rd.verify() == []
+        reader = RunDir.open(rd.path)  # its index holds this snapshot's chunks
+        for name, a in bufs.items():
+            assert reader.read_buffer(recs[name]) == a.tobytes(), name
+    indexed = codecs_by_chunk(rd)
+    for sid in rd.snapshot_ids():
+        for rec in rd.load_manifest(sid)["buffers"].values():
+            assert all(cid in indexed for cid, _ in rec["chunks"])
+
+
+def test_floats_that_compress_little_go_raw_on_a_fast_disk_and_zeros_compressed(tmp_path, monkeypatch):
+    rd = RunDir.create(tmp_path / "run", IDENTITY)
+    bufs = {"weights": weights(1, 400_000), "zeros": np.zeros(CHUNK // 4 * 16, np.float32)}  # whole chunks
+    recs = store(rd, "000001", bufs, 2, monkeypatch)
+    kinds = codecs_by_chunk(rd)
+    assert {kinds[cid] for cid, _ in recs["weights"]["chunks"]} == {codec.CODEC_RAW}
+    assert {kinds[cid] for cid, _ in recs["zeros"]["chunks"]} == {codec.CODEC_BLOSC2}
+    stats = rd.load_manifest("000001")["stats"]
+    assert stats["codecs"]["raw"] == len(recs["weights"]["chunks"])
+    assert stats["codecs"]["lz4"] + stats["codecs"]["zstd"] == len({cid for cid, _ in recs["zeros"]["chunks"]})
+
+
+def test_the_choice_weighs_disk_time_saved_against_cpu_time_spent():
+    w = memoryview(weights(2, 1 << 20)).cast("B")
+    zeros = memoryview(np.zeros(1 << 20, np.float32)).cast("B")
+    fast = Chooser(threads=2, disk_bps=2e9)
+    assert fast.pick(w, "float32", 4) is None  # 15% of 4 MiB at 2 GB/s saves less than compressing costs
+    assert fast.pick(zeros, "float32", 4) is not None
+    slow = Chooser(threads=2, disk_bps=20e6)  # a network file system
+    assert slow.pick(w, "float32", 4).codec in ("lz4", "zstd")
+    assert Chooser(threads=2, disk_bps=20e6, forced="none").pick(zeros, "float32", 4) is None
+    assert Chooser(threads=2, disk_bps=2e9, forced="zstd").pick(w, "float32", 4).codec == "zstd"
+    fast.wrote(64 << 20, 64 / 1024)  # measured: 1 GiB/s
+    assert fast.measured_disk and 1.0e9 < fast.disk_bps < 1.1e9
+
+
+def test_an_error_in_an_encoder_thread_fails_the_snapshot_and_leaves_nothing(tmp_path, monkeypatch):
+    rd = RunDir.create(tmp_path / "run", IDENTITY)
+    store(rd, "000001", buffers(0), 2, monkeypatch)
+    before = sorted(p for p in rd.path.rglob("*") if p.is_file())
+    real, calls = codec.compress, []
+
+    def failing(data, *args, **kwargs):
+        calls.append(len(data))
+        if len(calls) == 5:
+            raise MemoryError("no memory for the compressed copy")
+        return real(data, *args, **kwargs)
+
+    monkeypatch.setattr(codec, "compress", failing)
+    with pytest.raises(MemoryError, match="no memory for the compressed copy"):
+        store(rd, "000002", {f"z{i}": np.full(100_000, i, np.float32) for i in range(1, 20)}, 2, monkeypatch)
+    assert sorted(p for p in rd.path.rglob("*") if p.is_file()) == before
+    assert rd.snapshot_ids() == ["000001"] and rd.verify() == []
+
+
+def test_a_restore_reads_every_buffer_on_threads_and_names_a_damaged_one(tmp_path, monkeypatch):
+    rd = RunDir.create(tmp_path / "run", IDENTITY)
+    bufs = buffers(3)
+    recs = store(rd, "000001", bufs, 2, monkeypatch)
+    for name in recs:
+        recs[name]["path"] = f"frame[0].locals.{name}"
+    with Prefetch(rd, recs, ["mixed"], snapshot="000001", threads=3) as fetched:
+        for name, a in bufs.items():
+            assert fetched.get(name) == a.tobytes(), name
+    victim = recs["w3"]["chunks"][0][0]
+    loc = index.load(rd.path).chunks[victim]
+    with open(pack_path(rd.path, loc.pack), "r+b") as f:
+        f.seek(loc.offset + ENTRY_NBYTES + loc.stored_nbytes // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with Prefetch(RunDir.open(rd.path), recs, snapshot="000001", threads=3) as fetched:
+        assert fetched.get("w4") == bufs["w4"].tobytes()  # the others read as ever
+        with pytest.raises(ChunkCorrupt, match=r"of frame\[0\]\.locals\.w3 \(snapshot 000001\)"):
+            fetched.get("w3")
