@@ -31,7 +31,7 @@ from gpusnap import files, knobs, lifeline, stage
 from gpusnap.capture import children, control, fork, pace, session, steploop
 from gpusnap.capture import witness as witnessing
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, ChildRunning, StageError
-from gpusnap.graph import rng, roots
+from gpusnap.graph import rng, roots, workers
 from gpusnap.stage import limits
 from gpusnap.instrument import loops
 
@@ -237,6 +237,7 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         lock_token=session.config.get("lock_token") if coordinator is None else coordinator.lock_held.token,
         files=files_job,
     )
+    workers.freeze()  # persistent workers' epoch states: the next epoch's may replace them after the fork
     job.generation = stage.writer_starting()  # seals the regions this writer reads
     try:
         writer = fork.start_writer(job, at_step_loop=steploop.is_step_loop(loop))

@@ -42,6 +42,7 @@ from gpusnap.graph import rng
 
 _page = None
 DIR: str | None = None  # where workers leave their RNG states at each epoch's start
+_frozen: dict[str, bytes] = {}  # DIR's states files as the last stall found them (freeze)
 
 
 def install() -> None:
@@ -111,18 +112,39 @@ def epoch_started(dataset, worker_id: int) -> None:
         pass  # no room on /dev/shm: the snapshot then holds none, and restart refuses
 
 
+def freeze() -> None:
+    """In the stall: read every worker's epoch states as they are now. The writer reads them
+    after the fork, while training goes on, and a worker that starts the next epoch meanwhile
+    replaces its file: a snapshot then held the next epoch's states beside this one's position."""
+    global _frozen
+    if DIR is None:
+        return
+    frozen = {}
+    try:
+        names = os.listdir(DIR)
+    except OSError:
+        names = []
+    for name in names:
+        if name.endswith(".states"):
+            try:
+                with open(os.path.join(DIR, name), "rb") as f:
+                    frozen[name] = f.read()
+            except OSError:
+                pass
+    _frozen = frozen
+
+
 def epoch_states(dataset, num_workers: int) -> list[str] | None:
     """The RNG states the workers of ``dataset``'s pool started their running epoch with
-    (base64), or None where one is missing."""
+    (base64), as the stall found them (``freeze``), or None where one is missing."""
     if DIR is None:
         return None
     found = []
     for worker_id in range(num_workers):
-        try:
-            with open(_key(dataset, worker_id) + ".states", "rb") as f:
-                found.append(base64.b64encode(f.read()).decode())
-        except OSError:
+        data = _frozen.get(os.path.basename(_key(dataset, worker_id)) + ".states")
+        if data is None:
             return None
+        found.append(base64.b64encode(data).decode())
     return found
 
 
