@@ -42,10 +42,6 @@ def uninstall() -> None:
     _kept.clear()
 
 
-def active() -> bool:
-    return _dir is not None
-
-
 def keep(path: str, kind: str) -> None:
     """Before the first write to ``path`` of kind ``kind`` (``watch``'s kinds): keep what is there."""
     global _busy
@@ -108,9 +104,11 @@ def put_back(guard_dir: str) -> tuple[int, list[tuple[str, str]]]:
     # Whole directories first, outermost first; then single paths, deepest first (what the verify
     # made inside a directory goes before the directory), so that a path kept before its
     # directory was removed ends as it was at its own first write.
-    trees = sorted((i for i in first.items() if "copy" in i[1] and i[1]["was"] == "dir"), key=lambda i: i[0].count("/"))
-    single = sorted((i for i in first.items() if not ("copy" in i[1] and i[1]["was"] == "dir")),
-                    key=lambda i: i[0].count("/"), reverse=True)
+    def depth(item):
+        return item[0].count("/")
+
+    trees = sorted((i for i in first.items() if _is_tree(i[1])), key=depth)
+    single = sorted((i for i in first.items() if not _is_tree(i[1])), key=depth, reverse=True)
     for path, record in trees + single:
         try:
             _put(path, record)
@@ -119,11 +117,16 @@ def put_back(guard_dir: str) -> tuple[int, list[tuple[str, str]]]:
     return len(first) - len(failed), failed
 
 
+def _is_tree(record: dict) -> bool:
+    """A directory kept whole (it was removed or moved), not path by path."""
+    return record["was"] == "dir" and "copy" in record
+
+
 def _put(path: str, record: dict) -> None:
     was = record["was"]
     if was == "other":
         return
-    if was == "dir" and "copy" not in record:
+    if was == "dir" and not _is_tree(record):
         os.makedirs(path, exist_ok=True)
         return
     _clear(path)
