@@ -91,6 +91,32 @@ def wait_for(predicate, what: str, timeout: float = 120, proc=None, cleanup=()):
         raise
 
 
+def _caught(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (SigCgt in /proc/PID/status)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGUSR1, 0), (signal.SIGTERM, EXIT_PREEMPTED)])
+def test_a_signal_sent_to_the_trainee_while_it_boots_waits_for_its_handler(tmp_path, signum, code):
+    """Slurm's `scancel --signal` and a user's `kill` reach the trainee itself, maybe before
+    gpusnap's handlers are in place: the signal is held until they are, never the default
+    action that would kill the program with nothing saved."""
+    counters, out = _counters(tmp_path)
+    run = Run("run", "--dir", "snaps", counters, out, 300, cwd=tmp_path)
+    trainee = wait_for(lambda: psutil.Process(run.proc.pid).children(), "the trainee", proc=run)[0]
+    early = not _caught(trainee.pid, signum)
+    trainee.send_signal(signum)
+    status, _, err = run.wait()
+
+    assert early, "the trainee had its handler before the test could signal it: nothing was tested"
+    assert status == code, err
+    assert "gpusnap: snapshot 000001 committed at iteration" in err, err
+    assert committed_ids(tmp_path / "snaps") == {"000001"}
+
+
 def test_a_supervisor_killed_with_sigkill_takes_its_trainee_with_it(tmp_path):
     counters, out = _counters(tmp_path)
     run = Run("run", "--dir", "snaps", counters, out, 100_000, cwd=tmp_path)

@@ -80,6 +80,7 @@ def test_new_work_replaces_the_old():
     ran = []
     worker.writer_starting()
     worker.start(steps(ran, "old"))  # held back by the writer ...
+    assert worker.idle.wait(30)  # the thread has seen it and set it aside
     worker.writer_done()
     worker.start(steps(ran, "new"))  # ... and replaced before it could run
     assert worker.idle.wait(30)

@@ -37,6 +37,7 @@ Started directly (``python fake_trainee.py MODE ...``) by tests/test_supervisor.
 
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -61,6 +62,7 @@ def send(msg):
 
 
 send({"op": "hello", "pid": os.getpid()})
+signal.pthread_sigmask(signal.SIG_SETMASK, set())  # as the trainee does once its handlers are in place
 if mode == "exit":
     sys.exit(int(sys.argv[2]))
 

@@ -155,8 +155,9 @@ class Chaos:
 
     def start(self, *args) -> None:
         self.counts["runs"] += 1
-        # The progress file counts this run's steps from its first (a restarted run's may be lower
-        # than the killed one's last); signals wait for it, as gpusnap's handlers are in place then.
+        # The progress file counts this run's steps (a restarted run's may be lower than the killed
+        # one's last; gpusnap puts it back as the snapshot found it before the program starts). A
+        # signal sent to the program before gpusnap's handlers are in place waits for them.
         (self.work / "out" / "progress").unlink(missing_ok=True)
         # gpusnap's own lines go to a file: a pipe nobody reads would fill and stall the supervisor.
         with open(self.work / f"gpusnap-{self.counts['runs']}.log", "w") as log:

@@ -48,6 +48,9 @@ def install_signals() -> None:
     # torchrun's agent ending the job (another rank died): it must end the rank at once.
     if session.config.get("on_term", "snapshot") == "snapshot" and not session.config.get("dist"):
         signal.signal(signal.SIGTERM, lambda *_: request("term", stop=True))
+    # The supervisor starts us with both blocked, so that one sent while we booted waited for
+    # these handlers (or, with --on-term exit, for SIGTERM's default action) instead of killing us.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum, signal.SIGTERM})
 
 
 def connect(path: str | None) -> None:

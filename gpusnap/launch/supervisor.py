@@ -23,6 +23,10 @@ set to a JSON object::
      "files": {"exclude": [GLOB, ...], "max_bytes": N | null, "after": "/abs/DIR/after-000003" | null},
      "dist": true}                  (only in the ranks of a torchrun job: capture/dist.py)
 
+A trainee started by the supervisor (not a torchrun agent) starts with the snapshot signal and
+SIGTERM blocked, and unblocks them once its handlers are in place: a signal sent to it while
+it boots (``scancel --signal``, a user's ``kill``) waits for them instead of killing it.
+
 Control protocol: newline-delimited JSON objects over the unix socket named by ``"control"``
 (mode 0600; ``DIR/supervisor.json``, in a distributed run ``DIR/supervisor-HOST.json`` per node,
 holds ``{"pid", "socket", "started", "host"}``). Every message has
@@ -301,8 +305,15 @@ class Supervisor:
                 cmd = _trainee_command(L.kind, L.target, L.args)
             lifeline.arm()
             me = os.getpid()
-            # The trainee dies with us, even when we are killed with SIGKILL (gpusnap/lifeline.py).
-            self.child = subprocess.Popen(cmd, cwd=L.cwd, env=env, preexec_fn=lambda: lifeline.die_with_parent(me))
+            # torchrun's agent handles SIGTERM itself and would never see one held back.
+            held = {L.signal, signal.SIGTERM} if L.torchrun is None else set()
+
+            def in_trainee():
+                # It dies with us, even when we are killed with SIGKILL (gpusnap/lifeline.py).
+                lifeline.die_with_parent(me)
+                signal.pthread_sigmask(signal.SIG_BLOCK, held)
+
+            self.child = subprocess.Popen(cmd, cwd=L.cwd, env=env, preexec_fn=in_trainee)
             self.log({"source": "supervisor", "event": "start", "pid": os.getpid(), "trainee_pid": self.child.pid,
                       "command": cmd, "resume": L.resume})
             if L.notices != "off":
