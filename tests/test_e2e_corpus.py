@@ -21,7 +21,8 @@ from harness import assert_same, copy_programs, kill_and_restart, load_final, pl
 
 SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")]
 
-# name: (program under programs/corpus, arguments after OUT[, snapshot after step, what restart must say])
+# name: (program under programs/corpus, arguments after OUT[, snapshot after step, how restart must
+# say it fast-forwarded])
 CORPUS = {
     "word_lm": ("word_lm.py", []),
     "dcgan": ("dcgan.py", []),
@@ -77,7 +78,8 @@ def test_corpus_program_restarts_to_the_same_bytes(tmp_path, name, seed):
     if name.startswith("tqdm_loop"):
         pytest.importorskip("tqdm")
     started = time.monotonic()
-    program, args, floor, says = (*CORPUS[name], 0, "")[:4]
+    # A restart says how it brought each loop to its place; where no way is named, it must say one.
+    program, args, floor, says = (*CORPUS[name], 0, "gpusnap: fast-forward ")[:4]
     rnd = random.Random(f"{name}/{seed}")
     print(f"program {name} seed {seed}")
     script = copy_programs(tmp_path) / "corpus" / program

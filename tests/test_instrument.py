@@ -513,7 +513,10 @@ def test_boundaries_and_loop_ids():
 def test_loop_count_and_version():
     tree = ast.parse("for a in b:\n    while c:\n        pass\n[x for x in y]\n")
     assert transform.transform_tree(tree) == 2
-    assert isinstance(transform.VERSION, int)
+    # The version is part of the cache key: code instrumented by an older transform is never reused.
+    from gpusnap.instrument import cache
+
+    assert cache.key("t.py", "d", transform.VERSION) != cache.key("t.py", "d", transform.VERSION + 1)
 
 
 # ---------------------------------------------------------------------------------------------
