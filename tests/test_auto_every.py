@@ -13,6 +13,8 @@ from harness import copy_programs, gpusnap, ref_and_out, snapshots
 from gpusnap.capture.costs import measure
 from gpusnap.launch.schedule import COSTS_KEPT, INTERVAL_PER_WINDOW, Schedule
 
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
+
 STEP_S, SLOW_S, SLOW_ITERATIONS = 0.02, 0.05, 4
 BUDGET = 0.1
 FAST = {"GPUSNAP_AUTO_FIRST_S": "2", "GPUSNAP_AUTO_MIN_INTERVAL_S": "0.5", "TEST_STEP_SLEEP_S": "0"}

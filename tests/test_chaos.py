@@ -14,10 +14,14 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from harness import REPO
 
 sys.path.insert(0, str(REPO / "tools"))
 from chaos import KINDS  # noqa: E402
+
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
 
 
 def test_faults_at_random_moments_lose_nothing_committed(tmp_path):

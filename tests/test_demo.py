@@ -8,7 +8,11 @@ import subprocess
 import sys
 import zipfile
 
+import pytest
+
 from harness import REPO, gpusnap
+
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
 
 
 def test_the_demo_restarts_a_killed_run_to_the_same_bytes(tmp_path):

@@ -8,8 +8,18 @@ snapshot here also shows that the writer read both from the staging arena."""
 
 from __future__ import annotations
 
+import pytest
+
 from harness import gpusnap
-from test_e2e_device import CHUNK, killed_fixture, manifest, refused_restart, restarted_to_the_same_bytes
+from test_e2e_device import (
+    CHUNK,
+    killed_fixture,
+    manifest,
+    refused_restart,
+    restarted_to_the_same_bytes,
+)
+
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
 
 
 # The first snapshot past the second copy of the weights: one Buffer made in training, one closed.

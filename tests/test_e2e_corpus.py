@@ -19,6 +19,8 @@ import time
 import pytest
 from harness import assert_same, copy_programs, kill_and_restart, load_final, plain, progress
 
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
+
 SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")]
 
 # name: (program under programs/corpus, arguments after OUT[, snapshot after step, how restart must

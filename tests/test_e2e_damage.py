@@ -5,9 +5,22 @@ from __future__ import annotations
 
 import random
 
-from harness import Run, assert_same, copy_programs, gpusnap, load_final, plain, progress, snapshot_now, wait_for
+import pytest
 
 from gpusnap.store import RunDir
+from harness import (
+    Run,
+    assert_same,
+    copy_programs,
+    gpusnap,
+    load_final,
+    plain,
+    progress,
+    snapshot_now,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
 
 
 def _two_snapshots_then_killed(tmp_path):

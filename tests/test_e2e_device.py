@@ -16,6 +16,8 @@ import sys
 import pytest
 from harness import Run, _env, copy_programs, gpusnap, progress, request_snapshot, snapshotted_twice_and_killed, wait_for
 
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
+
 CHUNK = 64 << 10
 FAKE = {"GPUSNAP_DEVICE": "fake", "GPUSNAP_CHUNK_BYTES": str(CHUNK), "TEST_STEP_SLEEP_S": "0"}
 PACED = {"TEST_STEP_SLEEP_S": "0.05"}

@@ -24,8 +24,9 @@ import torch
 
 from harness import Run, _env, assert_same, committed_ids, copy_programs, gpusnap, wait_for
 
-pytestmark = pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-                                reason="torch.distributed with gloo is not available")
+pytestmark = [pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+                                 reason="torch.distributed with gloo is not available"),
+              pytest.mark.slow]  # end-to-end runs: the full suite, not the quick loop
 
 # Startup of several ranks on the CI machine's 2 cores takes seconds; the programs pace their steps.
 # Writers at normal priority: at idle priority, four of them starve behind the ranks and whatever

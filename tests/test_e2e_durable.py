@@ -11,9 +11,12 @@ import signal
 import time
 
 import psutil
+import pytest
 
 from gpusnap.errors import EXIT_PREEMPTED
 from harness import Run, committed_ids, gpusnap, programs_and_out, progress, wait_for
+
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
 
 SCHED_IDLE = 5
 

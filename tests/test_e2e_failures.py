@@ -15,6 +15,8 @@ from harness import Run, committed_ids, copy_programs, gpusnap, plain, progress,
 
 from gpusnap.errors import EXIT_PREEMPTED
 
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
+
 
 def _counters(tmp_path):
     programs = copy_programs(tmp_path)

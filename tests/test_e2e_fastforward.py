@@ -16,6 +16,8 @@ import signal
 import pytest
 from harness import Run, assert_same, copy_programs, gpusnap, load_final, plain, progress, snapshots, wait_for
 
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
+
 SEED = int(os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")[0])
 SLOW = {"TEST_STEP_SLEEP_S": "0.03"}
 

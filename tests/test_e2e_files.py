@@ -29,6 +29,8 @@ from harness import (
     wait_for,
 )
 
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
+
 SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")]
 ENV = {"OMP_NUM_THREADS": "1"}
 # The runs killed after a snapshot: its writer at the trainee's priority, so that on a busy

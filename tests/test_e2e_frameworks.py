@@ -32,6 +32,8 @@ from harness import (
     wait_for,
 )
 
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
+
 SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")]
 ENV = {"OMP_NUM_THREADS": "1"}
 

@@ -19,6 +19,8 @@ import pytest
 
 from harness import REPO, Run, copy_programs, gpusnap, progress, wait_for
 
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
+
 STATE_KB = 2048  # each snapshot writes ~2 MB anew (random doubles barely compress)
 CAPACITY = 5 << 20  # room for two snapshots, not for a third beside them
 

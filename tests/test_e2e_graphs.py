@@ -10,6 +10,8 @@ import random
 import pytest
 from harness import Run, assert_same, gpusnap, load_final, plain, programs_and_out, progress, snapshot_now, snapshots, wait_for
 
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
+
 SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")]
 
 

@@ -15,6 +15,8 @@ import sys
 import pytest
 from harness import REPO, Run, copy_programs, gpusnap, interrupt, plain, progress, ref_and_out
 
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
+
 VERSIONS = ("3.11", "3.12", "3.13")
 SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")]
 # These steps take no time of their own: paced slower, the run leaves the harness's `gpusnap ls`

@@ -22,6 +22,8 @@ from gpusnap.capture import agent
 from harness import Run, copy_programs, plain, progress, ref_and_out, wait_for
 from test_stage_arena import V2_MOUNT, fake_root
 
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
+
 MiB = 1 << 20
 QUIET = {"GPUSNAP_DRAIN": "off", "GPUSNAP_HUGEPAGES": "off", "TEST_STEP_SLEEP_S": "0.02"}
 

@@ -3,7 +3,11 @@ shape that differs, a replay that never reaches the saved loop, other arguments.
 
 from __future__ import annotations
 
+import pytest
+
 from harness import Run, gpusnap, programs_and_out, progress, snapshot_now, wait_for
+
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
 
 
 def _snapshot_then_kill(tmp_path):

@@ -26,8 +26,11 @@ STYLES = {
 SLOW = {"TEST_STEP_SLEEP_S": "0.03"}
 
 
+QUICK = "a-epochs-dataloader-workers0"  # the one style the quick loop (-m "not slow") runs
+
+
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("style", STYLES)
+@pytest.mark.parametrize("style", [s if s == QUICK else pytest.param(s, marks=pytest.mark.slow) for s in STYLES])
 def test_killed_run_restarts_to_the_same_bytes(tmp_path, style, seed):
     program, args, total = STYLES[style]
     rnd = random.Random(f"{style}/{seed}")
@@ -49,6 +52,7 @@ def test_killed_run_restarts_to_the_same_bytes(tmp_path, style, seed):
     assert_same(load_final(ref), load_final(out))
 
 
+@pytest.mark.slow
 def test_restart_twice_in_a_row(tmp_path):
     rnd = random.Random("twice")
     programs = copy_programs(tmp_path)

@@ -18,6 +18,8 @@ from gpusnap.errors import EXIT_PREEMPTED
 from gpusnap.restore import load
 from gpusnap.store import RunDir
 
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
+
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_snapshot_holds_the_bytes_of_its_iteration(tmp_path, workers):

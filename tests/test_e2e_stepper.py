@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import signal
 
+import pytest
+
 from harness import Run, assert_same, gpusnap, load_final, plain, progress, snapshot_now, wait_for
+
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
 
 LIBRARY = '''\
 """A trainer in the style of the frameworks: the step loop lives here, not in the script."""

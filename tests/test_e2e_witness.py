@@ -19,6 +19,8 @@ import signal
 import pytest
 from harness import REPO, Run, assert_same, copy_programs, gpusnap, load_final, plain, progress, ref_and_out, wait_for
 
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
+
 INJECT = REPO / "tools" / "chaos" / "inject"
 ENV = {"OMP_NUM_THREADS": "1"}
 SLOW = {**ENV, "TEST_STEP_SLEEP_S": "0.05"}

@@ -257,6 +257,7 @@ def test_iterable_dataset_loader_resumes_at_batch_k():
     assert len(rest) == len(batches) - 2 and all(_same(a, b) for a, b in zip(rest, batches[2:]))
 
 
+@pytest.mark.slow
 def test_persistent_workers_epoch_after_the_first(tmp_path):
     log = str(tmp_path / "loads")
 

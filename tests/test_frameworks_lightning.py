@@ -16,6 +16,8 @@ from gpusnap.capture import loopnotes
 from gpusnap.frameworks import lightning as adapter_module
 from gpusnap.restore import livecheck
 
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
+
 combined = pytest.importorskip("lightning.pytorch.utilities.combined_loader")
 ADAPTER = adapter_module.ModeIteratorAdapter()
 

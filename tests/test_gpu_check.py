@@ -12,6 +12,8 @@ import subprocess
 import pytest
 from harness import REPO, _env
 
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
+
 PROBES = ["dontfork", "orphaned-pages", "stream-race", "address-range", "managed-ordinal", "allocator", "first-alloc",
           "fingerprint"]
 

@@ -172,6 +172,7 @@ def test_random_graph_merges_into_a_replayed_copy(tmp_path, seed, iterative):
     assert live.made.refers_to is live.tensors[1], "an adopted object points at a copy, not the live tensor"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("iterative", [False, True], ids=["c-pickler", "iterative-pickler"])
 def test_a_chain_100000_deep_round_trips_and_merges(tmp_path, iterative):
     def chain():

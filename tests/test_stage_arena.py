@@ -275,6 +275,7 @@ def test_the_arena_is_sized_against_the_cgroup_and_refuses_what_its_room_cannot_
 # -- through the CLI ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_snapshot_the_arena_cannot_hold_is_skipped_and_a_later_one_commits(tmp_path):
     """GPUSNAP_ARENA_BYTES below the large model's optimizer state: the snapshot taken while it
     trains is skipped with one line and a hint, training goes on, and once the program trains

@@ -73,6 +73,7 @@ def test_verify_ok_then_damaged(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_verify_missing_index_says_gc_reindexes(tmp_path):
     rd, snaps = make_run(tmp_path, n=1)
     for p in (rd.path / "index").glob("*.json"):

@@ -171,6 +171,7 @@ def test_export_refuses_a_layout_that_does_not_fit_its_bytes(tmp_path, layout, w
     assert r.stderr.count("\n") == 2 and not out.exists()
 
 
+@pytest.mark.slow
 def test_run_and_restart_fall_back_past_a_damaged_newest_snapshot(tmp_path):
     """The same command again (`run --resume auto`) and `restart` both skip a snapshot whose
     manifest claims a negative chunk size, resume from the one before, and end with the bytes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import xxhash
 
 from gpusnap.store import RunDir
@@ -9,6 +10,7 @@ from gpusnap.store import RunDir
 NBYTES = (2 << 30) + (3 << 20) + 12345  # past every 32-bit length, not a multiple of a chunk
 
 
+@pytest.mark.slow
 def test_a_buffer_over_2_gib_round_trips(tmp_path):
     data = bytearray(NBYTES)  # zeros compress fast; marks at the edges catch misplaced chunks
     for offset in (0, 1 << 20, (1 << 31) - 1, 1 << 31, (1 << 31) + 7, NBYTES - 1):

@@ -125,6 +125,7 @@ def _store_ids(url: str, env: dict, cwd: Path) -> list[str]:
     return [s["id"] for s in json.loads(r.stdout) if "shared" in s["level"]]
 
 
+@pytest.mark.slow
 def test_drill_a_reclaimed_vm_restarts_from_s3_on_a_fresh_machine(s3, tmp_path):
     """kill -9 with the whole local tree gone (the program's copy, the cache, its output), then
     `gpusnap restart s3://...` from a fresh copy of the program in another directory: the run

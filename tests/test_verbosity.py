@@ -82,6 +82,7 @@ def _on_a_terminal(args, cwd, env, signal_at_step=None, out=None, timeout=120) -
     return proc.wait(timeout=30), got.decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_long_writes_and_restores_show_a_status_line_on_a_terminal_only(tmp_path):
     program = copy_programs(tmp_path) / "big_state.py"
     _, out = ref_and_out(tmp_path)
