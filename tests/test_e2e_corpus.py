@@ -46,7 +46,7 @@ CORPUS = {
     # workers draw from a generator the dataset holds: the same, though no global state moves
     "augment_rng": ("augment_rng.py", [], 0, "by consuming"),
     # spawned workers run nothing of gpusnap's: their loader counts as drawing
-    "augment_rng-spawn": ("augment_rng.py", ["--context", "spawn", "--epochs", "2"], 0, "by consuming"),
+    "augment_rng-spawn": ("augment_rng.py", ["--context", "spawn", "--epochs", "1"], 0, "by consuming"),
     # a collate function that masks tokens at random, in the main process: skipped by sampler, the
     # merge puts the generator where the original's fetches had left it
     "collate_draws": ("collate_draws.py", ["--epochs", "5"], 0, "by batch sampler"),
