@@ -39,6 +39,7 @@ import sys
 import tempfile
 
 from gpusnap.graph import rng
+from gpusnap.traverse import walk
 
 _page = None
 DIR: str | None = None  # where workers leave their RNG states at each epoch's start
@@ -218,25 +219,10 @@ def held_states(dataset) -> list[bytes]:
 def _held(dataset) -> list:
     """The random generators ``dataset`` holds (``held_states``), in a fixed order."""
     found = []
-    seen: set[int] = set()
-    module = sys.modules.get(type(dataset).__module__)
-    todo = [(value, _DEPTH) for value in (vars(module).values() if module is not None else ())]
-    todo.append((dataset, 0))
-    while todo:
-        obj, depth = todo.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        cls = type(obj)
-        generator = _GENERATOR_TYPES.get(cls)
-        if generator is None:
-            generator = _GENERATOR_TYPES[cls] = _is_generator_type(cls)
-        if generator:
-            if rng.owned_state(obj) is not None:
-                found.append(obj)
-                continue
-        if depth >= _DEPTH:
-            continue
+
+    def expand(obj, depth: int):
+        if depth >= _DEPTH or (found and found[-1] is obj):  # a generator: not looked into
+            return ()
         if isinstance(obj, (list, tuple)):
             entries = obj
         elif isinstance(obj, dict):
@@ -244,8 +230,20 @@ def _held(dataset) -> list:
         else:
             entries = getattr(obj, "__dict__", None)
             entries = entries.values() if isinstance(entries, dict) else ()
-        if len(entries) <= _ENTRIES:
-            todo.extend((value, depth + 1) for value in entries if not isinstance(value, _PLAIN))
+        if len(entries) > _ENTRIES:
+            return ()
+        return [(value, depth + 1) for value in entries if not isinstance(value, _PLAIN)]
+
+    module = sys.modules.get(type(dataset).__module__)
+    roots = [(value, _DEPTH) for value in (vars(module).values() if module is not None else ())]
+    roots.append((dataset, 0))
+    for obj, _depth in walk(roots, expand):
+        cls = type(obj)
+        generator = _GENERATOR_TYPES.get(cls)
+        if generator is None:
+            generator = _GENERATOR_TYPES[cls] = _is_generator_type(cls)
+        if generator and rng.owned_state(obj) is not None:
+            found.append(obj)
     return found
 
 
