@@ -62,8 +62,9 @@ def _set_cuda_states(torch, saved: list) -> None:
 # them, ``restore_json`` puts them back.
 
 import base64
-import ctypes
 import struct
+
+from gpusnap.rawmem import view_at
 
 _MT_WORDS = 624
 _MT_BYTES = 4 + 4 * _MT_WORDS  # CPython: int index, then the words; numpy: the words, then pos
@@ -71,17 +72,12 @@ _random_view: memoryview | None = None  # over CPython's RandomObject state; emp
 _numpy_layout: tuple | None = None  # (RandomState, view of its state, view of its gauss) or ()
 
 
-def _view(address: int, nbytes: int) -> memoryview:
-    # Made once per generator (ctypes calls cost about 0.6 us each); bytes() of it is a memcpy.
-    return memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
-
-
 def _random_raw() -> bytes:
     global _random_view
     inst = random._inst
     if _random_view is None:
         _random_view = memoryview(b"")
-        view = _view(id(inst) + object.__basicsize__, _MT_BYTES)
+        view = view_at(id(inst) + object.__basicsize__, _MT_BYTES)
         version, words, _ = inst.getstate()
         if version == 3 and struct.unpack_from(f"i{_MT_WORDS}I", view) == (words[-1], *words[:-1]):
             _random_view = view
@@ -99,7 +95,7 @@ def _gauss_offset(np) -> int | None:
     probe.standard_normal()  # draws two, caches one: has_gauss == 1
     state = probe.get_state(legacy=False)
     base, size = id(probe), cls.__basicsize__
-    raw = ctypes.string_at(base, size)
+    raw = bytes(view_at(base, size))
     for off in range(object.__basicsize__, size - 24, 8):
         pointer = int.from_bytes(raw[off : off + 8], "little")
         if base <= pointer < base + size:
@@ -121,7 +117,7 @@ def _numpy_raw(mtrand) -> bytes:
         except Exception:  # another bit generator, a numpy without these: the slow path
             address = gauss = None
         if address is not None and gauss is not None:
-            _numpy_layout = (rs, _view(address, _MT_BYTES), _view(id(rs) + gauss, 16))
+            _numpy_layout = (rs, view_at(address, _MT_BYTES), view_at(id(rs) + gauss, 16))
             if _numpy_slow(rs) != _numpy_fast(_numpy_layout):
                 _numpy_layout = ()
     return _numpy_fast(_numpy_layout) if _numpy_layout else _numpy_slow(rs)

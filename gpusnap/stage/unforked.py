@@ -11,7 +11,7 @@ their locals, directly or inside lists, tuples, dicts and mappings of a few hund
 most (a batch ``x, y``, the ``inputs`` dict a trainer's loop keeps, a list of micro-batches), whose memory is page-locked
 (``Tensor.is_pinned()``) or lies in a do-not-fork mapping. That walk is shallow on purpose: it
 runs in the stall, and pinned memory deeper in the program's objects is rare; the writer checks
-every buffer it reads (``memory.mapped``) and fails the snapshot, with a hint, rather than read
+every buffer it reads (``rawmem.mapped``) and fails the snapshot, with a hint, rather than read
 what the fork did not pass on. Also every open cuda.core Buffer over host memory (a
 ``LegacyPinnedMemoryResource``'s or ``PinnedMemoryResource``'s, found by ``sources.core_ranges``,
 which runs first in the stall, after the devices were synchronized): whole, at every snapshot.
@@ -42,7 +42,7 @@ def dontfork_ranges(refresh: bool = False) -> list[tuple[int, int]]:
     process), not at every snapshot: a training process maps and unmaps memory every step, and
     the one do-not-fork memory its locals hold in practice is CUDA's pinned memory, which
     ``Tensor.is_pinned()`` finds without it. Do-not-fork memory mapped later is caught by the
-    writer's check (``memory.mapped``)."""
+    writer's check (``rawmem.mapped``)."""
     global _ranges
     if _ranges is None or refresh:
         _ranges = [(lo, hi) for lo, hi, perms, flags in mappings()
