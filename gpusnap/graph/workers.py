@@ -38,6 +38,8 @@ import shutil
 import sys
 import tempfile
 
+from gpusnap import atomic
+from gpusnap.errors import GpusnapError
 from gpusnap.graph import rng
 from gpusnap.traverse import walk
 
@@ -104,12 +106,9 @@ def epoch_started(dataset, worker_id: int) -> None:
         saved = None
     if saved is not None:
         _set_states(dataset, saved)
-    tmp = f"{key}.states.{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(pickle.dumps(_states(dataset), protocol=pickle.HIGHEST_PROTOCOL))
-        os.replace(tmp, key + ".states")  # whole or not at all: the writer may read it any time
-    except OSError:
+    try:  # whole or not at all: the writer may read it any time (in /dev/shm: no fsync)
+        atomic.write_file(key + ".states", [pickle.dumps(_states(dataset), protocol=pickle.HIGHEST_PROTOCOL)], durable=False)
+    except GpusnapError:
         pass  # no room on /dev/shm: the snapshot then holds none, and restart refuses
 
 
@@ -155,9 +154,7 @@ def put_back(dataset, states: list[str]) -> None:
     make_state_dir()
     for worker_id, state in enumerate(states):
         key = _key(dataset, worker_id)
-        with open(key + ".load.tmp", "wb") as f:
-            f.write(base64.b64decode(state))
-        os.replace(key + ".load.tmp", key + ".load")
+        atomic.write_file(key + ".load", [base64.b64decode(state)], durable=False)
 
 
 def _states(dataset) -> dict:

@@ -175,7 +175,7 @@ def exit_status(returncode: int) -> int:
 
 
 def _write_json(path: str, obj: dict) -> None:
-    from gpusnap.store.atomic import write_file
+    from gpusnap.atomic import write_file
 
     write_file(path, [json.dumps(obj, indent=1).encode() + b"\n"])
 
@@ -276,7 +276,7 @@ class Supervisor:
     def run(self) -> int:
         """Start the trainee, serve it until it exits, return the exit status to use."""
         L = self.launch
-        from gpusnap.store.atomic import open_private
+        from gpusnap.atomic import open_private
 
         # Never through a symbolic link, as the lock: appending to whatever file one names would
         # let anyone who can write the directory make this run write there.

@@ -10,7 +10,7 @@ import pathlib
 import struct
 
 from gpusnap.errors import ExportError, StoreError
-from gpusnap.store import atomic
+from gpusnap import atomic
 
 # dtype name in the manifest -> (safetensors code, element size, numpy dtype with those bytes)
 DTYPES = {

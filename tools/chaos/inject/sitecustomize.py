@@ -4,7 +4,7 @@ gpusnap's swappable module-level names (never by patching the OS):
 
   ENOSPC, EIO, EROFS   every write the snapshot store makes fails with that errno, as a full
                        disk, a failing disk or a file system remounted read-only would
-                       (gpusnap/store/atomic.py, gpusnap/store/lock.py)
+                       (gpusnap/atomic.py, gpusnap/store/lock.py)
   DISK <bytes>         the run directory (the fault file's sibling ``snaps``) is a disk of that
                        size: a write fails with ENOSPC once its files would hold more
   EIO-READ <p>         each read of a pack fails with EIO with probability p (gpusnap/store/pack.py)
@@ -49,8 +49,8 @@ def _oserror(name: str) -> OSError:
 
 
 if _FAULT:
-    from gpusnap import rawmem
-    from gpusnap.store import atomic, local, lock
+    from gpusnap import atomic, rawmem
+    from gpusnap.store import local, lock
 
     _snaps = os.path.join(os.path.dirname(os.path.realpath(_FAULT)), "snaps")
     _process = os.getpid()
