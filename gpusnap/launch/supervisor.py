@@ -91,9 +91,10 @@ from dataclasses import dataclass, field
 import psutil
 
 from gpusnap import knobs, lifeline
+from gpusnap.console import Console
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, StoreError
 from gpusnap.launch.control import Connection, ControlServer
-from gpusnap.launch.events import StatusLine, describe, progress_line, schedule_line, warning
+from gpusnap.launch.events import describe, progress_line, schedule_line, warning
 from gpusnap.launch.notices import Watcher
 from gpusnap.launch.options import format_duration
 from gpusnap.launch.schedule import Schedule
@@ -237,7 +238,7 @@ class Supervisor:
         self.last_iteration = None
         self.killed = False
         self.schedule = Schedule(launch.every_s, launch.overhead, time.monotonic())
-        self.status = StatusLine(self.err, launch.verbosity >= 1)
+        self.console = Console(self.err, launch.verbosity, status=launch.verbosity >= 1)
         self.last_total = None  # bytes of the last committed snapshot: a long write's progress is shown against it
         self.ranks: dict[int, Connection] = {}  # a distributed run: this node's ranks by global rank
         self.stop_outcome: str | None = None  # a distributed run: a global stop snapshot's event
@@ -251,16 +252,7 @@ class Supervisor:
     def say(self, line: str, level: int = 0) -> None:
         """One ``gpusnap:`` line on stderr, when ``--quiet``/``--verbose`` let lines of ``level``
         through (0: problems and stops, always; 1: snapshots; 2: requests and connections)."""
-        if level <= self.launch.verbosity:
-            self._write(f"gpusnap: {line}\n")
-
-    def _write(self, text: str) -> None:
-        try:
-            self.status.clear()
-            self.err.write(text)
-            self.err.flush()
-        except (OSError, ValueError):
-            pass
+        self.console.say(line, level)
 
     def log(self, record: dict) -> None:
         if self._log_fd < 0:
@@ -673,7 +665,7 @@ class Supervisor:
         name = ev.get("event")
         if name == "progress":  # a long write: the status line on a terminal, nothing in the log
             if float(ev.get("s") or 0) >= knobs.STATUS_AFTER_S:
-                self.status.show("gpusnap: " + progress_line(ev, self.last_total))
+                self.console.show("gpusnap: " + progress_line(ev, self.last_total))
             return
         if name == "committed":
             self.last_total = ev.get("bytes_total")
@@ -685,9 +677,9 @@ class Supervisor:
         warned = warning(ev)
         if warned is not None:
             self.say(warned[0])
-            self._write(f"hint: {warned[1]}\n")
+            self.console.write(f"hint: {warned[1]}\n")
         elif name in ("failed", "skipped") and ev.get("hint"):
-            self._write(f"hint: {ev['hint']}\n")
+            self.console.write(f"hint: {ev['hint']}\n")
         rank = self.trainee.rank if self.trainee is not None else None
         self.log({"source": "trainee", **({"rank": rank} if rank is not None else {}), **ev})
         if name == "committed" and self.term_deadline is not None:
