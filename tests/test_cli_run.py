@@ -275,7 +275,7 @@ def test_help_explains_options_exit_codes_and_examples(work):
 
 def test_launcher_never_imports_torch():
     code = ("import sys, gpusnap.cli, gpusnap.cli.run, gpusnap.launch.supervisor, gpusnap.launch.control, "
-            "gpusnap.launch.options, gpusnap.store.rundir, gpusnap.store.atomic; gpusnap.cli._register(); "
+            "gpusnap.launch.options, gpusnap.store.rundir, gpusnap.atomic; gpusnap.cli._register(); "
             "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')); "
             "assert not bad, bad")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -42,3 +42,35 @@ def test_a_supervisor_that_stops_reading_never_stalls_training():
     assert dropped and sum(e["count"] for e in dropped) == sent - len(delivered)
     assert delivered == sorted(delivered) and delivered[0] == 0
     assert control.QUEUE_MAX <= len(delivered) < sent
+
+
+def test_malformed_messages_from_the_supervisor_are_refused_and_the_next_one_is_served(capfd, monkeypatch):
+    ours, theirs = socket.socketpair()
+    monkeypatch.setattr(control, "requests", [])
+    reader = threading.Thread(target=control._read_control, args=(ours,), daemon=True)
+    reader.start()
+    try:
+        theirs.sendall(b"{not json\n[1]\n" + b"".join(
+            (json.dumps(m) + "\n").encode() for m in (
+                {"op": "snapshot", "reason": "timer"},  # no "stop"
+                {"op": "snapshot", "reason": 7, "stop": False},
+                {"op": "schedule", "schedule": "often"},
+                {"op": "shutdown"},
+                {"op": "snapshot", "reason": "signal", "stop": True, "schedule": {}},
+            )))
+        theirs.shutdown(socket.SHUT_WR)
+        reader.join(10)
+        assert not reader.is_alive(), "the reader stopped at a malformed message"
+    finally:
+        ours.close()
+        theirs.close()
+    assert control.requests == [("signal", True)]
+    refused = [line for line in capfd.readouterr().err.splitlines() if "refused" in line]
+    assert [line.split(": ", 2)[2] for line in refused] == [
+        "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+        "not a JSON object: [1]",
+        "'snapshot' without stop",
+        "'snapshot' with reason=7: not str",
+        "'schedule' with schedule='often': not dict",
+        "unknown op 'shutdown' (known: schedule, snapshot)",
+    ]

@@ -414,7 +414,7 @@ def test_registration_pins_pages_and_a_page_replaced_under_it_loses_what_the_gpu
     registration pinned; a hole punched in the file replaces two of them under the mapping, and
     the GPU's next copy goes into the orphans: the file (what a writer maps) reads zeros there,
     and nothing fails. Unregistered and registered again, the range pins the new pages."""
-    from gpusnap.stage.memory import punch_hole
+    from gpusnap.rawmem import punch_hole
 
     page = mmap.PAGESIZE
     fd = os.memfd_create("pinned-pages")

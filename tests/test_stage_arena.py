@@ -18,7 +18,7 @@ from gpusnap.errors import ArenaFull, StageError
 from gpusnap.stage import limits
 from gpusnap.stage.arena import DMA_USES, USES, Arena, writer_view
 from gpusnap.stage.drain import drain
-from gpusnap.stage.memory import PAGE, address_view, madvise
+from gpusnap.rawmem import MADV_DONTFORK, PAGE, madvise, view_at
 from harness import Run, assert_same, gpusnap, load_final, plain, programs_and_out, progress, request_snapshot, wait_for
 
 MiB = 1 << 20
@@ -172,12 +172,12 @@ def test_a_second_snapshot_while_a_writer_still_reads_never_overwrites_its_regio
         return Writer(work, read), staged, region
 
     first_staged = os.urandom(3 * MiB)
-    first_weights = digest(address_view(*span(weights)))
+    first_weights = digest(view_at(*span(weights)))
     first, *first_regions = snapshot(first_staged)
 
     weights.fill_(2.0)  # the trainee trains on while the first writer is still at work
     second_staged = os.urandom(3 * MiB)
-    second_weights = digest(address_view(*span(weights)))
+    second_weights = digest(view_at(*span(weights)))
     second, *second_regions = snapshot(second_staged)
     assert not any(overlaps(a, b) for a in first_regions for b in second_regions)
 
@@ -192,8 +192,7 @@ def test_a_writer_maps_its_region_afresh_even_where_the_trainee_mapping_is_not_i
     arena = Arena(capacity=4 * MiB)
     region = arena.reserve(MiB, "pinned")
     region.trainee_view(arena)[:5] = b"bytes"
-    MADV_DONTFORK = 10  # what CUDA does to memory it registers
-    assert madvise(arena.address, arena.capacity, MADV_DONTFORK) == 0
+    madvise(arena.address, arena.capacity, MADV_DONTFORK)  # what CUDA does to memory it registers
     writer = Writer(lambda: None, lambda _: bytes(writer_view(arena.fd, region.offset + 1, 4)).decode())
     assert writer.finish() == "ytes"
 

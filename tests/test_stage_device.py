@@ -602,7 +602,7 @@ def test_staged_bytes_land_in_pages_the_writer_reads_under_every_drain_setting(g
     from gpusnap.stage import arena as arena_module
     from gpusnap.stage import writer_done, writer_starting
     from gpusnap.stage.arena import Arena
-    from gpusnap.stage.memory import punch_hole
+    from gpusnap.rawmem import punch_hole
 
     monkeypatch.setattr(knobs, "DRAIN", drain_mode)
     monkeypatch.setattr(arena_module, "_arena", Arena(capacity=64 << 20))

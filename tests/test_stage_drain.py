@@ -14,7 +14,7 @@ import torch
 from gpusnap.errors import CaptureError
 from gpusnap.stage.drain import Drained, drain
 from gpusnap.stage.arena import Arena
-from gpusnap.stage.memory import address_view
+from gpusnap.rawmem import view_at
 
 MIN = 256 << 10
 
@@ -60,7 +60,7 @@ def span(t: torch.Tensor) -> tuple[int, int]:
 def test_the_region_holds_fork_time_bytes_and_the_child_lets_go_of_the_pages():
     big = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB
     small = torch.arange(100, dtype=torch.float32)
-    before = digest(address_view(*span(big)))
+    before = digest(view_at(*span(big)))
     arena, region = drain_region(64 << 20)
 
     def work():
@@ -69,7 +69,7 @@ def test_the_region_holds_fork_time_bytes_and_the_child_lets_go_of_the_pages():
             "region": digest(drained.view(*span(big))),
             "small drained": drained.view(*span(small)) is not None,
             # the child's own mapping of big now reads as fresh zero pages
-            "child middle": float(np.frombuffer(address_view(*span(big)), np.float32)[1 << 19]),
+            "child middle": float(np.frombuffer(view_at(*span(big)), np.float32)[1 << 19]),
             "bytes": drained.nbytes,
         }
 
@@ -83,7 +83,7 @@ def test_the_region_holds_fork_time_bytes_and_the_child_lets_go_of_the_pages():
 
 def test_a_page_the_parent_writes_first_is_still_drained_with_its_fork_time_bytes():
     big = torch.zeros(1 << 21)  # 8 MiB
-    before = digest(address_view(*span(big)))
+    before = digest(view_at(*span(big)))
     arena, region = drain_region(64 << 20)
     read_fd, write_fd = os.pipe()
     pid = os.fork()
@@ -127,7 +127,7 @@ def test_a_private_file_mapping_is_not_drained(tmp_path):
 def test_a_drain_region_too_small_for_everything_drains_what_fits_and_says_what_it_wanted():
     first = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB each
     second = torch.arange(1 << 20, dtype=torch.float32) * 2
-    before = digest(address_view(*span(first)))
+    before = digest(view_at(*span(first)))
     arena, region = drain_region(5 << 20)  # room for one of them only
 
     def work():
@@ -184,7 +184,7 @@ def test_what_the_optimizer_steps_is_drained_first_in_step_order_then_the_rest()
     assert [order.index(id(t)) for t in expected] == sorted(order.index(id(t)) for t in expected)
 
     loose = torch.arange(1 << 18, dtype=torch.float32)  # no optimizer holds it: found by the scan
-    before = {name: digest(address_view(*span(t))) for name, t in [("weight", first), ("exp_avg_sq", optimizer.state[first]["exp_avg_sq"]), ("loose", loose)]}
+    before = {name: digest(view_at(*span(t))) for name, t in [("weight", first), ("exp_avg_sq", optimizer.state[first]["exp_avg_sq"]), ("loose", loose)]}
     arena, region = drain_region(64 << 20)
 
     def work():

@@ -15,7 +15,7 @@ import torch
 
 from gpusnap.stage import hugepages
 from gpusnap.stage.arena import Arena
-from gpusnap.stage.memory import address_view
+from gpusnap.rawmem import view_at
 from gpusnap.stage.prepare import _Worker
 
 MiB = 1 << 20
@@ -135,12 +135,12 @@ def test_collapse_backs_a_tensor_with_huge_pages_and_keeps_its_bytes():
     tensor = torch.randn(6 * HUGE // 4)  # 12 MiB of float32: at least 5 whole huge pages
     storage = tensor.untyped_storage()
     address, nbytes = storage.data_ptr(), storage.nbytes()
-    before = hashlib.sha256(address_view(address, nbytes)).hexdigest()
+    before = hashlib.sha256(view_at(address, nbytes)).hexdigest()
     results = list(hugepages.collapse([(address, nbytes)]))
     if not any(results):
         pytest.skip("this kernel does not collapse huge pages (MADV_COLLAPSE, Linux >= 6.1)")
     assert len(results) >= 5
-    assert hashlib.sha256(address_view(address, nbytes)).hexdigest() == before
+    assert hashlib.sha256(view_at(address, nbytes)).hexdigest() == before
     spans = hugepages.huge_spans([(address, nbytes)])
     backed = huge_pages_backing(spans)
     # A collapse that succeeded is not a promise that the page stays huge: under memory

@@ -13,15 +13,13 @@ import torch
 from device_helpers import in_child
 from gpusnap.stage import unforked
 from gpusnap.stage.arena import trainee_arena
-from gpusnap.stage.memory import madvise
-
-MADV_DONTFORK = 10
+from gpusnap.rawmem import MADV_DONTFORK, madvise
 
 
 def dontfork_array(nbytes: int = 1 << 16):
     region = mmap.mmap(-1, nbytes)
     array = np.frombuffer(region, dtype=np.uint8)
-    assert madvise(array.ctypes.data, nbytes, MADV_DONTFORK) == 0
+    madvise(array.ctypes.data, nbytes, MADV_DONTFORK)
     return region, array
 
 
@@ -68,24 +66,24 @@ def test_a_writer_trusts_only_the_memory_fork_passed_on():
     """Do-not-fork memory leaves a hole in the writer's address space, and what the writer maps
     later may land there: the writer's map is the one it froze at fork, so that address stays
     unmapped to it. A process pickling in place (not frozen) reads its map again on a miss."""
-    from gpusnap.stage import memory
+    from gpusnap import rawmem
 
     region, pinned = dontfork_array()
     hole = pinned.ctypes.data
-    assert memory.mapped(hole, 4096)
+    assert rawmem.mapped(hole, 4096)
 
     def writer():
-        memory.freeze_maps()
-        gone = memory.mapped(hole, 4096)
+        rawmem.freeze_maps()
+        gone = rawmem.mapped(hole, 4096)
         # Map memory of its own, at the hole's address itself (as the kernel may choose).
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mmap.restype = ctypes.c_void_p
         libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
         placed = libc.mmap(hole, 4096, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x100000, -1, 0)
-        return [gone, placed == hole, memory.mapped(hole, 4096)]  # 0x100000: MAP_FIXED_NOREPLACE
+        return [gone, placed == hole, rawmem.mapped(hole, 4096)]  # 0x100000: MAP_FIXED_NOREPLACE
 
     assert in_child(writer) == {"ok": [False, True, False]}
     fresh = mmap.mmap(-1, 1 << 16)
-    assert memory.mapped(np.frombuffer(fresh, dtype=np.uint8).ctypes.data, 1 << 16)
+    assert rawmem.mapped(np.frombuffer(fresh, dtype=np.uint8).ctypes.data, 1 << 16)
     del pinned
     region.close()

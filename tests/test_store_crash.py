@@ -15,7 +15,8 @@ import time
 import pytest
 
 from gpusnap.errors import RunDirLocked
-from gpusnap.store import RunDir, atomic, preload
+from gpusnap import atomic
+from gpusnap.store import RunDir, preload
 from gpusnap.store.check import leftovers
 from test_store_helpers import IDENTITY, SMALL, make_run, payload
 

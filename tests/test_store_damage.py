@@ -10,7 +10,8 @@ import os
 import pytest
 
 from gpusnap.errors import ChunkCorrupt, ChunkMissing, NoSpace, RunDirPermission, StoreError
-from gpusnap.store import atomic, index
+from gpusnap import atomic
+from gpusnap.store import index
 from gpusnap.store.check import leftovers
 from gpusnap.store.codec import ENTRY_NBYTES
 from gpusnap.store.pack import pack_path

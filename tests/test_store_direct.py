@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from gpusnap.store import atomic
+from gpusnap import atomic
 
 
 def _window(nbytes: int, seed: int) -> mmap.mmap:

@@ -9,7 +9,8 @@ import errno
 import pytest
 
 from gpusnap.errors import NoSpace
-from gpusnap.store import RunDir, atomic, index, lock
+from gpusnap import atomic
+from gpusnap.store import RunDir, index, lock
 from gpusnap.store.check import list_packs
 from test_store_helpers import IDENTITY, make_run, payload, snap
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusnap.store import atomic
+from gpusnap import atomic
 from gpusnap.store.local import LocalBackend
 from gpusnap.store.memory import MemoryBackend
 from harness import PROGRAMS, REPO, Run, assert_same, gpusnap, load_final, progress, wait_for

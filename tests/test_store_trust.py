@@ -21,7 +21,8 @@ from gpusnap import knobs
 from gpusnap.cli import _register, cli
 from gpusnap.errors import RunDirLocked, RunDirPermission, StoreError
 from gpusnap.instrument import cache
-from gpusnap.store import RunDir, atomic
+from gpusnap import atomic
+from gpusnap.store import RunDir
 from harness import Run, committed_ids, copy_programs, progress, request_snapshot, wait_for
 from test_store_helpers import IDENTITY, SMALL, make_run, payload, snap
 

@@ -33,6 +33,7 @@ Started directly (``python fake_trainee.py MODE ...``) by tests/test_supervisor.
   skip        answer each request with "skipped"
   exit N      connect, then exit with status N
   slow S      wait S seconds before connecting, then serve
+  garbage     send malformed messages after its hello, then serve
 """
 
 import json
@@ -62,6 +63,12 @@ def send(msg):
 
 
 send({"op": "hello", "pid": os.getpid()})
+if mode == "garbage":
+    sock.sendall(b"not json\n")
+    for bad in ([1, 2], {"op": "launch"}, {"op": "event"}, {"op": "hello", "pid": "me"},
+                {"op": "event", "event": "committed", "id": "000009", "stall_s": "fast"}):
+        send(bad)
+    mode = "serve"
 signal.pthread_sigmask(signal.SIG_SETMASK, set())  # as the trainee does once its handlers are in place
 if mode == "exit":
     sys.exit(int(sys.argv[2]))
@@ -205,6 +212,30 @@ def test_signal_snap_and_sigterm_commit_exit_75(work):
     assert all(isinstance(e["t"], float) for e in trainee)
     assert not (work / "rd" / "supervisor.json").exists()
     assert not os.path.exists(info["socket"])
+
+
+def test_malformed_messages_from_the_program_are_refused_and_the_run_goes_on(work):
+    p = start(work, mode=("garbage",))
+    try:
+        wait_for(lambda: len([e for e in log_events(work) if e.get("event") == "refused"]) == 6, what="refusals")
+        os.kill(p.pid, signal.SIGUSR1)
+        wait_for(lambda: any(e.get("event") == "committed" for e in log_events(work)), what="a commit")
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=20)
+    finally:
+        p.kill()
+    assert p.returncode == 75, err
+    refused = [(e["from"], e["why"]) for e in log_events(work) if e.get("event") == "refused"]
+    assert refused == [
+        ("the program", "not a JSON object: 'not json'"),
+        ("the program", "not a JSON object: [1, 2]"),
+        ("the program", "unknown op 'launch' (known: event, hello, snapshot, status)"),
+        ("the program", "'event' without event"),
+        ("the program", "'hello' with pid='me': not int"),
+        ("the program", "'event' with stall_s='fast': not float"),
+    ]
+    assert [e["event"] for e in log_events(work) if e.get("source") == "trainee"] == ["honored", "forked", "committed"] * 2
+    assert "refused" not in err  # one line in the log each; on stderr only with --verbose
 
 
 def test_grace_over_kills_the_tree_exit_76(work):

@@ -169,7 +169,7 @@ def probe_dontfork(cu, gpu) -> None:
 
 
 def probe_orphaned_pages(cu, gpu) -> None:
-    from gpusnap.stage.memory import punch_hole
+    from gpusnap.rawmem import punch_hole
 
     nbytes, page = 8 * MiB, mmap.PAGESIZE
     fd = os.memfd_create("gpusnap-probe")

@@ -25,6 +25,7 @@ import threading
 import time
 import warnings
 
+from gpusnap import protocol
 from gpusnap.capture import session
 from gpusnap.instrument import loops
 
@@ -105,10 +106,13 @@ def flush(timeout_s: float = 2.0) -> None:
 
 
 def _read_control(sock) -> None:
-    for line in sock.makefile("r", encoding="utf-8"):
+    for line in sock.makefile("r", encoding="utf-8", errors="replace"):
+        if not line.strip():
+            continue
         try:
-            message = json.loads(line)
-        except ValueError:
+            message = protocol.check(json.loads(line), protocol.TO_TRAINEE)
+        except ValueError as exc:  # not JSON, or protocol.Malformed
+            print(f"gpusnap: refused a malformed message from the supervisor: {exc}", file=sys.stderr, flush=True)
             continue
         if isinstance(message.get("schedule"), dict):
             session.schedule = message["schedule"]  # the next manifest records it

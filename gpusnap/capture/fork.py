@@ -19,9 +19,8 @@ import threading
 import time
 import warnings
 
-from gpusnap import lifeline, stage
+from gpusnap import lifeline, rawmem, stage
 from gpusnap.errors import NoSpace
-from gpusnap.stage import memory
 from gpusnap.capture import control, costs, session, watchdog, witness
 
 
@@ -150,8 +149,8 @@ def _child(job, trainee: int, read_fd: int, write_fd: int, mask) -> None:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             _expendable()
             # The address space fork passed on, before the writer maps anything into the holes
-            # that do-not-fork memory left (stage.memory.mapped).
-            memory.freeze_maps()
+            # that do-not-fork memory left (rawmem.mapped).
+            rawmem.freeze_maps()
             lifeline.die_with_parent(trainee)  # an orphaned writer's snapshot would never be reported
             os.close(read_fd)
             result = _write(job, write_fd)

@@ -10,10 +10,10 @@ are what ``gpusnap export`` writes). Paths read like Python (``graph.walk.Path``
 from __future__ import annotations
 
 import types
-from collections import deque
 
 from gpusnap.graph.walk import ATOMS as _ATOMS
 from gpusnap.graph.walk import Path, children
+from gpusnap.traverse import walk
 
 # Bound on objects visited, so a pathological graph cannot make the writer walk forever.
 _MAX_VISITS = 500_000
@@ -21,32 +21,24 @@ _MAX_VISITS = 500_000
 
 def find_paths(roots: list[tuple[str, object]], wanted_ids: set[int], torch_module=None) -> dict[int, str]:
     """Shortest path of each object whose id is in ``wanted_ids``. Tensors are leaves."""
-    found: dict[int, str] = {}
-    seen: set[int] = set()
-    queue = deque((Path(path), obj) for path, obj in roots)
-    visits = 0
-    leaf_types = _ATOMS
-    if torch_module is not None:
-        leaf_types = _ATOMS + (torch_module.Tensor,)
-    while queue and visits < _MAX_VISITS:
-        path, obj = queue.popleft()
-        oid = id(obj)
-        if oid in seen:
-            continue
-        seen.add(oid)
-        visits += 1
-        if oid in wanted_ids:
-            found[oid] = str(path)
-            if len(found) == len(wanted_ids):
-                break
+    leaf_types = _ATOMS if torch_module is None else _ATOMS + (torch_module.Tensor,)
+
+    def expand(obj, path: Path):
         if isinstance(obj, leaf_types) or isinstance(obj, (type, types.ModuleType)):
-            continue  # (a module's namespace holds no state of the program's that pickle kept)
+            return  # (a module's namespace holds no state of the program's that pickle kept)
         try:
             for suffix, child in children(obj, torch_module):
-                if id(child) not in seen and not isinstance(child, _ATOMS):
-                    queue.append((path + suffix, child))
+                if not isinstance(child, _ATOMS):
+                    yield child, path + suffix
         except Exception:  # a __dict__ property that raises, a dict mutated by a thread
-            continue
+            return
+
+    found: dict[int, str] = {}
+    for obj, path in walk(_places(roots), expand, breadth_first=True, limit=_MAX_VISITS):
+        if id(obj) in wanted_ids:
+            found[id(obj)] = str(path)
+            if len(found) == len(wanted_ids):
+                break
     return found
 
 
@@ -55,34 +47,34 @@ def top_modules(roots: list[tuple[str, object]], torch_module) -> list[tuple[str
     if torch_module is None:
         return []
     Module = torch_module.nn.Module
+
+    def expand(obj, path: Path):
+        if isinstance(obj, Module):
+            return
+        if isinstance(obj, _ATOMS) or isinstance(obj, (type, types.ModuleType, torch_module.Tensor)):
+            return
+        if not isinstance(obj, (dict, list, tuple)) and not hasattr(obj, "__dict__"):
+            return
+        if type(obj).__module__.startswith(("torch.utils.data", "threading", "socket", "io")):
+            return
+        try:
+            for suffix, child in children(obj, torch_module):
+                yield child, path + suffix
+        except Exception:
+            return
+
     result: list[tuple[str, object]] = []
     inside: set[int] = set()
-    seen: set[int] = set()
-    queue = deque((Path(path), obj) for path, obj in roots)
-    visits = 0
-    while queue and visits < _MAX_VISITS:
-        path, obj = queue.popleft()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        visits += 1
-        if isinstance(obj, Module):
-            if id(obj) not in inside:
-                result.append((str(path), obj))
-                for sub in obj.modules():
-                    inside.add(id(sub))
-            continue
-        if isinstance(obj, _ATOMS) or isinstance(obj, (type, types.ModuleType, torch_module.Tensor)):
-            continue
-        if not isinstance(obj, (dict, list, tuple)) and not hasattr(obj, "__dict__"):
-            continue
-        if type(obj).__module__.startswith(("torch.utils.data", "threading", "socket", "io")):
-            continue
-        try:
-            queue.extend((path + suffix, child) for suffix, child in children(obj, torch_module))
-        except Exception:
-            continue
+    for obj, path in walk(_places(roots), expand, breadth_first=True, limit=_MAX_VISITS):
+        if isinstance(obj, Module) and id(obj) not in inside:
+            result.append((str(path), obj))
+            for sub in obj.modules():
+                inside.add(id(sub))
     return result
+
+
+def _places(roots: list[tuple[str, object]]):
+    return [(obj, Path(path)) for path, obj in roots]
 
 
 def module_tensors(module, storage_names: dict, key_of, storage_offsets: dict | None = None) -> dict[str, dict]:

@@ -69,7 +69,7 @@ from gpusnap.graph.load import (  # noqa: F401  (re-exported: older snapshots na
     load_graph,
 )
 from gpusnap.stage.drain import Drained
-from gpusnap.stage.memory import address_view, mapped
+from gpusnap.rawmem import mapped, strided_extent, view_at
 from gpusnap.stage.sources import HOST_KINDS
 
 PROTOCOL = 5
@@ -417,7 +417,8 @@ class GraphPickler(pickle.Pickler):
     def _reduce_cupy(self, arr):
         """A CuPy array: its span of the staged range its memory lies in (CuPy's own pickling
         would copy it off the GPU, which a forked writer cannot)."""
-        address, nbytes, lowest = _span(arr.data.ptr, arr.shape, arr.strides, arr.itemsize)
+        address = arr.data.ptr
+        lowest, nbytes = strided_extent(address, arr.shape, arr.strides, arr.itemsize)
         device = int(arr.data.device_id)
         found = self.device.containing(device, lowest, nbytes) if self.device is not None and nbytes else None
         if found is None:
@@ -494,7 +495,7 @@ class GraphPickler(pickle.Pickler):
         """``arr`` over the bytes it had at fork: in place, or in the staging arena where the
         writer drained them or the trainee staged them (unforked memory)."""
         address = arr.__array_interface__["data"][0]
-        _, nbytes, lowest = _span(address, arr.shape, arr.strides, arr.itemsize)
+        lowest, nbytes = strided_extent(address, arr.shape, arr.strides, arr.itemsize)
         if not nbytes:
             return arr
         view = self.host.view(lowest, nbytes, "numpy array")
@@ -530,7 +531,7 @@ def _host_view(address: int, nbytes: int, what: str) -> memoryview:
             hint="this snapshot fails and training goes on; move pinned batches to the GPU under the same name "
                  "(x = x.to(device)) so the training loop holds none at its boundary, or use pin_memory=False",
         )
-    return address_view(address, nbytes)
+    return view_at(address, nbytes)
 
 
 def _guarded(obj, rv):
@@ -555,20 +556,6 @@ def _guarded(obj, rv):
     if func is copyreg.__newobj__ and args and getattr(args[0], "__new__", None) is object.__new__:
         return (func, args, *rest)
     return (_construct, (func, args, type_name(obj)), *rest)
-
-
-def _span(address: int, shape, strides, itemsize: int) -> tuple[int, int, int]:
-    """(address, bytes, lowest address) of the memory an array of ``shape`` and ``strides``
-    at ``address`` touches (negative strides reach below it)."""
-    lo = hi = address
-    for n, stride in zip(shape, strides):
-        if n == 0:
-            return address, 0, address
-        if stride < 0:
-            lo += (n - 1) * stride
-        else:
-            hi += (n - 1) * stride
-    return address, hi + itemsize - lo, lo
 
 
 def _storage_key(storage) -> tuple:

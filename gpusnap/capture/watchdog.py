@@ -4,10 +4,11 @@ and is killed so that the snapshot fails and the next one can run.
 A forked writer can hang for reasons it cannot report: stopped (SIGSTOP, a debugger), blocked
 forever on a lock that another trainee thread held at fork time (the classic hazard of forking
 a threaded process), stuck on a file system that stopped answering. Progress is read from the
-outside, so a hung writer needs no cooperation: CPU time spent (``/proc/PID/schedstat``, else
-``/proc/PID/stat``), or being runnable (a writer at idle priority waits for a core while the
-trainee keeps them busy: slow, not hung). A writer that computes forever is busy by this
-measure; ``--grace`` bounds a SIGTERM snapshot.
+outside (psutil), so a hung writer needs no cooperation: CPU time spent or a context switch
+(the CPU times count whole clock ticks: a writer that wakes briefly to move a few bytes shows in
+its switches), or being runnable (a writer at idle priority waits for a core while the trainee
+keeps them busy: slow, not hung). A writer that computes forever is busy by this measure;
+``--grace`` bounds a SIGTERM snapshot.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 
 from gpusnap import knobs
 
-_STATES = {"S": "blocked", "D": "blocked on I/O", "T": "stopped", "t": "stopped by a tracer"}
+_STATES = {"sleeping": "blocked", "disk-sleep": "blocked on I/O", "tracing-stop": "stopped by a tracer"}
 
 
 def timeout_for(image_nbytes: int) -> float:
@@ -32,20 +33,17 @@ def timeout_for(image_nbytes: int) -> float:
     return 60.0 + image_nbytes / 50e6
 
 
-def _sample(pid: int) -> tuple[str, int] | None:
-    """(state letter, CPU time in the kernel's finest unit), None once the process is gone."""
+def _sample(process) -> tuple[str, tuple] | None:
+    """(psutil status, what changes when it runs: CPU times and context switches), None once
+    the process is gone."""
+    import psutil
+
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        state = fields[0].decode()
-        try:
-            with open(f"/proc/{pid}/schedstat", "rb") as f:
-                cpu = int(f.read().split()[0])  # nanoseconds on a CPU
-        except (OSError, ValueError, IndexError):
-            cpu = int(fields[11]) + int(fields[12])  # utime + stime, clock ticks
-    except (OSError, ValueError, IndexError):
+        with process.oneshot():
+            times, switches = process.cpu_times(), process.num_ctx_switches()
+            return process.status(), (times.user, times.system, switches.voluntary, switches.involuntary)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
-    return state, cpu
 
 
 def read_report(read_fd: int, pid: int, timeout_s: float, on_line=None) -> tuple[bytes, str | None]:
@@ -53,6 +51,12 @@ def read_report(read_fd: int, pid: int, timeout_s: float, on_line=None) -> tuple
     pipe (its report), and why it was killed (None when it was not): after ``timeout_s`` with
     no progress it is sent SIGKILL, which closes the pipe. Each line before goes to
     ``on_line(bytes)`` (its progress)."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        process = None
     chunks: list[bytes] = []
     hung = None
     sample_s = min(1.0, timeout_s / 4)
@@ -74,11 +78,11 @@ def read_report(read_fd: int, pid: int, timeout_s: float, on_line=None) -> tuple
                         on_line(line)
             quiet_since = now
             continue
-        sample = _sample(pid)
+        sample = _sample(process) if process is not None else None
         if sample is None or hung is not None:
             continue  # gone or killed: the end of the pipe follows
         state, cpu = sample
-        if state == "R" or cpu != last_cpu:
+        if state == psutil.STATUS_RUNNING or cpu != last_cpu:
             last_cpu, quiet_since = cpu, now
         elif now - quiet_since >= timeout_s:
             os.kill(pid, signal.SIGKILL)

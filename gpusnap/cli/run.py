@@ -17,7 +17,7 @@ from gpusnap.cli import cli, trust_dir_option
 from gpusnap.errors import GpusnapError, NoActiveRun, RestoreError as RestoreRefused, RunDirMismatch, SnapshotError, SnapshotNotFound, UsageError
 from gpusnap.launch import options as opt
 from gpusnap.launch import torchrun
-from gpusnap.store import atomic
+from gpusnap import atomic
 from gpusnap.store import location
 from gpusnap.store.location import local_dir
 

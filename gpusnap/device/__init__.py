@@ -11,7 +11,6 @@ Modules, in the order a snapshot meets them:
 - ``fingerprint`` the dirty-chunk fingerprint's definition (NumPy reference)
 - ``kernels``     the CUDA kernels' source (``*.cu`` here) and their NVRTC compilation
 - ``calls``       cuda-python's ``(status, outputs...)`` convention turned into gpusnap errors
-- ``hostmem``     raw host memory: buffer addresses, views, mmap/madvise
 
 Nothing here imports the pipeline (capture, stage, restore): ``stage`` imports this package.
 

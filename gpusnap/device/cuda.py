@@ -26,7 +26,8 @@ from contextlib import contextmanager
 import numpy as np
 
 from gpusnap.device import fingerprint as fp
-from gpusnap.device import hostmem, kernels
+from gpusnap import rawmem
+from gpusnap.device import kernels
 from gpusnap.device.backend import ORIGINAL_ATTR, AllocKind, DeviceInfo, GpuBackend, PointerInfo
 from gpusnap.device.calls import check, hint_for, loading, status_name
 from gpusnap.errors import CudaCallFailed, NoDevice
@@ -203,7 +204,7 @@ class CudaBackend(GpuBackend):
                 call="managed_view",
                 code="not managed",
             )
-        return hostmem.view_at(address, nbytes)
+        return rawmem.view_at(address, nbytes)
 
     # ---- copies, fingerprints, synchronize
 
@@ -249,7 +250,7 @@ class CudaBackend(GpuBackend):
     def fingerprint(self, ordinal: int, src: int, nbytes: int, chunk_bytes: int, out) -> None:
         chunks = fp.chunk_count(nbytes, chunk_bytes)
         if chunks:
-            self._fingerprint_table(ordinal, [(src, nbytes)], chunk_bytes, hostmem.address_of(out))
+            self._fingerprint_table(ordinal, [(src, nbytes)], chunk_bytes, rawmem.address_of(out))
 
     def fingerprint_ranges(self, ordinal: int, ranges: list, chunk_bytes: int):
         table_chunks = sum(fp.chunk_count(nbytes, chunk_bytes) for _, nbytes in ranges)

@@ -78,7 +78,7 @@ def make_parent(to: str, after_dir: str) -> None:
 
 
 def write_new(path: str, data, mode: int) -> None:
-    from gpusnap.store import atomic
+    from gpusnap import atomic
 
     guard.keep(path, "write")  # a verify puts it back afterwards
     os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -16,10 +16,14 @@ as the verify wrote them.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import mmap
 import os
 import shutil
 import stat as stat_
+
+from gpusnap import atomic
 
 GUARD_DIR = "verify-guard"  # in the verify's scratch run directory
 KEPT = "kept.jsonl"
@@ -141,9 +145,16 @@ def _put(path: str, record: dict) -> None:
         try:
             os.replace(record["copy"], path)
         except OSError:  # the copy is on another file system than the program's file
-            temp = f"{path}.gpusnap-verify"
-            shutil.copy2(record["copy"], temp)
-            os.replace(temp, path)
+            _copy(record["copy"], path)
+
+
+def _copy(source: str, path: str) -> None:
+    """Put a copy of ``source`` at ``path``, whole or not at all, with its mode and times."""
+    with open(source, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else contextlib.nullcontext(b"") as data:
+            atomic.write_file(path, [data], mode=stat_.S_IMODE(os.fstat(f.fileno()).st_mode))
+    shutil.copystat(source, path)
 
 
 def _clear(path: str) -> None:

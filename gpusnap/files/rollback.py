@@ -270,7 +270,7 @@ def before_replay(rd, snap_id: str, force: bool, leave=lambda path: False) -> Pl
         if done.get("snapshot") == snap_id and _alive(done.get("pid")):
             return None
         plan = _put_back(pairs, str(rd.path), snap_id, force, leave)
-        from gpusnap.store import atomic
+        from gpusnap import atomic
 
         atomic.write_file(mark, [json.dumps({"snapshot": snap_id, "pid": os.getpid()}).encode()])
         return plan

@@ -15,7 +15,6 @@ the same function on the items it reproduced, reading memory in place.
 
 from __future__ import annotations
 
-import ctypes
 import struct
 import sys
 import types
@@ -24,15 +23,11 @@ from array import array
 import xxhash
 
 from gpusnap import knobs
+from gpusnap.rawmem import strided_extent, view_at
 
 MAX_NODES = 100_000
 _OPAQUE = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
            types.GeneratorType, types.CodeType, types.FrameType)
-
-
-def _view_at(address: int, nbytes: int) -> memoryview:
-    """Memory in place (replay, outside the writer)."""
-    return memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B") if nbytes else memoryview(b"")
 
 
 class _Undigestible(Exception):
@@ -47,7 +42,7 @@ def _type_name(obj) -> bytes:
 class _Walk:
     def __init__(self, read, max_bytes: int, host_copy=None):
         self.h = xxhash.xxh3_128()
-        self.read = read or _view_at
+        self.read = read or view_at
         self.host_copy = host_copy
         self.bytes_left = self.max_bytes = max_bytes
         self.nodes_left = MAX_NODES
@@ -165,15 +160,10 @@ class _Walk:
         np = self.np
         if np is None:
             raise _Undigestible("a strided tensor (numpy is not loaded)")
-        lo = hi = address
-        for n, stride in zip(shape, strides):
-            if stride < 0:
-                lo += (n - 1) * stride
-            else:
-                hi += (n - 1) * stride
-        if hi + itemsize - lo > self.bytes_left:
+        lo, nbytes = strided_extent(address, shape, strides, itemsize)
+        if nbytes > self.bytes_left:
             raise _Undigestible(self.too_big())
-        span = self.read(lo, hi + itemsize - lo)
+        span = self.read(lo, nbytes)
         items = np.ndarray(shape, np.dtype((np.void, itemsize)), buffer=span, offset=address - lo, strides=strides)
         self.data(memoryview(np.ascontiguousarray(items)).cast("B"))
 

@@ -24,6 +24,8 @@ import importlib
 import pickle
 import threading
 
+from gpusnap.rawmem import view_at
+
 
 # {saved allocation seq: its base in this process}: set by the restore before the graph loads
 # (raw allocations matched by call site, stage.device.restore_allocations).
@@ -42,15 +44,13 @@ def _device_pointer(seq: int, offset: int):
 
 def _raw_ndarray(seq: int, offset: int, dtype: str, shape, strides):
     """A numpy view of raw allocation ``seq`` (managed memory), at its base in this process."""
-    import ctypes
-
     import numpy as np
 
     base = DEVICE_BASES.get(seq)
     if base is None:
         raise pickle.UnpicklingError(f"a numpy array views raw allocation #{seq}, which was not restored")
     span = sum((n - 1) * abs(s) for n, s in zip(shape, strides)) + np.dtype(dtype).itemsize if all(shape) else 0
-    memory = (ctypes.c_char * span).from_address(base + offset)
+    memory = view_at(base + offset, span)
     return np.ndarray(shape, np.dtype(dtype), buffer=memory, strides=strides)
 
 

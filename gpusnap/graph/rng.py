@@ -55,40 +55,102 @@ def _set_cuda_states(torch, saved: list) -> None:
 #
 # ``random.getstate()`` costs about 11 us and numpy's ``get_state()`` about 60 us (it builds a
 # dict and an array); copying the generators' C state takes about 1 us. The copy reads the
-# documented layouts (CPython's RandomObject: an int index, then 624 words; numpy's
+# known layouts (CPython's RandomObject, per interpreter version: ``RANDOM_LAYOUTS``; numpy's
 # ``bit_generator.ctypes.state_address``: 624 words and a position; the legacy gaussian cache
-# in RandomState), each checked once against the slow getter, which is used where the check
-# fails. ``compact()`` holds raw bytes and a torch tensor; ``to_json`` (in the writer) encodes
+# in RandomState), each checked once against the slow getter, which is used where the layout
+# is unknown or the check fails. ``compact()`` holds raw bytes and a torch tensor; ``to_json`` (in the writer) encodes
 # them, ``restore_json`` puts them back.
 
 import base64
-import ctypes
 import struct
+
+from gpusnap.rawmem import view_at
 
 _MT_WORDS = 624
 _MT_BYTES = 4 + 4 * _MT_WORDS  # CPython: int index, then the words; numpy: the words, then pos
-_random_view: memoryview | None = None  # over CPython's RandomObject state; empty: getstate()
 _numpy_layout: tuple | None = None  # (RandomState, view of its state, view of its gauss) or ()
 
+# CPython's random.Random in memory (Modules/_randommodule.c, unchanged from 3.11 to 3.13):
+#     typedef struct { PyObject_HEAD  int index;  uint32_t state[624]; } RandomObject;
+# On a 64-bit build with the default object header (ob_refcnt and ob_type, 8 bytes each), index
+# lies at 16 and the words right after it at 20 (uint32_t is aligned to 4). A free-threaded or
+# debug build has a larger header: its object.__basicsize__ tells, and it is refused.
+# (major, minor) -> (object header bytes, offset of index, offset of state)
+RANDOM_LAYOUTS = {
+    (3, 11): (16, 16, 20),
+    (3, 12): (16, 16, 20),
+    (3, 13): (16, 16, 20),
+}
+_VERSION = sys.version_info[:2]
+_PROBE_SEEDS = (0, 1, 20240917, 2**64 + 3)
+_random_read = None  # reads random._inst's state in place; None: not set up yet; False: getstate()
+random_refused: str | None = None  # why random's state is read through getstate() (LayoutUnknown)
 
-def _view(address: int, nbytes: int) -> memoryview:
-    # Made once per generator (ctypes calls cost about 0.6 us each); bytes() of it is a memcpy.
-    return memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
+
+class LayoutUnknown(Exception):
+    """random.Random's memory is not laid out as this gpusnap knows for this interpreter (another
+    version or build), or reading it gave other words than ``getstate()``: its memory is not
+    read (``_random_raw`` takes ``getstate()``'s copy instead of misreading)."""
+
+
+def _packed(state: tuple) -> bytes:
+    """``getstate()``'s words in RandomObject's order: index, then the 624 words."""
+    version, words, _ = state
+    if version != 3 or len(words) != _MT_WORDS + 1:
+        raise LayoutUnknown(f"random.Random.getstate() gave version {version} with {len(words)} words")
+    return struct.pack(f"i{_MT_WORDS}I", words[-1], *words[:-1])
+
+
+def random_layout() -> tuple[int, int]:
+    """(offset of index, offset of the words) in a random.Random on this interpreter, or
+    LayoutUnknown."""
+    layout = RANDOM_LAYOUTS.get(_VERSION)
+    if layout is None:
+        known = ", ".join(f"{a}.{b}" for a, b in sorted(RANDOM_LAYOUTS))
+        raise LayoutUnknown(f"no known layout of random.Random for CPython {_VERSION[0]}.{_VERSION[1]} (known: {known})")
+    header, index_at, state_at = layout
+    if object.__basicsize__ != header or struct.calcsize("P") != 8:
+        raise LayoutUnknown(f"CPython {_VERSION[0]}.{_VERSION[1]} with a {object.__basicsize__}-byte object header "
+                            f"({struct.calcsize('P') * 8}-bit): the known layout is for a {header}-byte one")
+    return index_at, state_at
+
+
+def random_reader(inst: random.Random):
+    """A function that returns ``inst``'s state as ``_packed(inst.getstate())`` would, read in
+    place; LayoutUnknown where the layout is unknown or fails its check on fresh generators."""
+    index_at, state_at = random_layout()
+
+    def reader(obj):  # views made once: a ctypes call costs about 0.6 us, bytes() of a view is a memcpy
+        if state_at == index_at + 4:
+            whole = view_at(id(obj) + index_at, _MT_BYTES)
+            return lambda: bytes(whole)
+        index, words = view_at(id(obj) + index_at, 4), view_at(id(obj) + state_at, 4 * _MT_WORDS)
+        return lambda: bytes(index) + bytes(words)
+
+    for seed in _PROBE_SEEDS:
+        probe = random.Random(seed)
+        for draws in (0, 1, 700):  # the index at the end, inside and after a twist
+            for _ in range(draws):
+                probe.random()
+            if reader(probe)() != _packed(probe.getstate()):
+                raise LayoutUnknown(f"random.Random({seed}) read at offsets {index_at}/{state_at} on CPython "
+                                    f"{_VERSION[0]}.{_VERSION[1]} is not what its getstate() says")
+    read = reader(inst)
+    if read() != _packed(inst.getstate()):
+        raise LayoutUnknown("the program's random.Random read in place is not what its getstate() says")
+    return read
 
 
 def _random_raw() -> bytes:
-    global _random_view
-    inst = random._inst
-    if _random_view is None:
-        _random_view = memoryview(b"")
-        view = _view(id(inst) + object.__basicsize__, _MT_BYTES)
-        version, words, _ = inst.getstate()
-        if version == 3 and struct.unpack_from(f"i{_MT_WORDS}I", view) == (words[-1], *words[:-1]):
-            _random_view = view
-    if not _random_view:
-        _, words, _ = inst.getstate()
-        return struct.pack(f"i{_MT_WORDS}I", words[-1], *words[:-1])
-    return bytes(_random_view)
+    global _random_read, random_refused
+    if _random_read is None:
+        try:
+            _random_read = random_reader(random._inst)
+        except LayoutUnknown as exc:
+            _random_read, random_refused = False, str(exc)
+    if _random_read is False:
+        return _packed(random._inst.getstate())
+    return _random_read()
 
 
 def _gauss_offset(np) -> int | None:
@@ -99,7 +161,7 @@ def _gauss_offset(np) -> int | None:
     probe.standard_normal()  # draws two, caches one: has_gauss == 1
     state = probe.get_state(legacy=False)
     base, size = id(probe), cls.__basicsize__
-    raw = ctypes.string_at(base, size)
+    raw = bytes(view_at(base, size))
     for off in range(object.__basicsize__, size - 24, 8):
         pointer = int.from_bytes(raw[off : off + 8], "little")
         if base <= pointer < base + size:
@@ -121,7 +183,7 @@ def _numpy_raw(mtrand) -> bytes:
         except Exception:  # another bit generator, a numpy without these: the slow path
             address = gauss = None
         if address is not None and gauss is not None:
-            _numpy_layout = (rs, _view(address, _MT_BYTES), _view(id(rs) + gauss, 16))
+            _numpy_layout = (rs, view_at(address, _MT_BYTES), view_at(id(rs) + gauss, 16))
             if _numpy_slow(rs) != _numpy_fast(_numpy_layout):
                 _numpy_layout = ()
     return _numpy_fast(_numpy_layout) if _numpy_layout else _numpy_slow(rs)

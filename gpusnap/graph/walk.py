@@ -3,7 +3,9 @@
 A path is built one suffix at a time (``root + ".model" + "[3]"``) and rendered only when
 someone reads it: a structure 100,000 deep would otherwise spend memory quadratic in its depth
 on path strings alone. Rendered paths read like Python: ``frame[2].locals.model.fc.weight``,
-``globals[__main__].history[3]``, ``...state[<Parameter>]``.
+``globals[__main__].history[3]``, ``...state[<Parameter>]``. The walk itself, each object once
+by identity, is ``gpusnap.traverse.walk`` (the floor: stage walks too); ``children`` is what it
+goes on with when the whole graph is walked.
 """
 
 from __future__ import annotations

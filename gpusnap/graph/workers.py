@@ -38,7 +38,10 @@ import shutil
 import sys
 import tempfile
 
+from gpusnap import atomic
+from gpusnap.errors import GpusnapError
 from gpusnap.graph import rng
+from gpusnap.traverse import walk
 
 _page = None
 DIR: str | None = None  # where workers leave their RNG states at each epoch's start
@@ -103,12 +106,9 @@ def epoch_started(dataset, worker_id: int) -> None:
         saved = None
     if saved is not None:
         _set_states(dataset, saved)
-    tmp = f"{key}.states.{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(pickle.dumps(_states(dataset), protocol=pickle.HIGHEST_PROTOCOL))
-        os.replace(tmp, key + ".states")  # whole or not at all: the writer may read it any time
-    except OSError:
+    try:  # whole or not at all: the writer may read it any time (in /dev/shm: no fsync)
+        atomic.write_file(key + ".states", [pickle.dumps(_states(dataset), protocol=pickle.HIGHEST_PROTOCOL)], durable=False)
+    except GpusnapError:
         pass  # no room on /dev/shm: the snapshot then holds none, and restart refuses
 
 
@@ -154,9 +154,7 @@ def put_back(dataset, states: list[str]) -> None:
     make_state_dir()
     for worker_id, state in enumerate(states):
         key = _key(dataset, worker_id)
-        with open(key + ".load.tmp", "wb") as f:
-            f.write(base64.b64decode(state))
-        os.replace(key + ".load.tmp", key + ".load")
+        atomic.write_file(key + ".load", [base64.b64decode(state)], durable=False)
 
 
 def _states(dataset) -> dict:
@@ -218,25 +216,10 @@ def held_states(dataset) -> list[bytes]:
 def _held(dataset) -> list:
     """The random generators ``dataset`` holds (``held_states``), in a fixed order."""
     found = []
-    seen: set[int] = set()
-    module = sys.modules.get(type(dataset).__module__)
-    todo = [(value, _DEPTH) for value in (vars(module).values() if module is not None else ())]
-    todo.append((dataset, 0))
-    while todo:
-        obj, depth = todo.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        cls = type(obj)
-        generator = _GENERATOR_TYPES.get(cls)
-        if generator is None:
-            generator = _GENERATOR_TYPES[cls] = _is_generator_type(cls)
-        if generator:
-            if rng.owned_state(obj) is not None:
-                found.append(obj)
-                continue
-        if depth >= _DEPTH:
-            continue
+
+    def expand(obj, depth: int):
+        if depth >= _DEPTH or (found and found[-1] is obj):  # a generator: not looked into
+            return ()
         if isinstance(obj, (list, tuple)):
             entries = obj
         elif isinstance(obj, dict):
@@ -244,8 +227,20 @@ def _held(dataset) -> list:
         else:
             entries = getattr(obj, "__dict__", None)
             entries = entries.values() if isinstance(entries, dict) else ()
-        if len(entries) <= _ENTRIES:
-            todo.extend((value, depth + 1) for value in entries if not isinstance(value, _PLAIN))
+        if len(entries) > _ENTRIES:
+            return ()
+        return [(value, depth + 1) for value in entries if not isinstance(value, _PLAIN)]
+
+    module = sys.modules.get(type(dataset).__module__)
+    roots = [(value, _DEPTH) for value in (vars(module).values() if module is not None else ())]
+    roots.append((dataset, 0))
+    for obj, _depth in walk(roots, expand):
+        cls = type(obj)
+        generator = _GENERATOR_TYPES.get(cls)
+        if generator is None:
+            generator = _GENERATOR_TYPES[cls] = _is_generator_type(cls)
+        if generator and rng.owned_state(obj) is not None:
+            found.append(obj)
     return found
 
 

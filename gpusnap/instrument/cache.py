@@ -23,7 +23,8 @@ import sys
 
 import xxhash
 
-from gpusnap import knobs
+from gpusnap import atomic, knobs
+from gpusnap.errors import GpusnapError
 from gpusnap.trust import untrusted
 
 MAGIC = b"GSNPCODE1\n"
@@ -107,17 +108,11 @@ def store(entry_key: str, code) -> None:
     payload = marshal.dumps(code)
     blob = MAGIC + xxhash.xxh3_64_intdigest(payload).to_bytes(8, "little") + payload
     subdir = os.path.join(directory, entry_key[:2])
-    tmp = os.path.join(subdir, f".{entry_key}.{os.getpid()}.tmp")
     try:
         os.makedirs(subdir, mode=0o700, exist_ok=True)
         if not _trusted(*_chain(entry_key)):
             return
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-        os.replace(tmp, os.path.join(subdir, entry_key))
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        # Not durable: a torn or lost entry fails its digest on load and is compiled again.
+        atomic.write_file(os.path.join(subdir, entry_key), [blob], durable=False)
+    except (OSError, GpusnapError):
+        pass  # no cache entry: the next run compiles the module again

@@ -3,7 +3,7 @@
 The supervisor listens on ``<private temp dir>/control.sock`` (directory 0700, socket 0600): a
 socket path may hold only 107 bytes, so it cannot live inside an arbitrary run directory; the
 run directory's ``supervisor.json`` says where it is. Every message is one JSON object on one
-line with an ``"op"`` key. The message list is in ``gpusnap.launch.supervisor``.
+line with an ``"op"`` key. The messages are ``gpusnap.protocol``'s, checked by the reader.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ class Connection:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def read(self) -> list[dict]:
-        """Messages that have arrived; sets ``closed`` at end of stream. Lines that are not a
-        JSON object are dropped."""
+    def read(self) -> list:
+        """Messages that have arrived, as JSON decodes them (a line that is not JSON: its text,
+        for ``protocol.check`` to refuse); sets ``closed`` at end of stream."""
         try:
             data = self.sock.recv(65536)
         except (BlockingIOError, InterruptedError):
@@ -61,11 +61,9 @@ class Connection:
             if not line.strip():
                 continue
             try:
-                msg = json.loads(line)
+                out.append(json.loads(line))
             except ValueError:
-                continue
-            if isinstance(msg, dict):
-                out.append(msg)
+                out.append(line.decode(errors="replace"))
         return out
 
     def send(self, msg: dict) -> bool:

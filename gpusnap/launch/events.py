@@ -1,10 +1,9 @@
-"""How the supervisor shows the trainee's events: one line each, on stderr; on a terminal, a
-long write's progress on a status line redrawn in place."""
+"""What the supervisor says of the trainee's events: one line each (written on stderr through
+``gpusnap.console``); on a terminal, a long write's progress on the status line."""
 
 from __future__ import annotations
 
 import json
-import os
 
 
 def format_bytes(n) -> str:
@@ -89,35 +88,3 @@ def progress_line(ev: dict, last_total=None) -> str:
     of = f" of ~{format_bytes(last_total)} ({min(done / last_total, 1.0):.0%})" if last_total else ""
     return (f"writing snapshot {ev.get('id', '?')}: {format_bytes(done)}{of} read, "
             f"{format_bytes(ev.get('bytes_written'))} written, {float(ev.get('s') or 0):.0f} s")
-
-
-class StatusLine:
-    """One line redrawn in place, only on a terminal (elsewhere, nothing: logs get whole lines).
-    Anything else written to the stream clears it first (``clear``)."""
-
-    def __init__(self, stream, enabled: bool = True):
-        self.stream = stream
-        try:
-            self.enabled = enabled and os.isatty(stream.fileno())
-        except (AttributeError, OSError, ValueError):
-            self.enabled = False
-        self.shown = False
-
-    def show(self, text: str) -> None:
-        if not self.enabled:
-            return
-        try:
-            self.stream.write("\r\033[K" + text)
-            self.stream.flush()
-            self.shown = True
-        except (OSError, ValueError):
-            pass
-
-    def clear(self) -> None:
-        if self.shown:
-            self.shown = False
-            try:
-                self.stream.write("\r\033[K")
-                self.stream.flush()
-            except (OSError, ValueError):
-                pass

@@ -27,45 +27,9 @@ A trainee started by the supervisor (not a torchrun agent) starts with the snaps
 SIGTERM blocked, and unblocks them once its handlers are in place: a signal sent to it while
 it boots (``scancel --signal``, a user's ``kill``) waits for them instead of killing it.
 
-Control protocol: newline-delimited JSON objects over the unix socket named by ``"control"``
-(mode 0600; ``DIR/supervisor.json``, in a distributed run ``DIR/supervisor-HOST.json`` per node,
-holds ``{"pid", "socket", "started", "host"}``). Every message has
-an ``"op"``.
-
-trainee → supervisor
-    ``{"op": "hello", "pid": N}`` first, once connected. A hello from the trainee's pid (or a
-    descendant, until the trainee itself says hello) makes that connection *the trainee*.
-    ``{"op": "event", "event": E, ...}`` from the trainee or its writer, E one of
-      ``honored``    safe point reached: ``iteration``, ``where``, ``reason``
-      ``coalesced``  a writer is running; this request is served after it
-      ``skipped``    no snapshot this time: ``message`` (e.g. not enough host memory), ``hint``
-      ``forked``     writer started: ``id``, ``stall_s``
-      ``committed``  ``id``, ``stall_s``, ``write_s``, ``bytes_written``, ``bytes_total``
-                     (``iteration`` optional; ``warning`` and ``hint`` when retention failed
-                     after the commit: shown as a warning, the snapshot stays committed)
-      ``failed``     ``id`` (optional), ``message``
-      ``progress``   a long write: ``id``, ``bytes_put``, ``bytes_written``, ``s`` (every 0.5 s;
-                     a status line on a terminal, not logged)
-      ``steps``      once, when training runs: ``step_s`` (mean iteration time)
-      ``restored``   a restart merged snapshot ``id``: its times and ``verified``
-                     (``checking``: it has a witness to compare with; ``unverified``: none)
-      ``verified``   the iterations after the merge matched snapshot ``id``'s witness: ``iterations``
-      ``diverged``   they did not: ``id``, ``message`` (``forced``: the run went on, --force)
-      ``cost``       what snapshot ``id`` cost training: ``cost_s``, ``stall_s``, ``window_s``,
-                     ``how`` (``iterations``: with ``iterations``, ``step_s``, ``noise_s``;
-                     ``writer_cpu``: with ``writer_cpu_s``) (capture/costs.py)
-supervisor → trainee
-    ``{"op": "snapshot", "reason": "signal" | "timer" | "term" | "request", "stop": bool,
-    "schedule": {...}}``; ``stop`` (SIGTERM with ``--on-term snapshot``): exit with status 75
-    once it is committed. ``{"op": "schedule", "schedule": {...}}`` after each measured cost:
-    the timer's interval and the overhead so far (``Schedule.info``), which the next manifest
-    records.
-    Requests made before the trainee connects are queued and sent, in order, after its hello.
-client (``gpusnap snap``) → supervisor
-    ``{"op": "snapshot", "reason": "request", "wait": bool}``; the supervisor answers
-    ``{"op": "accepted", "queued": bool}`` and, when ``wait``, then the terminal event
-    (``committed``, ``failed`` or ``skipped``) of the snapshot that serves the request, as the
-    trainee sent it, and closes. ``{"op": "status"}`` is answered with ``{"op": "status", ...}``.
+Control protocol: newline-delimited JSON objects over a unix socket, one message kind per
+TypedDict, each message checked where it is read (``gpusnap.protocol``, which lists them all); a
+malformed one is refused with one line in ``DIR/log.jsonl``, and the run goes on.
 
 Every event is printed on stderr as one ``gpusnap: ...`` line and appended to ``DIR/log.jsonl``
 with a ``"t"`` (unix time) field.
@@ -90,10 +54,11 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from gpusnap import knobs, lifeline
+from gpusnap import knobs, lifeline, protocol
+from gpusnap.console import Console
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, StoreError
 from gpusnap.launch.control import Connection, ControlServer
-from gpusnap.launch.events import StatusLine, describe, progress_line, schedule_line, warning
+from gpusnap.launch.events import describe, progress_line, schedule_line, warning
 from gpusnap.launch.notices import Watcher
 from gpusnap.launch.options import format_duration
 from gpusnap.launch.schedule import Schedule
@@ -175,7 +140,7 @@ def exit_status(returncode: int) -> int:
 
 
 def _write_json(path: str, obj: dict) -> None:
-    from gpusnap.store.atomic import write_file
+    from gpusnap.atomic import write_file
 
     write_file(path, [json.dumps(obj, indent=1).encode() + b"\n"])
 
@@ -237,7 +202,7 @@ class Supervisor:
         self.last_iteration = None
         self.killed = False
         self.schedule = Schedule(launch.every_s, launch.overhead, time.monotonic())
-        self.status = StatusLine(self.err, launch.verbosity >= 1)
+        self.console = Console(self.err, launch.verbosity, status=launch.verbosity >= 1)
         self.last_total = None  # bytes of the last committed snapshot: a long write's progress is shown against it
         self.ranks: dict[int, Connection] = {}  # a distributed run: this node's ranks by global rank
         self.stop_outcome: str | None = None  # a distributed run: a global stop snapshot's event
@@ -251,16 +216,7 @@ class Supervisor:
     def say(self, line: str, level: int = 0) -> None:
         """One ``gpusnap:`` line on stderr, when ``--quiet``/``--verbose`` let lines of ``level``
         through (0: problems and stops, always; 1: snapshots; 2: requests and connections)."""
-        if level <= self.launch.verbosity:
-            self._write(f"gpusnap: {line}\n")
-
-    def _write(self, text: str) -> None:
-        try:
-            self.status.clear()
-            self.err.write(text)
-            self.err.flush()
-        except (OSError, ValueError):
-            pass
+        self.console.say(line, level)
 
     def log(self, record: dict) -> None:
         if self._log_fd < 0:
@@ -276,7 +232,7 @@ class Supervisor:
     def run(self) -> int:
         """Start the trainee, serve it until it exits, return the exit status to use."""
         L = self.launch
-        from gpusnap.store.atomic import open_private
+        from gpusnap.atomic import open_private
 
         # Never through a symbolic link, as the lock: appending to whatever file one names would
         # let anyone who can write the directory make this run write there.
@@ -474,6 +430,11 @@ class Supervisor:
                     self.conns.append(conn)
             else:
                 for msg in r.read():
+                    try:
+                        protocol.check(msg, protocol.TO_SUPERVISOR)
+                    except protocol.Malformed as exc:
+                        self._refuse(r, str(exc))
+                        continue
                     self._on_message(r, msg)
         for c in list(self.conns):
             if c.closed or (c.close_after_flush and not c.wants_write):
@@ -594,6 +555,13 @@ class Supervisor:
 
     # -- messages -------------------------------------------------------------------------
 
+    def _refuse(self, conn: Connection, why: str) -> None:
+        """A message that is not the protocol's: one line in the log (and on stderr with
+        --verbose), and nothing else happens."""
+        who = "the program" if conn is self.trainee else f"pid {conn.pid}" if conn.pid is not None else "a peer"
+        self.log({"source": "supervisor", "event": "refused", "from": who, "why": why})
+        self.say(f"refused a malformed message from {who}: {why}", level=2)
+
     def _on_message(self, conn: Connection, msg: dict) -> None:
         op = msg.get("op")
         if op == "hello":
@@ -673,7 +641,7 @@ class Supervisor:
         name = ev.get("event")
         if name == "progress":  # a long write: the status line on a terminal, nothing in the log
             if float(ev.get("s") or 0) >= knobs.STATUS_AFTER_S:
-                self.status.show("gpusnap: " + progress_line(ev, self.last_total))
+                self.console.show("gpusnap: " + progress_line(ev, self.last_total))
             return
         if name == "committed":
             self.last_total = ev.get("bytes_total")
@@ -685,9 +653,9 @@ class Supervisor:
         warned = warning(ev)
         if warned is not None:
             self.say(warned[0])
-            self._write(f"hint: {warned[1]}\n")
+            self.console.write(f"hint: {warned[1]}\n")
         elif name in ("failed", "skipped") and ev.get("hint"):
-            self._write(f"hint: {ev['hint']}\n")
+            self.console.write(f"hint: {ev['hint']}\n")
         rank = self.trainee.rank if self.trainee is not None else None
         self.log({"source": "trainee", **({"rank": rank} if rank is not None else {}), **ev})
         if name == "committed" and self.term_deadline is not None:

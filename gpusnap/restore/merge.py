@@ -64,6 +64,7 @@ from gpusnap.graph.walk import Path
 from gpusnap.graph.walk import key_text as _key_text
 from gpusnap.restore import corebuffers
 from gpusnap.restore.frames import write_locals
+from gpusnap.traverse import walk
 
 
 class _Steps:
@@ -498,15 +499,16 @@ class Merger:
     # -- adopted objects -----------------------------------------------------------------
     def _remap_adopted(self) -> None:
         """Inside what was adopted, replace snapshot objects by what stands for them now."""
-        seen: set[int] = set()
-        todo = list(self._adopted)
-        while todo:
-            obj, path = todo.pop()
-            if id(obj) in seen:
-                continue
-            seen.add(id(obj))
+        met: list = []  # what resolving one object adopted: looked into next
+        resolve = self._resolver(met)
+
+        def expand(obj, path: Path):
+            adopted = met[:]
+            met.clear()
+            return adopted
+
+        for obj, path in walk(self._adopted, expand):
             self.path = path
-            resolve = self._resolver(todo)
             if type(obj) is list:
                 obj[:] = [resolve(item, path + f"[{i}]") for i, item in enumerate(obj)]
             elif type(obj) is dict:

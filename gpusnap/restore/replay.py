@@ -24,6 +24,7 @@ import sys
 import time
 
 from gpusnap import files, knobs
+from gpusnap.console import Console
 from gpusnap.graph import rng, roots, witness, workers
 from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, ReplayDiverged, RestoreError
 from gpusnap.graph.load import DEVICE_BASES, LiveOnly
@@ -488,17 +489,18 @@ def _say(text: str, level: int = 0) -> None:
     run every rank restores at once: progress is rank 0's (every rank's with --verbose)."""
     if level > _verbosity or (level >= 1 and _verbosity < 2 and os.environ.get("RANK", "0") != "0"):
         return
-    _write(f"gpusnap: {_rank_prefix()}{text}\n")
+    _console.say(text, prefix=_rank_prefix())
 
 
 def _rank_prefix() -> str:
     return f"rank {os.environ['RANK']}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ else ""
 
 
+_console = Console()  # on whatever sys.stderr is when it writes
+
+
 def _write(lines: str) -> None:
-    # One write, so that the lines of ranks sharing a terminal do not interleave mid-line.
-    sys.stderr.write(lines)
-    sys.stderr.flush()
+    _console.write(lines)
 
 
 @contextlib.contextmanager
@@ -506,12 +508,11 @@ def _reading_status(snap_id: str, total: int | None):
     """On a terminal, a status line redrawn in place while a long restore reads its chunks."""
     from gpusnap.store import reader
 
-    if _verbosity < 1 or not sys.stderr.isatty() or os.environ.get("RANK", "0") != "0":
+    if _verbosity < 1 or not _console.status_enabled() or os.environ.get("RANK", "0") != "0":
         yield  # (the ranks of a distributed run share a terminal: rank 0 draws the line)
         return
     started = last = time.perf_counter()
     done = [0]
-    shown = [False]
 
     def report(nbytes: int) -> None:
         nonlocal last
@@ -521,19 +522,14 @@ def _reading_status(snap_id: str, total: int | None):
             return
         last = now
         of = f" of {total / 1e6:.0f} MB ({min(done[0] / total, 1.0):.0%})" if total else ""
-        sys.stderr.write(f"\r\033[Kgpusnap: restoring snapshot {snap_id}: read {done[0] / 1e6:.0f} MB{of}, "
-                         f"{now - started:.0f} s")
-        sys.stderr.flush()
-        shown[0] = True
+        _console.show(f"gpusnap: restoring snapshot {snap_id}: read {done[0] / 1e6:.0f} MB{of}, {now - started:.0f} s")
 
     reader.report_read = report
     try:
         yield
     finally:
         reader.report_read = None
-        if shown[0]:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
+        _console.clear()
 
 
 def _short(path: str) -> str:

@@ -37,7 +37,7 @@ limit hit; the snapshot is skipped and training goes on.
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import mmap
 import os
 import threading
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from gpusnap import knobs
 from gpusnap.errors import ArenaFull, StageError
 from gpusnap.stage import limits
-from gpusnap.stage.memory import MADV_POPULATE_WRITE, PAGE, madvise, page_up, punch_hole
+from gpusnap.rawmem import MADV_POPULATE_WRITE, PAGE, address_of, madvise, page_up, punch_hole
 
 USES = ("device", "managed", "pinned", "drain")
 DMA_USES = ("device", "managed")  # what the GPU copies into: regions of the pinned part only
@@ -90,7 +90,7 @@ class Arena:
         self.fd = os.memfd_create("gpusnap-arena", os.MFD_CLOEXEC)
         os.ftruncate(self.fd, max(self.capacity, PAGE))
         self._map = mmap.mmap(self.fd, max(self.capacity, PAGE), flags=mmap.MAP_SHARED)
-        self.address = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
+        self.address = address_of(self._map)
         # reserve/seal run in the training thread, release in the writer's waiter thread,
         # populate in the preparation thread.
         self._lock = threading.Lock()
@@ -262,11 +262,8 @@ class Arena:
             if self.populated(position, length) < length:
                 try:
                     with mmap.mmap(self.fd, length, flags=mmap.MAP_SHARED, offset=position) as window:
-                        address = ctypes.addressof(ctypes.c_char.from_buffer(window))
-                        error = madvise(address, length, MADV_POPULATE_WRITE)
+                        madvise(address_of(window), length, MADV_POPULATE_WRITE)
                 except (OSError, BufferError, ValueError):
-                    return
-                if error:
                     return
             position += length
             yield
@@ -274,7 +271,8 @@ class Arena:
     def trim(self, offset: int, nbytes: int) -> None:
         """Give back the pages of [offset, offset + nbytes) (whole pages only), never those of
         the pinned part: the GPU would go on writing into the pages taken away."""
-        punch_hole(self.fd, offset, min(offset + nbytes, self.pinned_offset) - offset)
+        with contextlib.suppress(OSError):  # pages not given back stay in use: no harm
+            punch_hole(self.fd, offset, min(offset + nbytes, self.pinned_offset) - offset)
 
     def view(self, offset: int, nbytes: int) -> memoryview:
         """The trainee's view (its own mapping) of [offset, offset + nbytes)."""

@@ -28,6 +28,7 @@ mapping would bring back the file's bytes, and shared memory is never copied on 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import ctypes
 import gc
 import os
@@ -35,8 +36,8 @@ import sys
 
 from gpusnap import knobs
 from gpusnap.errors import CaptureError
+from gpusnap.rawmem import MADV_DONTNEED, madvise, merge_ranges, punch_hole, view_at
 from gpusnap.stage.arena import Region, writer_view
-from gpusnap.stage.memory import MADV_DONTNEED, address_view, madvise, merge_ranges, page_down, page_up, punch_hole
 
 _ALIGN = 64  # region offsets keep the storages' cache-line alignment
 
@@ -97,10 +98,11 @@ class Drained:
                 placed.append((rank, lo, hi, self.used))
                 self.used += -(-(hi - lo) // _ALIGN) * _ALIGN
         for _, lo, hi, offset in sorted(placed):
-            if not self._write(offset, address_view(lo, hi - lo)):
+            if not self._write(offset, view_at(lo, hi - lo)):
                 return False  # the host has no memory for the region: the rest stays copy-on-write
             # Whole pages only: the partial pages at either end may hold other allocations.
-            madvise(page_up(lo), page_down(hi) - page_up(lo), MADV_DONTNEED)
+            with contextlib.suppress(OSError):  # pages not dropped stay copy-on-write: no harm
+                madvise(lo, hi - lo, MADV_DONTNEED)
             bisect.insort(self._extents, (lo, hi, offset))
             self.nbytes += hi - lo
         return len(placed) == len(ranges)
@@ -121,7 +123,8 @@ class Drained:
     def trim(self) -> None:
         """Give back the region's pages past what this drain used (a smaller state than last
         time): the region is this writer's alone until it exits."""
-        punch_hole(self.fd, self.region.offset + self.used, self.region.nbytes - self.used)
+        with contextlib.suppress(OSError):  # pages not given back stay in use: no harm
+            punch_hole(self.fd, self.region.offset + self.used, self.region.nbytes - self.used)
 
 
 def drain(fd: int, region: Region, min_bytes: int, optimizers=()) -> Drained:

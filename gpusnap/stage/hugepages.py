@@ -22,8 +22,9 @@ leaves 4 KiB pages, and everything works as before, a little slower.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from errno import EINVAL
 
-from gpusnap.stage.memory import madvise, merge_ranges
+from gpusnap.rawmem import MADV_COLLAPSE, madvise, merge_ranges
 
 
 def _pmd_size() -> int:
@@ -35,8 +36,6 @@ def _pmd_size() -> int:
 
 
 HUGE_PAGE = _pmd_size()
-MADV_COLLAPSE = 25
-EINVAL = 22
 
 
 def huge_spans(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -56,7 +55,11 @@ def collapse(ranges: Iterable[tuple[int, int]]) -> Iterator[bool]:
     2 MiB: a few milliseconds). A huge page already in place costs one system call."""
     for lo, hi in huge_spans(ranges):
         for address in range(lo, hi, HUGE_PAGE):
-            error = madvise(address, HUGE_PAGE, MADV_COLLAPSE)
+            try:
+                madvise(address, HUGE_PAGE, MADV_COLLAPSE)
+                error = 0
+            except OSError as exc:
+                error = exc.errno
             yield error == 0
             if error == EINVAL:  # a kernel without MADV_COLLAPSE, or memory that cannot have
                 break  # huge pages: the rest of this storage is the same; ask the next one

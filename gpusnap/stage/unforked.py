@@ -11,7 +11,7 @@ their locals, directly or inside lists, tuples, dicts and mappings of a few hund
 most (a batch ``x, y``, the ``inputs`` dict a trainer's loop keeps, a list of micro-batches), whose memory is page-locked
 (``Tensor.is_pinned()``) or lies in a do-not-fork mapping. That walk is shallow on purpose: it
 runs in the stall, and pinned memory deeper in the program's objects is rare; the writer checks
-every buffer it reads (``memory.mapped``) and fails the snapshot, with a hint, rather than read
+every buffer it reads (``rawmem.mapped``) and fails the snapshot, with a hint, rather than read
 what the fork did not pass on. Also every open cuda.core Buffer over host memory (a
 ``LegacyPinnedMemoryResource``'s or ``PinnedMemoryResource``'s, found by ``sources.core_ranges``,
 which runs first in the stall, after the devices were synchronized): whole, at every snapshot.
@@ -27,6 +27,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gpusnap.traverse import walk
+
 _DEPTH = 4  # containers inside containers inside a local
 _WIDTH = 256  # a batch is a few tensors: a longer container (a list of losses) is not looked into
 
@@ -40,7 +42,7 @@ def dontfork_ranges(refresh: bool = False) -> list[tuple[int, int]]:
     process), not at every snapshot: a training process maps and unmaps memory every step, and
     the one do-not-fork memory its locals hold in practice is CUDA's pinned memory, which
     ``Tensor.is_pinned()`` finds without it. Do-not-fork memory mapped later is caught by the
-    writer's check (``memory.mapped``)."""
+    writer's check (``rawmem.mapped``)."""
     global _ranges
     if _ranges is None or refresh:
         _ranges = [(lo, hi) for lo, hi, perms, flags in mappings()
@@ -77,13 +79,24 @@ def held_by(frames, ranges) -> list[tuple[int, int]]:
     np = sys.modules.get("numpy")
     cuda = torch is not None and torch.cuda.is_initialized()
     found: dict[int, int] = {}
-    seen: set[int] = set()
-    todo = [(value, 0) for frame in frames for value in frame.f_locals.values()]
-    while todo:
-        value, depth = todo.pop()
-        if id(value) in seen:
-            continue
-        seen.add(id(value))
+
+    def expand(value, depth: int):
+        if torch is not None and isinstance(value, torch.Tensor):
+            return  # a leaf, looked at in the loop
+        if np is not None and isinstance(value, np.ndarray):
+            return
+        if depth >= _DEPTH or (isinstance(value, (list, tuple, dict, Mapping)) and _length(value) > _WIDTH):
+            return
+        if isinstance(value, (list, tuple)):
+            yield from ((item, depth + 1) for item in value)
+        elif isinstance(value, (dict, Mapping)):
+            try:
+                yield from ((item, depth + 1) for item in value.values())
+            except Exception:  # noqa: BLE001 - a mapping whose values() misbehaves holds nothing for us
+                pass
+
+    roots = [(value, 0) for frame in frames for value in frame.f_locals.values()]
+    for value, _depth in walk(roots, expand):
         if torch is not None and isinstance(value, torch.Tensor):
             value = getattr(value, "_local_tensor", value)  # a DTensor's bytes are its local shard's
             if value.device.type == "cpu" and value.layout == torch.strided:
@@ -91,24 +104,13 @@ def held_by(frames, ranges) -> list[tuple[int, int]]:
                 address, nbytes = storage.data_ptr(), storage.nbytes()
                 if nbytes and ((cuda and value.is_pinned()) or _inside(ranges, address, nbytes)):
                     found[address] = max(found.get(address, 0), nbytes)
-            continue
-        if np is not None and isinstance(value, np.ndarray):
+        elif np is not None and isinstance(value, np.ndarray):
             base = value
             while isinstance(base.base, np.ndarray):
                 base = base.base
             address = base.__array_interface__["data"][0]
             if base.nbytes and _inside(ranges, address, base.nbytes):
                 found[address] = max(found.get(address, 0), base.nbytes)
-            continue
-        if depth >= _DEPTH or (isinstance(value, (list, tuple, dict, Mapping)) and _length(value) > _WIDTH):
-            continue
-        if isinstance(value, (list, tuple)):
-            todo.extend((item, depth + 1) for item in value)
-        elif isinstance(value, (dict, Mapping)):
-            try:
-                todo.extend((item, depth + 1) for item in value.values())
-            except Exception:  # noqa: BLE001 - a mapping whose values() misbehaves holds nothing for us
-                pass
     return sorted(found.items())
 
 

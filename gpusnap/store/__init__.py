@@ -3,8 +3,9 @@ compressed chunks. The on-disk format is docs/FORMAT.md.
 
 Modules, in the order a snapshot passes through them: ``rundir`` (identity, manifests, lock
 entry point), ``writer`` (chunk, name, compress, pack, commit), ``codec`` and ``pack`` (bytes
-on disk), ``index`` (where each chunk lives), ``atomic`` (the one write helper), ``reader``,
-``check`` (verify), ``gc`` (retention), ``export`` (safetensors).
+on disk), ``index`` (where each chunk lives), ``reader``,
+``check`` (verify), ``gc`` (retention), ``export`` (safetensors). Every file is written through
+``gpusnap.atomic`` (the one write helper, below the store: gpusnap's other files go through it too).
 
 Importing this package never imports torch or numpy.
 """

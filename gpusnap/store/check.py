@@ -8,7 +8,8 @@ import pathlib
 from dataclasses import asdict, dataclass
 
 from gpusnap.errors import FormatVersionError, SnapshotNotFound, StoreError
-from gpusnap.store import atomic, index, pack
+from gpusnap import atomic
+from gpusnap.store import index, pack
 from gpusnap.store.pack import PackReader, list_packs  # noqa: F401  (list_packs: re-exported)
 from gpusnap.store.info import SnapshotInfo
 from gpusnap.store.reader import ChunkProblem, chunks_of, load_chunk

@@ -1,34 +1,32 @@
 """Export the tensors of a snapshot's modules as a safetensors file, for use without the
-program. The file is written here by hand (8-byte little-endian header length, JSON header,
-data) so the store needs neither torch nor the safetensors package."""
+program. The ``safetensors`` package lays the file out (``safetensors.serialize`` takes each
+tensor's dtype, shape and raw bytes: no torch), and ``gpusnap.atomic`` writes it."""
 
 from __future__ import annotations
 
-import json
 import math
 import pathlib
-import struct
 
 from gpusnap.errors import ExportError, StoreError
-from gpusnap.store import atomic
+from gpusnap import atomic
 
-# dtype name in the manifest -> (safetensors code, element size, numpy dtype with those bytes)
+# dtype name in the manifest (safetensors' name too) -> (element size, numpy dtype with those bytes)
 DTYPES = {
-    "float64": ("F64", 8, "<f8"),
-    "float32": ("F32", 4, "<f4"),
-    "float16": ("F16", 2, "<f2"),
-    "bfloat16": ("BF16", 2, "<u2"),  # numpy has no bfloat16; the bytes are what matter
-    "float8_e4m3fn": ("F8_E4M3", 1, "u1"),
-    "float8_e5m2": ("F8_E5M2", 1, "u1"),
-    "int64": ("I64", 8, "<i8"),
-    "int32": ("I32", 4, "<i4"),
-    "int16": ("I16", 2, "<i2"),
-    "int8": ("I8", 1, "i1"),
-    "uint64": ("U64", 8, "<u8"),
-    "uint32": ("U32", 4, "<u4"),
-    "uint16": ("U16", 2, "<u2"),
-    "uint8": ("U8", 1, "u1"),
-    "bool": ("BOOL", 1, "u1"),
+    "float64": (8, "<f8"),
+    "float32": (4, "<f4"),
+    "float16": (2, "<f2"),
+    "bfloat16": (2, "<u2"),  # numpy has no bfloat16; the bytes are what matter
+    "float8_e4m3fn": (1, "u1"),
+    "float8_e5m2": (1, "u1"),
+    "int64": (8, "<i8"),
+    "int32": (4, "<i4"),
+    "int16": (2, "<i2"),
+    "int8": (1, "i1"),
+    "uint64": (8, "<u8"),
+    "uint32": (4, "<u4"),
+    "uint16": (2, "<u2"),
+    "uint8": (1, "u1"),
+    "bool": (1, "u1"),
 }
 
 
@@ -40,6 +38,7 @@ def export_safetensors(rd, snap_id: str | None, out: pathlib.Path, module: str |
     """Write the state_dict tensors of the snapshot's modules to ``out``; return
     {"snapshot", "tensors", "nbytes", "modules"}. Several modules: keys are "<module path>.<key>"."""
     import numpy as np
+    import safetensors
 
     m = rd.manifest(snap_id)
     modules = m.get("modules") or {}
@@ -59,9 +58,9 @@ def export_safetensors(rd, snap_id: str | None, out: pathlib.Path, module: str |
         )
     prefix = len(modules) > 1
     cache: dict[str, bytearray] = {}
-    header: dict = {"__metadata__": {"format": "pt", "gpusnap_snapshot": m["id"]}}
-    blobs = []
-    offset = 0
+    specs: dict = {}
+    arrays = []  # alive until serialize has read them: a spec holds only an address
+    nbytes = 0
     for mpath, state in sorted(modules.items()):
         if not isinstance(state, dict):
             raise ExportError(f"{mpath}: the manifest's record of the module is damaged")
@@ -72,7 +71,7 @@ def export_safetensors(rd, snap_id: str | None, out: pathlib.Path, module: str |
             dtype = _strip(t["dtype"])
             if dtype not in DTYPES:
                 raise ExportError(f"{name}: dtype {dtype} has no safetensors code")
-            code, size, npdt = DTYPES[dtype]
+            size, npdt = DTYPES[dtype]
             bname = t["buffer"]
             if bname not in cache:
                 rec = m["buffers"].get(bname)
@@ -98,14 +97,14 @@ def export_safetensors(rd, snap_id: str | None, out: pathlib.Path, module: str |
                 arr = np.lib.stride_tricks.as_strided(
                     base[off:], shape=shape, strides=[s * size for s in stride], writeable=False
                 )
-            data = np.ascontiguousarray(arr).tobytes()
-            header[name] = {"dtype": code, "shape": shape, "data_offsets": [offset, offset + len(data)]}
-            blobs.append(data)
-            offset += len(data)
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)  # keep the data 8-byte aligned, as safetensors does
-    atomic.write_file(pathlib.Path(out), [struct.pack("<Q", len(head)), head, *blobs], mode=0o644)
-    return {"snapshot": m["id"], "tensors": len(blobs), "nbytes": offset, "modules": sorted(modules)}
+            data = np.ascontiguousarray(arr)  # a contiguous tensor: its buffer's bytes, not a copy
+            arrays.append(data)
+            specs[name] = safetensors.TensorSpec(dtype=dtype, shape=shape, data_ptr=data.ctypes.data, data_len=data.nbytes)
+            nbytes += data.nbytes
+    blob = safetensors.serialize(specs, metadata={"format": "pt", "gpusnap_snapshot": m["id"]})
+    del arrays
+    atomic.write_file(pathlib.Path(out), [blob], mode=0o644)
+    return {"snapshot": m["id"], "tensors": len(specs), "nbytes": nbytes, "modules": sorted(modules)}
 
 
 def _layout(name: str, t: dict) -> tuple[list[int], list[int], int, int]:

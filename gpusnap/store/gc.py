@@ -35,7 +35,8 @@ import time
 import psutil
 
 from gpusnap.errors import NoSpace, StoreError, UsageError
-from gpusnap.store import atomic, codec, index, pack, witness
+from gpusnap import atomic
+from gpusnap.store import codec, index, pack, witness
 from gpusnap.store.pack import list_packs
 from gpusnap.store.reader import ChunkProblem, load_chunk
 from gpusnap.store.info import by_number, utc_now

@@ -9,7 +9,8 @@ import secrets
 from dataclasses import dataclass, field
 
 from gpusnap.errors import FormatVersionError
-from gpusnap.store import atomic, backend, codec
+from gpusnap import atomic
+from gpusnap.store import backend, codec
 from gpusnap.store.pack import PACK_HEADER_NBYTES, Location, list_packs
 
 INDEX_FORMAT = 1

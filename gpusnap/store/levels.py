@@ -24,7 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from gpusnap import knobs
 from gpusnap.errors import GpusnapError, StoreError
-from gpusnap.store import atomic, index, witness
+from gpusnap import atomic
+from gpusnap.store import index, witness
 from gpusnap.store.backend import Backend
 from gpusnap.store.local import LocalBackend
 from gpusnap.store.pack import pack_key

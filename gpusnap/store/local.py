@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import pathlib
 
-from gpusnap.store import atomic
+from gpusnap import atomic
 from gpusnap.store.backend import Backend, Ranged
 
 _pread = os.pread  # swappable: tests and tools/chaos inject EIO on reads

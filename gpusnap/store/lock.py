@@ -35,7 +35,7 @@ import time
 
 from gpusnap import knobs
 from gpusnap.errors import RunDirError, RunDirLocked, RunDirPermission
-from gpusnap.store import atomic
+from gpusnap import atomic
 
 LOCK_NAME = "lock"
 
@@ -45,7 +45,7 @@ def _now() -> str:
 
 
 # The OS calls that can fail for reasons a test cannot cause for real (ENOLCK needs an NFS mount
-# without a lock daemon): tests swap them, as in gpusnap/store/atomic.py.
+# without a lock daemon): tests swap them, as in gpusnap/atomic.py.
 _open = atomic.open_private
 _flock = fcntl.flock
 _pwrite = os.pwrite

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from gpusnap.store import atomic
+from gpusnap import atomic
 from gpusnap.store.backend import Backend, Ranged
 
 

@@ -30,7 +30,7 @@ import time
 
 from gpusnap import knobs
 from gpusnap.errors import RunDirError, RunDirLocked, RunDirPermission, StoreError, UsageError
-from gpusnap.store import atomic
+from gpusnap import atomic
 from gpusnap.store.backend import Backend, Ranged
 
 SCHEMES = ("s3", "gs", "az")

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import xxhash
 
 from gpusnap.errors import FormatVersionError, StoreError
-from gpusnap.store import atomic, backend, codec
+from gpusnap import atomic
+from gpusnap.store import backend, codec
 
 PACK_MAGIC = b"GSNPACK\x00"
 PACK_VERSION = 1

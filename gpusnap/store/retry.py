@@ -16,7 +16,7 @@ import time
 
 from gpusnap import knobs
 from gpusnap.errors import StoreError
-from gpusnap.store import atomic
+from gpusnap import atomic
 from gpusnap.store.backend import Backend, Ranged
 
 _sleep = time.sleep  # swappable: tests run the backoff without waiting

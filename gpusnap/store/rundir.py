@@ -26,7 +26,7 @@ from gpusnap.errors import (
     SnapshotNotFound,
     StoreError,
 )
-from gpusnap.store import atomic
+from gpusnap import atomic
 from gpusnap.store.backend import Backend
 from gpusnap.store.local import LocalBackend
 from gpusnap.store.info import FORMAT_VERSION, SNAP_DIGITS, SnapshotInfo, by_number, is_snapshot_id, snapshot_id, utc_now  # noqa: F401  (re-exported)

@@ -26,7 +26,7 @@ import pathlib
 import time
 
 from gpusnap.errors import RunDirError, SnapshotNotFound, StoreError
-from gpusnap.store import atomic
+from gpusnap import atomic
 from gpusnap.store.check import Finding, Leftover, leftovers as _leftovers
 from gpusnap.store.info import FORMAT_VERSION, SnapshotInfo, is_snapshot_id, utc_now
 from gpusnap.store.rundir import RunDir

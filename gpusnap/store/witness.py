@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 
 from gpusnap.errors import StoreError
-from gpusnap.store import atomic, backend
+from gpusnap import atomic
+from gpusnap.store import backend
 
 DIR = "witness"
 # Bounds what a restart believes of a file it reads: a witness is a few kB.

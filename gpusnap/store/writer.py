@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from gpusnap import knobs
 from gpusnap.errors import RunDirLocked, StoreError
-from gpusnap.store import atomic, codec, index, lock
+from gpusnap import atomic
+from gpusnap.store import codec, index, lock
 from gpusnap.store.pack import Location, pack_key
 from gpusnap.store.pipeline import Pipeline
 from gpusnap.store.info import FORMAT_VERSION, SnapshotInfo, utc_now

@@ -8,7 +8,7 @@ import ctypes
 
 import numpy as np
 
-from gpusnap.device import hostmem
+from gpusnap import rawmem
 from gpusnap.device.fake.api import driver_api as _api
 from gpusnap.device.fake.api import machine as _m
 from gpusnap.device.fake.api import size as _n
@@ -41,8 +41,8 @@ def _copy(dst, src, ByteCount, hStream=None, *, need_device_src=False, need_devi
     call waits for depends on the direction and on whether the host side is pinned."""
     m = _m()
     nbytes = _n(ByteCount)
-    dst_addr = hostmem.address_of(dst)
-    src_addr = hostmem.address_of(src)
+    dst_addr = rawmem.address_of(dst)
+    src_addr = rawmem.address_of(src)
     dst_dev = m.resolve(dst_addr, nbytes) is not None
     src_dev = m.resolve(src_addr, nbytes) is not None
     if (need_device_src and not src_dev) or (need_device_dst and not dst_dev):
@@ -51,7 +51,7 @@ def _copy(dst, src, ByteCount, hStream=None, *, need_device_src=False, need_devi
         return
     from_pageable = dst_dev and not src_dev and not m.pinned(src_addr, nbytes)
     # From pageable memory the bytes are taken at the call, through a staging buffer.
-    taken = np.frombuffer(bytes(hostmem.view_at(src_addr, nbytes)), np.uint8) if from_pageable else None
+    taken = np.frombuffer(bytes(rawmem.view_at(src_addr, nbytes)), np.uint8) if from_pageable else None
     if hStream is None:  # the synchronous API: on the legacy stream
         ctx = m.current()
         if from_pageable:
@@ -119,7 +119,7 @@ def _memset(dstDevice, value: int, count: int, width: int, hStream):
 
     def op():
         host = m.device_address(address, count * width, "CUDA_ERROR_ILLEGAL_ADDRESS")
-        np.frombuffer(hostmem.view_at(host, count * width), dtype=dtype)[:] = value
+        np.frombuffer(rawmem.view_at(host, count * width), dtype=dtype)[:] = value
 
     # The synchronous memset of device memory returns before it runs, as CUDA's does.
     m.enqueue(m.current().legacy if hStream is None else m.stream(hStream), op)

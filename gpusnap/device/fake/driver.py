@@ -12,7 +12,7 @@ import sys
 
 from cuda.bindings import driver as _real
 
-from gpusnap.device import hostmem
+from gpusnap import rawmem
 from gpusnap.device.backend import AllocKind
 from gpusnap.device.fake import machine as _machine
 from gpusnap.device.fake.api import driver_api as _api
@@ -382,12 +382,12 @@ def cuPointerGetAttribute(attribute, ptr):
 
 @_api()
 def cuMemHostRegister(p, bytesize, Flags):
-    _m().register(hostmem.address_of(p), _n(bytesize))
+    _m().register(rawmem.address_of(p), _n(bytesize))
 
 
 @_api()
 def cuMemHostUnregister(p):
-    _m().unregister(hostmem.address_of(p))
+    _m().unregister(rawmem.address_of(p))
 
 
 @_api(1)
@@ -399,7 +399,7 @@ def cuMemAllocHost(bytesize):
 
 @_api()
 def cuMemFreeHost(p):
-    _m().free_pinned(hostmem.address_of(p))
+    _m().free_pinned(rawmem.address_of(p))
 
 
 # ---- virtual memory management
@@ -465,7 +465,7 @@ def cuMemSetAccess(ptr, size, desc, count):
 @_api(1)
 def cuMemRetainAllocationHandle(addr):
     m = _m()
-    alloc = m.find(hostmem.address_of(addr))
+    alloc = m.find(rawmem.address_of(addr))
     if alloc is None or alloc.kind is not AllocKind.VMM:
         raise CudaFault("CUDA_ERROR_INVALID_VALUE")
     # Retaining keeps the physical memory until the matching cuMemRelease, as in the driver.

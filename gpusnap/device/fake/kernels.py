@@ -14,7 +14,7 @@ import numpy as np
 from cuda.bindings import driver as _real
 
 from gpusnap.device import fingerprint as fp
-from gpusnap.device import hostmem
+from gpusnap import rawmem
 from gpusnap.device import kernels as real_kernels
 from gpusnap.device.fake.api import driver_api as _api
 from gpusnap.device.fake.api import machine as _m
@@ -26,7 +26,7 @@ _U64 = np.uint64
 
 def _u64s(m, ctx, address: int, count: int) -> np.ndarray:
     host = m.kernel_address(address, count * 8, ctx)
-    return np.frombuffer(hostmem.view_at(host, count * 8), dtype="<u8")
+    return np.frombuffer(rawmem.view_at(host, count * 8), dtype="<u8")
 
 
 def _accumulate(m, ctx, grid: int, block: int, args) -> None:
@@ -39,7 +39,7 @@ def _accumulate(m, ctx, grid: int, block: int, args) -> None:
     for chunk in range(min(chunks, -(-grid // per_chunk))):
         launched = min(per_chunk, grid - chunk * per_chunk)
         address, n = int(entries[2 * chunk]), int(entries[2 * chunk + 1])
-        data = np.frombuffer(hostmem.view_at(m.kernel_address(address, n, ctx), n), np.uint8)
+        data = np.frombuffer(rawmem.view_at(m.kernel_address(address, n, ctx), n), np.uint8)
         for lane, terms in enumerate(fp.word_terms(data)):
             tiles = _tile_sums(terms, tile_words)
             covered = np.arange(len(tiles)) % per_chunk < launched

@@ -36,7 +36,7 @@ import threading
 from dataclasses import dataclass, field
 
 from gpusnap import knobs
-from gpusnap.device import hostmem
+from gpusnap import rawmem
 from gpusnap.device.backend import AllocKind
 from gpusnap.device.fake import pinning, streams
 from gpusnap.device.fake.streams import CudaFault  # noqa: F401  (the fake modules' failure, raised here)
@@ -160,10 +160,10 @@ class Machine:
         self.device_bytes = device_bytes
         for ordinal in range(devices):
             ctx = self._context(ordinal, primary=True)
-            va = hostmem.reserve_random(device_bytes, repeat=knobs.FAKE_BASES == "repeat")
+            va = rawmem.reserve_random(device_bytes, repeat=knobs.FAKE_BASES == "repeat")
             name = f"gpusnap fake device {ordinal}"
             self.devices.append(Device(ordinal, name, (9, 0), device_bytes, va, _Heap(device_bytes), ctx))
-        self.managed_base = hostmem.reserve_random(device_bytes * max(1, devices), repeat=knobs.FAKE_BASES == "repeat")
+        self.managed_base = rawmem.reserve_random(device_bytes * max(1, devices), repeat=knobs.FAKE_BASES == "repeat")
         self.managed_heap = _Heap(device_bytes * max(1, devices))
 
     # ---- handles, contexts, streams
@@ -306,10 +306,10 @@ class Machine:
         if nbytes <= 0:
             raise CudaFault("CUDA_ERROR_INVALID_VALUE")
         # Page-aligned, so each managed allocation owns its pages and its do-not-fork flag.
-        offset = self.managed_heap.take(hostmem.page_up(nbytes), hostmem.PAGE)
+        offset = self.managed_heap.take(rawmem.page_up(nbytes), rawmem.PAGE)
         base = self.managed_base + offset
-        hostmem.map_over(base, nbytes, hostmem.PROT_RW)
-        hostmem.madvise(base, hostmem.page_up(nbytes), hostmem.MADV_DONTFORK)
+        rawmem.map_over(base, nbytes, rawmem.PROT_RW)
+        rawmem.madvise(base, rawmem.page_up(nbytes), rawmem.MADV_DONTFORK)
         return self._add(Alloc(base, nbytes, AllocKind.MANAGED, device, base))
 
     def free(self, address: int) -> None:
@@ -318,11 +318,11 @@ class Machine:
             raise CudaFault("CUDA_ERROR_INVALID_VALUE")
         self._remove(alloc.base)
         if alloc.kind is AllocKind.MANAGED:
-            hostmem.map_over(alloc.base, alloc.nbytes, hostmem.PROT_NONE)
-            self.managed_heap.give(alloc.base - self.managed_base, hostmem.page_up(alloc.nbytes))
+            rawmem.map_over(alloc.base, alloc.nbytes, rawmem.PROT_NONE)
+            self.managed_heap.give(alloc.base - self.managed_base, rawmem.page_up(alloc.nbytes))
         else:
             dev = self.devices[alloc.device]
-            hostmem.unmap(alloc.backing, alloc.nbytes)
+            rawmem.unmap(alloc.backing, alloc.nbytes)
             dev.heap.give(alloc.base - dev.va_base, alloc.nbytes)
             dev.used_bytes -= alloc.nbytes
 
@@ -391,8 +391,8 @@ class Machine:
         if nbytes <= 0 or nbytes % VMM_GRANULARITY or hint % VMM_GRANULARITY:
             raise CudaFault("CUDA_ERROR_INVALID_VALUE")
         # The driver grants the requested address when it is free; so does the fake.
-        base = hostmem.map_exactly(hint, nbytes, hostmem.PROT_NONE) if hint else None
-        base = base or hostmem.reserve_random(nbytes, VMM_GRANULARITY, repeat=knobs.FAKE_BASES == "repeat")
+        base = rawmem.map_exactly(hint, nbytes, rawmem.PROT_NONE) if hint else None
+        base = base or rawmem.reserve_random(nbytes, VMM_GRANULARITY, repeat=knobs.FAKE_BASES == "repeat")
         self.reservations[base] = nbytes
         return base
 
@@ -402,7 +402,7 @@ class Machine:
         if any(base <= a.base < base + nbytes for a in self.allocs.values()):
             raise CudaFault("CUDA_ERROR_INVALID_VALUE")  # still mapped
         del self.reservations[base]
-        hostmem.unmap(base, nbytes)
+        rawmem.unmap(base, nbytes)
 
     def create_physical(self, nbytes: int, device: int) -> Physical:
         dev = self.device(device)
@@ -419,7 +419,7 @@ class Machine:
     def _drop_physical(self, phys: Physical) -> None:
         if phys.refs <= 0 and not phys.mappings:
             del self.physical[phys.handle]
-            hostmem.unmap(phys.backing, phys.nbytes)
+            rawmem.unmap(phys.backing, phys.nbytes)
             self.devices[phys.device].used_bytes -= phys.nbytes
 
     def release_physical(self, handle: int) -> None:
@@ -466,7 +466,7 @@ class Machine:
             if reg.address < address + nbytes and address < reg.address + reg.nbytes:
                 raise CudaFault("CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED")
         try:
-            hostmem.madvise(address, nbytes, hostmem.MADV_DONTFORK)
+            rawmem.madvise(address, nbytes, rawmem.MADV_DONTFORK)
         except OSError as exc:  # part of the range is not mapped
             raise CudaFault("CUDA_ERROR_INVALID_VALUE") from exc
         self.registered[address] = pinning.Registration(address, nbytes)
@@ -476,7 +476,7 @@ class Machine:
         if reg is None:
             raise CudaFault("CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED")
         reg.close()
-        hostmem.madvise(address, reg.nbytes, hostmem.MADV_DOFORK)
+        rawmem.madvise(address, reg.nbytes, rawmem.MADV_DOFORK)
 
     def alloc_pinned(self, nbytes: int) -> int:
         """Page-locked host memory (cuMemAllocHost): host pages, registered, so do-not-fork and
@@ -484,10 +484,10 @@ class Machine:
         if nbytes <= 0:
             raise CudaFault("CUDA_ERROR_INVALID_VALUE")
         try:  # shared, so that its registration models its pages (pinning.py)
-            address = hostmem.map_anywhere(nbytes, shared=True)
+            address = rawmem.map_anywhere(nbytes, shared=True)
         except OSError as exc:
             raise CudaFault("CUDA_ERROR_OUT_OF_MEMORY") from exc
-        self.register(address, hostmem.page_up(nbytes))
+        self.register(address, rawmem.page_up(nbytes))
         self.pinned_allocs[address] = nbytes
         return address
 
@@ -496,28 +496,28 @@ class Machine:
         if nbytes is None:
             raise CudaFault("CUDA_ERROR_INVALID_VALUE")
         self.unregister(int(address))
-        hostmem.unmap(int(address), nbytes)
+        rawmem.unmap(int(address), nbytes)
 
     def close(self) -> None:
         """Give every mapping back (tests build many machines in one process)."""
         for alloc in list(self.allocs.values()):
             if alloc.kind is AllocKind.DEVICE:
-                hostmem.unmap(alloc.backing, alloc.nbytes)
+                rawmem.unmap(alloc.backing, alloc.nbytes)
         for phys in self.physical.values():
-            hostmem.unmap(phys.backing, phys.nbytes)
+            rawmem.unmap(phys.backing, phys.nbytes)
         for address, reg in self.registered.items():
             reg.close()
             try:
-                hostmem.madvise(address, reg.nbytes, hostmem.MADV_DOFORK)
+                rawmem.madvise(address, reg.nbytes, rawmem.MADV_DOFORK)
             except OSError:
                 pass  # the program unmapped it while registered; nothing left to undo
         for address, nbytes in self.pinned_allocs.items():
-            hostmem.unmap(address, nbytes)
+            rawmem.unmap(address, nbytes)
         for base, nbytes in self.reservations.items():
-            hostmem.unmap(base, nbytes)
+            rawmem.unmap(base, nbytes)
         for dev in self.devices:
-            hostmem.unmap(dev.va_base, dev.total_bytes)
-        hostmem.unmap(self.managed_base, self.device_bytes * max(1, len(self.devices)))
+            rawmem.unmap(dev.va_base, dev.total_bytes)
+        rawmem.unmap(self.managed_base, self.device_bytes * max(1, len(self.devices)))
         self.allocs.clear()
         self.physical.clear()
         self.registered.clear()
@@ -527,10 +527,10 @@ class Machine:
 def _host_pages(nbytes: int) -> int:
     """Do-not-fork host pages for device bytes; the host running out is the device running out."""
     try:
-        backing = hostmem.map_anywhere(nbytes)
+        backing = rawmem.map_anywhere(nbytes)
     except OSError as exc:
         raise CudaFault("CUDA_ERROR_OUT_OF_MEMORY") from exc
-    hostmem.madvise(backing, hostmem.page_up(nbytes), hostmem.MADV_DONTFORK)
+    rawmem.madvise(backing, rawmem.page_up(nbytes), rawmem.MADV_DONTFORK)
     return backing
 
 

@@ -23,17 +23,11 @@ import os
 
 import numpy as np
 
-from gpusnap.device import hostmem
+from gpusnap import rawmem
 
-PAGE = hostmem.PAGE
-_MREMAP_MAYMOVE = 1
-_MADV_POPULATE_WRITE = 23  # Linux 5.14
+PAGE = rawmem.PAGE
 _PRESENT = np.uint64(1 << 63)
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
-_libc.mremap.restype = ctypes.c_void_p
-_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _pagemap: int | None = None
 
 
@@ -43,13 +37,13 @@ class Registration:
     def __init__(self, address: int, nbytes: int):
         self.address, self.nbytes = address, nbytes
         self.first_page = address // PAGE * PAGE
-        self.span = hostmem.page_up(address + nbytes) - self.first_page
+        self.span = rawmem.page_up(address + nbytes) - self.first_page
         self.pin = _duplicate(self.first_page, self.span)
         self.orphans: dict[int, np.ndarray] = {}  # page index -> what the GPU wrote into the orphan
 
     def close(self) -> None:
         if self.pin is not None:
-            hostmem.unmap(self.pin, self.span)
+            rawmem.unmap(self.pin, self.span)
             self.pin = None
 
     def copy_in(self, address: int, source: int, nbytes: int) -> None:
@@ -86,12 +80,15 @@ class Registration:
 
 def _duplicate(address: int, nbytes: int) -> int | None:
     """A second mapping of the pages of a shared mapping, populated; None for private memory."""
-    got = _libc.mremap(address, 0, nbytes, _MREMAP_MAYMOVE)
-    if got in (None, ctypes.c_void_p(-1).value):
+    try:
+        got = rawmem.map_again(address, nbytes)
+    except OSError:
         return None  # EINVAL: private memory, which cannot be mapped twice
-    hostmem.madvise(got, nbytes, hostmem.MADV_DONTFORK)  # the fake's own: no forked child gets it
-    if _libc.madvise(got, nbytes, _MADV_POPULATE_WRITE) != 0:  # older kernels: fault each page in
-        view = np.frombuffer(hostmem.view_at(got, nbytes), np.uint8)
+    rawmem.madvise(got, nbytes, rawmem.MADV_DONTFORK)  # the fake's own: no forked child gets it
+    try:
+        rawmem.madvise(got, nbytes, rawmem.MADV_POPULATE_WRITE)
+    except OSError:  # older kernels: fault each page in
+        view = np.frombuffer(rawmem.view_at(got, nbytes), np.uint8)
         view[::PAGE] = view[::PAGE]
     return got
 

@@ -4,11 +4,11 @@ gpusnap's swappable module-level names (never by patching the OS):
 
   ENOSPC, EIO, EROFS   every write the snapshot store makes fails with that errno, as a full
                        disk, a failing disk or a file system remounted read-only would
-                       (gpusnap/store/atomic.py, gpusnap/store/lock.py)
+                       (gpusnap/atomic.py, gpusnap/store/lock.py)
   DISK <bytes>         the run directory (the fault file's sibling ``snaps``) is a disk of that
                        size: a write fails with ENOSPC once its files would hold more
   EIO-READ <p>         each read of a pack fails with EIO with probability p (gpusnap/store/pack.py)
-  FORK-<NAME>          a forked writer's first file open (its memory map, gpusnap/stage/memory.py)
+  FORK-<NAME>          a forked writer's first file open (its memory map, gpusnap/rawmem.py)
                        raises NAME: an errno name as OSError, or MemoryError, KeyboardInterrupt
 
 Wrong restores, for the witness's tests (tests/test_e2e_witness.py), are named instead in
@@ -49,8 +49,8 @@ def _oserror(name: str) -> OSError:
 
 
 if _FAULT:
-    from gpusnap.stage import memory
-    from gpusnap.store import atomic, local, lock
+    from gpusnap import atomic, rawmem
+    from gpusnap.store import local, lock
 
     _snaps = os.path.join(os.path.dirname(os.path.realpath(_FAULT)), "snaps")
     _process = os.getpid()
@@ -82,7 +82,7 @@ if _FAULT:
             raise _oserror("EIO")
         return _real(fd, n, offset)
 
-    def _open(*args, _real=memory._open, **kwargs):
+    def _open(*args, _real=rawmem._open, **kwargs):
         fault = _fault()
         if os.getpid() != _process and fault and fault[0].startswith("FORK-"):
             name = fault[0][len("FORK-"):]
@@ -94,7 +94,7 @@ if _FAULT:
     atomic._write = _writes(atomic._write)
     lock._pwrite = _writes(lock._pwrite)
     local._pread = _pread
-    memory._open = _open
+    rawmem._open = _open
 
 
 # -- wrong restores (GPUSNAP_TEST_WRONG_RESTORE) -----------------------------------------

@@ -13,6 +13,10 @@ both believe they hold a run directory can never replace each other's committed 
 never through a symbolic link, and only a plain file of the user's own that nobody else can
 write (the run directory is trusted data: ``gpusnap.trust``).
 
+The floor of the package (as ``errors`` and ``knobs``): the store writes every file of a run
+directory through it, and gpusnap's files outside one (the code cache, a DataLoader worker's
+states, a file a verify puts back) through it too.
+
 The OS calls go through the module-level names below so that tests can inject ENOSPC or EIO by
 swapping one of them (``atomic._write = failing_write``) without patching the OS.
 """
@@ -75,7 +79,8 @@ def fsync_dir(path: pathlib.Path) -> None:
         os.close(fd)
 
 
-def write_file(path: pathlib.Path, parts, mode: int = 0o600, *, direct: bool = False, noreplace: bool = False) -> int:
+def write_file(path: pathlib.Path, parts, mode: int = 0o600, *, direct: bool = False, noreplace: bool = False,
+               durable: bool = True) -> int:
     """Write ``parts`` (an iterable of bytes-like objects) to ``path`` atomically; return the
     number of bytes written. Raises NoSpace, RunDirPermission or StoreError, leaving no
     temporary file behind when it can.
@@ -86,7 +91,11 @@ def write_file(path: pathlib.Path, parts, mode: int = 0o600, *, direct: bool = F
 
     ``direct``: when ``parts`` is one writable, page-aligned buffer, its whole blocks go to the
     disk with O_DIRECT (no copy into the page cache) and only the tail is buffered. A file
-    system that refuses O_DIRECT (tmpfs, some network mounts) gets ordinary writes."""
+    system that refuses O_DIRECT (tmpfs, some network mounts) gets ordinary writes.
+
+    ``durable=False``: no fsync of the file or its directory, for a file that is whole or absent
+    but need not outlive a crash of the host (a cache entry checked on read, a file in
+    /dev/shm)."""
     path = pathlib.Path(path)
     parts = list(parts)
     tmp = path.with_name(f"{path.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
@@ -106,7 +115,8 @@ def write_file(path: pathlib.Path, parts, mode: int = 0o600, *, direct: bool = F
         size = os.fstat(fd).st_size
         if size != expected:
             raise OSError(errno.EIO, f"length check: wrote {size} bytes, expected {expected}")
-        _fsync(fd)
+        if durable:
+            _fsync(fd)
         _close(fd)
         fd = -1
         if noreplace:
@@ -126,6 +136,8 @@ def write_file(path: pathlib.Path, parts, mode: int = 0o600, *, direct: bool = F
         if noreplace and exc.errno == errno.EEXIST:
             raise FileExists(f"{path} exists already: a committed file is never replaced") from exc
         _raise_for(exc, path, "write of")
+    if not durable:
+        return expected
     try:
         fsync_dir(path.parent)
     except OSError as exc:
