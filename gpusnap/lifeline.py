@@ -19,6 +19,8 @@ import ctypes
 import os
 import signal
 
+import psutil
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 _prctl = None
@@ -42,3 +44,16 @@ def die_with_parent(parent_pid: int) -> None:
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def alive(pid) -> bool:
+    """Whether process ``pid`` (from a file: anything but an int is no process) still runs. A
+    zombie has ended, whoever has yet to reap it; another user's process counts."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:  # AccessDenied: it exists
+        return True

@@ -12,12 +12,12 @@ import tempfile
 
 import click
 
-from gpusnap import knobs
+from gpusnap import atomic, knobs, lifeline
 from gpusnap.cli import cli, trust_dir_option
-from gpusnap.errors import GpusnapError, NoActiveRun, RestoreError as RestoreRefused, RunDirMismatch, SnapshotError, SnapshotNotFound, UsageError
+from gpusnap.errors import GpusnapError, NoActiveRun, RunDirMismatch, SnapshotError, SnapshotNotFound, UsageError
+from gpusnap.errors import RestoreError as RestoreRefused
 from gpusnap.launch import options as opt
 from gpusnap.launch import torchrun
-from gpusnap import atomic
 from gpusnap.store import location
 from gpusnap.store.location import local_dir
 
@@ -387,9 +387,8 @@ def _apply_files(launch, files_exclude, files_max) -> None:
 
 def _supervise(launch, identity, resume: str, rd=None, require_snapshot: bool = False) -> None:
     from gpusnap.launch.supervisor import Supervisor
-    from gpusnap.store.rundir import RunDir
-
     from gpusnap.store import shards
+    from gpusnap.store.rundir import RunDir
 
     if rd is None:
         rd = shards.create_top(launch.run_dir, identity) if launch.torchrun is not None else RunDir.create(launch.run_dir, identity)
@@ -519,11 +518,11 @@ def snap(run_dir, no_wait, timeout):
     Example:
       gpusnap snap ./gpusnap-runs/train
     """
-    from gpusnap.launch import control
-    from gpusnap.launch.events import warning
     import glob
 
-    from gpusnap.launch.supervisor import SUPERVISOR_FILE, alive, describe, supervisor_file
+    from gpusnap.launch import control
+    from gpusnap.launch.events import warning
+    from gpusnap.launch.supervisor import SUPERVISOR_FILE, describe, supervisor_file
 
     timeout_s = opt.parse_duration(timeout, "--timeout") if timeout is not None else None
     path = local_dir(run_dir)
@@ -545,7 +544,7 @@ def snap(run_dir, no_wait, timeout):
         raise NoActiveRun(f"no run is active in {path}") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise NoActiveRun(f"no run is active in {path} ({SUPERVISOR_FILE} is unreadable: {exc})") from exc
-    if not alive(pid):
+    if not lifeline.alive(pid):
         raise NoActiveRun(f"no run is active in {path} (its supervisor, pid {pid}, is gone)")
     try:
         sock = control.connect(sock_path)

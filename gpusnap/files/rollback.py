@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
+from gpusnap import lifeline
 from gpusnap.errors import FilesNotRestorable, GpusnapError
 from gpusnap.files import disk, watch
 from gpusnap.files.paths import Excludes
@@ -267,7 +268,7 @@ def before_replay(rd, snap_id: str, force: bool, leave=lambda path: False) -> Pl
                 done = json.load(f)
         except (OSError, ValueError):
             done = {}
-        if done.get("snapshot") == snap_id and _alive(done.get("pid")):
+        if done.get("snapshot") == snap_id and lifeline.alive(done.get("pid")):
             return None
         plan = _put_back(pairs, str(rd.path), snap_id, force, leave)
         from gpusnap import atomic
@@ -304,14 +305,6 @@ def _reader(rd, snap_id: str):
     return lambda record: rd.read_buffer(record, snapshot=snap_id)
 
 
-def _alive(pid) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (TypeError, ValueError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def after_dir(run_dir: str, snap_id: str) -> str:

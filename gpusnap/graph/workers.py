@@ -38,7 +38,7 @@ import shutil
 import sys
 import tempfile
 
-from gpusnap import atomic
+from gpusnap import atomic, lifeline
 from gpusnap.errors import GpusnapError
 from gpusnap.graph import rng
 from gpusnap.traverse import walk
@@ -67,20 +67,12 @@ def make_state_dir() -> None:
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
     for name in os.listdir(shm):
         pid = name[len(_PREFIX):].split("-", 1)[0] if name.startswith(_PREFIX) else ""
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not lifeline.alive(int(pid)):
             shutil.rmtree(os.path.join(shm, name), ignore_errors=True)
     DIR = tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=shm)  # 0700
     atexit.register(_remove, DIR, os.getpid())
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's
-    return True
 
 
 def _remove(path: str, owner: int) -> None:

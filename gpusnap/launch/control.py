@@ -14,6 +14,8 @@ import shutil
 import socket
 import tempfile
 
+from gpusnap import protocol
+
 # sockaddr_un.sun_path is 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
 # A peer that sends a line longer than this is broken; drop it rather than buffer without end.
@@ -145,7 +147,8 @@ def send(sock: socket.socket, msg: dict) -> None:
 
 
 def messages(sock: socket.socket):
-    """Yield the JSON objects a blocking socket sends until it closes."""
+    """Yield the messages the supervisor sends a client (``protocol.TO_CLIENT``), checked,
+    until it closes; a malformed one is passed over."""
     buf = b""
     while True:
         data = sock.recv(65536)
@@ -156,8 +159,6 @@ def messages(sock: socket.socket):
         for line in lines:
             if line.strip():
                 try:
-                    msg = json.loads(line)
-                except ValueError:
+                    yield protocol.check(json.loads(line), protocol.TO_CLIENT)
+                except ValueError:  # not JSON, or protocol.Malformed
                     continue
-                if isinstance(msg, dict):
-                    yield msg

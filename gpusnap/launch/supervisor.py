@@ -151,14 +151,6 @@ def supervisor_file(run_dir: str, distributed: bool) -> str:
     return os.path.join(run_dir, f"supervisor-{socket.gethostname()}.json" if distributed else SUPERVISOR_FILE)
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
 
 
 def _live_supervisor(path: str) -> bool:
@@ -169,7 +161,7 @@ def _live_supervisor(path: str) -> bool:
             pid = int(json.load(f)["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    return alive(pid)
+    return lifeline.alive(pid)
 
 
 def _tty_foreground() -> bool:

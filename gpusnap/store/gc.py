@@ -32,14 +32,12 @@ import os
 import pathlib
 import time
 
-import psutil
-
+from gpusnap import atomic, lifeline
 from gpusnap.errors import NoSpace, StoreError, UsageError
-from gpusnap import atomic
 from gpusnap.store import codec, index, pack, witness
+from gpusnap.store.info import by_number, utc_now
 from gpusnap.store.pack import list_packs
 from gpusnap.store.reader import ChunkProblem, load_chunk
-from gpusnap.store.info import by_number, utc_now
 
 # A temp file older than this is removed even when its pid is alive again (pid reuse).
 _TEMP_MAX_AGE_S = 3600.0
@@ -198,7 +196,7 @@ def _remove_temp(root: pathlib.Path, report: dict) -> None:
                 st = path.stat()
             except FileNotFoundError:
                 continue
-            if pid is not None and pid != os.getpid() and _alive(pid) and now - st.st_mtime < _TEMP_MAX_AGE_S:
+            if pid is not None and pid != os.getpid() and lifeline.alive(pid) and now - st.st_mtime < _TEMP_MAX_AGE_S:
                 continue
             atomic.remove_file(path)
             report["removed_bytes"] += st.st_size
@@ -247,8 +245,3 @@ def _remove_packs(b, keys: list[str], report: dict) -> None:
         b.synced(d, drop_empty=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False

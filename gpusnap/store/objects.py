@@ -28,9 +28,8 @@ import sys
 import threading
 import time
 
-from gpusnap import knobs
+from gpusnap import atomic, knobs, lifeline
 from gpusnap.errors import RunDirError, RunDirLocked, RunDirPermission, StoreError, UsageError
-from gpusnap import atomic
 from gpusnap.store.backend import Backend, Ranged
 
 SCHEMES = ("s3", "gs", "az")
@@ -185,10 +184,6 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
-def _alive(pid) -> bool:
-    from gpusnap.store.gc import _alive as alive  # one notion of a live process in the store
-
-    return isinstance(pid, int) and alive(pid)
 
 
 def _say(line: str) -> None:
@@ -232,7 +227,7 @@ class ObjectLock:
             until = datetime.datetime.fromisoformat(holder["expires"])
         except (ValueError, KeyError, TypeError):
             return {}, meta.get("e_tag"), None  # damaged
-        if holder.get("host") == socket.gethostname() and not _alive(holder.get("pid")):
+        if holder.get("host") == socket.gethostname() and not lifeline.alive(holder.get("pid")):
             until = None  # its holder died on this machine: no lease to wait for
         return holder, meta.get("e_tag"), until
 
