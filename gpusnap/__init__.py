@@ -12,6 +12,6 @@ __version__ = "0.1.0"
 def snapshot(reason: str = "program") -> bool:
     """Ask for a snapshot at the next safe point. Returns False (with a warning) when the
     program is not running under ``gpusnap run``."""
-    from gpusnap.capture import control
+    from gpusnap.capture.trainee import control
 
     return control.request_from_program(reason)

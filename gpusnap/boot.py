@@ -4,7 +4,7 @@ Runs the program as ``python SCRIPT ARGS`` / ``python -m MODULE ARGS`` would (``
 ``sys.path[0]``, ``__main__``'s namespace, exit status, tracebacks), with its loops instrumented.
 Configuration comes from the environment variable ``GPUSNAP_BOOT``, a JSON object (absent: ``{}``);
 boot itself reads ``"instrument"`` (a list of paths and dotted module names) and hands the whole
-object to ``gpusnap.capture.agent.install``. In order, boot:
+object to ``gpusnap.capture.trainee.agent.install``. In order, boot:
 
 1. sets ``sys.argv`` and ``sys.path[0]`` as python would;
 2. installs the raw-allocation registry (``device.tracking``; the fake GPU first when
@@ -12,7 +12,7 @@ object to ``gpusnap.capture.agent.install``. In order, boot:
    installs the import hook (``instrument.importer``), rooted at the script's directory;
 3. compiles the main code, instrumented, and makes a fresh ``__main__`` module;
 4. records ``loops.MAIN_CODE`` / ``loops.MAIN_GLOBALS`` for the capture side;
-5. calls ``capture.agent.install(config)``, then, on a restart, ``restore.replay.install``
+5. calls ``capture.trainee.agent.install(config)``, then, on a restart, ``restore.replay.install``
    (capture never imports restore: boot hands each what it needs of the other);
 6. runs the main code.
 
@@ -223,7 +223,7 @@ def main(argv=None) -> None:
     loops.MAIN_GLOBALS = namespace
     atexit.register(_exit_by_sigint)
 
-    from gpusnap.capture import agent
+    from gpusnap.capture.trainee import agent
     from gpusnap.restore import fastforward
 
     agent.install(config, note_source=fastforward.part)

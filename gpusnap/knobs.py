@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 
-
 # One line per environment value that could not be used (its default is used instead);
 # `gpusnap run` and `gpusnap restart` refuse to start while any is listed.
 PROBLEMS: list[str] = []
@@ -127,7 +126,7 @@ WITNESS_ITERATIONS = _parsed("WITNESS_ITERATIONS", 3, lambda raw: int(_non_negat
 WITNESS_STOP_S = _parsed("WITNESS_STOP_S", 10.0, lambda raw: _non_negative(float(raw)), "a number >= 0")
 
 # A writer that makes no progress (spends no CPU time and is not waiting for a core) for this long
-# is hung: the trainee kills it and reports the snapshot failed (capture/watchdog.py). 0 (default):
+# is hung: the trainee kills it and reports the snapshot failed (capture/writer/watchdog.py). 0 (default):
 # a minute plus one second per 50 MB of the trainee's memory.
 WRITER_TIMEOUT_S = _parsed("WRITER_TIMEOUT_S", 0.0, lambda raw: _non_negative(float(raw)), "a number of seconds >= 0")
 
@@ -209,13 +208,13 @@ def _device_map(raw: str) -> dict:
 
 DEVICE_MAP = _parsed("DEVICE_MAP", {}, _device_map, 'a list of SAVED:NEW device ordinals, e.g. "1:0,2:cpu"')
 
-# Distributed runs (torchrun; capture/dist.py): how long a rank waits for the others at each
+# Distributed runs (torchrun; capture/dist/coordinator.py): how long a rank waits for the others at each
 # phase of a global snapshot (agreeing on an iteration, reaching it, every shard's commit) and
 # for the job's c10d store to answer, before that snapshot is abandoned (training goes on).
 DIST_TIMEOUT_S = _parsed("DIST_TIMEOUT_S", 300.0, lambda raw: _positive(float(raw)), "a number of seconds > 0")
 # The agreed iteration lies this many optimizer steps (or iterations of the safe-point loop, for
 # a program without torch.optim) beyond the furthest rank's posted position: with a collective in
-# every step, no rank can be further than that by the time it learns the target (DESIGN.md).
+# every step, no rank can be further than that by the time it learns the target (docs/distributed.md).
 DIST_MARGIN = _int("DIST_MARGIN", 2)
 
 # Run directories on an object store (store.objects, store.levels). A snapshot commits in a local

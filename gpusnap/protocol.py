@@ -27,7 +27,7 @@ trainee → supervisor (``TO_SUPERVISOR``)
       ``diverged``   they did not: ``id``, ``message`` (``forced``: the run went on, --force)
       ``cost``       what snapshot ``id`` cost training: ``cost_s``, ``stall_s``, ``window_s``,
                      ``how`` (``iterations``: with ``iterations``, ``step_s``, ``noise_s``;
-                     ``writer_cpu``: with ``writer_cpu_s``) (capture/costs.py)
+                     ``writer_cpu``: with ``writer_cpu_s``) (capture/trainee/costs.py)
       ``dropped``    ``count`` events were dropped: the supervisor did not read them in time
     An event may carry more fields than these (the times of a commit or a restore): they are
     logged as they are.

@@ -2,7 +2,7 @@
 
 Cycles and deep nesting are the normal case in a training program (argparse namespaces,
 nn.Module trees with back references, framework trainers), so no walker recurses and none keeps
-its own seen-set loop: the writer's path finding (``capture.paths``), the restore's remap of
+its own seen-set loop: the writer's path finding (``capture.trainee.paths``), the restore's remap of
 adopted objects (``restore.merge``), the generators a dataset holds (``graph.workers``) and the
 unforked buffers a frame's locals hold (``stage.unforked``) all walk through ``walk``. What a
 child is stays each caller's own (``graph.walk.children`` for the full graph, a shallow look for

@@ -8,10 +8,10 @@ import json
 import statistics
 
 import pytest
-from harness import copy_programs, gpusnap, ref_and_out, snapshots
 
-from gpusnap.capture.costs import measure
+from gpusnap.capture.trainee.costs import measure
 from gpusnap.launch.schedule import COSTS_KEPT, INTERVAL_PER_WINDOW, Schedule
+from harness import copy_programs, gpusnap, ref_and_out, snapshots
 
 pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
 

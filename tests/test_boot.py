@@ -160,7 +160,7 @@ def test_instruments_main_and_user_modules_only(project, env, tmp_path):
 
 AGENT_PROBE = """\
 import json, os, sys
-from gpusnap.capture import agent
+from gpusnap.capture.trainee import agent
 from gpusnap.instrument import importer, loops
 calls = []
 def fake_install(config, note_source):

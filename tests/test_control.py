@@ -8,7 +8,7 @@ import json
 import socket
 import threading
 
-from gpusnap.capture import control
+from gpusnap.capture.trainee import control
 
 
 def _lines(sock: socket.socket, until) -> list[dict]:

@@ -1,8 +1,8 @@
-"""The iteration the ranks of a distributed run agree on (capture/dist.py), from their posts."""
+"""The iteration the ranks of a distributed run agree on (capture/dist/plan.py), from their posts."""
 
 from __future__ import annotations
 
-from gpusnap.capture.dist import left_before, reached, target
+from gpusnap.capture.dist.plan import left_before, reached, target
 
 OUTER = ["train.py", "main", "20:4"]
 INNER = ["train.py", "main", "26:12"]
@@ -52,9 +52,9 @@ def test_a_rank_that_leaves_the_agreed_loop_before_its_iteration_has_passed_it()
     assert not left_before(None, step_loop, at) and not left_before(post(0, [*OUTER, 6]), step_loop, {"steps": 3})
 
 
-# -- what a rank reads from the store, checked (capture/distcheck.py) ---------------------------
+# -- what a rank reads from the store, checked (capture/dist/check.py) ---------------------------
 
-from gpusnap.capture import distcheck  # noqa: E402
+from gpusnap.capture.dist import check as distcheck  # noqa: E402
 
 PLAN = {"id": "000007", "at": {"steps": 12}, "stop": False, "reason": "signal"}
 

@@ -350,7 +350,7 @@ def test_forged_keys_in_the_jobs_store_steer_nothing(tmp_path):
     import psutil
     from torch.distributed import PrefixStore, TCPStore
 
-    from gpusnap.capture import distcheck
+    from gpusnap.capture.dist import check as distcheck
 
     progs, _, out, run_dir = _setup(tmp_path)
     run = Run("run", "--nproc-per-node", "2", "--dir", run_dir, "allreduce.py", out, "400", cwd=progs, env=STEP_SLEEP)

@@ -1,7 +1,7 @@
 """A snapshot becomes durable without waiting for training to leave it a core: a stop snapshot's
 writer runs at the trainee's priority on every core while the trainee idles, and a periodic one,
 whose encoders run at idle priority, is paced to commit even where training and its DataLoader
-workers keep every core busy (capture/pace.py). Both say how long they took to be durable."""
+workers keep every core busy (capture/trainee/pace.py). Both say how long they took to be durable."""
 
 from __future__ import annotations
 

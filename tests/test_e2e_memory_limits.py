@@ -17,10 +17,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-
-from gpusnap.capture import agent
-from harness import Run, copy_programs, plain, progress, ref_and_out, wait_for
 from test_stage_arena import V2_MOUNT, fake_root
+
+from gpusnap.capture.trainee import agent
+from harness import Run, copy_programs, plain, progress, ref_and_out, wait_for
 
 pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
 

@@ -26,7 +26,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 from tqdm import tqdm
 
-from gpusnap.capture import loopnotes, steploop
+from gpusnap.capture.safepoints import steploop
+from gpusnap.capture.trainee import loopnotes
 from gpusnap.graph import digest, rng
 from gpusnap.instrument import loops
 from gpusnap.instrument.loops import _DeferredCall

@@ -10,11 +10,11 @@ import sys
 
 import pytest
 import torch
-from harness import REPO
 
-from gpusnap.capture import loopnotes
+from gpusnap.capture.trainee import loopnotes
 from gpusnap.frameworks import lightning as adapter_module
 from gpusnap.restore import livecheck
+from harness import REPO
 
 pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
 

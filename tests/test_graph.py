@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from gpusnap import restore
-from gpusnap.capture.pickler import GraphPickler
+from gpusnap.capture.pickling.pickler import GraphPickler
 from gpusnap.errors import StateMismatch
 from gpusnap.graph.iterpickle import IterativePickler
 from gpusnap.graph.load import Unbuilt

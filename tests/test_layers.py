@@ -34,7 +34,7 @@ ALLOWED = {
 
 
 def _layer(module: str) -> str:
-    """``gpusnap.capture.agent`` -> ``capture``; the package itself is ``__init__``."""
+    """``gpusnap.capture.trainee.agent`` -> ``capture``; the package itself is ``__init__``."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 

@@ -23,8 +23,8 @@ from gpusnap.device.registry import Registry, track, untrack
 from gpusnap.errors import CaptureError, CudaCallFailed, RestoreError, StageError, StateMismatch
 from gpusnap.stage import device as staging
 from gpusnap.stage import sources
-from gpusnap.store import RunDir
 from gpusnap.stage.arena import trainee_arena, writer_view
+from gpusnap.store import RunDir
 
 CHUNK = 4 << 20  # knobs.CHUNK_BYTES in this process
 ANY = object()
@@ -285,7 +285,7 @@ def test_a_device_storage_travels_from_its_staged_range_to_a_cpu_tensor_placed_b
 
     import torch
 
-    from gpusnap.capture.pickler import GraphPickler
+    from gpusnap.capture.pickling.pickler import GraphPickler
     from gpusnap.graph.load import _rebuild_tensor, load_graph
     from gpusnap.restore import devices
 
@@ -359,7 +359,7 @@ def test_cuda_core_buffers_travel_from_the_stage_to_host_copies_of_their_bytes(c
     import ctypes
     import io
 
-    from gpusnap.capture.pickler import GraphPickler
+    from gpusnap.capture.pickling.pickler import GraphPickler
     from gpusnap.graph.load import load_graph
     from gpusnap.stage.unforked import stage_unforked
 
@@ -394,7 +394,7 @@ def test_cuda_core_buffers_travel_from_the_stage_to_host_copies_of_their_bytes(c
 def test_a_cuda_core_buffer_outside_the_staged_memory_fails_the_snapshot(core, tmp_path):
     import io
 
-    from gpusnap.capture.pickler import GraphPickler
+    from gpusnap.capture.pickling.pickler import GraphPickler
 
     device, stream = core
     device.allocate(4096, stream=stream)
@@ -599,10 +599,10 @@ def test_staged_bytes_land_in_pages_the_writer_reads_under_every_drain_setting(g
     copies into the pages the arena's registration pinned; a page trimmed under it leaves the
     copy in an orphan the writer never sees (the fake models pages, not addresses), so every
     staged byte must come back through the writer's own mapping."""
+    from gpusnap.rawmem import punch_hole
     from gpusnap.stage import arena as arena_module
     from gpusnap.stage import writer_done, writer_starting
     from gpusnap.stage.arena import Arena
-    from gpusnap.rawmem import punch_hole
 
     monkeypatch.setattr(knobs, "DRAIN", drain_mode)
     monkeypatch.setattr(arena_module, "_arena", Arena(capacity=64 << 20))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from gpusnap.capture.paths import find_paths, top_modules
+from gpusnap.capture.trainee.paths import find_paths, top_modules
 from gpusnap.traverse import walk
 
 

@@ -1,4 +1,4 @@
-"""The writer's watchdog (capture.watchdog) against real processes: a stopped one is killed, one
+"""The writer's watchdog (capture.writer.watchdog) against real processes: a stopped one is killed, one
 that works and reports is left alone."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 
-from gpusnap.capture.watchdog import read_report
+from gpusnap.capture.writer.watchdog import read_report
 
 
 def _child(code: str):

@@ -39,11 +39,10 @@ import time
 from pathlib import Path
 
 import torch
+from common import read_json, wait_for
 from torch.utils.data import DataLoader, Dataset
 
-from common import read_json, wait_for
-
-from gpusnap.capture import loopnotes
+from gpusnap.capture.trainee import loopnotes
 from gpusnap.graph import rng
 from gpusnap.restore import fastforward
 

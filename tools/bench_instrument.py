@@ -166,7 +166,7 @@ def run(n, source, step=None):
 def bench_loop_starts(n: int, repeats: int) -> None:
     import numpy.random  # noqa: F401  (its global generator is then part of every RNG capture)
 
-    from gpusnap.capture import steploop
+    from gpusnap.capture.safepoints import steploop
     from gpusnap.graph import rng
     from gpusnap.restore import fastforward
 
@@ -224,13 +224,13 @@ def bench_startup(runs: int) -> None:
         plain = _time_run([sys.executable, empty], env, runs)
         nocache = _time_run([sys.executable, "-m", "gpusnap.boot", empty], dict(env, GPUSNAP_CACHE_DIR="off"), runs)
         warm = _time_run([sys.executable, "-m", "gpusnap.boot", empty], env, runs)
-        agent = _time_run([sys.executable, "-c", "import gpusnap.capture.agent"], env, runs)
+        agent = _time_run([sys.executable, "-c", "import gpusnap.capture.trainee.agent"], env, runs)
         bare = _time_run([sys.executable, "-c", "pass"], env, runs)
         print(f"start-up, best of {runs} runs of an empty script")
         print(f"  python empty.py                          {plain:7.1f} ms")
         print(f"  python -m gpusnap.boot empty.py (no cache) {nocache:5.1f} ms  (+{nocache - plain:.1f} ms)")
         print(f"  python -m gpusnap.boot empty.py (cached)   {warm:5.1f} ms  (+{warm - plain:.1f} ms)")
-        print(f"    of which importing gpusnap.capture.agent alone: +{agent - bare:.1f} ms")
+        print(f"    of which importing gpusnap.capture.trainee.agent alone: +{agent - bare:.1f} ms")
         out = subprocess.run([sys.executable, "-X", "importtime", "-m", "gpusnap.boot", empty], env=env,
                              capture_output=True, text=True).stderr
         plain_mods = subprocess.run([sys.executable, "-X", "importtime", empty], env=env,
@@ -255,7 +255,7 @@ def bench_witness(repeats: int) -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     from gpusnap import knobs
-    from gpusnap.capture import witness as capture_witness
+    from gpusnap.capture.trainee import witness as capture_witness
     from gpusnap.graph import witness
 
     torch.manual_seed(0)
@@ -298,7 +298,7 @@ def bench_witness(repeats: int) -> None:
     print(f"  witness file: {size} bytes")
     # Between windows every DataLoader batch passes capture's wrapper (one global lookup).
     loader = DataLoader(TensorDataset(torch.zeros(4096, 1)), batch_size=1)
-    from gpusnap.capture import steploop
+    from gpusnap.capture.safepoints import steploop
 
     steploop._note_loader_iters(sys.modules["torch.utils.data.dataloader"])
     wrapped = [float("inf")] * 2

@@ -546,7 +546,7 @@ class Chaos:
         from torch.distributed import PrefixStore, TCPStore
 
         sys.path.insert(0, str(HERE.parent))
-        from gpusnap.capture import distcheck
+        from gpusnap.capture.dist import check as distcheck
 
         self.kill_job()
         job = self.work / f"dist-{self.counts['events']}"

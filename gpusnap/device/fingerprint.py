@@ -1,7 +1,7 @@
 """The dirty-chunk fingerprint: 128 bits per store chunk, computed where the bytes live.
 
 Staging compares each chunk's fingerprint with the one the previous snapshot took and copies
-only the chunks whose fingerprint changed (DESIGN.md, "Dirty chunks"). This module *defines*
+only the chunks whose fingerprint changed (docs/gpu.md). This module *defines*
 the fingerprint with a NumPy reference; the CUDA kernel (``fingerprint.cu``) and the fake
 backend must give the same 16 bytes for the same chunk, bit for bit.
 

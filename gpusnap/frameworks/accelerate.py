@@ -30,7 +30,9 @@ import functools
 import inspect
 import weakref
 
-from gpusnap.capture import loopnotes, pickler, steploop
+from gpusnap.capture.pickling import pickler
+from gpusnap.capture.safepoints import steploop
+from gpusnap.capture.trainee import loopnotes
 from gpusnap.graph import iterators, rng
 from gpusnap.restore import fastforward, livecheck
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from gpusnap.capture import pickler
+from gpusnap.capture.pickling import pickler
 from gpusnap.errors import RestoreError
 from gpusnap.restore import replay
 

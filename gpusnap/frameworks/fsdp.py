@@ -1,7 +1,7 @@
 """FSDP2 (``torch.distributed.fsdp.fully_shard``): what a snapshot keeps of a sharded model.
 
 The training state is the parameters (DTensors: each rank's shard, captured and merged by
-``capture.pickler`` and ``restore.merge``) and the optimizer's state (DTensors too). The rest is
+``capture.pickling.pickler`` and ``restore.merge``) and the optimizer's state (DTensors too). The rest is
 FSDP's runtime: its per-module state, parameter groups and hooks, made partly by ``fully_shard``
 in setup and partly at the first forward (lazy initialization), keyed by handle ids that depend
 on that order. A restart keeps the replay's runtime, as a fresh run would have it, and the first
@@ -11,7 +11,7 @@ tensors FSDP's parameters already view, so it all-gathers restored weights.
 
 from __future__ import annotations
 
-from gpusnap.capture import pickler
+from gpusnap.capture.pickling import pickler
 
 # FSDP's runtime objects: kept as the replay built them (reached only through hooks).
 pickler.LIVE_NAMES.update({

@@ -19,7 +19,8 @@ and at replay puts the running epoch's back there (see ``check``) or refuses.
 
 from __future__ import annotations
 
-from gpusnap.capture import loopnotes, pickler
+from gpusnap.capture.pickling import pickler
+from gpusnap.capture.trainee import loopnotes
 from gpusnap.frameworks import LOOP_MODULES
 from gpusnap.graph import iterators, workers
 from gpusnap.graph.digest import fingerprint

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 
-from gpusnap.capture.steploop import after_import
+from gpusnap.capture.safepoints.steploop import after_import
 from gpusnap.files import watch
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-from gpusnap.capture import pickler
+from gpusnap.capture.pickling import pickler
 from gpusnap.frameworks import LOOP_MODULES
 from gpusnap.restore import replay
 

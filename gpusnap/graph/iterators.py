@@ -3,7 +3,7 @@
 
 Keyed by the name of an iterator's generator function (``module.qualname``) or of a class on
 its MRO. An adapter has ``kind`` (the note's), ``describe(obj, read) -> dict | None`` (the writer,
-``capture.loopnotes``; None: the generic description) and ``check(live, info, path, scene) ->
+``capture.trainee.loopnotes``; None: the generic description) and ``check(live, info, path, scene) ->
 problem | None`` (replay, ``restore.livecheck``). ``gpusnap.frameworks`` fills it.
 """
 

@@ -1,6 +1,6 @@
 """What a snapshot's pickle stream calls while it loads, and ``load_graph``.
 
-The graph pickler (``capture.pickler``) names these functions in the stream, so they live here,
+The graph pickler (``capture.pickling.pickler``) names these functions in the stream, so they live here,
 importable by both sides: restore must never import capture. Placeholders:
 
 - ``LiveOnly`` stands where the snapshot held an object it does not capture (a file, a
@@ -25,7 +25,6 @@ import pickle
 import threading
 
 from gpusnap.rawmem import view_at
-
 
 # {saved allocation seq: its base in this process}: set by the restore before the graph loads
 # (raw allocations matched by call site, stage.device.restore_allocations).

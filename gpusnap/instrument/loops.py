@@ -41,7 +41,7 @@ _IN_GENERATOR = inspect.CO_GENERATOR  # a generator's loop: its last item is dig
 
 # Set by the capture agent; read at every boundary. A plain module global: the cheapest check.
 pending = False
-# on_boundary(loop: ActiveLoop) -> None; installed by capture.agent.install().
+# on_boundary(loop: ActiveLoop) -> None; installed by capture.trainee.agent.install().
 on_boundary = None
 # on_loop_start(loop: ActiveLoop, iterable) -> iterator | None; installed by restore (replay):
 # returns a replacement iterator that resumes the loop at its saved position, or None.

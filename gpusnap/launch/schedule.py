@@ -1,7 +1,7 @@
 """When the supervisor asks for a snapshot by timer (``--every DURATION`` or ``--every auto``),
 and what snapshots have cost training so far.
 
-The trainee measures what each snapshot costs training (``capture.costs``: its stall plus the
+The trainee measures what each snapshot costs training (``capture.trainee.costs``: its stall plus the
 slowdown of the program's iterations while the writer runs and just after, against the
 iterations before it) and reports it in a ``cost`` event. The schedule adds the costs up
 against the time since training started (the trainee's ``steps`` event; its connection when no
@@ -43,7 +43,7 @@ from gpusnap import knobs
 # snapshot then, measured by the stall and the writer's CPU time.
 NO_STEPS_FACTOR = 4
 # A snapshot's window (its writer, and the iterations after it that its cost is measured over:
-# ``capture.costs``) spans at most half the time, so the interval is at least twice the last
+# ``capture.trainee.costs``) spans at most half the time, so the interval is at least twice the last
 # window: the iterations of the other half are the clean ones costs are measured against, and
 # a timer request never waits behind a writer still at work.
 INTERVAL_PER_WINDOW = 2

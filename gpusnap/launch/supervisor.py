@@ -21,7 +21,7 @@ set to a JSON object::
      "verify_replay": true,         (only for `gpusnap verify --replay`: stop once the witness is compared)
      "lock_token": "9f3a..." | null,  (the token in DIR/lock: writers check it before a commit)
      "files": {"exclude": [GLOB, ...], "max_bytes": N | null, "after": "/abs/DIR/after-000003" | null},
-     "dist": true}                  (only in the ranks of a torchrun job: capture/dist.py)
+     "dist": true}                  (only in the ranks of a torchrun job: capture/dist/coordinator.py)
 
 A trainee started by the supervisor (not a torchrun agent) starts with the snapshot signal and
 SIGTERM blocked, and unblocks them once its handlers are in place: a signal sent to it while

@@ -1,14 +1,16 @@
 """The check replay makes of the items fast-forward reproduced.
 
 ``verify`` compares them with the digests the writer kept of the original run's items (each
-loop's ``check``: ``capture.loopnotes.record`` describes it). A part without a digest is
+loop's ``check``: ``capture.trainee.loopnotes.record`` describes it). A part without a digest is
 accepted only if consuming it left the global RNG states untouched.
 """
 
 from __future__ import annotations
 
-from gpusnap.graph.digest import MISSING as _MISSING, digest, part_of
+from gpusnap.graph.digest import MISSING as _MISSING
+from gpusnap.graph.digest import digest, part_of
 from gpusnap.restore.fastforward import NO_ITEM
+
 
 def verify(consumed: list, check: dict | None, item=_MISSING) -> list[str]:
     """Problems with the items fast-forward reproduced, as phrases ("" when there is none).

@@ -5,7 +5,7 @@ keeps the one the replayed program built. An iterator that the program advances 
 (``it = iter(loader)`` before a ``for step in range(n)`` loop whose body calls ``next(it)``, as
 the transformers Trainer does) would then sit where the replay left it while the loop around it
 is fast-forwarded: a silent divergence. So the writer records, for each live-only iterator,
-``capture.loopnotes.describe(obj)``, and replay (before the merge) runs ``check``:
+``capture.trainee.loopnotes.describe(obj)``, and replay (before the merge) runs ``check``:
 
 - a torch DataLoader iterator: its batch count (``_num_yielded``), the base seed it drew when it
   was made, a fingerprint of its index sampler and the RNG states ``iter()`` made it from. A
@@ -43,7 +43,8 @@ import re
 import sys
 import types
 
-from gpusnap.graph.digest import MISSING as _MISSING, fingerprint, loader_iter_class
+from gpusnap.graph.digest import MISSING as _MISSING
+from gpusnap.graph.digest import fingerprint, loader_iter_class
 from gpusnap.graph.iterators import adapter_of_kind
 from gpusnap.restore.frames import write_locals
 
@@ -276,7 +277,7 @@ def _remembering(it, last: list):
         yield item
 
 
-# -- object paths (capture.paths writes them) ------------------------------------------------------
+# -- object paths (capture.trainee.paths writes them) ------------------------------------------------------
 _ROOT = re.compile(r"frame\[(\d+)\]\.locals\.(\w+)|globals\[([^\]]+)\]\.(\w+)")
 _STEP = re.compile(r"\.(\w+)|\[('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^\]]*)\]")
 

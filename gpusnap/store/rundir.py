@@ -17,7 +17,7 @@ import pathlib
 import secrets
 import stat
 
-from gpusnap import knobs
+from gpusnap import atomic, knobs
 from gpusnap.errors import (
     FormatVersionError,
     RunDirError,
@@ -26,10 +26,9 @@ from gpusnap.errors import (
     SnapshotNotFound,
     StoreError,
 )
-from gpusnap import atomic
 from gpusnap.store.backend import Backend
-from gpusnap.store.local import LocalBackend
 from gpusnap.store.info import FORMAT_VERSION, SNAP_DIGITS, SnapshotInfo, by_number, is_snapshot_id, snapshot_id, utc_now  # noqa: F401  (re-exported)
+from gpusnap.store.local import LocalBackend
 from gpusnap.store.lock import RunLock
 from gpusnap.trust import TRUST_HINT, untrusted
 
@@ -79,7 +78,7 @@ class RunDir:
         self.identity: dict = doc.get("identity") or {}
         self.created: str = doc.get("created", "")
         # Random, written once with run.json: it names this run's keys in a distributed job's
-        # c10d store (capture.dist), which a store left over from another run then cannot steer.
+        # c10d store (capture.dist.coordinator), which a store left over from another run then cannot steer.
         self.nonce: str = str(doc.get("nonce") or json.dumps(doc, sort_keys=True))  # older directories: all of run.json
 
     # ---- opening

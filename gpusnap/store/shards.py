@@ -15,7 +15,7 @@ snapshot failed or is still being agreed) and is never restored. Once a global s
 higher id exists, an orphan can never become part of one (rank 0 commits global snapshots in
 order), so retention removes it.
 
-Nothing here knows programs, ranks' processes or the c10d store: ``capture.dist`` does that.
+Nothing here knows programs, ranks' processes or the c10d store: ``capture.dist.coordinator`` does that.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ import os
 import pathlib
 import time
 
-from gpusnap.errors import RunDirError, SnapshotNotFound, StoreError
 from gpusnap import atomic
-from gpusnap.store.check import Finding, Leftover, leftovers as _leftovers
+from gpusnap.errors import RunDirError, SnapshotNotFound, StoreError
+from gpusnap.store.check import Finding, Leftover
+from gpusnap.store.check import leftovers as _leftovers
 from gpusnap.store.info import FORMAT_VERSION, SnapshotInfo, is_snapshot_id, utc_now
 from gpusnap.store.rundir import RunDir
 

@@ -15,20 +15,19 @@ import os
 import time
 from dataclasses import dataclass
 
-from gpusnap import knobs
+from gpusnap import atomic, knobs
 from gpusnap.errors import RunDirLocked, StoreError
-from gpusnap import atomic
 from gpusnap.store import codec, index, lock
+from gpusnap.store.info import FORMAT_VERSION, SnapshotInfo, utc_now
 from gpusnap.store.pack import Location, pack_key
 from gpusnap.store.pipeline import Pipeline
-from gpusnap.store.info import FORMAT_VERSION, SnapshotInfo, utc_now
 
 _MAX_CHUNK_BYTES = codec.MAX_CHUNK_BYTES
 
 # report_progress(bytes_put, bytes_written) after every chunk, when set: a forked writer sets it
 # to tell the trainee how far it is (the live status line of a long write).
 report_progress = None
-# How the pipeline runs, set by a forked writer before begin_snapshot (capture/pace.py): encoder
+# How the pipeline runs, set by a forked writer before begin_snapshot (capture/trainee/pace.py): encoder
 # threads (0: knobs.WRITER_THREADS, else one per core), and a function each of them runs first
 # (to lower its own priority).
 encoder_threads = 0

@@ -18,9 +18,10 @@ import time
 from dataclasses import dataclass, field
 
 from gpusnap import knobs
-from gpusnap.capture import loopnotes, pace, paths
+from gpusnap.capture.pickling.pickler import GraphPickler, type_name
+from gpusnap.capture.pickling.reducers import HostMemory, _storage_key
+from gpusnap.capture.trainee import loopnotes, pace, paths
 from gpusnap.graph import roots, workers
-from gpusnap.capture.pickler import GraphPickler, HostMemory, _storage_key, type_name
 from gpusnap.stage.drain import Drained, drain
 
 

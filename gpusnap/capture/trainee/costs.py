@@ -34,7 +34,7 @@ import time
 from collections import deque
 
 from gpusnap import stage
-from gpusnap.capture import control
+from gpusnap.capture.trainee import control
 
 # The first iterations of a run (and of a restarted one) pay for first touches of memory and
 # warm caches: not what an iteration costs.

@@ -1,5 +1,5 @@
 """Global snapshots of a torchrun job: every rank snapshots at one agreed iteration, and the
-snapshot exists once every rank's shard has committed (DESIGN.md, "Distributed training").
+snapshot exists once every rank's shard has committed (docs/distributed.md).
 
 Each rank is an ordinary trainee writing its own shard (``store.shards``: ``DIR/ranks/<rank>``).
 The ranks coordinate through the job's own c10d store (the TCPStore that torchrun's agent hosts
@@ -47,11 +47,14 @@ import threading
 import time
 
 from gpusnap import knobs, lifeline
-from gpusnap.capture import control, distcheck, session, steploop
+from gpusnap.capture.dist import check as distcheck
+from gpusnap.capture.dist import plan as planning
+from gpusnap.capture.safepoints import steploop
+from gpusnap.capture.trainee import control, session
 from gpusnap.errors import EXIT_PREEMPTED_UNSAVED, GpusnapError, RestoreError, RunDirError
 from gpusnap.instrument import loops
 from gpusnap.store import shards
-from gpusnap.store.info import is_snapshot_id, snapshot_id
+from gpusnap.store.info import snapshot_id
 
 coordinator: "Coordinator | None" = None
 _FOREVER = datetime.timedelta(days=3650)
@@ -120,49 +123,6 @@ def position(loop) -> dict:
         if active is loop:
             break
     return {"steps": session.steps, "path": path}
-
-
-def target(posts: list[dict], margin: int) -> dict:
-    """The position every rank snapshots at: ``margin`` optimizer steps past the furthest rank.
-    Before any rank has stepped (setup, or a program without torch.optim), also ``margin``
-    iterations past the furthest rank of the innermost loop they all stand in, whichever comes
-    first. Ranks may post from different boundaries (without a step loop, any loop's boundary is
-    a safe point: one rank stands in the inner loop of an iteration, another at the end of it):
-    the target is then a boundary of the loops their paths share, which every rank reaches."""
-    at: dict = {"steps": max(p["steps"] for p in posts) + margin}
-    if any(p["steps"] for p in posts):
-        return at
-    common = []
-    for level in zip(*(p["path"] for p in posts)):
-        if any(entry[:3] != level[0][:3] for entry in level):
-            break
-        common.append(list(level[0][:3]))
-    if common:
-        furthest = max(tuple(entry[3] for entry in p["path"][: len(common)]) for p in posts)
-        at.update(loops=common, index=[*furthest[:-1], furthest[-1] + margin])
-    return at
-
-
-def reached(pos: dict, at: dict) -> bool:
-    if pos["steps"] >= at["steps"]:
-        return True
-    if at.get("loops") is None or [entry[:3] for entry in pos["path"]] != at["loops"]:
-        return False
-    return tuple(entry[3] for entry in pos["path"]) >= tuple(at["index"])
-
-
-def left_before(previous: dict | None, pos: dict, at: dict) -> bool:
-    """Did this rank leave the loops of the agreed iteration (``at``) without reaching it, since
-    its last safe point? It would reach the target by steps alone, elsewhere in the program than
-    the ranks that reached it in those loops: their shards would not be one snapshot."""
-    loops = at.get("loops")
-    if not loops or previous is None or reached(previous, at):
-        return False
-
-    def inside(p: dict) -> bool:
-        return [entry[:3] for entry in p["path"][: len(loops)]] == loops
-
-    return inside(previous) and not inside(pos)
 
 
 class Coordinator:
@@ -324,7 +284,7 @@ class Coordinator:
             return
         pos, previous = position(loop), self.previous
         self.previous = pos
-        if plan is not None and left_before(previous, pos, plan["at"]):
+        if plan is not None and planning.left_before(previous, pos, plan["at"]):
             with self.cond:
                 if self.abandoned >= g:
                     return
@@ -332,17 +292,17 @@ class Coordinator:
             self.shard_failed(f"rank {self.rank} left the loop of the agreed iteration before reaching it (its ranks do "
                               "not meet in a collective every iteration); no snapshot was taken")
             return
-        if plan is None or not reached(pos, plan["at"]):
+        if plan is None or not planning.reached(pos, plan["at"]):
             return
         with self.cond:
             if self.abandoned >= g:
                 return
             self.taken = g
-        if reached(previous, plan["at"]):
+        if planning.reached(previous, plan["at"]):
             self.shard_failed(f"rank {self.rank} learned the agreed iteration only after passing it (its ranks do not "
                               "meet in a collective every step); no snapshot was taken")
             return
-        from gpusnap.capture import agent
+        from gpusnap.capture.trainee import agent
 
         agent.take(loop, snap_id=plan["id"], reason=plan["reason"], stop=plan["stop"])
 
@@ -454,7 +414,7 @@ class Coordinator:
         return client
 
     def _plan(self, posts: list[dict]) -> dict:
-        at = target(posts, knobs.DIST_MARGIN)
+        at = planning.target(posts, knobs.DIST_MARGIN)
         stop = any(p.get("stop") for p in posts)
         requested = [p.get("reason") for p in posts if p.get("reason") not in (None, "peer")]
         top_ids = [int(s) for s in self.top.snapshot_ids()]
@@ -633,7 +593,7 @@ def _manifest_of(rd):
 def _exit(outcome: dict) -> None:
     """A stop snapshot's end on every rank: 0 once committed (torchrun then ends quietly, and
     each node's supervisor exits 75 on the committed event), 76 otherwise."""
-    from gpusnap.capture.fork import exit_now
+    from gpusnap.capture.writer.fork import exit_now
 
     exit_now(0 if outcome.get("event") == "committed" else EXIT_PREEMPTED_UNSAVED)
 

@@ -18,4 +18,4 @@ iterations = 0  # iterations of step loops in which an optimizer stepped: what s
 optimizers = weakref.WeakSet()  # every optimizer that stepped: what the drain copies first
 prepared = False  # stage.prepare has run since the last writer ended and the last new optimizer
 schedule: dict | None = None  # the supervisor's timer and the overhead it measured: in the next manifest
-dist = None  # capture.dist's Coordinator in a rank of a torchrun job (global snapshots), else None
+dist = None  # capture.dist.coordinator's Coordinator in a rank of a torchrun job (global snapshots), else None

@@ -20,8 +20,9 @@ import time
 import warnings
 
 from gpusnap import lifeline, rawmem, stage
+from gpusnap.capture.trainee import control, costs, session, witness
+from gpusnap.capture.writer import watchdog
 from gpusnap.errors import NoSpace
-from gpusnap.capture import control, costs, session, watchdog, witness
 
 
 class Writer:
@@ -190,7 +191,7 @@ def _write(job, write_fd: int) -> dict:
     from gpusnap.store import writer as store_writer
 
     store_writer.report_progress = _progress_reporter(write_fd)
-    from gpusnap.capture.writer import write_snapshot
+    from gpusnap.capture.writer.process import write_snapshot
 
     return write_snapshot(job)
 

@@ -26,7 +26,7 @@ import time
 import warnings
 
 from gpusnap import protocol
-from gpusnap.capture import session
+from gpusnap.capture.trainee import session
 from gpusnap.instrument import loops
 
 requests: list[tuple[str, bool]] = []  # (reason, stop) in arrival order

@@ -22,7 +22,8 @@ import sys
 import weakref
 
 from gpusnap import knobs, stage
-from gpusnap.capture import costs, safepoints, session, witness
+from gpusnap.capture.safepoints import returnable as safepoints
+from gpusnap.capture.trainee import costs, session, witness
 from gpusnap.graph import iterators, rng, workers
 from gpusnap.instrument import loops
 

@@ -1,6 +1,6 @@
 """The trainee side of a snapshot: installed by boot, it takes the snapshot at a safe point.
 
-Flow of one snapshot (DESIGN.md, Snapshot pipeline)::
+Flow of one snapshot (docs/architecture.md, "The pipeline")::
 
     control.request()    signal handler / control thread / gpusnap.snapshot(): set loops.pending
     _on_boundary(loop)   every main-thread loop boundary while pending: is this a safe point?
@@ -28,12 +28,14 @@ import sys
 import time
 
 from gpusnap import files, knobs, lifeline, stage
-from gpusnap.capture import children, control, fork, pace, session, steploop
-from gpusnap.capture import witness as witnessing
+from gpusnap.capture.safepoints import steploop
+from gpusnap.capture.trainee import children, control, pace, session
+from gpusnap.capture.trainee import witness as witnessing
+from gpusnap.capture.writer import fork
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, ChildRunning, StageError
 from gpusnap.graph import rng, roots, workers
-from gpusnap.stage import limits
 from gpusnap.instrument import loops
+from gpusnap.stage import limits
 
 _coalesced_said = False
 
@@ -48,14 +50,14 @@ def install(config: dict, note_source) -> None:
         return
     import psutil  # noqa: F401  (the headroom check runs inside the stall)
 
-    from gpusnap.capture import writer  # noqa: F401  (every forked writer would import it again)
+    from gpusnap.capture.writer import process as writer  # noqa: F401  (every forked writer would import it again)
     from gpusnap.store import RunDir, codec, preload
 
     preload()
     codec.decode_on_one_thread()  # this process forks writers: blosc2's pool must never run here
     lifeline.arm()  # each writer dies with the trainee (fork.start_writer)
     if session.config.get("dist"):  # a rank of a torchrun job: its own shard, global snapshots
-        from gpusnap.capture import dist
+        from gpusnap.capture.dist import coordinator as dist
 
         session.rundir = dist.install(session.config)
         session.dist = dist.coordinator
@@ -210,7 +212,7 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         if stop:
             fork.exit_now(EXIT_PREEMPTED_UNSAVED)
         return
-    from gpusnap.capture.writer import WriteJob  # imported at install: free here
+    from gpusnap.capture.writer.process import WriteJob  # imported at install: free here
 
     job = WriteJob(
         run_dir=str(session.rundir.path),

@@ -1,4 +1,4 @@
-"""What a rank reads from the job's c10d store, checked before it is used (``capture.dist``).
+"""What a rank reads from the job's c10d store, checked before it is used (``capture.dist.coordinator``).
 
 The store is shared with the job (its rendezvous, other libraries), and one left over from
 another run may sit at the same address, so nothing read from it is believed unchecked: a value

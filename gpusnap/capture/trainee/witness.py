@@ -18,7 +18,7 @@ import threading
 import time
 
 from gpusnap import knobs
-from gpusnap.capture import session
+from gpusnap.capture.trainee import session
 from gpusnap.graph import witness
 from gpusnap.instrument import loops
 

@@ -25,7 +25,7 @@ import io
 import types
 import weakref
 
-from gpusnap.capture import pickler
+from gpusnap.capture.pickling import pickler
 from gpusnap.graph import rng, workers
 from gpusnap.graph.digest import MISSING, digest, fingerprint, loader_iter_class, part_of
 from gpusnap.graph.iterators import LOADER_ITERS, adapter_for

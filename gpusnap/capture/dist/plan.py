@@ -1,0 +1,52 @@
+"""Where the ranks of a torchrun job take a global snapshot, from where each stood when asked:
+pure functions of the positions the ranks posted (``coordinator.position``), with no store, no
+thread and no process of their own, so that they are tested alone (tests/test_dist_plan.py).
+
+A position is ``{"steps": optimizer steps, "path": [[file, qualname, loop id, index], ...]}``,
+the loops on the rank's path from the outermost in; a target is ``{"steps": N}``, with
+``"loops"`` and ``"index"`` before any rank has stepped."""
+
+from __future__ import annotations
+
+
+def target(posts: list[dict], margin: int) -> dict:
+    """The position every rank snapshots at: ``margin`` optimizer steps past the furthest rank.
+    Before any rank has stepped (setup, or a program without torch.optim), also ``margin``
+    iterations past the furthest rank of the innermost loop they all stand in, whichever comes
+    first. Ranks may post from different boundaries (without a step loop, any loop's boundary is
+    a safe point: one rank stands in the inner loop of an iteration, another at the end of it):
+    the target is then a boundary of the loops their paths share, which every rank reaches."""
+    at: dict = {"steps": max(p["steps"] for p in posts) + margin}
+    if any(p["steps"] for p in posts):
+        return at
+    common = []
+    for level in zip(*(p["path"] for p in posts)):
+        if any(entry[:3] != level[0][:3] for entry in level):
+            break
+        common.append(list(level[0][:3]))
+    if common:
+        furthest = max(tuple(entry[3] for entry in p["path"][: len(common)]) for p in posts)
+        at.update(loops=common, index=[*furthest[:-1], furthest[-1] + margin])
+    return at
+
+
+def reached(pos: dict, at: dict) -> bool:
+    if pos["steps"] >= at["steps"]:
+        return True
+    if at.get("loops") is None or [entry[:3] for entry in pos["path"]] != at["loops"]:
+        return False
+    return tuple(entry[3] for entry in pos["path"]) >= tuple(at["index"])
+
+
+def left_before(previous: dict | None, pos: dict, at: dict) -> bool:
+    """Did this rank leave the loops of the agreed iteration (``at``) without reaching it, since
+    its last safe point? It would reach the target by steps alone, elsewhere in the program than
+    the ranks that reached it in those loops: their shards would not be one snapshot."""
+    loops = at.get("loops")
+    if not loops or previous is None or reached(previous, at):
+        return False
+
+    def inside(p: dict) -> bool:
+        return [entry[:3] for entry in p["path"][: len(loops)]] == loops
+
+    return inside(previous) and not inside(pos)

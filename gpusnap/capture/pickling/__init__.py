@@ -1,0 +1,2 @@
+"""The object-graph pickler (``pickler``) and the reducers that send memory to buffers
+(``reducers``)."""

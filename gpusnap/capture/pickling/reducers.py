@@ -1,0 +1,242 @@
+"""The buffer reducers of the graph pickler: what stands in the pickle stream for memory whose
+bytes go to the store's buffers (``sink.put_buffer``) or to staged device ranges, never through
+the stream: torch tensors and storages (on the CPU and on devices), DTensors, numpy arrays, CuPy
+arrays and cuda.core Buffers. ``HostMemory`` reads the trainee's host memory as it was at fork.
+
+``BufferReducers`` is a part of ``pickler.GraphPickler`` and works on its state: ``sink``,
+``host``, ``device``, ``buffers``, ``storage_names``, ``storage_offsets``, ``device_wanted``,
+``core_buffers``, ``tensors``, ``_storage_dtype`` and the modules it found (``_torch``, ``_np``),
+and falls back to its ``_live`` and ``_reduce_by_pickle``."""
+
+from __future__ import annotations
+
+from gpusnap.errors import CaptureError
+from gpusnap.graph.load import (
+    _core_buffer,
+    _load_device_storage,
+    _load_storage,
+    _raw_ndarray,
+    _rebuild_cupy,
+    _rebuild_ndarray,
+    _rebuild_tensor,
+    _sharded_tensor,
+    dtensor_layout,
+)
+from gpusnap.rawmem import mapped, strided_extent, view_at
+from gpusnap.stage.drain import Drained
+from gpusnap.stage.sources import HOST_KINDS
+
+_SHARDED_TENSORS = {"torch.distributed.tensor.DTensor", "torch.distributed._tensor.api.DTensor",
+                    "torch.distributed.tensor._api.DTensor"}
+_named: dict[tuple[type, int], bool] = {}
+
+
+def _is_named(cls, names: set[str]) -> bool:
+    key = (cls, id(names))
+    found = _named.get(key)
+    if found is None:
+        found = _named[key] = any(f"{k.__module__}.{k.__qualname__}" in names for k in cls.__mro__)
+    return found
+
+
+class BufferReducers:
+    # -- torch ----------------------------------------------------------------------------
+    def _reduce_dtensor(self, t):
+        """A DTensor (FSDP2's parameters and optimizer state, tensor parallelism): its bytes are
+        this rank's local shard, a plain tensor; its mesh and placements say how the shards make
+        the whole. Restore merges the local shard into the replay's DTensor (``ShardedState``)."""
+        grad = t.grad if t.is_leaf else None
+        return _sharded_tensor, (t._local_tensor, dtensor_layout(t), tuple(t._spec.placements), tuple(t.shape), tuple(t.stride()),
+                                 t.requires_grad and t.is_leaf, isinstance(t, self._torch.nn.Parameter), grad)
+
+    def _reduce_tensor(self, t):
+        torch = self._torch
+        if _is_named(type(t), _SHARDED_TENSORS):
+            return self._reduce_dtensor(t)
+        if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided or t.is_quantized:
+            return self._reduce_by_pickle(t)
+        storage = t.untyped_storage()
+        dtype = str(t.dtype).removeprefix("torch.")
+        key = _storage_key(storage)
+        self._storage_dtype.setdefault(key, (dtype, t.element_size()))
+        is_param = type(t) is torch.nn.Parameter
+        grad = t.grad if t.is_leaf else None
+        attrs = dict(t.__dict__) if t.__dict__ else None
+        requires_grad = t.requires_grad and t.is_leaf
+        self.tensors.append((t, key))
+        args = (storage, t.storage_offset(), tuple(t.size()), tuple(t.stride()), dtype, requires_grad, grad, is_param, attrs)
+        return _rebuild_tensor, args
+
+    def _reduce_storage(self, storage):
+        torch = self._torch
+        if isinstance(storage, torch.TypedStorage):
+            storage = storage.untyped()
+        key = _storage_key(storage)
+        device, address, nbytes = key
+        if device not in ("cpu", "meta") and nbytes:
+            return self._reduce_device_storage(storage, key)
+        name = self.storage_names.get(key)
+        if name is None:
+            if device == "cpu":
+                view = self.host.view(address, nbytes, "CPU tensor")
+            else:
+                view = None
+            dtype, typesize = self._storage_dtype.get(key, ("uint8", 1))
+            name = f"t{len(self.storage_names)}"
+            self.storage_names[key] = name
+            if view is None:
+                record = {"nbytes": nbytes, "dtype": dtype, "chunks": []}
+            else:
+                record = self.sink.put_buffer(view, dtype=dtype, typesize=typesize)
+            record.update(kind="torch", device=device, device_index=storage.device.index)
+            self.buffers[name] = record
+        return _load_storage, (name, key[0])
+
+    def _reduce_device_storage(self, storage, key):
+        """A device storage: a reference to the staged range it lies in, at its offset. The
+        range is written after the graph (``device_wanted``); its bytes were copied off the
+        device in the stall, and the writer never reads device memory."""
+        device, address, nbytes = key
+        index = storage.device.index or 0
+        found = self.device.containing(index, address, nbytes) if self.device is not None else None
+        if found is None:
+            # Keeping the replayed device tensor on restore would be a silent partial restore:
+            # fail the snapshot instead (training goes on).
+            raise CaptureError(
+                f"a {device}:{index} storage of {nbytes:,} bytes at {address:#x} lies outside the device memory "
+                "gpusnap staged (memory that torch's caching allocator, cuda-python and CuPy did not hand out)",
+                hint="this snapshot fails and training goes on; gpusnap reads torch's native caching allocator "
+                     "(not PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync, a pluggable allocator or "
+                     "PYTORCH_NO_CUDA_MEMORY_CACHING)",
+            )
+        staged, offset = found
+        name = staged.range.name
+        self.device_wanted.setdefault(name, self._storage_dtype.get(key, ("uint8", 1)))
+        self.storage_names[key] = name
+        if offset:
+            self.storage_offsets[key] = offset
+        return _load_device_storage, (name, offset, nbytes, f"{device}:{index}")
+
+    # -- cupy -----------------------------------------------------------------------------
+    def _reduce_cupy(self, arr):
+        """A CuPy array: its span of the staged range its memory lies in (CuPy's own pickling
+        would copy it off the GPU, which a forked writer cannot)."""
+        address = arr.data.ptr
+        lowest, nbytes = strided_extent(address, arr.shape, arr.strides, arr.itemsize)
+        device = int(arr.data.device_id)
+        found = self.device.containing(device, lowest, nbytes) if self.device is not None and nbytes else None
+        if found is None:
+            if not nbytes:
+                return _rebuild_cupy, (None, 0, 0, arr.dtype.str, arr.shape, arr.strides, f"cuda:{device}")
+            raise CaptureError(f"a CuPy array of {nbytes:,} bytes on cuda:{device} lies outside the device memory gpusnap staged")
+        staged, offset = found
+        self.device_wanted.setdefault(staged.range.name, (arr.dtype.name, arr.itemsize))
+        return _rebuild_cupy, (staged.range.name, offset, nbytes, arr.dtype.str, arr.shape,
+                               tuple(arr.strides), f"cuda:{device}", address - lowest)
+
+    # -- cuda.core ------------------------------------------------------------------------
+    def _reduce_core_buffer(self, buf):
+        """A cuda.core Buffer: its span of the staged range it lies in, or, over host memory, a
+        buffer of its own from the copy the trainee staged. Its own pickling exports an IPC
+        handle (a CUDA call, which a forked writer cannot make), and so may its properties: the
+        writer reads ``handle``, ``size`` and ``is_closed`` only, the rest from the stage."""
+        if buf.is_closed or not buf.size:
+            self.core_buffers.append((buf, None))
+            return _core_buffer, (None, 0, 0, -1, "closed" if buf.is_closed else "empty")
+        address, nbytes = int(buf.handle), int(buf.size)
+        where = self.device.core.get(address) if self.device is not None else None
+        found = None
+        if where is not None and where[1] in HOST_KINDS:
+            found = self._core_host_buffer(address, nbytes, where[1])
+        elif where is not None:
+            staged = self.device.containing(where[0], address, nbytes)
+            if staged is not None:
+                self.device_wanted.setdefault(staged[0].range.name, ("uint8", 1))
+                found = staged[0].range.name, staged[1]
+        if found is None:
+            raise CaptureError(
+                f"a cuda.core Buffer of {nbytes:,} bytes at {address:#x} lies outside the memory gpusnap staged",
+                hint="this snapshot fails and training goes on; please report this with how the Buffer was made")
+        name, offset = found
+        self.core_buffers.append((buf, name))
+        return _core_buffer, (name, offset, nbytes, where[0], where[1])
+
+    def _core_host_buffer(self, address: int, nbytes: int, kind: str) -> tuple[str, int]:
+        """(buffer name, 0) of a Buffer over host memory, written on first meeting from the copy
+        the trainee staged (``HostMemory``: fork does not pass pinned memory on)."""
+        key = ("core", address, nbytes)
+        name = self.storage_names.get(key)
+        if name is None:
+            name = self.storage_names[key] = f"c{len(self.storage_names)}"
+            view = self.host.view(address, nbytes, f"cuda.core {kind} Buffer")
+            record = self.sink.put_buffer(view, dtype="uint8", typesize=1)
+            record.update(kind="core", device="cpu", memory=kind)
+            self.buffers[name] = record
+        return name, 0
+
+    # -- numpy ----------------------------------------------------------------------------
+    def _reduce_ndarray(self, arr):
+        np = self._np
+        if self.device is not None:
+            # An array over a raw allocation (managed memory seen from the host): its bytes are
+            # the allocation's, staged by the parent; the writer must never read them there (a
+            # forked child faults on managed memory). It comes back as a view of the replay's.
+            where = self.device.pointer(arr.__array_interface__["data"][0])
+            if where is not None:
+                return _raw_ndarray, (*where, arr.dtype.str, arr.shape, arr.strides)
+        key = ("numpy", arr.__array_interface__["data"][0], arr.nbytes, arr.dtype.str, arr.shape, arr.strides)
+        name = self.storage_names.get(key)
+        if name is None:
+            name = f"n{len(self.storage_names)}"
+            self.storage_names[key] = name
+            flat = np.ascontiguousarray(self._readable(arr)).reshape(-1).view(np.uint8)  # copies only if strided
+            record = self.sink.put_buffer(memoryview(flat), dtype=arr.dtype.name, typesize=arr.dtype.itemsize)
+            record.update(kind="numpy", shape=list(arr.shape))
+            self.buffers[name] = record
+        return _rebuild_ndarray, (name, arr.dtype.str, arr.shape)
+
+    def _readable(self, arr):
+        """``arr`` over the bytes it had at fork: in place, or in the staging arena where the
+        writer drained them or the trainee staged them (unforked memory)."""
+        address = arr.__array_interface__["data"][0]
+        lowest, nbytes = strided_extent(address, arr.shape, arr.strides, arr.itemsize)
+        if not nbytes:
+            return arr
+        view = self.host.view(lowest, nbytes, "numpy array")
+        return self._np.ndarray(arr.shape, arr.dtype, buffer=view, offset=address - lowest, strides=arr.strides)
+
+
+class HostMemory:
+    """The trainee's host memory as it was at fork, read in the writer: a drained range from the
+    drain region (``stage.drain``), memory fork did not pass on from the ``pinned`` region
+    (``stage.unforked``), the rest in place."""
+
+    def __init__(self, drained: Drained | None = None, unforked=None):
+        self.drained = drained or Drained()
+        self.unforked = unforked
+
+    def view(self, address: int, nbytes: int, what: str = "buffer") -> memoryview:
+        if not nbytes:
+            return memoryview(b"")
+        found = self.drained.view(address, nbytes)
+        if found is None and self.unforked is not None:
+            found = self.unforked.view(address, nbytes)
+        return found if found is not None else _host_view(address, nbytes, what)
+
+
+def _host_view(address: int, nbytes: int, what: str) -> memoryview:
+    """A view of host memory in the writer, or a ``CaptureError`` where the fork did not pass
+    the memory on (the writer would die reading it)."""
+    if not mapped(address, nbytes):
+        raise CaptureError(
+            f"a {what} of {nbytes:,} bytes at {address:#x} is not in the forked writer's memory: the program "
+            "page-locked it (CUDA pinned memory, as a DataLoader with pin_memory=True makes) or marked it "
+            "do-not-fork, and gpusnap does not stage such host memory yet",
+            hint="this snapshot fails and training goes on; move pinned batches to the GPU under the same name "
+                 "(x = x.to(device)) so the training loop holds none at its boundary, or use pin_memory=False",
+        )
+    return view_at(address, nbytes)
+
+
+def _storage_key(storage) -> tuple:
+    return (storage.device.type, storage.data_ptr(), storage.nbytes())
