@@ -18,7 +18,7 @@ trainee → supervisor (``TO_SUPERVISOR``)
                      (``iteration`` optional; ``warning`` and ``hint`` when retention failed
                      after the commit: shown as a warning, the snapshot stays committed)
       ``failed``     ``id`` (optional), ``message``
-      ``progress``   a long write: ``id``, ``bytes_put``, ``bytes_written``, ``s`` (every 0.5 s;
+      ``progress``   a long write: ``id``, ``bytes_put``, ``bytes_written``, ``s`` (every 0.2 s;
                      a status line on a terminal, not logged)
       ``steps``      once, when training runs: ``step_s`` (mean iteration time)
       ``restored``   a restart merged snapshot ``id``: its times and ``verified``

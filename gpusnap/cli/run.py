@@ -479,7 +479,7 @@ def _choose_snapshot(rd, resume: str, require: bool, anew_after_end: bool = True
 
 def _finished(rd) -> bool:
     """Whether the last run in ``rd`` ended with the program's own exit status 0."""
-    from gpusnap.launch.supervisor import LOG_FILE
+    from gpusnap.launch.runfiles import LOG_FILE
 
     last = None
     try:
@@ -521,8 +521,8 @@ def snap(run_dir, no_wait, timeout):
     import glob
 
     from gpusnap.launch import control
-    from gpusnap.launch.events import warning
-    from gpusnap.launch.supervisor import SUPERVISOR_FILE, describe, supervisor_file
+    from gpusnap.launch.events import describe, warning
+    from gpusnap.launch.runfiles import SUPERVISOR_FILE, supervisor_file
 
     timeout_s = opt.parse_duration(timeout, "--timeout") if timeout is not None else None
     path = local_dir(run_dir)

@@ -46,7 +46,6 @@ import json
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -61,11 +60,10 @@ from gpusnap.launch.control import Connection, ControlServer
 from gpusnap.launch.events import describe, progress_line, schedule_line, warning
 from gpusnap.launch.notices import Watcher
 from gpusnap.launch.options import format_duration
+from gpusnap.launch.runfiles import RunLog, announce, live_supervisor, supervisor_file, withdraw
 from gpusnap.launch.schedule import Schedule
 
 TERMINAL_EVENTS = ("committed", "failed", "skipped")
-SUPERVISOR_FILE = "supervisor.json"
-LOG_FILE = "log.jsonl"
 # After the trainee exits, events still in flight (its last commit) are read for this long.
 _DRAIN_S = 1.0
 
@@ -139,31 +137,6 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _write_json(path: str, obj: dict) -> None:
-    from gpusnap.atomic import write_file
-
-    write_file(path, [json.dumps(obj, indent=1).encode() + b"\n"])
-
-
-def supervisor_file(run_dir: str, distributed: bool) -> str:
-    """Where a supervisor says where it listens. The nodes of a distributed run share the run
-    directory, and a unix socket answers only on its own host: one file per host there."""
-    return os.path.join(run_dir, f"supervisor-{socket.gethostname()}.json" if distributed else SUPERVISOR_FILE)
-
-
-
-
-def _live_supervisor(path: str) -> bool:
-    """Does ``path`` name a live supervisor? (Two nodes of a distributed run on one host: the
-    first one's answers `gpusnap snap`.)"""
-    try:
-        with open(path) as f:
-            pid = int(json.load(f)["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return lifeline.alive(pid)
-
-
 def _tty_foreground() -> bool:
     """True when our process group is a terminal's foreground group: a Ctrl-C (SIGINT) or a
     hangup (SIGHUP) from it reached the trainee too, so forwarding would deliver it twice."""
@@ -198,7 +171,7 @@ class Supervisor:
         self.last_total = None  # bytes of the last committed snapshot: a long write's progress is shown against it
         self.ranks: dict[int, Connection] = {}  # a distributed run: this node's ranks by global rank
         self.stop_outcome: str | None = None  # a distributed run: a global stop snapshot's event
-        self._log_fd = -1
+        self.runlog: RunLog | None = None
         self._wake_r = self._wake_w = -1
         self._old_handlers: dict[int, object] = {}
         self._old_wakeup = -1
@@ -211,34 +184,24 @@ class Supervisor:
         self.console.say(line, level)
 
     def log(self, record: dict) -> None:
-        if self._log_fd < 0:
-            return
-        record = {"t": round(time.time(), 6), **record}
-        try:
-            os.write(self._log_fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
-        except OSError:
-            pass  # a full disk must not stop the run; the snapshot path reports it
+        if self.runlog is not None:
+            self.runlog.append(record)
 
     # -- lifecycle ------------------------------------------------------------------------
 
     def run(self) -> int:
         """Start the trainee, serve it until it exits, return the exit status to use."""
         L = self.launch
-        from gpusnap.atomic import open_private
-
-        # Never through a symbolic link, as the lock: appending to whatever file one names would
-        # let anyone who can write the directory make this run write there.
-        self._log_fd = open_private(os.path.join(L.run_dir, LOG_FILE), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        self.runlog = RunLog(L.run_dir)
         self.server = ControlServer()
         info_path = supervisor_file(L.run_dir, L.torchrun is not None)
         try:
             # Handlers first: supervisor.json tells the world where to send signals, and a
             # SIGUSR1 before its handler would kill the supervisor.
             self._install_signals()
-            if L.torchrun is None or not _live_supervisor(info_path):  # the first node's answers `snap`
+            if L.torchrun is None or not live_supervisor(info_path):  # the first node's answers `snap`
                 try:
-                    _write_json(info_path, {"pid": os.getpid(), "socket": self.server.path, "started": time.time(),
-                                            "host": socket.gethostname()})
+                    announce(info_path, self.server.path)
                 except StoreError as exc:  # a full disk: the run goes on (and frees room), without `gpusnap snap`
                     self.say(f"warning: {exc.message}: `gpusnap snap` cannot reach this run; signals and timers still work")
             if L.resume:
@@ -279,19 +242,8 @@ class Supervisor:
             for c in self.conns:
                 c.close()
             self.server.close()
-            try:
-                with open(info_path) as f:
-                    ours = json.load(f).get("pid") == os.getpid()
-            except (OSError, ValueError):
-                ours = False
-            if ours:
-                try:
-                    os.unlink(info_path)
-                except OSError:
-                    pass
-            if self._log_fd >= 0:
-                os.close(self._log_fd)
-                self._log_fd = -1
+            withdraw(info_path)
+            self.runlog.close()
 
     def _put_files_back(self) -> None:
         """Before the replay: the program's files as they were at the snapshot (gpusnap/files)."""

@@ -196,8 +196,9 @@ def _write(job, write_fd: int) -> dict:
     return write_snapshot(job)
 
 
-# A writer tells the trainee how far it is this often (the live status line of a long write).
-PROGRESS_EVERY_S = 0.5
+# A writer tells the trainee how far it is this often (the live status line of a long write),
+# as often as a restore redraws its own.
+PROGRESS_EVERY_S = 0.2
 
 
 def _progress_reporter(write_fd: int):
