@@ -177,7 +177,7 @@ def interrupt(run: Run, out: Path, run_dir: Path, cwd: Path, rnd: random.Random,
     kill_at = min(seen_at + rnd.randint(1, 6), total - 4)
     wait_for(lambda: progress(out) >= kill_at, f"step {kill_at}", proc=run)
     # Its witness is written after the iterations that follow it: wait for it a little, so that
-    # the restart can prove itself (tests/test_e2e_witness.py kills before it, too).
+    # the restart can prove itself (tests/e2e/test_e2e_witness.py kills before it, too).
     witness = run_dir / "witness" / f"{snap_id}.json"
     deadline = time.monotonic() + 10
     while not witness.exists() and time.monotonic() < deadline and run.proc.poll() is None and progress(out) < total - 3:

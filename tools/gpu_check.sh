@@ -10,7 +10,7 @@
 # verdict line of the others), env.txt, probes.txt, tests.txt, drills.txt, fingerprint.txt,
 # bench.txt. --only reruns some steps (a rerun of what failed). --dry-run, on a machine without
 # a GPU, runs every step it can against the fake GPU (GPUSNAP_DEVICE=fake) and prints the plan:
-# tests/test_gpu_check.py runs it, so the script is known to work before a GPU is spent on it.
+# tests/device/test_gpu_check.py runs it, so the script is known to work before a GPU is spent on it.
 #
 # Wheels. The GPU machine has Python 3.12, torch, cuda-bindings, cuda-core, CuPy, NVRTC, numpy,
 # psutil, xxhash, click, msgpack, httpx, rich, threadpoolctl, safetensors, pytest, pytest-xdist
@@ -119,7 +119,7 @@ install_wheels() {
 
 if [ "$DRY" = 0 ]; then export PYTHONPATH=/tmp/site:$PYTHONPATH; fi
 FAKE=$([ "$DRY" = 1 ] && echo --fake)
-GPU_TESTS="tests/test_device_backend.py tests/test_device_registry.py tests/test_e2e_device.py tests/test_e2e_core.py tests/test_e2e_cuda.py"
+GPU_TESTS="tests/device/test_device_backend.py tests/device/test_device_registry.py tests/e2e/test_e2e_device.py tests/e2e/test_e2e_core.py tests/e2e/test_e2e_cuda.py"
 DRILL_TESTS="not test_program_restarts_to_the_same_bytes and not test_a_gpu_snapshot_restores_onto_the_cpu and not test_a_cupy_program"
 export BENCH="--snapshots 2 --repeats 1 --dir $SCRATCH/bench --out $SCRATCH/bench-report.txt"
 bench() {  # the frozen part once, at the small size: its ratio does not depend on the size

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Virtual environments for the other supported interpreters, in which tests/test_e2e_interpreters.py
+# Virtual environments for the other supported interpreters, in which tests/e2e/test_e2e_interpreters.py
 # runs the programs that need no torch: .venv-py312 and .venv-py313 in the repository root.
 #
 #     bash tools/interpreters.sh [VERSION...]        (default: 3.12 3.13)

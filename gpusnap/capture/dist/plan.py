@@ -1,6 +1,6 @@
 """Where the ranks of a torchrun job take a global snapshot, from where each stood when asked:
 pure functions of the positions the ranks posted (``coordinator.position``), with no store, no
-thread and no process of their own, so that they are tested alone (tests/test_dist_plan.py).
+thread and no process of their own, so that they are tested alone (tests/capture/test_dist_plan.py).
 
 A position is ``{"steps": optimizer steps, "path": [[file, qualname, loop id, index], ...]}``,
 the loops on the rank's path from the outermost in; a target is ``{"steps": N}``, with

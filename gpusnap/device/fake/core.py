@@ -1,6 +1,6 @@
 """A fake ``cuda.core`` for machines without a GPU: the part of cuda.core 1.2.2 that training
 programs use, on the fake machine (``machine.py``), with the real one's names, parameters and
-behaviour (``tests/test_device_contract.py`` holds the two together):
+behaviour (``tests/device/test_device_contract.py`` holds the two together):
 
 - ``Device(ordinal)``, a thread-local singleton: ``set_current()`` makes its primary context
   current and retains it (the device then counts as used), and ``allocate``, ``create_stream``

@@ -1,6 +1,6 @@
 """A fake ``cuda.bindings.driver`` for machines without a GPU (see ``machine.py`` for how it
 is strict). Same names, parameters and ``(CUresult, outputs...)`` tuples as the real module,
-whose types and enums it lends (``tests/test_device_contract.py`` holds the two together).
+whose types and enums it lends (``tests/device/test_device_contract.py`` holds the two together).
 Functions it does not model raise AttributeError rather than pretend.
 """
 

@@ -11,7 +11,7 @@ gpusnap's swappable module-level names (never by patching the OS):
   FORK-<NAME>          a forked writer's first file open (its memory map, gpusnap/rawmem.py)
                        raises NAME: an errno name as OSError, or MemoryError, KeyboardInterrupt
 
-Wrong restores, for the witness's tests (tests/test_e2e_witness.py), are named instead in
+Wrong restores, for the witness's tests (tests/e2e/test_e2e_witness.py), are named instead in
 GPUSNAP_TEST_WRONG_RESTORE, and strike every restart that process tree makes:
 
   rng                  the random module's generator is put back one draw further than saved

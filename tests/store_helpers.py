@@ -10,7 +10,7 @@ from gpusnap.store import RunDir
 IDENTITY = {"command": {"kind": "script", "target": "train.py", "args": ["--epochs", "3"]}, "cwd": "/w"}
 # One encoder thread and ZSTD: the chunks of a snapshot lie in its packs in the order of their
 # buffers, and the damage tests' layouts (which pack holds what) do not change with the machine's
-# load (tests/test_store_pipeline.py covers many threads and the codec chosen per chunk).
+# load (tests/store/test_store_pipeline.py covers many threads and the codec chosen per chunk).
 SMALL = {"chunk_bytes": 64 << 10, "pack_bytes": 256 << 10, "threads": 1, "codec": "zstd"}
 
 

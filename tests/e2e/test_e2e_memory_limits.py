@@ -5,7 +5,7 @@ the program.
 The end-to-end cases run the program in a real memory cgroup the test creates under its own
 (cgroup v1's memory hierarchy or v2's), and are skipped, with the reason, where the machine does
 not let it (CI may not). The headroom check is also tested everywhere against cgroup files laid
-out as tests/test_stage_arena.py lays them out, and the writer's oom_score_adj on a plain run."""
+out as tests/stage/test_stage_arena.py lays them out, and the writer's oom_score_adj on a plain run."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_stage_arena import V2_MOUNT, fake_root
 
+from fake_cgroups import V2_MOUNT, fake_root
 from gpusnap.capture.trainee import agent
 from harness import Run, copy_programs, plain, progress, ref_and_out, wait_for
 
@@ -129,7 +129,7 @@ def test_an_out_of_memory_kill_takes_the_writer_not_the_program(tmp_path):
 
 
 def test_the_headroom_check_against_cgroup_files(tmp_path):
-    """The same check on a faked cgroup tree (as tests/test_stage_arena.py fakes one): a 64 MiB
+    """The same check on a faked cgroup tree (as tests/stage/test_stage_arena.py fakes one): a 64 MiB
     limit with 40 MiB in use leaves less than this process's resident set."""
     root = fake_root(tmp_path, "0::/job\n", [V2_MOUNT], {
         "sys/fs/cgroup/job/memory.max": str(64 * MiB),

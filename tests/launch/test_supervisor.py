@@ -23,7 +23,7 @@ from harness import _env
 FAKE_TRAINEE = r'''
 """A stand-in for the trainee side, speaking the supervisor protocol with the stdlib only.
 
-Started directly (``python fake_trainee.py MODE ...``) by tests/test_supervisor.py, which swaps
+Started directly (``python fake_trainee.py MODE ...``) by tests/launch/test_supervisor.py, which swaps
 ``gpusnap.launch.supervisor._trainee_command`` so the supervisor runs this instead of
 ``python -m gpusnap.boot``. It writes its GPUSNAP_BOOT config to $FAKE_OUT/boot.json, then:
 

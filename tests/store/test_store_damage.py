@@ -15,7 +15,7 @@ from gpusnap.store import index
 from gpusnap.store.check import leftovers
 from gpusnap.store.codec import ENTRY_NBYTES
 from gpusnap.store.pack import pack_path
-from test_store_helpers import make_run, payload, snap
+from store_helpers import make_run, payload, snap
 
 
 def _loc(rd, cid):

@@ -2,7 +2,7 @@
 build here; bit-for-bit equality on a GPU).
 
 The golden vectors in tests/golden/fingerprint.json were written once by the reference
-(`python tests/test_device_fingerprint.py --write`); a change to the definition must change
+(`python tests/device/test_device_fingerprint.py --write`); a change to the definition must change
 them on purpose, and the kernel must match them.
 """
 

@@ -16,7 +16,7 @@ from gpusnap.store.choose import Chooser
 from gpusnap.store.codec import ENTRY_NBYTES
 from gpusnap.store.fetch import Prefetch
 from gpusnap.store.pack import pack_path
-from test_store_helpers import IDENTITY
+from store_helpers import IDENTITY
 
 CHUNK = 64 << 10
 

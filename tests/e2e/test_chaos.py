@@ -4,7 +4,7 @@ injected mid-write; EIO on reads, a torn manifest, errors in the fork window, ba
 metadata service, a stopped supervisor). Nothing committed may be lost and no restart may end
 with other bytes than an uninterrupted run. The seed is printed (GPUSNAP_TEST_SEED replays it).
 The two slowest faults, a full disk and forged c10d keys, have end-to-end tests of their own
-(tests/test_e2e_full_disk.py, tests/test_e2e_dist.py) and run in the full tool only."""
+(tests/e2e/test_e2e_full_disk.py, tests/e2e/test_e2e_dist.py) and run in the full tool only."""
 
 from __future__ import annotations
 

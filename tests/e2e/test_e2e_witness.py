@@ -144,7 +144,7 @@ def test_the_masked_lm_trainer_without_its_fix_is_refused_by_the_witness(tmp_pat
     """The held-out program that restarted to other bytes with exit 0: accelerate's shard had
     collated the next batch, masks drawn, before the snapshot. With gpusnap's fix switched off in
     the run that takes the snapshot, the restart is refused; with it, it is verified (and
-    tests/test_e2e_frameworks.py restarts it to the same bytes)."""
+    tests/e2e/test_e2e_frameworks.py restarts it to the same bytes)."""
     pytest.importorskip("datasets")
     args = ["--epochs", "2"] + (["--whole-word"] if whole_word else [])
     script = copy_programs(tmp_path) / "frameworks" / "hf_mlm.py"

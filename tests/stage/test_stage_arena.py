@@ -9,16 +9,16 @@ import json
 import os
 import random
 import signal
-from pathlib import Path
 
 import pytest
 import torch
 
+from fake_cgroups import V1_MOUNT, V2_MOUNT, fake_root
 from gpusnap.errors import ArenaFull, StageError
+from gpusnap.rawmem import MADV_DONTFORK, PAGE, madvise, view_at
 from gpusnap.stage import limits
 from gpusnap.stage.arena import DMA_USES, USES, Arena, writer_view
 from gpusnap.stage.drain import drain
-from gpusnap.rawmem import MADV_DONTFORK, PAGE, madvise, view_at
 from harness import Run, assert_same, gpusnap, load_final, plain, programs_and_out, progress, request_snapshot, wait_for
 
 MiB = 1 << 20
@@ -198,23 +198,6 @@ def test_a_writer_maps_its_region_afresh_even_where_the_trainee_mapping_is_not_i
 
 
 # -- sizing against the memory cgroup -----------------------------------------------------------
-
-
-def fake_root(tmp_path: Path, cgroup: str, mountinfo: list[str], files: dict[str, str], ram_kib: int = 16 << 20) -> str:
-    """A tree of real files laid out as / is: /proc/meminfo, /proc/self/{cgroup,mountinfo} and
-    whatever cgroup files ``files`` names."""
-    (tmp_path / "proc/self").mkdir(parents=True)
-    (tmp_path / "proc/meminfo").write_text(f"MemTotal: {ram_kib} kB\nMemFree: 1 kB\nMemAvailable: {ram_kib // 2} kB\n")
-    (tmp_path / "proc/self/cgroup").write_text(cgroup)
-    (tmp_path / "proc/self/mountinfo").write_text("".join(line + "\n" for line in mountinfo))
-    for path, text in files.items():
-        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / path).write_text(text)
-    return str(tmp_path)
-
-
-V2_MOUNT = "31 23 0:27 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate"
-V1_MOUNT = "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory"
 
 
 def test_cgroup_v2_the_tightest_limit_on_the_way_up_holds(tmp_path):

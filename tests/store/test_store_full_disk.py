@@ -1,6 +1,6 @@
 """gc on a full disk, through the store's injection points (every write fails with ENOSPC, as on
 a file system that is 100% full): it frees what no snapshot needs before it writes anything, and
-what it leaves verifies. tests/test_e2e_full_disk.py does the same on a real tmpfs."""
+what it leaves verifies. tests/e2e/test_e2e_full_disk.py does the same on a real tmpfs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from gpusnap.errors import NoSpace
 from gpusnap import atomic
 from gpusnap.store import RunDir, index, lock
 from gpusnap.store.check import list_packs
-from test_store_helpers import IDENTITY, make_run, payload, snap
+from store_helpers import IDENTITY, make_run, payload, snap
 
 
 def _disk_bytes(rd) -> int:

@@ -204,7 +204,7 @@ def test_a_connection_that_drops_mid_upload_leaves_nothing_half_committed(s3, tm
     from gpusnap.errors import StoreError
     from gpusnap.store import levels, location
     from gpusnap.store.objects import open_backend
-    from test_store_helpers import make_run
+    from store_helpers import make_run
 
     seed = random.randrange(1 << 30)
     print(f"seed {seed}")
@@ -257,7 +257,7 @@ def test_gc_on_the_store_keeps_the_newest_and_frees_the_rest(s3, tmp_path):
     from gpusnap.store import levels, location
     from gpusnap.store.objects import open_backend
     from gpusnap.store.pack import list_packs
-    from test_store_helpers import make_run
+    from store_helpers import make_run
 
     rd, snaps = make_run(tmp_path, n=3)
     url = _url("gc")

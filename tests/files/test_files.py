@@ -1,6 +1,6 @@
 """The parts of gpusnap/files on real paths: which paths are excluded, what the audit hook
 records (in a subprocess: a hook cannot be removed once added), and the options' refusals.
-The end-to-end behaviour (kill, restart, every file compared) is tests/test_e2e_files.py."""
+The end-to-end behaviour (kill, restart, every file compared) is tests/e2e/test_e2e_files.py."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from gpusnap.errors import CudaCallFailed
 
 R = cu.CUresult
 E = rt.cudaError_t
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RANDOM_BASES = {"GPUSNAP_FAKE_BASES": "random"}  # what these tests are about, whatever the suite's setting
 
 

@@ -13,7 +13,7 @@ from gpusnap.errors import FormatVersionError, RunDirError, RunDirMismatch
 from gpusnap.store import RunDir, index
 from gpusnap.store.codec import ENTRY_NBYTES
 from gpusnap.store.pack import pack_path
-from test_store_helpers import IDENTITY, SMALL, make_run, payload
+from store_helpers import IDENTITY, SMALL, make_run, payload
 
 _register()
 

@@ -18,7 +18,7 @@ from gpusnap.errors import RunDirLocked
 from gpusnap import atomic
 from gpusnap.store import RunDir, preload
 from gpusnap.store.check import leftovers
-from test_store_helpers import IDENTITY, SMALL, make_run, payload
+from store_helpers import IDENTITY, SMALL, make_run, payload
 
 KILLS = 24
 

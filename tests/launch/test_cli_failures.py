@@ -19,9 +19,9 @@ import xxhash
 from gpusnap.errors import FormatVersionError
 from gpusnap.store import RunDir, index
 from gpusnap.store.pack import PACK_HEADER, PACK_MAGIC, pack_path
-from test_store_helpers import make_run, only_in
+from store_helpers import make_run, only_in
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # This checkout's gpusnap in every subprocess (an editable install may be another checkout's).
 ENV = {**os.environ, "GPUSNAP_SUPERVISOR_TICK_S": "0.05",
        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}

@@ -16,7 +16,7 @@ import torch
 from gpusnap.restore import load
 from gpusnap.store import RunDir
 
-GOLDEN = pathlib.Path(__file__).parent / "golden"
+GOLDEN = pathlib.Path(__file__).parents[1] / "golden"
 
 
 def golden_run(tmp_path, name: str) -> RunDir:
