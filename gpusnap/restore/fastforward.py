@@ -37,8 +37,8 @@ import itertools
 import types
 from collections import deque
 
-from gpusnap.graph import rng, workers
 from gpusnap.errors import FastForwardError
+from gpusnap.graph import rng, workers
 from gpusnap.instrument.loops import _DeferredCall
 
 _POSITIONED = (range, list, tuple)

@@ -36,14 +36,12 @@ modules that point back at their parents) end at the first revisit, and sharing 
 stays sharing in the live program; two live tensors for one snapshot tensor means the tying
 differs, which is an error naming both paths. The walk runs on an explicit stack (each merge
 step is a generator that yields the child places it needs), so depth costs memory, not recursion.
+This module is the driver; the merge of each kind is in ``restore.kinds``.
 """
 
 from __future__ import annotations
 
-import collections
-import enum
 import functools
-import random
 import sys
 import types
 
@@ -57,13 +55,13 @@ from gpusnap.graph.load import (
     LiveOnly,
     ShardedState,
     Unbuilt,
-    dtensor_layout,
 )
 from gpusnap.graph.walk import ATOMS as _ATOMS
 from gpusnap.graph.walk import Path
 from gpusnap.graph.walk import key_text as _key_text
 from gpusnap.restore import corebuffers
 from gpusnap.restore.frames import write_locals
+from gpusnap.restore.kinds import KindMerges
 from gpusnap.traverse import walk
 
 
@@ -76,30 +74,6 @@ class _Steps:
         self.gen = gen
 
 
-class _Cell:
-    """A closure cell as a one-slot container, for ``_store`` (and ``finish``'s fixups)."""
-
-    __slots__ = ("cell",)
-
-    def __init__(self, cell):
-        self.cell = cell
-
-    def __setitem__(self, _key, value) -> None:
-        self.cell.cell_contents = value
-
-
-class _Attr:
-    """An object's slots as a container, for ``_store``."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj):
-        self.obj = obj
-
-    def __setitem__(self, name, value) -> None:
-        setattr(self.obj, name, value)
-
-
 class _Pending:
     """A place whose snapshot object had no live counterpart when met."""
 
@@ -109,7 +83,7 @@ class _Pending:
         self.snap, self.path = snap, path
 
 
-class Merger:
+class Merger(KindMerges):
     """``write_device(address, data, host)`` copies bytes into the program's device or pinned
     memory (``stage.device.write_device_memory``, which boot hands down): cuda.core Buffers need it."""
 
@@ -292,211 +266,6 @@ class Merger:
         self._adopted.append((snap, path))
         return self._align(snap, snap, path)
 
-    def _merge_by_state(self, live, snap) -> bool:
-        """Arrays and random generators: the live object takes the snapshot's state."""
-        np, torch = self._np, self._torch
-        if np is not None and isinstance(snap, np.ndarray):
-            if live.shape == snap.shape and live.dtype == snap.dtype and live.flags.writeable:
-                live[...] = snap
-                return True
-            return False
-        cupy = sys.modules.get("cupy")
-        if cupy is not None and isinstance(snap, cupy.ndarray):
-            if live.shape == snap.shape and live.dtype == snap.dtype:
-                live[...] = snap  # on the live array's device
-                self.nbytes += snap.nbytes
-                return True
-            return False
-        if isinstance(snap, random.Random):
-            live.setstate(snap.getstate())
-        elif np is not None and isinstance(snap, np.random.Generator):
-            live.bit_generator.state = snap.bit_generator.state
-        elif torch is not None and isinstance(snap, torch.Generator):
-            live.set_state(snap.get_state())
-        else:
-            return False
-        return True
-
-    # -- tensors -------------------------------------------------------------------------
-    def _merge_tensor(self, live, snap, path: Path):
-        torch = self._torch
-        if live.shape != snap.shape or live.dtype != snap.dtype:
-            if isinstance(live, torch.nn.Parameter) or any(s in ("._buffers", ".state") for s in path.suffixes()):
-                raise StateMismatch(
-                    f"{path}: the snapshot holds {tuple(snap.shape)} {snap.dtype}, "
-                    f"the program built {tuple(live.shape)} {live.dtype}"
-                )
-            return snap
-        with torch.no_grad():
-            live.copy_(snap)
-            if snap.grad is None:
-                live.grad = None
-            elif live.grad is not None and live.grad.shape == snap.grad.shape:
-                live.grad.copy_(snap.grad)
-            else:
-                live.grad = snap.grad.to(live.device)
-        self.tensors += 1
-        self.nbytes += snap.numel() * snap.element_size()
-        return live
-
-    # -- DTensors: this rank's shard ------------------------------------------------------
-    def _merge_sharded(self, live, snap: ShardedState, path: Path):
-        layout = dtensor_layout(live)
-        if layout != snap.layout or tuple(live.shape) != snap.shape:
-            raise StateMismatch(f"{path}: the snapshot holds a DTensor {snap.shape} sharded as {snap.layout}, the program "
-                                f"built {tuple(live.shape)} sharded as {layout}")
-        self._meshes[layout[:3]] = live._spec.mesh
-        local = live._local_tensor
-        if local.shape != snap.local.shape or local.dtype != snap.local.dtype:
-            raise StateMismatch(f"{path}: this rank's shard is {tuple(snap.local.shape)} {snap.local.dtype} in the snapshot, "
-                                f"{tuple(local.shape)} {local.dtype} in the program")
-        torch = self._torch
-        with torch.no_grad():
-            local.copy_(snap.local)
-            live.grad = None if snap.grad is None else self._built_dtensor(snap.grad, path + ".grad")
-        self.tensors += 1
-        self.nbytes += snap.local.numel() * snap.local.element_size()
-        return live
-
-    def _built_dtensor(self, snap: ShardedState, path: Path):
-        """A DTensor made from the snapshot's shard, on the replay's device mesh of its layout
-        (optimizer state made after the replay's point: AdamW's moments of FSDP2 parameters)."""
-        mesh = self._meshes.get(snap.layout[:3])
-        if mesh is None:
-            raise StateMismatch(f"{path}: the snapshot holds a DTensor on device mesh {snap.layout[1]}, and the replayed "
-                                "program has no DTensor on such a mesh")
-        from torch.distributed.tensor import DTensor
-
-        local = snap.local.to(mesh.device_type) if snap.local.device.type != mesh.device_type else snap.local
-        built = DTensor.from_local(local, mesh, snap.placements, run_check=False, shape=self._torch.Size(snap.shape),
-                                   stride=snap.stride)
-        if snap.is_param:
-            built = self._torch.nn.Parameter(built, requires_grad=snap.requires_grad)
-        self.tensors += 1
-        self.nbytes += snap.local.numel() * snap.local.element_size()
-        return built
-
-    # -- containers: generators that yield (live child, snapshot child, path) ------------
-    def _merge_list(self, live: list, snap: list, path: Path):
-        merged = []
-        for i, item in enumerate(snap):
-            merged.append((yield (live[i] if i < len(live) else None, item, path + f"[{i}]")))
-        live[:] = [None] * len(merged)
-        for i, value in enumerate(merged):
-            self._store(live, i, value)
-        return live
-
-    def _merge_tuple(self, live: tuple, snap: tuple, path: Path):
-        merged = []
-        for i, item in enumerate(snap):
-            value = yield (live[i] if i < len(live) else None, item, path + f"[{i}]")
-            merged.append(self.settled(value))  # an immutable tuple cannot wait for finish()
-        self._building.discard(id(snap))
-        if len(merged) == len(live) and all(a is b for a, b in zip(merged, live)):
-            result = live
-        elif type(snap) is tuple:
-            result = tuple(merged)
-        elif hasattr(type(snap), "_make"):  # a namedtuple
-            result = type(snap)._make(merged)
-        else:
-            result = snap
-        return self._align(snap, result, path)
-
-    def _merge_dict(self, live: dict, snap: dict, path: Path, final: bool = False):
-        keys = self._live_keys(snap, final, path)
-        if keys is None:
-            self._deferred.append((live, snap, path))
-            return live
-        merged = []
-        for live_key, (key, value) in zip(keys, snap.items()):
-            merged.append((live_key, (yield (live.get(live_key), value, path + f"[{_key_text(key)}]"))))
-        live.clear()
-        for key, value in merged:
-            self._store(live, key, value)
-        return live
-
-    def _live_keys(self, snap: dict, final: bool = False, path: Path = "") -> list | None:
-        """The live key for each snapshot key, or None while an object key is not aligned."""
-        keys = []
-        torch = self._torch
-        for key in snap:
-            if _plain_key(key):
-                keys.append(key)
-            elif id(key) in self.aligned:
-                keys.append(self.aligned[id(key)])
-            elif not final:
-                return None
-            elif torch is not None and isinstance(key, torch.Tensor):
-                raise StateMismatch(f"{path}: a key of this dict ({type(key).__name__}) has no counterpart in the program")
-            else:
-                keys.append(self._adopt(key, path + f"[<key {type(key).__name__}>]"))
-        return keys
-
-    def _merge_attrs(self, live, snap_attrs: dict, path: Path, snap_slots: dict | None = None, added=()):
-        live_attrs = live.__dict__ if snap_attrs else {}
-        # Object-keyed dicts (optimizer.state) come last: their keys align while the rest merges.
-        for name in sorted(snap_attrs, key=lambda k: _has_object_keys(snap_attrs[k])):
-            value = snap_attrs[name]
-            if isinstance(value, LiveOnly) and name not in live_attrs:
-                continue  # nothing to keep, and nothing the snapshot could give
-            if name in added and name in live_attrs and not _picklable(value):
-                # Not saved: the class's __setstate__ made it for the loaded copy (DDP's reducer,
-                # hooked to the copy's parameters). The live object keeps its own.
-                continue
-            self._store(live_attrs, name, (yield (live_attrs.get(name), value, path + f".{name}")))
-        for name, value in (snap_slots or {}).items():
-            self._store(_Attr(live), name, (yield (getattr(live, name, None), value, path + f".{name}")))
-        # Attributes the snapshot lacks stay: a class whose __getstate__ leaves some out
-        # (torch's optimizers keep only defaults, state and param_groups) rebuilds them itself.
-        return live
-
-    def _merge_generator(self, live, snap: LiveGenerator, path: Path):
-        """A generator the replay ran to the saved place (livecheck) takes the snapshot's locals;
-        one it did not run keeps its own (livecheck has refused unless it matched already)."""
-        if type(live) is not types.GeneratorType or not live.gi_suspended or live.gi_code.co_qualname != snap.qualname:
-            return live
-        current = live.gi_frame.f_locals
-        merged = {}
-        for name, value in snap.locals.items():
-            merged[name] = yield (current.get(name), value, path + f".gi_frame.f_locals[{name!r}]")
-        self._generator_locals.append((live.gi_frame, merged))
-        return live
-
-    def _merge_cells(self, live, snap: LiveFunction, path: Path):
-        code = getattr(live, "__code__", None)
-        if type(live) is not types.FunctionType or code.co_qualname != snap.qualname:
-            found = code.co_qualname if type(live) is types.FunctionType else type(live).__name__
-            raise StateMismatch(f"{path}: the snapshot holds function {snap.qualname} here, the replayed program {found}")
-        cells = {name: (i, cell) for i, (name, cell) in enumerate(zip(code.co_freevars, live.__closure__ or ()))}
-        for name, value in snap.cells.items():
-            if name not in cells:
-                raise StateMismatch(f"{path}: the replayed {snap.qualname} has no variable {name} in its closure")
-            i, cell = cells[name]
-            try:
-                current = cell.cell_contents
-            except ValueError:  # not bound in the replay yet
-                current = None
-            self._store(_Cell(cell), None, (yield (current, value, path + f".__closure__[{i}].cell_contents")))
-        return live
-
-    def _merge_unbuilt(self, live, snap: Unbuilt, path: Path):
-        """An object that could not be rebuilt here because its constructor met a live-only
-        argument: what the snapshot gave it afterwards goes into the replayed object. Dropping
-        that would restart with the replay's state and say nothing (the counts of a
-        ``defaultdict(lambda: 0)``, the cells of a closure behind a ``functools.partial``)."""
-        if type(live) is functools.partial and isinstance(snap.state, tuple) and len(snap.state) == 4:
-            merged = yield (live.__reduce__()[2], snap.state, path)
-            live.__setstate__(self.settled(merged))  # its function (cells merged), arguments, keywords
-            return live
-        if isinstance(live, collections.defaultdict) and snap.state is None and not snap.items:
-            return (yield from self._merge_dict(live, snap.entries, path))  # the factory stays the replay's
-        if snap.holds_anything():
-            raise StateMismatch(
-                f"{path}: the snapshot's {snap.type_name} cannot be rebuilt here ({snap.error}), and gpusnap "
-                f"cannot put what it held into the replayed {type(live).__qualname__}")
-        return live
-
-    # -- adopted objects -----------------------------------------------------------------
     def _remap_adopted(self) -> None:
         """Inside what was adopted, replace snapshot objects by what stands for them now."""
         met: list = []  # what resolving one object adopted: looked into next
@@ -556,29 +325,3 @@ _MISSING = object()
 def _no_device_writes(address: int, data, host: bool = False) -> None:
     raise StateMismatch("the snapshot holds a cuda.core Buffer, and this restore writes no device memory",
                         hint="restart with gpusnap, which restores device memory")
-
-
-def _plain_key(key) -> bool:
-    """A key that means the same in any process: atoms, classes, enum members, and tuples or
-    frozensets of those."""
-    todo = [key]
-    while todo:
-        item = todo.pop()
-        if isinstance(item, (tuple, frozenset)):
-            todo.extend(item)
-        elif not isinstance(item, _ATOMS + (type, enum.Enum)):
-            return False
-    return True
-
-
-def _has_object_keys(value) -> bool:
-    return isinstance(value, dict) and any(not _plain_key(k) for k in value)
-
-
-def _picklable(value) -> bool:
-    """Can pickle reduce ``value`` (the C++ objects torch binds without pickle support cannot)?"""
-    try:
-        value.__reduce_ex__(5)
-    except Exception:  # noqa: BLE001 - whatever it raises, it is no data the snapshot holds
-        return False
-    return True

@@ -25,16 +25,16 @@ import time
 
 from gpusnap import files, knobs
 from gpusnap.console import Console
-from gpusnap.graph import rng, roots, witness, workers
 from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, ReplayDiverged, RestoreError
+from gpusnap.graph import rng, roots, witness, workers
 from gpusnap.graph.load import DEVICE_BASES, LiveOnly
 from gpusnap.instrument import loops
 from gpusnap.restore import devices, fastforward, itemcheck, livecheck, load
+from gpusnap.restore.frames import write_locals
+from gpusnap.restore.merge import Merger
 from gpusnap.store import reader
 from gpusnap.store.fetch import Prefetch
 from gpusnap.store.rundir import rebase
-from gpusnap.restore.frames import write_locals
-from gpusnap.restore.merge import Merger
 
 active = None  # the Replay in progress, until its merge is done
 
