@@ -480,15 +480,16 @@ def _choose_snapshot(rd, resume: str, require: bool, anew_after_end: bool = True
 def _finished(rd) -> bool:
     """Whether the last run in ``rd`` ended with the program's own exit status 0."""
     from gpusnap.launch.runfiles import LOG_FILE
+    from gpusnap.store.local import LocalBackend
 
-    last = None
     try:
-        with open(os.path.join(rd.path, LOG_FILE), "rb") as log:
-            for line in log:
-                if b'"event":"exit"' in line or b'"event":"start"' in line:
-                    last = line
+        log = LocalBackend(rd.path).get(LOG_FILE)
     except OSError:
         return False
+    last = None
+    for line in log.splitlines():
+        if b'"event":"exit"' in line or b'"event":"start"' in line:
+            last = line
     try:
         ev = json.loads(last) if last else {}
     except ValueError:  # a torn last line: the supervisor died mid-write, so not a clean end
@@ -518,32 +519,31 @@ def snap(run_dir, no_wait, timeout):
     Example:
       gpusnap snap ./gpusnap-runs/train
     """
-    import glob
-
     from gpusnap.launch import control
     from gpusnap.launch.events import describe, warning
     from gpusnap.launch.runfiles import SUPERVISOR_FILE, supervisor_file
+    from gpusnap.store.local import LocalBackend
 
     timeout_s = opt.parse_duration(timeout, "--timeout") if timeout is not None else None
     path = local_dir(run_dir)
-    info_path = os.path.join(path, SUPERVISOR_FILE)
-    if not os.path.exists(info_path) and os.path.exists(supervisor_file(path, True)):
-        info_path = supervisor_file(path, True)  # a distributed run: this host's node
-    elif not os.path.exists(info_path):
-        hosts = sorted(os.path.basename(f)[len("supervisor-"):-len(".json")] for f in glob.glob(os.path.join(path, "supervisor-*.json")))
+    if not os.path.isdir(path):
+        raise NoActiveRun(f"no run directory {path}")
+    local = LocalBackend(path)
+    names = set(local.list())
+    key = next((k for k in (SUPERVISOR_FILE, supervisor_file(True)) if k in names), None)  # then: this host's node
+    if key is None:
+        hosts = sorted(n[len("supervisor-"):-len(".json")] for n in names if n.startswith("supervisor-") and n.endswith(".json"))
         if hosts:
             raise NoActiveRun(f"no node of the run in {path} runs on this host (its nodes: {', '.join(hosts)})",
                               hint="run `gpusnap snap DIR` on one of them: a snapshot asked of one node is global")
+        raise NoActiveRun(f"no run is active in {path}")
     try:
-        with open(info_path) as f:
-            info = json.load(f)
+        info = json.loads(local.get(key))
         pid, sock_path = int(info["pid"]), str(info["socket"])
     except FileNotFoundError:
-        if not os.path.isdir(path):
-            raise NoActiveRun(f"no run directory {path}") from None
         raise NoActiveRun(f"no run is active in {path}") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise NoActiveRun(f"no run is active in {path} ({SUPERVISOR_FILE} is unreadable: {exc})") from exc
+        raise NoActiveRun(f"no run is active in {path} ({key} is unreadable: {exc})") from exc
     if not lifeline.alive(pid):
         raise NoActiveRun(f"no run is active in {path} (its supervisor, pid {pid}, is gone)")
     try:

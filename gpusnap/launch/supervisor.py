@@ -194,14 +194,14 @@ class Supervisor:
         L = self.launch
         self.runlog = RunLog(L.run_dir)
         self.server = ControlServer()
-        info_path = supervisor_file(L.run_dir, L.torchrun is not None)
+        info_key = supervisor_file(L.torchrun is not None)
         try:
             # Handlers first: supervisor.json tells the world where to send signals, and a
             # SIGUSR1 before its handler would kill the supervisor.
             self._install_signals()
-            if L.torchrun is None or not live_supervisor(info_path):  # the first node's answers `snap`
+            if L.torchrun is None or not live_supervisor(L.run_dir, info_key):  # the first node's answers `snap`
                 try:
-                    announce(info_path, self.server.path)
+                    announce(L.run_dir, info_key, self.server.path)
                 except StoreError as exc:  # a full disk: the run goes on (and frees room), without `gpusnap snap`
                     self.say(f"warning: {exc.message}: `gpusnap snap` cannot reach this run; signals and timers still work")
             if L.resume:
@@ -242,8 +242,7 @@ class Supervisor:
             for c in self.conns:
                 c.close()
             self.server.close()
-            withdraw(info_path)
-            self.runlog.close()
+            withdraw(L.run_dir, info_key)
 
     def _put_files_back(self) -> None:
         """Before the replay: the program's files as they were at the snapshot (gpusnap/files)."""
