@@ -488,7 +488,6 @@ class Chaos:
         if not self.wait(lambda: self.step() > 2 or not self.alive(), 60) or not self.alive():
             return "the run ended first"
         bad = self.rng.choice(BAD_ANSWERS)
-        at = self.step()
         self.metadata.mode = bad
         try:
             self.wait(lambda: not self.alive(), 3.0)
