@@ -181,7 +181,9 @@ def run(run_dir, every, overhead, signal_name, on_term, grace, keep, paranoid, v
                          hint="pass a directory on a shared filesystem (NFS, Lustre) that every node mounts")
     if url is not None:
         location.probe(url)
-    opt.check_dir_writable(path)
+    from gpusnap.store.local import check_creatable
+
+    check_creatable(path)
     if resume not in ("auto", "never") and not os.path.exists(os.path.join(path, "run.json")):
         raise SnapshotNotFound(f"no snapshot {resume} in {path}: it holds no run yet")
     launch.run_dir = path

@@ -231,24 +231,3 @@ def resolve_instrument(items, cwd: str) -> list[str]:
             raise UsageError(f"--instrument {item}: no such file or directory, and not a module name",
                              hint="pass a source file, a directory of sources, or a dotted module name")
     return out
-
-
-def check_dir_writable(path: str) -> None:
-    """Refuse a run directory that cannot be created or written, before anything is created.
-
-    Root passes every permission check here; the store then refuses when the write fails."""
-    from gpusnap.errors import RunDirPermission
-
-    probe = path
-    while not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise RunDirPermission(f"run directory {path} is not a directory")
-    if not os.path.isdir(probe):
-        raise RunDirPermission(f"cannot create run directory {path}: {probe} is not a directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        what = "write to" if probe == path else "create"
-        raise RunDirPermission(f"cannot {what} run directory {path}: {probe} is not writable")

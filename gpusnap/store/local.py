@@ -13,6 +13,7 @@ import os
 import pathlib
 
 from gpusnap import atomic
+from gpusnap.errors import RunDirPermission
 from gpusnap.store.backend import Backend, Ranged
 
 _pread = os.pread  # swappable: tests and tools/chaos inject EIO on reads
@@ -90,3 +91,22 @@ class LocalBackend(Backend):
         from gpusnap.store.lock import RunLock
 
         return RunLock(self.root, purpose).acquire()
+
+
+def check_creatable(path: str) -> None:
+    """Refuse a run directory that cannot be created or written, before anything is created.
+
+    Root passes every permission check here; the store then refuses when the write fails."""
+    probe = path
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise RunDirPermission(f"run directory {path} is not a directory")
+    if not os.path.isdir(probe):
+        raise RunDirPermission(f"cannot create run directory {path}: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        what = "write to" if probe == path else "create"
+        raise RunDirPermission(f"cannot {what} run directory {path}: {probe} is not writable")

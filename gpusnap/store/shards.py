@@ -21,7 +21,6 @@ Nothing here knows programs, ranks' processes or the c10d store: ``capture.dist.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import time
 
@@ -46,7 +45,7 @@ def shard_path(rd: RunDir, rank: int) -> pathlib.Path:
 def shard_ranks(rd: RunDir) -> list[int]:
     """Ranks that have a shard directory, in order."""
     try:
-        names = os.listdir(pathlib.Path(rd.path) / RANKS)
+        names = rd.backend.list(RANKS)
     except FileNotFoundError:
         return []
     return sorted(int(n) for n in names if n.isdigit())
