@@ -5,6 +5,7 @@ AWS_REGION, AWS_ALLOW_HTTP)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -35,27 +37,39 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """The environment that reaches a fresh moto server holding BUCKET."""
+@contextlib.contextmanager
+def _moto(log: Path, extra_env: dict | None = None):
+    """A moto server on 127.0.0.1 at a free port, holding BUCKET; yields its endpoint."""
     port = _free_port()
-    log = tmp_path_factory.mktemp("moto") / "server.log"
     server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=log.open("w"), stderr=subprocess.STDOUT)
+                              stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, **(extra_env or {})})
     endpoint = f"http://127.0.0.1:{port}"
-    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
     try:
         deadline = time.monotonic() + 60
         while True:
             try:
                 urllib.request.urlopen(endpoint, timeout=2).read()
                 break
+            except urllib.error.HTTPError:  # it answers, if only to refuse
+                break
             except OSError:
                 if time.monotonic() > deadline or server.poll() is not None:
                     raise AssertionError(f"moto did not start: {log.read_text()}")
                 time.sleep(0.2)
-        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/{BUCKET}", method="PUT"), timeout=10).read()
+        if not extra_env:
+            urllib.request.urlopen(urllib.request.Request(f"{endpoint}/{BUCKET}", method="PUT"), timeout=10).read()
+        yield endpoint
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """The environment that reaches a fresh moto server holding BUCKET."""
+    with _moto(tmp_path_factory.mktemp("moto") / "server.log") as endpoint:
+        env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)  # this process's own clients (the backend contract below)
         yield env
@@ -64,9 +78,6 @@ def s3(tmp_path_factory):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def _url(name: str) -> str:
@@ -274,3 +285,27 @@ def test_gc_on_the_store_keeps_the_newest_and_frees_the_rest(s3, tmp_path):
     for name, rec in recs.items():
         assert store.read_buffer(rec) == bufs[name]
     assert not shared.exists("lock")  # gc took the store's lock and gave it back
+
+
+def test_wrong_or_missing_credentials_are_one_line_with_a_hint_naming_the_variables(tmp_path):
+    """A server that checks signatures (moto with INITIAL_NO_AUTH_ACTION_COUNT=0): keys it does not
+    know are refused before anything runs or is created; no keys at all are said as such (the
+    client's search ends at the instance metadata, which this machine does not serve)."""
+    (tmp_path / "ok.py").write_text("print('ran')\n")
+    with _moto(tmp_path / "server.log", {"INITIAL_NO_AUTH_ACTION_COUNT": "0"}) as endpoint:
+        base = {"AWS_ENDPOINT_URL": endpoint, "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true",
+                "GPUSNAP_LEVEL_DIR": str(tmp_path / "cache")}
+        hint = "hint: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL for a server other than AWS)"
+        wrong = {**base, "AWS_ACCESS_KEY_ID": "AKIANOTAKEY", "AWS_SECRET_ACCESS_KEY": "wrong"}
+        for args in (["ls", f"s3://{BUCKET}/r1"], ["run", "--dir", f"s3://{BUCKET}/r1", "ok.py"]):
+            r = gpusnap(*args, cwd=tmp_path, env=wrong, timeout=120)
+            lines = r.stderr.splitlines()
+            assert r.returncode == 3 and len(lines) == 2, r.stderr
+            assert lines[0].startswith(f"gpusnap: s3://{BUCKET}/r1: the store refused the credentials (") and lines[1] == hint
+            assert "ran" not in r.stdout and not (tmp_path / "cache").exists()
+        missing = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        r = subprocess.run([sys.executable, "-m", "gpusnap", "ls", f"s3://{BUCKET}/r1"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120, env={**missing, **base, "PYTHONPATH": str(REPO)})
+        lines = r.stderr.splitlines()
+        assert r.returncode == 3 and len(lines) == 2, r.stderr
+        assert lines[0].startswith(f"gpusnap: s3://{BUCKET}/r1: no credentials for the store (") and lines[1] == hint
