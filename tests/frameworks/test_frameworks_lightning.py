@@ -96,7 +96,7 @@ def test_loading_the_frameworks_registers_lightning_without_importing_it():
     does not use Lightning nothing, so it names Lightning's modules and classes, importing none."""
     probe = (
         "import sys; from gpusnap import frameworks; frameworks.load(); "
-        "from gpusnap.capture import pickler; "
+        "from gpusnap.capture.pickling import pickler; "
         "assert 'lightning.pytorch.utilities.combined_loader._ModeIterator' in pickler.LIVE_NAMES; "
         "assert 'lightning.pytorch.loops.training_epoch_loop' in frameworks.loop_modules(); "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'lightning', 'transformers', 'accelerate')))"
