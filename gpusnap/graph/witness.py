@@ -126,10 +126,12 @@ class Recorder(_Watch):
 
     holds_snapshots = False
 
-    def __init__(self, snap_id: str, on_update, loops: list, window: int | None = None):
+    def __init__(self, snap_id: str, on_update, loops: list, window: int | None = None, token: str | None = None):
         super().__init__(snap_id, knobs.WITNESS_ITERATIONS if window is None else window, loops)
         self.on_update = on_update
         self.doc = {"format": FORMAT, "snapshot": snap_id, "loops": self.loops, "iterations": [], "params": None, "epoch": None}
+        if token is not None:
+            self.doc["token"] = token
 
     def at_boundary(self, item, iteration: int) -> None:
         record = self.record(item, iteration)

@@ -294,6 +294,10 @@ class Replay:
         """Compare the iterations after the merge with those that followed the snapshot in the
         run that took it (``graph.witness``): "checking", or "unverified" without a witness."""
         doc = self.rundir.load_witness(self.snap_id)
+        if doc is not None and doc.get("token") != self.manifest.get("witness_token"):
+            # The witness of an earlier snapshot of this id (one that failed, or was torn and
+            # moved aside): this one's own was never written. It proves nothing of this one.
+            doc = None
         if not doc or not doc.get("iterations"):
             if self.verify_only:
                 _say(f"restored snapshot {self.snap_id}, unverified: it has no witness to compare the iterations "

@@ -139,6 +139,28 @@ def test_a_restart_without_a_witness_says_it_is_unverified(tmp_path):
     assert_same(load_final(ref), load_final(out))
 
 
+def test_the_witness_of_an_earlier_snapshot_of_the_same_id_proves_nothing(tmp_path):
+    """An id is taken again after its snapshot failed, or was torn and moved aside, and its
+    witness file stays. The new snapshot's own witness is not written yet when the run dies: its
+    restart must not compare with the old one (tools/chaos.py, seed 20261128, refused such a
+    restart: "consumed another batch"), but say it is unverified and restart to the right bytes."""
+    script = copy_programs(tmp_path) / "corpus" / "collate_draws.py"
+    ref, out = ref_and_out(tmp_path)
+    plain(script, ref, cwd=tmp_path, env=ENV)
+    earlier, _ = stopped(script, [], tmp_path, 4)
+    assert earlier is not None and earlier.get("token")
+    manifest = tmp_path / "snaps" / "snapshots" / "000001.json"
+    manifest.rename(tmp_path / "torn-000001.json")  # as a torn manifest is moved aside
+    (out / "progress").unlink()  # the run starts over: wait for its own steps
+    doc, _ = stopped(script, [], tmp_path, 8, env={**SLOW, "GPUSNAP_WITNESS_STOP_S": "0"})
+    assert json.loads(manifest.read_text())["witness_token"] != earlier["token"]
+    assert doc == earlier  # the file on disk is still the earlier snapshot's
+    restarted = gpusnap("restart", "snaps", cwd=tmp_path, env=ENV)
+    assert restarted.returncode == 0, restarted.stderr
+    assert "unverified: it has no witness" in restarted.stderr
+    assert_same(load_final(ref), load_final(out))
+
+
 @pytest.mark.parametrize("whole_word", [False, True], ids=["masked", "whole-word"])
 def test_the_masked_lm_trainer_without_its_fix_is_refused_by_the_witness(tmp_path, whole_word):
     """The held-out program that restarted to other bytes with exit 0: accelerate's shard had

@@ -23,6 +23,7 @@ snapshot is committed.
 from __future__ import annotations
 
 import atexit
+import secrets
 import os
 import sys
 import time
@@ -238,6 +239,7 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         expected_bytes=session.last_bytes_total,
         lock_token=session.config.get("lock_token") if coordinator is None else coordinator.lock_held.token,
         files=files_job,
+        witness_token=secrets.token_hex(8),
     )
     workers.freeze()  # persistent workers' epoch states: the next epoch's may replace them after the fork
     job.generation = stage.writer_starting()  # seals the regions this writer reads
@@ -257,7 +259,7 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
             fork.exit_now(EXIT_PREEMPTED_UNSAVED)
         return
     files.forked(files_job)  # the writer has its own copies of the descriptors
-    trains_on = witnessing.start(job.snap_id, loop, steploop.step_loop_keys(), stop and coordinator is None)
+    trains_on = witnessing.start(job.snap_id, job.witness_token, loop, steploop.step_loop_keys(), stop and coordinator is None)
     if stop and trains_on:
         pace.trainee_yields()  # the writer has the machine; the witness's iterations take what it leaves
     if stop and not trains_on:

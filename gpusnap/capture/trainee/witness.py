@@ -30,14 +30,15 @@ _thread: threading.Thread | None = None
 _stop: dict | None = None  # a stop snapshot that trains on for its witness: {"id", "until"}
 
 
-def start(snap_id: str, loop, step_loops: list, stop: bool) -> bool:
+def start(snap_id: str, token: str, loop, step_loops: list, stop: bool) -> bool:
     """A writer was forked for ``snap_id`` at ``loop``'s boundary: record the iterations of the
-    step loops (``step_loops``, ``witness.loop_key``s; none known: ``loop``'s) that follow. For a
-    stop snapshot, True when the program should train on (the caller then does not wait)."""
+    step loops (``step_loops``, ``witness.loop_key``s; none known: ``loop``'s) that follow, under
+    ``token``, which the snapshot's manifest holds too. For a stop snapshot, True when the program
+    should train on (the caller then does not wait)."""
     if knobs.WITNESS_ITERATIONS <= 0 or (stop and knobs.WITNESS_STOP_S <= 0):
         return False
     global _stop
-    witness.active = witness.Recorder(snap_id, _update, step_loops or [witness.loop_key(loop)])
+    witness.active = witness.Recorder(snap_id, _update, step_loops or [witness.loop_key(loop)], token=token)
     loops.pending = True  # every boundary, until the window is recorded
     if stop:
         _stop = {"id": snap_id, "until": time.monotonic() + knobs.WITNESS_STOP_S}

@@ -53,6 +53,7 @@ class WriteJob:
     expected_bytes: int = 0  # what the last snapshot held: the pacer's guess of this one's bytes
     lock_token: str | None = None  # of the run directory's lock this writer writes under (store.lock.check_token)
     files: object = None  # files.record.FilesJob: the program's files, as the stall found them
+    witness_token: str | None = None  # this snapshot's own, in its manifest and in its witness
 
 
 def write_snapshot(job: WriteJob) -> dict:
@@ -233,6 +234,7 @@ def _manifest(job: WriteJob, payload: dict, pickler: GraphPickler, graph: dict, 
     return {
         "iteration": job.iteration,
         "reason": job.reason,
+        "witness_token": job.witness_token,
         "stall_s": stall_s,
         "resumed_from": job.resumed_from,
         "roots": {
