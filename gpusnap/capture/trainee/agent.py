@@ -23,8 +23,8 @@ snapshot is committed.
 from __future__ import annotations
 
 import atexit
-import secrets
 import os
+import secrets
 import sys
 import time
 
