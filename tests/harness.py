@@ -51,8 +51,11 @@ def _gpusnap_command(python: str, args) -> list[str]:
 
 
 def gpusnap(*args, cwd: Path, timeout: float = 240, env: dict | None = None, python: str = sys.executable) -> subprocess.CompletedProcess:
+    # A restart or a replay run to their end here, with no signal to time by step: unpaced.
+    unpaced = bool(args) and (args[0] == "restart" or tuple(args[:2]) == ("verify", "--replay"))
     return subprocess.run(
-        _gpusnap_command(python, args), cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env(env)
+        _gpusnap_command(python, args), cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        env=_env(env, step_sleep_s="0" if unpaced else PACED_STEP_S),
     )
 
 
@@ -60,7 +63,8 @@ def plain(
     program: Path, *args, cwd: Path, timeout: float = 240, env: dict | None = None, python: str = sys.executable
 ) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        [python, str(program), *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env(env)
+        [python, str(program), *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        env=_env(env, step_sleep_s="0"),  # a reference: nothing signals it by step
     )
     assert result.returncode == 0, result.stderr
     return result
@@ -70,13 +74,23 @@ def start_plain(program: Path, *args, cwd: Path, env: dict | None = None, python
     """``plain`` in the background, for a reference run beside the run under test (the caller
     waits for it: ``communicate()``)."""
     return subprocess.Popen(
-        [python, str(program), *map(str, args)], cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(env)
+        [python, str(program), *map(str, args)], cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env=_env(env, step_sleep_s="0"),
     )
 
 
-def _env(extra: dict | None = None) -> dict:
+PACED_STEP_S = "0.01"  # a program's pause after each step (tests/programs/notorch/pace.py), unless a test sets its own
+
+
+def _env(extra: dict | None = None, step_sleep_s: str = PACED_STEP_S) -> dict:
+    """The environment of a program or a gpusnap command: a run a test signals by step is paced
+    (``TEST_STEP_SLEEP_S``) so that the step it waits for is not long gone by the time it looks;
+    a reference run or a restart that runs to its end needs no pace. One intra-op thread: the
+    programs' models are small, and with the cores shared by the writer and the other tests'
+    programs, more threads spend their time waiting for each other (reference and run get the same)."""
     env = dict(os.environ)
-    env.setdefault("TEST_STEP_SLEEP_S", "0.01")
+    env.setdefault("TEST_STEP_SLEEP_S", step_sleep_s)
+    env.setdefault("OMP_NUM_THREADS", "1")
     # This checkout's gpusnap, under every interpreter: an environment's editable install may be
     # another checkout's (worktrees that share one interpreter).
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))

@@ -149,7 +149,10 @@ def test_the_writer_is_the_oom_killers_first_choice(tmp_path):
         trainee = psutil.Process(run.proc.pid).children()[0]
         run.signal(signal.SIGUSR1)
         writer = wait_for(lambda: trainee.children(), "the writer", proc=run)[0]
-        assert Path(f"/proc/{trainee.pid}/oom_score_adj").read_text().strip() == "0"
+        # The trainee raises its own score across the fork, for the child to inherit, and
+        # lowers it again at once.
+        wait_for(lambda: Path(f"/proc/{trainee.pid}/oom_score_adj").read_text().strip() == "0",
+                 "the trainee's oom_score_adj back at 0", proc=run, timeout=5)
 
         def adj():
             try:

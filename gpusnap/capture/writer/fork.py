@@ -115,6 +115,11 @@ def start_writer(job, at_step_loop: bool = True) -> Writer:
     read_fd, write_fd = os.pipe()
     trainee = os.getpid()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, _FORK_BLOCKED)
+    # Raised across fork(), the score is the child's from its first instruction. Raised by the
+    # child itself, it would come only once the child is scheduled; meanwhile the trainee's
+    # copy-on-write faults can reach a cgroup's limit with both at score 0, and the kernel kills
+    # the trainee, the larger of the two.
+    own_score = _oom_score_adj(b"1000")
     try:
         with warnings.catch_warnings():
             # Python >= 3.12 warns about fork() in a threaded process. The child runs only
@@ -128,12 +133,17 @@ def start_writer(job, at_step_loop: bool = True) -> Writer:
         os.close(write_fd)
         raise
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # the parent's, as it was: the child never gets here
+        # The parent's, as they were: the child never gets here.
+        score_kept = own_score is None or _oom_score_adj(own_score) is not None
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.close(write_fd)
     stall_s = time.perf_counter() - job.requested_s
     writer = session.writer = Writer(pid, job.snap_id, read_fd, stall_s, job.generation)
     costs.forked(job.snap_id, stall_s, at_step_loop)  # before the waiter can report the writer done
-    control.emit("forked", id=job.snap_id, stall_s=stall_s, iteration=job.iteration)
+    warned = {} if score_kept else {
+        "warning": f"the trainee's oom_score_adj stays 1000 (was {own_score.decode()}): it could not be lowered again after the fork",
+        "hint": "the out-of-memory killer now picks the trainee as readily as its writer"}
+    control.emit("forked", id=job.snap_id, stall_s=stall_s, iteration=job.iteration, **warned)
     writer.thread.start()
     return writer
 
@@ -148,7 +158,6 @@ def _child(job, trainee: int, read_fd: int, write_fd: int, mask) -> None:
             for signum in _IGNORED_IN_CHILD:
                 signal.signal(signum, signal.SIG_IGN)  # finish the write; the supervisor kills on --grace
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            _expendable()
             # The address space fork passed on, before the writer maps anything into the holes
             # that do-not-fork memory left (rawmem.mapped).
             rawmem.freeze_maps()
@@ -167,20 +176,25 @@ def _child(job, trainee: int, read_fd: int, write_fd: int, mask) -> None:
         os._exit(code)
 
 
-def _expendable() -> None:
-    """Make this process the out-of-memory killer's first choice (``oom_score_adj`` 1000, which
-    needs no privilege): when the host or the job's cgroup runs out while a snapshot is written,
-    the writer dies and its snapshot fails, instead of the program, whose resident set is
-    otherwise the larger."""
+def _oom_score_adj(score: bytes) -> bytes | None:
+    """Set this process's ``oom_score_adj``; the score it had, or None where it cannot be set.
+    1000 makes the writer the out-of-memory killer's first choice (no privilege needed): when the
+    host or the job's cgroup runs out while a snapshot is written, the writer dies and its
+    snapshot fails, instead of the program, whose resident set is otherwise the larger. Lowering
+    it back needs no privilege either, down to the lowest score a privileged process gave it."""
     try:
-        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.write(fd, b"1000")
-        finally:
-            os.close(fd)
+        fd = os.open("/proc/self/oom_score_adj", os.O_RDWR | os.O_CLOEXEC)
     except OSError:
-        pass  # not Linux, or no /proc: the writer is as likely a victim as any
-
+        return None  # not Linux, or no /proc: the writer is as likely a victim as any
+    try:
+        before = os.read(fd, 16).strip()
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, score)
+        return before
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 def _write(job, write_fd: int) -> dict:
     # The walks touch every attribute of the program's objects and modules (deprecated ones
