@@ -7,9 +7,12 @@ both (15-21 MiB/s), reads of 64 MiB in 8 parallel ranges ran at 190-316 MiB/s ag
 releases the GIL, has conditional puts (``If-None-Match: *``) built in, and speaks S3, GCS and
 Azure through one API. ``pip install 'gpusnap[s3]'`` installs it.
 
-Endpoint and credentials come from the store's own variables only (``AWS_ENDPOINT_URL``,
-``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``; ``AWS_ALLOW_HTTP=true`` for a
-plain-HTTP endpoint; ``GOOGLE_*`` and ``AZURE_*`` for the others).
+Endpoint and credentials come from the store's own variables only, which obstore reads itself:
+``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION`` and
+``AWS_ALLOW_HTTP=true`` for a plain-HTTP endpoint; ``AZURE_STORAGE_ACCOUNT_NAME`` and
+``AZURE_STORAGE_ACCOUNT_KEY``, or ``AZURE_STORAGE_USE_EMULATOR=true`` for Azurite (at
+``AZURITE_BLOB_STORAGE_URL``, default http://127.0.0.1:10000); ``GOOGLE_APPLICATION_CREDENTIALS``
+or ``GOOGLE_SERVICE_ACCOUNT`` (a service account's key file) for GCS.
 
 What an object store gives instead of a file system (docs/FORMAT.md, "On an object store"):
 a put is whole or nothing (a multipart upload becomes visible only when it completes), so there
@@ -35,8 +38,15 @@ from gpusnap.store.backend import Backend, Ranged
 SCHEMES = ("s3", "gs", "az")
 CREDENTIALS = {
     "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL for a server other than AWS)",
-    "gs": "GOOGLE_APPLICATION_CREDENTIALS (GOOGLE_SERVICE_ACCOUNT)",
-    "az": "AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY",
+    "gs": "GOOGLE_APPLICATION_CREDENTIALS or GOOGLE_SERVICE_ACCOUNT (a service account's key file)",
+    "az": "AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY (or AZURE_STORAGE_USE_EMULATOR=true for Azurite)",
+}
+# What a missing bucket is called, and how it is made.
+BUCKET = {"s3": "bucket", "gs": "bucket", "az": "container"}
+MAKE_BUCKET = {
+    "s3": "create it first (aws s3 mb s3://BUCKET), or check the URL",
+    "gs": "create it first (gcloud storage buckets create gs://BUCKET), or check the URL",
+    "az": "create it first (az storage container create --name CONTAINER), or check the URL",
 }
 
 
@@ -76,7 +86,17 @@ class ObjectBackend(Backend):
             # Retries are store.retry's, around this backend, where they are counted.
             self._store = from_url(self.location, retry_config={"max_retries": 0})
         except Exception as exc:  # obstore's configuration errors are ValueError or its own
-            raise UsageError(f"cannot use {url}: {exc}", hint=f"check the URL and {CREDENTIALS.get(self.scheme, '')}") from None
+            # Azure's account and GCS's key file are read here, before any request: their errors
+            # are the credentials', not the URL's. The text's "Debug source" names the variant.
+            text, hint = str(exc), f"set {CREDENTIALS.get(self.scheme, 'the store credentials')}"
+            if "MissingAccount" in text:
+                raise RunDirPermission(f"{self.location}: no credentials for the store ({_first_line(exc)})",
+                                       hint=hint) from None
+            if "Credentials" in text or "InvalidKey" in text:  # a key file missing, malformed, its key unusable
+                raise RunDirPermission(f"{self.location}: the credentials could not be used ({_first_line(exc)})",
+                                       hint=hint) from None
+            raise UsageError(f"cannot use {url}: {_first_line(exc)}",
+                             hint=f"check the URL and {CREDENTIALS.get(self.scheme, '')}") from None
 
     # obstore raises its own exceptions (FileNotFoundError for a missing key); every call goes
     # through here so that each becomes one of gpusnap's with the variable to check.
@@ -86,8 +106,7 @@ class ObjectBackend(Backend):
             return fn(obstore)
         except FileNotFoundError as exc:
             if "NoSuchBucket" in str(exc) or "ContainerNotFound" in str(exc):
-                raise RunDirError(f"{self.location}: the bucket does not exist",
-                                  hint="create it first (aws s3 mb s3://BUCKET), or check the URL") from None
+                raise self._no_bucket() from None
             raise
         except (exc_mod.AlreadyExistsError, exc_mod.PreconditionError) as exc:
             raise atomic.FileExists(f"{self.location}/{key} exists already: a committed object is never replaced") from exc
@@ -96,17 +115,22 @@ class ObjectBackend(Backend):
                                    hint=f"set {CREDENTIALS.get(self.scheme, 'the store credentials')}") from exc
         except Exception as exc:
             text = str(exc)
-            if "NoSuchBucket" in text or "bucket does not exist" in text.lower():
-                raise RunDirError(f"{self.location}: the bucket does not exist",
-                                  hint="create it first (aws s3 mb s3://BUCKET), or check the URL") from exc
+            if "NoSuchBucket" in text or "ContainerNotFound" in text or "bucket does not exist" in text.lower():
+                raise self._no_bucket() from exc
             if "169.254.169.254" in text or "credential" in text.lower():  # no keys: it asked the instance metadata
                 raise RunDirPermission(f"{self.location}: no credentials for the store ({_first_line(exc)})",
                                        hint=f"set {CREDENTIALS.get(self.scheme, 'the store credentials')}") from exc
-            if "InvalidAccessKeyId" in text or "SignatureDoesNotMatch" in text or "AccessDenied" in text:
+            # S3's codes, then Azure's (a refused list comes as a generic error, with the code in its body).
+            if any(c in text for c in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
+                                       "AuthenticationFailed", "AuthorizationFailure", "AuthorizationPermissionMismatch")):
                 raise RunDirPermission(f"{self.location}: the store refused the credentials ({_first_line(exc)})",
                                        hint=f"set {CREDENTIALS.get(self.scheme, 'the store credentials')}") from exc
             raise StoreError(f"{self.location}/{key}: {_first_line(exc)}",
                              hint="check the connection to the store; earlier snapshots are untouched") from exc
+
+    def _no_bucket(self) -> RunDirError:
+        noun = BUCKET.get(self.scheme, "bucket")
+        return RunDirError(f"{self.location}: the {noun} does not exist", hint=MAKE_BUCKET.get(self.scheme, ""))
 
     def put(self, key: str, parts, *, direct: bool = False) -> int:
         parts = list(parts)

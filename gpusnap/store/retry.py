@@ -11,6 +11,7 @@ The backend below retries nothing itself (``store.objects`` turns obstore's own 
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 
@@ -21,19 +22,27 @@ from gpusnap.store.backend import Backend, Ranged
 
 _sleep = time.sleep  # swappable: tests run the backoff without waiting
 
-_THROTTLED = ("503", "SlowDown", "429", "TooManyRequests", "Throttl", "RequestLimitExceeded")
-_DROPPED = ("error sending request", "connection", "Connection", "timed out", "timeout", "reset", "broken pipe",
-            "500 Internal", "InternalError", "incomplete", "unexpected EOF")
+# Status codes as whole words: an error's text carries request ids and times (Azure's
+# "RequestId:e8e3e319-52b0-...") in which three digits in a row are common.
+_THROTTLED = re.compile(r"\b(503|429)\b|SlowDown|TooManyRequests|Throttl|RequestLimitExceeded")
+_DROPPED = re.compile(r"error sending request|[Cc]onnection|timed out|timeout|reset|broken pipe|"
+                      r"\b500 Internal|InternalError|incomplete|unexpected EOF")
+
+
+def _said(exc: BaseException | None) -> str:
+    # obstore's text ends in a "Debug source:" dump of its retry state ("retry_timeout: 180s"),
+    # which would make every error look like a timeout.
+    return str(exc or "").split("Debug source:", 1)[0]
 
 
 def transient(exc: BaseException) -> str | None:
     """'throttled', 'dropped' or None (not worth a retry)."""
     if not isinstance(exc, StoreError) or isinstance(exc, atomic.FileExists):
         return None
-    text = f"{exc} {exc.__cause__ or ''}"
-    if any(t in text for t in _THROTTLED):
+    text = f"{_said(exc)} {_said(exc.__cause__)}"
+    if _THROTTLED.search(text):
         return "throttled"
-    if any(t in text for t in _DROPPED):
+    if _DROPPED.search(text):
         return "dropped"
     return None
 

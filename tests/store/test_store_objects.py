@@ -1,11 +1,19 @@
-"""Run directories on an object store, against a real S3-compatible HTTP server: moto's server
-mode, started once for this module on 127.0.0.1 at a free port. Clients are configured only
-through the standard variables (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
-AWS_REGION, AWS_ALLOW_HTTP)."""
+"""Run directories on an object store, against real HTTP servers that this module starts on
+127.0.0.1 at free ports, once each: moto's server mode for s3://, Azurite for az://. Clients are
+configured only through the standard variables (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ALLOW_HTTP; AZURE_STORAGE_USE_EMULATOR,
+AZURITE_BLOB_STORAGE_URL). gs:// has no emulator that serves obstore's GCS client (GS_UNTESTED):
+only its credential errors, which come before any request, are tested."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import dataclasses
+import email.utils
+import hashlib
+import hmac
+import json
 import os
 import random
 import shutil
@@ -24,11 +32,15 @@ from gpusnap.store.local import LocalBackend
 from gpusnap.store.memory import MemoryBackend
 from harness import PROGRAMS, REPO, Run, assert_same, gpusnap, load_final, progress, wait_for
 
-obstore = pytest.importorskip("obstore", reason="run directories on S3 need obstore: pip install 'gpusnap[s3]'")
-pytest.importorskip("moto.server", reason="the S3 tests need a local moto server: pip install 'moto[server]'")
-pytest.importorskip("flask", reason="moto's server mode needs flask: pip install 'moto[server]'")
+obstore = pytest.importorskip("obstore", reason="run directories on an object store need obstore: pip install 'gpusnap[s3]'")
 
-BUCKET = "gpusnap-tests"
+BUCKET = "gpusnap-tests"  # an S3 bucket, an Azure container
+GS_UNTESTED = ("no GCS emulator from the package registries serves obstore's GCS client, which speaks GCS's XML API: "
+               "gcp-storage-emulator answers its list, HEAD and DELETE with 501, fake-gcs-server 1.54 its PUT with 400")
+SCHEMES = ["s3", "az", pytest.param("gs", marks=pytest.mark.skip(reason=GS_UNTESTED))]
+# Azurite's well-known development account, as its documentation gives it.
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
 
 def _free_port() -> int:
@@ -38,11 +50,10 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def _moto(log: Path, extra_env: dict | None = None):
-    """A moto server on 127.0.0.1 at a free port, holding BUCKET; yields its endpoint."""
-    port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, **(extra_env or {})})
+def _serve(argv: list[str], port: int, log: Path, extra_env: dict | None = None):
+    """The server ``argv`` on 127.0.0.1:``port``, once it answers; yields its endpoint."""
+    server = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=log.parent,
+                              env={**os.environ, **(extra_env or {})})
     endpoint = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -54,25 +65,61 @@ def _moto(log: Path, extra_env: dict | None = None):
                 break
             except OSError:
                 if time.monotonic() > deadline or server.poll() is not None:
-                    raise AssertionError(f"moto did not start: {log.read_text()}")
+                    raise AssertionError(f"{Path(argv[0]).name} did not start: {log.read_text()}")
                 time.sleep(0.2)
-        if not extra_env:
-            urllib.request.urlopen(urllib.request.Request(f"{endpoint}/{BUCKET}", method="PUT"), timeout=10).read()
         yield endpoint
     finally:
         server.terminate()
         server.wait(timeout=30)
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """The environment that reaches a fresh moto server holding BUCKET."""
-    with _moto(tmp_path_factory.mktemp("moto") / "server.log") as endpoint:
-        env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-               "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)  # this process's own clients (the backend contract below)
+@contextlib.contextmanager
+def _moto(log: Path, extra_env: dict | None = None):
+    """A moto server holding BUCKET (with ``extra_env``: holding nothing); yields its endpoint."""
+    for module in ("moto.server", "flask"):
+        pytest.importorskip(module, reason="the s3:// tests need a local moto server: pip install 'moto[server]'")
+    port = _free_port()
+    with _serve([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], port, log, extra_env) as endpoint:
+        if not extra_env:
+            urllib.request.urlopen(urllib.request.Request(f"{endpoint}/{BUCKET}", method="PUT"), timeout=10).read()
+        yield endpoint
+
+
+def _create_container(endpoint: str, name: str) -> None:
+    """Create Blob Storage's container ``name``, a request signed with the account key (SharedKey)."""
+    headers = {"x-ms-date": email.utils.formatdate(usegmt=True), "x-ms-version": "2021-08-06"}
+    signed = ("PUT\n" + "\n" * 11 + "".join(f"{k}:{v}\n" for k, v in sorted(headers.items()))
+              + f"/{AZURITE_ACCOUNT}/{AZURITE_ACCOUNT}/{name}\nrestype:container")
+    mac = hmac.new(base64.b64decode(AZURITE_KEY), signed.encode(), hashlib.sha256).digest()
+    headers["Authorization"] = f"SharedKey {AZURITE_ACCOUNT}:{base64.b64encode(mac).decode()}"
+    request = urllib.request.Request(f"{endpoint}/{AZURITE_ACCOUNT}/{name}?restype=container", method="PUT", headers=headers)
+    urllib.request.urlopen(request, timeout=10).read()
+
+
+@contextlib.contextmanager
+def _azurite(log: Path):
+    """Azurite's Blob service, in memory, holding the container BUCKET; yields its endpoint."""
+    local = REPO / ".ci" / "node" / "node_modules" / ".bin" / "azurite-blob"
+    program = str(local) if local.exists() else shutil.which("azurite-blob")
+    if program is None:
+        pytest.skip("the az:// tests need Azurite: npm install --prefix .ci/node azurite (the version .ci/run pins)")
+    port = _free_port()
+    # --skipApiVersionCheck: a newer obstore may send a newer x-ms-version than this Azurite knows.
+    argv = [program, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",
+            "--disableTelemetry", "--skipApiVersionCheck"]
+    with _serve(argv, port, log) as endpoint:
+        _create_container(endpoint, BUCKET)
+        yield endpoint
+
+
+@contextlib.contextmanager
+def _exported(env: dict):
+    """``env`` in this process's environment too (its own clients: the backend contract below)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
         yield env
+    finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -80,23 +127,50 @@ def s3(tmp_path_factory):
                 os.environ[k] = v
 
 
-def _url(name: str) -> str:
-    return f"s3://{BUCKET}/{name}-{random.randrange(1 << 30):08x}"
+@pytest.fixture(scope="module")
+def s3_env(tmp_path_factory):
+    """The environment that reaches a fresh moto server holding BUCKET."""
+    with _moto(tmp_path_factory.mktemp("moto") / "server.log") as endpoint:
+        with _exported({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}) as env:
+            yield env
+
+
+@pytest.fixture(scope="module")
+def az_env(tmp_path_factory):
+    """The environment that reaches a fresh Azurite holding the container BUCKET."""
+    with _azurite(tmp_path_factory.mktemp("azurite") / "server.log") as endpoint:
+        with _exported({"AZURE_STORAGE_USE_EMULATOR": "true", "AZURITE_BLOB_STORAGE_URL": endpoint}) as env:
+            yield env
+
+
+@dataclasses.dataclass
+class Store:
+    scheme: str
+    env: dict
+
+    def url(self, name: str) -> str:
+        return f"{self.scheme}://{BUCKET}/{name}-{random.randrange(1 << 30):08x}"
+
+
+@pytest.fixture(scope="module", params=SCHEMES)
+def store(request) -> Store:
+    """Each scheme's server, started once for the module."""
+    return Store(request.param, request.getfixturevalue(f"{request.param}_env"))
 
 
 # -- the interface: every backend does the same thing ---------------------------------------
 
 
-@pytest.fixture(params=["memory", "local", "s3"])
+@pytest.fixture(params=["memory", "local", *SCHEMES])
 def backend(request, tmp_path):
     if request.param == "memory":
         return MemoryBackend()
     if request.param == "local":
         return LocalBackend(tmp_path / "run")
-    request.getfixturevalue("s3")
     from gpusnap.store.objects import ObjectBackend
 
-    return ObjectBackend(_url("contract"))
+    return ObjectBackend(Store(request.param, request.getfixturevalue(f"{request.param}_env")).url("contract"))
 
 
 def test_every_backend_keeps_the_same_contract(backend):
@@ -125,7 +199,7 @@ def test_every_backend_keeps_the_same_contract(backend):
     assert not backend.exists("packs/ab/ab12.pack") and backend.exists("snapshots/000001.json")
 
 
-# -- a run on S3 -----------------------------------------------------------------------------
+# -- a run on the store -----------------------------------------------------------------------------
 
 
 def _store_ids(url: str, env: dict, cwd: Path) -> list[str]:
@@ -137,11 +211,11 @@ def _store_ids(url: str, env: dict, cwd: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_drill_a_reclaimed_vm_restarts_from_s3_on_a_fresh_machine(s3, tmp_path):
+def test_drill_a_reclaimed_vm_restarts_from_the_store_on_a_fresh_machine(store, tmp_path):
     """kill -9 with the whole local tree gone (the program's copy, the cache, its output), then
     `gpusnap restart s3://...` from a fresh copy of the program in another directory: the run
-    ends byte for byte as an uninterrupted one."""
-    url = _url("drill")
+    ends byte for byte as an uninterrupted one, and the store verifies."""
+    url = store.url("drill")
     first, second = tmp_path / "vm1", tmp_path / "vm2"
     for vm in (first, second):
         vm.mkdir()
@@ -151,7 +225,7 @@ def test_drill_a_reclaimed_vm_restarts_from_s3_on_a_fresh_machine(s3, tmp_path):
                                  env={**os.environ, "PYTHONPATH": str(REPO), "TEST_STEP_SLEEP_S": "0"})
     shutil.copytree(PROGRAMS, first / "progs", ignore=shutil.ignore_patterns("__pycache__"))
     (first / "out").mkdir()
-    env1 = {**s3, "GPUSNAP_LEVEL_DIR": str(first / "cache"), "TEST_STEP_SLEEP_S": "0.05"}
+    env1 = {**store.env, "GPUSNAP_LEVEL_DIR": str(first / "cache"), "TEST_STEP_SLEEP_S": "0.05"}
     run = Run("run", "--dir", url, "progs/style_a.py", "out", 0, 3, cwd=first, env=env1)
     wait_for(lambda: progress(first / "out") >= 8, "step 8", proc=run)
     run.signal(__import__("signal").SIGUSR1)
@@ -164,7 +238,7 @@ def test_drill_a_reclaimed_vm_restarts_from_s3_on_a_fresh_machine(s3, tmp_path):
 
     shutil.copytree(PROGRAMS, second / "progs", ignore=shutil.ignore_patterns("__pycache__"))
     (second / "out").mkdir()
-    env2 = {**s3, "GPUSNAP_LEVEL_DIR": str(second / "cache")}
+    env2 = {**store.env, "GPUSNAP_LEVEL_DIR": str(second / "cache")}
     restarted = gpusnap("restart", url, cwd=second, env=env2)
     assert restarted.returncode == 0, restarted.stderr
     assert f"fetched snapshot 000001 from {url}" in restarted.stderr
@@ -176,6 +250,8 @@ def test_drill_a_reclaimed_vm_restarts_from_s3_on_a_fresh_machine(s3, tmp_path):
     listed = gpusnap("ls", url, cwd=second, env=env2)
     assert listed.returncode == 0 and listed.stdout.splitlines()[0].split()[-1] == "LEVEL", listed.stdout
     assert "local+shared" in listed.stdout
+    verified = gpusnap("verify", url, cwd=second, env=env2)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
 # -- faults ------------------------------------------------------------------------------------
@@ -208,8 +284,19 @@ def test_a_throttled_or_dropped_request_is_retried_with_backoff_and_counted(monk
     with pytest.raises(FileNotFoundError):  # not worth a retry
         b.get("nothing")
 
+    class Refused(MemoryBackend):  # as store.objects raises it: obstore's whole text is the cause
+        def get(self, key):
+            cause = RuntimeError("Server returned non-2xx status code: 403 Forbidden: RequestId:e8e3e319-5030-4d76\n\n"
+                                 "Debug source:\n    retry_timeout: 180s,")
+            raise StoreError(f"az://b/{key}: 403 Forbidden") from cause
 
-def test_a_connection_that_drops_mid_upload_leaves_nothing_half_committed(s3, tmp_path):
+    waited.clear()
+    with pytest.raises(StoreError):
+        retry.RetryBackend(Refused()).get("run.json")
+    assert waited == []  # neither the request id's digits nor the client's retry settings are a reason
+
+
+def test_a_connection_that_drops_mid_upload_leaves_nothing_half_committed(store, tmp_path):
     """The upload of a snapshot fails at a random request: the store shows no part of that
     snapshot as committed (its manifest is the commit), and the next pass copies it whole."""
     from gpusnap.errors import StoreError
@@ -220,7 +307,7 @@ def test_a_connection_that_drops_mid_upload_leaves_nothing_half_committed(s3, tm
     seed = random.randrange(1 << 30)
     print(f"seed {seed}")
     rd, snaps = make_run(tmp_path, n=2)
-    url = _url("drop")
+    url = store.url("drop")
     shared = open_backend(url)
     puts = {"n": 0, "fail_at": random.Random(seed).randint(1, 4)}
     real_put = shared.inner.put
@@ -254,29 +341,38 @@ def test_a_connection_that_drops_mid_upload_leaves_nothing_half_committed(s3, tm
             assert store.read_buffer(rec) == bufs[name]
 
 
-def test_a_missing_bucket_is_one_line_before_anything_is_created(s3, tmp_path):
+NO_BUCKET = {
+    "s3": ["gpusnap: s3://no-such-bucket/r1: the bucket does not exist",
+           "hint: create it first (aws s3 mb s3://BUCKET), or check the URL"],
+    "az": ["gpusnap: az://no-such-bucket/r1: the container does not exist",
+           "hint: create it first (az storage container create --name CONTAINER), or check the URL"],
+    "gs": ["gpusnap: gs://no-such-bucket/r1: the bucket does not exist",
+           "hint: create it first (gcloud storage buckets create gs://BUCKET), or check the URL"],
+}
+
+
+def test_a_missing_bucket_is_one_line_before_anything_is_created(store, tmp_path):
     (tmp_path / "ok.py").write_text("print('ran')\n")
-    env = {**s3, "GPUSNAP_LEVEL_DIR": str(tmp_path / "cache")}
-    r = gpusnap("run", "--dir", "s3://no-such-bucket/r1", "ok.py", cwd=tmp_path, env=env)
+    env = {**store.env, "GPUSNAP_LEVEL_DIR": str(tmp_path / "cache")}
+    r = gpusnap("run", "--dir", f"{store.scheme}://no-such-bucket/r1", "ok.py", cwd=tmp_path, env=env)
     assert r.returncode == 3, r.stderr
-    assert r.stderr.splitlines() == ["gpusnap: s3://no-such-bucket/r1: the bucket does not exist",
-                                     "hint: create it first (aws s3 mb s3://BUCKET), or check the URL"]
+    assert r.stderr.splitlines() == NO_BUCKET[store.scheme]
     assert r.stdout == "" and not (tmp_path / "cache").exists()
 
 
-def test_gc_on_the_store_keeps_the_newest_and_frees_the_rest(s3, tmp_path):
+def test_gc_on_the_store_keeps_the_newest_and_frees_the_rest(store, tmp_path):
     from gpusnap.store import levels, location
     from gpusnap.store.objects import open_backend
     from gpusnap.store.pack import list_packs
     from store_helpers import make_run
 
     rd, snaps = make_run(tmp_path, n=3)
-    url = _url("gc")
+    url = store.url("gc")
     shared = open_backend(url)
     levels.ensure_run(shared, rd)
     levels.Uploader(rd, shared).sync()
     before = {pid for pid, _ in list_packs(shared)}
-    r = gpusnap("gc", url, "--keep", "1", cwd=tmp_path, env=s3)
+    r = gpusnap("gc", url, "--keep", "1", cwd=tmp_path, env=store.env)
     assert r.returncode == 0, r.stderr
     store = location.open_shared(url)
     sid, recs, bufs = snaps[-1]
@@ -287,25 +383,51 @@ def test_gc_on_the_store_keeps_the_newest_and_frees_the_rest(s3, tmp_path):
     assert not shared.exists("lock")  # gc took the store's lock and gave it back
 
 
-def test_wrong_or_missing_credentials_are_one_line_with_a_hint_naming_the_variables(tmp_path):
-    """A server that checks signatures (moto with INITIAL_NO_AUTH_ACTION_COUNT=0): keys it does not
-    know are refused before anything runs or is created; no keys at all are said as such (the
-    client's search ends at the instance metadata, which this machine does not serve)."""
+HINTS = {
+    "s3": "hint: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL for a server other than AWS)",
+    "az": "hint: set AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY (or AZURE_STORAGE_USE_EMULATOR=true for Azurite)",
+    "gs": "hint: set GOOGLE_APPLICATION_CREDENTIALS or GOOGLE_SERVICE_ACCOUNT (a service account's key file)",
+}
+
+
+@contextlib.contextmanager
+def _credentials(scheme: str, request, tmp_path: Path):
+    """(the environment with wrong credentials, what the store's variables are without any, what
+    the wrong ones are told)."""
+    if scheme == "s3":  # a moto that checks signatures (INITIAL_NO_AUTH_ACTION_COUNT=0)
+        with _moto(tmp_path / "server.log", {"INITIAL_NO_AUTH_ACTION_COUNT": "0"}) as endpoint:
+            base = {"AWS_ENDPOINT_URL": endpoint, "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
+            yield ({**base, "AWS_ACCESS_KEY_ID": "AKIANOTAKEY", "AWS_SECRET_ACCESS_KEY": "wrong"}, base,
+                   "the store refused the credentials (")
+    elif scheme == "az":  # Azurite checks every request's signature
+        yield ({**request.getfixturevalue("az_env"), "AZURE_STORAGE_ACCOUNT_KEY": base64.b64encode(b"not the key").decode()},
+               {}, "the store refused the credentials (")
+    else:  # a key file whose key is no key: refused before any request, no server needed
+        key = tmp_path / "key.json"
+        key.write_text(json.dumps({"type": "service_account", "client_email": "run@p.iam.gserviceaccount.com",
+                                   "private_key_id": "1", "private_key": "-----BEGIN PRIVATE KEY-----\nbm8=\n-----END PRIVATE KEY-----\n"}))
+        yield {"GOOGLE_APPLICATION_CREDENTIALS": str(key)}, {}, "the credentials could not be used ("
+
+
+@pytest.mark.parametrize("scheme", ["s3", "az", "gs"])
+def test_wrong_or_missing_credentials_are_one_line_with_a_hint_naming_the_variables(scheme, request, tmp_path):
+    """Wrong keys are refused before anything runs or is created; no keys at all are said as such
+    (Azure's client needs an account before any request; S3's and GCS's search ends at the
+    instance metadata, which this machine does not serve)."""
     (tmp_path / "ok.py").write_text("print('ran')\n")
-    with _moto(tmp_path / "server.log", {"INITIAL_NO_AUTH_ACTION_COUNT": "0"}) as endpoint:
-        base = {"AWS_ENDPOINT_URL": endpoint, "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true",
-                "GPUSNAP_LEVEL_DIR": str(tmp_path / "cache")}
-        hint = "hint: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL for a server other than AWS)"
-        wrong = {**base, "AWS_ACCESS_KEY_ID": "AKIANOTAKEY", "AWS_SECRET_ACCESS_KEY": "wrong"}
-        for args in (["ls", f"s3://{BUCKET}/r1"], ["run", "--dir", f"s3://{BUCKET}/r1", "ok.py"]):
-            r = gpusnap(*args, cwd=tmp_path, env=wrong, timeout=120)
+    url = f"{scheme}://{BUCKET}/r1"
+    cache = {"GPUSNAP_LEVEL_DIR": str(tmp_path / "cache")}
+    with _credentials(scheme, request, tmp_path) as (wrong, missing, refused):
+        for args in (["ls", url], ["run", "--dir", url, "ok.py"]):
+            r = gpusnap(*args, cwd=tmp_path, env={**wrong, **cache}, timeout=120)
             lines = r.stderr.splitlines()
             assert r.returncode == 3 and len(lines) == 2, r.stderr
-            assert lines[0].startswith(f"gpusnap: s3://{BUCKET}/r1: the store refused the credentials (") and lines[1] == hint
+            assert lines[0].startswith(f"gpusnap: {url}: {refused}") and lines[1] == HINTS[scheme]
             assert "ran" not in r.stdout and not (tmp_path / "cache").exists()
-        missing = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-        r = subprocess.run([sys.executable, "-m", "gpusnap", "ls", f"s3://{BUCKET}/r1"], cwd=tmp_path, capture_output=True,
-                           text=True, timeout=120, env={**missing, **base, "PYTHONPATH": str(REPO)})
+        # HOME: no credential files of this machine's user (~/.aws, ~/.config/gcloud).
+        bare = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "AZURE_", "AZURITE_", "GOOGLE_"))}
+        r = subprocess.run([sys.executable, "-m", "gpusnap", "ls", url], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120, env={**bare, **missing, **cache, "HOME": str(tmp_path), "PYTHONPATH": str(REPO)})
         lines = r.stderr.splitlines()
         assert r.returncode == 3 and len(lines) == 2, r.stderr
-        assert lines[0].startswith(f"gpusnap: s3://{BUCKET}/r1: no credentials for the store (") and lines[1] == hint
+        assert lines[0].startswith(f"gpusnap: {url}: no credentials for the store (") and lines[1] == HINTS[scheme]
