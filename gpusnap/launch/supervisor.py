@@ -345,11 +345,25 @@ class Supervisor:
         else:
             status = exit_status(rc)
         self._fail_waiters(f"the program exited (status {exit_status(rc)}) before the snapshot was committed")
+        if rc is not None and rc < 0 and -rc != signal.SIGINT and not self.killed and self.term_deadline is None:
+            self._say_killed(-rc)  # (a Ctrl-C's SIGINT: the user knows)
         if status == EXIT_PREEMPTED:
             self.say(f"stopped after a committed snapshot: exit status {status} (requeue to continue)")
         elif status == EXIT_PREEMPTED_UNSAVED:
             self.say(f"stopped without a new snapshot: exit status {status}")
         return status
+
+    def _say_killed(self, signum: int) -> None:
+        """A signal the supervisor did not send ended the program (a kill -9, the kernel's
+        out-of-memory killer): one line and a hint, as for any other failure."""
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        why = " (if nothing else sent it, the kernel's out-of-memory killer did: `dmesg` says)" if signum == signal.SIGKILL else ""
+        self.say(f"the program was killed by {name}{why}")
+        where = self.launch.store or self.launch.run_dir
+        self.console.write(f"hint: `gpusnap restart {where}` continues from the last committed snapshot\n")
 
     def _poll(self, timeout: float) -> None:
         rlist = [self._wake_r, self.server.fileno(), *[c for c in self.conns if not c.closed]]

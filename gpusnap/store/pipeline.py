@@ -32,9 +32,6 @@ from gpusnap.store import codec
 from gpusnap.store.pack import PackBuilder
 
 
-FIRST_PACK_BYTES = 16 << 20
-
-
 class _Stopped(Exception):
     """The pipeline was aborted: a thread ends without touching anything more."""
 
@@ -46,10 +43,7 @@ class Pipeline:
 
         blosc2.set_releasegil(True)
         self._root = root
-        # The first pack goes to the flusher at FIRST_PACK_BYTES: the disk then starts while the
-        # first window is still being faulted in and filled, instead of idling through it.
-        self._flush_at = min(flush_at, FIRST_PACK_BYTES)
-        self._full_flush_at = flush_at
+        self._flush_at = flush_at
         self.chooser = chooser
         self._cond = threading.Condition()
         self._tasks: collections.deque = collections.deque()
@@ -156,7 +150,6 @@ class Pipeline:
                     if builder.nbytes >= self._flush_at:
                         self._full.append(builder)
                         self._filling = None
-                        self._flush_at = self._full_flush_at
                     self._in_hand -= 1
                     self.done_bytes += len(piece)
                     self.compress_s += spent

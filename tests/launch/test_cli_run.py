@@ -43,6 +43,9 @@ def test_killed_by_signal_is_128_plus_n(work):
     (work / "die.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
     r = gpusnap("run", "--dir", "d", "die.py", cwd=work)
     assert r.returncode == 128 + signal.SIGKILL
+    # A kill the supervisor did not send (kill -9, the OOM killer) is said, with the way on.
+    assert "gpusnap: the program was killed by SIGKILL (if nothing else sent it, the kernel's out-of-memory killer did" in r.stderr
+    assert f"hint: `gpusnap restart {work / 'd'}` continues from the last committed snapshot" in r.stderr
 
 
 def test_argv_cwd_and_stdio_are_the_programs(work):
