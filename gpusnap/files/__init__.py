@@ -23,7 +23,6 @@ the writer puts, the supervisor rolls back, the replay settles. Layers (tests/te
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
 from gpusnap import knobs
@@ -67,7 +66,7 @@ def settle(rundir, manifest: dict, config: dict, say) -> dict | None:
     table = manifest.get("files")
     if not watch.active() or not table:
         return None
-    if table.get("host") not in (None, socket.gethostname()):
+    if not rollback.ours(table, sharded="rank" in rundir.identity):
         return None  # another node's files
     after = (config.get("files") or {}).get("after") or os.path.join(str(rundir.path), f"after-{manifest['id']}")
     source = rollback.Source(manifest["id"], table, manifest.get("buffers") or {},

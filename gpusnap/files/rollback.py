@@ -19,6 +19,10 @@ moved aside unless the program holds it open (a TensorBoard event file it goes o
 The plan is made first (``Plan``: what to do with each path, what cannot be done), then carried out
 (``Plan.apply``); ``Plan.report()`` is the ``files`` event: what moved where, what was written, cut
 or left, for the run log.
+
+A single-process run's files are put back on whatever host restarts it (the next machine needs
+them, where the program will look for them); a distributed rank's only on the host that recorded
+them, whose supervisor holds that rank's files.
 """
 
 from __future__ import annotations
@@ -251,7 +255,7 @@ def before_replay(rd, snap_id: str, force: bool, leave=lambda path: False) -> Pl
     from gpusnap.store import shards
 
     if not shards.is_sharded(rd):  # the supervisor holds the run's lock
-        return _put_back([(rd, rd.load_manifest(snap_id))], str(rd.path), snap_id, force, leave)
+        return _put_back([(rd, rd.load_manifest(snap_id))], str(rd.path), snap_id, force, leave, sharded=False)
     pairs = []
     for rank, sid in sorted(shards.shards_of(rd.load_manifest(snap_id)).items()):
         shard = shards.open_shard(rd, rank, trusted=True)
@@ -270,7 +274,7 @@ def before_replay(rd, snap_id: str, force: bool, leave=lambda path: False) -> Pl
             done = {}
         if done.get("snapshot") == snap_id and lifeline.alive(done.get("pid")):
             return None
-        plan = _put_back(pairs, str(rd.path), snap_id, force, leave)
+        plan = _put_back(pairs, str(rd.path), snap_id, force, leave, sharded=True)
         from gpusnap import atomic
 
         atomic.write_file(mark, [json.dumps({"snapshot": snap_id, "pid": os.getpid()}).encode()])
@@ -279,12 +283,17 @@ def before_replay(rd, snap_id: str, force: bool, leave=lambda path: False) -> Pl
         os.close(fd)
 
 
-def _put_back(pairs: list, run_dir: str, snap_id: str, force: bool, leave) -> Plan | None:
-    host = socket.gethostname()
+def ours(table: dict, sharded: bool) -> bool:
+    """Are the files of ``table`` this host's to put back? A single-process run's are, wherever
+    it restarts; a distributed rank's on the host that recorded them."""
+    return not sharded or table.get("host") in (None, socket.gethostname())
+
+
+def _put_back(pairs: list, run_dir: str, snap_id: str, force: bool, leave, sharded: bool) -> Plan | None:
     sources = [
         Source(m["id"], m["files"], m.get("buffers") or {}, _reader(shard, m["id"]), os.path.join(shard.path, watch.JOURNAL))
         for shard, m in pairs
-        if m.get("files") and m["files"].get("host", host) == host
+        if m.get("files") and ours(m["files"], sharded)
     ]
     if not sources:
         return None

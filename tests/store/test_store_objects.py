@@ -178,6 +178,79 @@ def test_drill_a_reclaimed_vm_restarts_from_s3_on_a_fresh_machine(s3, tmp_path):
     assert "local+shared" in listed.stdout
 
 
+def _as_host(name: str) -> list[str] | None:
+    """A command prefix that runs what follows on a machine named ``name`` (a UTS namespace of
+    its own: as root, or in a user namespace), or None where neither can be made."""
+    for prefix in (["unshare", "--uts"], ["unshare", "--user", "--map-root-user", "--uts"]):
+        if shutil.which("unshare") is None:
+            return None
+        command = [*prefix, "sh", "-c", f'hostname {name} && exec "$@"', "sh"]
+        probe = subprocess.run([*command, "hostname"], capture_output=True, text=True)
+        if probe.returncode == 0 and probe.stdout.strip() == name:
+            return command
+    return None
+
+
+def _metrics_run(url: str, vm: Path, env: dict, **kw) -> Run:
+    """metrics_file.py (a log line appended every step, metrics.csv rewritten every 5) in ``vm``,
+    writing into vm/out, with its directory on the store."""
+    shutil.copytree(PROGRAMS, vm / "progs", ignore=shutil.ignore_patterns("__pycache__"))
+    (vm / "out").mkdir()
+    return Run("run", "--dir", url, "progs/notorch/metrics_file.py", "out", 40, 5, 4096, cwd=vm, env=env, **kw)
+
+
+def _metrics_reference(tmp_path: Path) -> Path:
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    done = subprocess.run([sys.executable, str(PROGRAMS / "notorch" / "metrics_file.py"), str(ref), "40", "5", "4096"],
+                          env={**os.environ, "TEST_STEP_SLEEP_S": "0"}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return ref
+
+
+def _snapshot_then_kill(run: Run, url: str, out: Path, env: dict, more: int) -> None:
+    """A snapshot after step 8 that reaches the store, ``more`` steps after it, then kill -9."""
+    wait_for(lambda: progress(out) >= 8, "step 8", proc=run)
+    run.signal(__import__("signal").SIGUSR1)
+    wait_for(lambda: _store_ids(url, env, out.parent), "a snapshot in the store", proc=run)
+    at = progress(out)
+    wait_for(lambda: progress(out) >= at + more, f"{more} more steps", proc=run)
+    run.kill_group()
+    assert not (out / "final.json").exists(), "the program finished before it was killed"
+
+
+@pytest.mark.slow
+def test_drill_the_programs_files_come_back_on_a_machine_of_another_name(s3, tmp_path):
+    """A program that appends to its log every step and rewrites its metrics file every five,
+    killed -9 with its machine's disk after a snapshot reached the store, restarted on a machine
+    of another name from a fresh copy: its files come back as they were at the snapshot, and end
+    byte for byte as an uninterrupted run's. (The files table names the host that recorded it,
+    and a restart on another host once left the files alone, and said it restored.)"""
+    other = _as_host("the-next-vm")
+    if other is None:
+        pytest.skip("needs unshare --uts (root, or user namespaces) to restart under another host name")
+    url = _url("drill-files")
+    first, second = tmp_path / "vm1", tmp_path / "vm2"
+    first.mkdir()
+    second.mkdir()
+    ref = _metrics_reference(tmp_path)
+    lease = {"GPUSNAP_STORE_LEASE_S": "3"}  # the dead machine's lock: its lease ends soon
+    env1 = {**s3, **lease, "GPUSNAP_LEVEL_DIR": str(first / "cache"), "TEST_STEP_SLEEP_S": "0.1"}
+    _snapshot_then_kill(_metrics_run(url, first, env1), url, first / "out", env1, more=6)
+    shutil.rmtree(first)  # the VM's disk: program, output, cache
+
+    shutil.copytree(PROGRAMS, second / "progs", ignore=shutil.ignore_patterns("__pycache__"))
+    (second / "out").mkdir()
+    env2 = {**os.environ, **s3, **lease, "GPUSNAP_LEVEL_DIR": str(second / "cache"), "PYTHONPATH": str(REPO)}
+    restarted = subprocess.run([*other, sys.executable, "-m", "gpusnap", "restart", url], cwd=second, env=env2,
+                               capture_output=True, text=True, timeout=240)
+    assert restarted.returncode == 0, restarted.stderr
+    assert "gpusnap: files back to snapshot 000001: 3 restored" in restarted.stderr.splitlines()
+    for name in ("train.log", "metrics.csv", "final.json"):
+        assert (second / "out" / name).read_bytes() == (ref / name).read_bytes(), name
+    assert not first.exists()
+
+
 # -- faults ------------------------------------------------------------------------------------
 
 
