@@ -272,6 +272,10 @@ class Supervisor:
             self.say(f"warning: {path} is left as it is (--force): it was {why}")
         for path, why in plan.failed:
             self.say(f"warning: {path} is left as it is (--force): it {why}")
+        for _, why, here in plan.cut:
+            if here is not None:
+                self.say(f"warning: files the program first wrote after snapshot {L.resume} may be left as they are "
+                         f"(--force): {why}, and its files outlived the machine that wrote them")
 
     def _install_signals(self) -> None:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

@@ -6,8 +6,10 @@ AWS_REGION, AWS_ALLOW_HTTP)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -125,12 +127,69 @@ def test_every_backend_keeps_the_same_contract(backend):
     assert not backend.exists("packs/ab/ab12.pack") and backend.exists("snapshots/000001.json")
 
 
+# -- the levels' copy of the file journal ---------------------------------------------------
+
+
+class _Recording(MemoryBackend):
+    """A store that remembers the order of its puts and commits."""
+
+    def __init__(self) -> None:
+        super().__init__("memory://store")
+        self.order: list[str] = []
+
+    def put(self, key, parts, *, direct=False):
+        self.order.append(key)
+        return super().put(key, parts, direct=direct)
+
+    def commit(self, key, data):
+        self.order.append(key)
+        return super().commit(key, data)
+
+
+def test_the_journal_reaches_the_store_before_its_snapshot_and_says_when_it_is_whole(tmp_path):
+    """The uploader puts the file journal (with the marker the snapshot wrote) before each
+    snapshot's manifest, again only when it grew, each copy ending with a `copied` line, closed
+    in the copy it makes once the run has ended. A restart on a machine whose local level is
+    older than the store takes the store's journal with the snapshot (its own cannot hold the
+    snapshot's marker), before the manifest it commits there."""
+    from gpusnap.store import levels
+    from gpusnap.store.rundir import RunDir
+    from store_helpers import make_run
+
+    rd, snaps = make_run(tmp_path, n=3)
+    ids = [sid for sid, _, _ in snaps]
+    stale = tmp_path / "stale"
+    shutil.copytree(rd.path, stale)
+    for sid in ids[1:]:
+        (stale / "snapshots" / f"{sid}.json").unlink()
+    (stale / "files.jsonl").write_text(json.dumps({"snapshot": ids[0], "token": "t1"}) + "\n")
+    lines = [json.dumps({"snapshot": sid, "token": f"t{n}", "pid": 1}) for n, sid in enumerate(ids, 1)]
+    (rd.path / "files.jsonl").write_text("\n".join(lines) + "\n" + '{"path": "/w/half')  # a line being written
+
+    shared = _Recording()
+    levels.ensure_run(shared, rd)
+    up = levels.Uploader(rd, shared)
+    up.sync()
+    for sid in ids:
+        assert shared.order.index("files.jsonl") < shared.order.index(f"snapshots/{sid}.json")
+    copy = shared.get("files.jsonl").decode().splitlines()
+    assert copy[:-1] == lines and json.loads(copy[-1])["closed"] is False
+    puts = shared.order.count("files.jsonl")
+    up.sync()
+    assert shared.order.count("files.jsonl") == puts  # nothing new: not put again
+    up.stop()
+    assert json.loads(shared.get("files.jsonl").decode().splitlines()[-1])["closed"] is True
+
+    store = RunDir.open("memory://store", backend=shared)
+    fetched = levels.fetch(store, stale)
+    assert fetched.snapshot_ids() == [ids[0], ids[-1]]  # the store's newest, beside what it had
+    assert (stale / "files.jsonl").read_bytes() == shared.get("files.jsonl")
+
+
 # -- a run on S3 -----------------------------------------------------------------------------
 
 
 def _store_ids(url: str, env: dict, cwd: Path) -> list[str]:
-    import json
-
     r = gpusnap("ls", url, "--json", cwd=cwd, env=env)
     assert r.returncode == 0, r.stderr
     return [s["id"] for s in json.loads(r.stdout) if "shared" in s["level"]]
@@ -249,6 +308,40 @@ def test_drill_the_programs_files_come_back_on_a_machine_of_another_name(s3, tmp
     for name in ("train.log", "metrics.csv", "final.json"):
         assert (second / "out" / name).read_bytes() == (ref / name).read_bytes(), name
     assert not first.exists()
+
+
+@pytest.mark.slow
+def test_a_journal_cut_short_with_the_files_still_there_refuses_unless_forced(s3, tmp_path):
+    """The local level is lost but the program's files are not (a node-local cache, the program
+    on a shared file system): the store's copy of the journal ends where the uploader last
+    copied it, and what the program first wrote after that cannot be known, so the restart
+    refuses (exit 6) before it changes anything. With --force it puts back what the snapshot
+    holds, and this program (whose files the snapshot all holds) ends as an uninterrupted run."""
+    url = _url("cut")
+    vm = tmp_path / "vm"
+    vm.mkdir()
+    ref = _metrics_reference(tmp_path)
+    env1 = {**s3, "GPUSNAP_LEVEL_DIR": str(tmp_path / "cache1"), "TEST_STEP_SLEEP_S": "0.1"}
+    _snapshot_then_kill(_metrics_run(url, vm, env1), url, vm / "out", env1, more=4)
+    shutil.rmtree(tmp_path / "cache1")
+    out = vm / "out"
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    env2 = {**s3, "GPUSNAP_LEVEL_DIR": str(tmp_path / "cache2")}
+    refused = gpusnap("restart", url, cwd=vm, env=env2)
+    assert refused.returncode == 6, refused.stderr
+    said = refused.stderr.splitlines()
+    assert re.fullmatch(r"gpusnap: cannot put the program's files back as they were at snapshot 000001: the run's file "
+                        r"journal reached the store last at \S+Z, so what the program first wrote since is unknown, and "
+                        rf"its files outlived the machine that wrote them \({re.escape(str(out))}/\S+ is here\)", said[-2]), said
+    assert said[-1].startswith("hint: restart with --force to put back what is known")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before, "the refusal changed files"
+
+    forced = gpusnap("restart", url, "--force", cwd=vm, env=env2)
+    assert forced.returncode == 0, forced.stderr
+    assert "gpusnap: warning: files the program first wrote after snapshot 000001 may be left as they are (--force)" in forced.stderr
+    for name in ("train.log", "metrics.csv", "final.json"):
+        assert (out / name).read_bytes() == (ref / name).read_bytes(), name
 
 
 # -- faults ------------------------------------------------------------------------------------
