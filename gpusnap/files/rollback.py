@@ -26,7 +26,10 @@ them, where the program will look for them); a distributed rank's only on the ho
 them, whose supervisor holds that rank's files.
 
 What this keeps in the run directory goes through its backend (``store.backend``): the journal is
-read with ``get`` and a restart's line added with ``append``. The per-host lock and mark
+read with ``get`` and a restart's line added with ``append``, and ``after-<id>/`` is named where
+neither the local level nor the store (``shared``) holds one. Moving aside is a rename into the
+local level (a copy across file systems): the program's files are on a file system, and so is
+the local level; the levels' copy takes ``after-<id>/`` to the store. The per-host lock and mark
 (``files-<host>.lock``, ``files-<host>.json``) stay files of the local directory: they keep the
 supervisors of one host from putting the same files back twice (``flock``), which concerns
 only processes of that host, and they name nothing a restart elsewhere needs; a distributed run,
@@ -268,16 +271,17 @@ def rollback(sources: list[Source], after_dir: str, force: bool, leave=lambda pa
     return plan
 
 
-def before_replay(rd, snap_id: str, force: bool, leave=lambda path: False) -> Plan | None:
+def before_replay(rd, snap_id: str, force: bool, leave=lambda path: False, shared=None) -> Plan | None:
     """Put the files of snapshot ``snap_id`` of run directory ``rd`` back (in a distributed run,
     those of every rank's shard recorded on this host), but those ``leave(path)`` names, and
     return what was done; None when the snapshot has no file table, or another node's supervisor
     on this host is doing it for the same restart. Refuses (``FilesNotRestorable``) as
-    ``rollback`` does, before changing anything."""
+    ``rollback`` does, before changing anything. ``shared``: the store's backend of a run on an
+    object store, whose ``after-<id>/`` names are taken too."""
     from gpusnap.store import shards
 
     if not shards.is_sharded(rd):  # the supervisor holds the run's lock
-        return _put_back([(rd, rd.load_manifest(snap_id))], after_dir(rd, snap_id), snap_id, force, leave,
+        return _put_back([(rd, rd.load_manifest(snap_id))], after_dir(rd, snap_id, shared), snap_id, force, leave,
                          sharded=False)
     pairs = []
     for rank, sid in sorted(shards.shards_of(rd.load_manifest(snap_id)).items()):
@@ -339,12 +343,13 @@ def _reader(rd, snap_id: str):
     return lambda record: rd.read_buffer(record, snapshot=snap_id)
 
 
-def after_dir(rd, snap_id: str) -> str:
+def after_dir(rd, snap_id: str, shared=None) -> str:
     """``DIR/after-<id>``, or ``-2``, ``-3``... when an earlier restart from the same snapshot
-    moved files there already."""
+    moved files there already: in this directory, or, for a run on an object store, in the store
+    (``shared``), where another machine's restart may have put its ``after-<id>/``."""
     name = f"after-{snap_id}"
     n = 1
-    while _holds(rd.backend, name):
+    while any(_holds(b, name) for b in (rd.backend, shared) if b is not None):
         n += 1
         name = f"after-{snap_id}-{n}"
     return os.path.join(str(rd.path), name)

@@ -254,8 +254,13 @@ class Supervisor:
         L = self.launch
         # The snapshot's table holds the run's exclusions; this restart's own leave more alone.
         leave = Excludes(L.files_exclude, L.cwd) if L.files_exclude else (lambda path: False)
+        shared = None
+        if L.store is not None:  # a restart elsewhere may have put an after-<id>/ in the store
+            from gpusnap.store.objects import open_backend
+
+            shared = open_backend(L.store)
         try:
-            plan = before_replay(RunDir.open(L.run_dir, trusted=True), L.resume, L.force, leave)
+            plan = before_replay(RunDir.open(L.run_dir, trusted=True), L.resume, L.force, leave, shared)
         except FilesNotRestorable as exc:
             done = exc.plan.report() if exc.plan is not None else {}
             self.log({"source": "supervisor", "event": "files_refused", "snapshot": L.resume,

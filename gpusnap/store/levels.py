@@ -11,20 +11,24 @@ The run's file journal (``files.jsonl``: what the program wrote, gpusnap/files) 
 before each snapshot's manifest, so that the marker a snapshot wrote into it is in the store
 before the snapshot is, and again whenever it grew; each copy ends with a line
 ``{"copied": TIME, "closed": BOOL}``, ``closed`` only in the copy made after the run ended, when
-it is the whole journal (``files.journal`` reads it). The run log is copied whenever it grew.
+it is the whole journal (``files.journal`` reads it). The run log is copied whenever it grew. A
+restart's ``after-<id>/`` (the program's files it moved aside) is copied file by file, under the
+same keys, once it is there; nothing in the store is ever removed from it.
 
 A restart on a machine without the local directory (``fetch``) takes the newest snapshot that
 reached the store, reads its packs with parallel range requests into a new local directory,
 copies the store's journal there (replacing a local one, which cannot hold that snapshot's
 marker), commits the manifest there last, and restarts from it. The local directory is a cache:
-deleting it loses nothing the store holds.
+deleting it loses nothing the store holds once the uploader has copied it.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import pathlib
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +46,7 @@ from gpusnap.store.rundir import RUN_JSON, RunDir
 LOCAL, SHARED = "local", "shared"
 LOG = "log.jsonl"  # the run log, copied whole whenever it grew (what `gpusnap ls` reads of the run)
 JOURNAL = "files.jsonl"  # the file journal (gpusnap/files/journal.py: what its copies end with)
+AFTER = "after-"  # what a restart moved aside (gpusnap/files/rollback.py)
 
 
 def cache_dir(url: str) -> pathlib.Path:
@@ -136,7 +141,7 @@ class Uploader:
         self.report = {"snapshots": [], "bytes": 0, "seconds": 0.0, "failures": 0}
         self._have: set[str] | None = None
         self._failed_once: set[str] = set()
-        self._sent: dict[str, object] = {}  # key -> what of it the store holds: a log's length
+        self._sent: dict[str, object] = {}  # key -> what of it the store holds: a log's length, a file's stat
 
     def start(self) -> "Uploader":
         ensure_run(self.shared, self.local)
@@ -181,6 +186,7 @@ class Uploader:
                     self._sent[LOG] = len(log)
             except FileNotFoundError:
                 pass
+            self._copy_after()
             if done and self.keep is not None:
                 from gpusnap.store.gc import prune
 
@@ -205,6 +211,35 @@ class Uploader:
         end = json.dumps({"copied": utc_now(), "closed": closed}, separators=(",", ":")).encode() + b"\n"
         return data + end, len(data)
 
+    def _copy_after(self) -> None:
+        """Every file under the local level's ``after-<id>/`` that the store lacks, under the same
+        key (links and empty directories stay local: an object store has neither). A file is
+        put from a read-only map of it, so a later checkpoint of many GB takes no memory of the
+        supervisor's own."""
+        try:
+            names = [n for n in self.local.backend.list("") if n.startswith(AFTER)]
+        except FileNotFoundError:
+            return
+        root = pathlib.Path(self.local.path)
+        for name in sorted(names):
+            if name not in self._sent:  # first seen by this uploader: what an earlier one copied
+                self._sent[name] = True
+                for key in self.shared.list_tree(name):
+                    self._sent[f"{name}/{key}"] = None
+            for folder, _, files in os.walk(root / name):
+                for file in sorted(files):
+                    path = pathlib.Path(folder, file)
+                    key = str(path.relative_to(root))
+                    try:
+                        st = os.lstat(path)
+                    except FileNotFoundError:
+                        continue
+                    if not stat.S_ISREG(st.st_mode) or (key in self._sent and self._sent[key] in (None, _stat_key(st))):
+                        continue
+                    with _mapped(path) as view:
+                        self.shared.put(key, [view], direct=True)
+                    self._sent[key] = _stat_key(st)
+
     def summary(self) -> str | None:
         """One line on what reached the store, when anything was to be copied."""
         r = self.report
@@ -226,6 +261,36 @@ class Uploader:
         if self._thread is not None:
             self._thread.join()
         self.sync(closed=True)
+
+
+def _stat_key(st) -> tuple:
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+class _mapped:
+    """A read-only memoryview of a local file (empty bytes for an empty one)."""
+
+    def __init__(self, path: pathlib.Path) -> None:
+        self._path = path
+        self._map = None
+        self._view = None
+
+    def __enter__(self):
+        with open(self._path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return b""
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._view = memoryview(self._map)
+        return self._view
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if self._view is not None:
+                self._view.release()
+            if self._map is not None:
+                self._map.close()
+        except BufferError:
+            pass  # a failed put's traceback still holds a view: the map goes when it does
 
 
 def _ids(b: Backend) -> list[str]:

@@ -193,3 +193,20 @@ def test_a_cut_journal_refuses_where_the_runs_files_outlived_its_machine(tmp_pat
         f"machine that wrote them ({log} is here)")
     plan = rollback([source], after, force=True)
     assert plan.report()["cut"] and [str(log), plan.cut[0][1]] in plan.report()["left"]
+
+
+def test_a_restart_on_an_object_store_moves_aside_under_a_name_the_store_does_not_hold_yet(tmp_path):
+    """Another machine's restart from the same snapshot put its after-000001/ in the store: this
+    machine's goes to after-000001-2, locally and in the store, so neither overwrites the other."""
+    from gpusnap.files.rollback import after_dir
+    from gpusnap.store.memory import MemoryBackend
+    from gpusnap.store.rundir import RunDir
+
+    rd = RunDir.create(tmp_path / "run", {"command": {"kind": "script", "target": "t.py", "args": []}, "cwd": "/w"})
+    store = MemoryBackend()
+    assert after_dir(rd, "000001", store) == str(tmp_path / "run" / "after-000001")
+    store.put("after-000001/home/ann/out/train.log", [b"x"])
+    assert after_dir(rd, "000001", store) == str(tmp_path / "run" / "after-000001-2")
+    (tmp_path / "run" / "after-000001-2").mkdir()
+    assert after_dir(rd, "000001", store) == str(tmp_path / "run" / "after-000001-3")
+    assert after_dir(rd, "000002") == str(tmp_path / "run" / "after-000002")

@@ -342,6 +342,15 @@ def test_a_journal_cut_short_with_the_files_still_there_refuses_unless_forced(s3
     assert "gpusnap: warning: files the program first wrote after snapshot 000001 may be left as they are (--force)" in forced.stderr
     for name in ("train.log", "metrics.csv", "final.json"):
         assert (out / name).read_bytes() == (ref / name).read_bytes(), name
+    # What the restart moved aside is the program's only copy of the killed run's files: the
+    # store holds it too, under the same keys, so losing the local level does not lose it.
+    from gpusnap.store.objects import open_backend
+
+    aside = tmp_path / "cache2" / "s3" / url.split("://", 1)[1] / "after-000001"
+    local = {str(p.relative_to(aside)): p.read_bytes() for p in aside.rglob("*") if p.is_file()}
+    assert any(name.endswith("/out/train.log") for name in local), sorted(local)
+    store = open_backend(url)
+    assert {key: store.get(f"after-000001/{key}") for key in store.list_tree("after-000001")} == local
 
 
 # -- faults ------------------------------------------------------------------------------------
