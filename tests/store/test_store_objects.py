@@ -186,6 +186,28 @@ def test_the_journal_reaches_the_store_before_its_snapshot_and_says_when_it_is_w
     assert (stale / "files.jsonl").read_bytes() == shared.get("files.jsonl")
 
 
+def test_what_a_restart_from_a_store_unpickles_is_checked_where_it_is_read(tmp_path):
+    """An object has no owner or mode to check: opening the store trusted checks nothing there
+    (its bucket policy is the owner's part). The local level a restart fetches into, and reads
+    from, is made 0700 and checked as any local run directory."""
+    from gpusnap.errors import RunDirPermission
+    from gpusnap.store import levels
+    from gpusnap.store.rundir import RunDir
+    from store_helpers import make_run
+
+    rd, snaps = make_run(tmp_path, n=1)
+    shared = MemoryBackend("memory://store")
+    levels.ensure_run(shared, rd)
+    levels.Uploader(rd, shared).sync()
+    store = RunDir.open("memory://store", backend=shared, trusted=True)
+    level = tmp_path / "levels" / "s3" / "bucket" / "run"
+    levels.fetch(store, level)
+    assert (level.stat().st_mode & 0o777) == 0o700 and RunDir.open(level, trusted=True).snapshot_ids() == [snaps[0][0]]
+    level.chmod(0o770)
+    with pytest.raises(RunDirPermission, match="can be written by its group"):
+        RunDir.open(level, trusted=True)
+
+
 # -- a run on S3 -----------------------------------------------------------------------------
 
 
