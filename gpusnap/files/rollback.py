@@ -356,12 +356,14 @@ def after_dir(rd, snap_id: str, shared=None) -> str:
 
 
 def _holds(backend, name: str) -> bool:
-    """Is ``name`` taken in ``backend``: a directory (a prefix with objects under it) or a file?"""
+    """Is ``name`` taken in ``backend``: a file or directory, or a prefix with objects under it?"""
+    if backend.exists(name):  # a local directory too: one stat, whatever it holds
+        return True
     try:
         backend.list(name)
-        return True
     except (FileNotFoundError, NotADirectoryError):
-        return backend.exists(name)
+        return False
+    return True
 
 
 def settle(source: Source, after_dir: str) -> Plan:
