@@ -317,14 +317,14 @@ def ours(table: dict, sharded: bool) -> bool:
 
 
 def _put_back(pairs: list, after: str, snap_id: str, force: bool, leave, sharded: bool) -> Plan | None:
-    shards = {}
+    held = {}  # id(source) -> (source, the run directory or shard whose journal it read)
     for shard, m in pairs:
         if m.get("files") and ours(m["files"], sharded):
             source = Source(m["id"], m["files"], m.get("buffers") or {}, _reader(shard, m["id"]), journal.read(shard))
-            shards[id(source)] = (source, shard)
-    if not shards:
+            held[id(source)] = (source, shard)
+    if not held:
         return None
-    plan = rollback([source for source, _ in shards.values()], after, force, leave)
+    plan = rollback([source for source, _ in held.values()], after, force, leave)
     plan.prefetch()
     plan.apply()
     if plan.failed and not force:
@@ -334,7 +334,7 @@ def _put_back(pairs: list, after: str, snap_id: str, force: bool, leave, sharded
                                  f"fix the cause and restart again (what was moved aside is in {plan.after_dir}/), "
                                  "or pass --force to go on with such files as they are", problems=plan.failed, plan=plan)
     for source, _, _ in plan.cut:
-        journal.restarted(shards[id(source)][1], snap_id)  # the cut is settled: the files are as far as known
+        journal.restarted(held[id(source)][1], snap_id)  # the cut is settled: the files are as far as known
     return plan
 
 

@@ -262,9 +262,9 @@ def test_drill_a_reclaimed_vm_restarts_from_s3_on_a_fresh_machine(s3, tmp_path):
 def _as_host(name: str) -> list[str] | None:
     """A command prefix that runs what follows on a machine named ``name`` (a UTS namespace of
     its own: as root, or in a user namespace), or None where neither can be made."""
+    if shutil.which("unshare") is None:
+        return None
     for prefix in (["unshare", "--uts"], ["unshare", "--user", "--map-root-user", "--uts"]):
-        if shutil.which("unshare") is None:
-            return None
         command = [*prefix, "sh", "-c", f'hostname {name} && exec "$@"', "sh"]
         probe = subprocess.run([*command, "hostname"], capture_output=True, text=True)
         if probe.returncode == 0 and probe.stdout.strip() == name:
