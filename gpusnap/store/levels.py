@@ -186,12 +186,12 @@ class Uploader:
                     self._sent[LOG] = len(log)
             except FileNotFoundError:
                 pass
-            self._copy_after()
             if done and self.keep is not None:
                 from gpusnap.store.gc import prune
 
                 prune(RunDir.open(self.shared.location, backend=self.shared), self.keep)
                 self._have = None
+            self._copy_after()
         except (GpusnapError, OSError, ValueError) as exc:
             self.report["failures"] += 1
             message = getattr(exc, "message", None) or str(exc)
@@ -236,8 +236,11 @@ class Uploader:
                         continue
                     if not stat.S_ISREG(st.st_mode) or (key in self._sent and self._sent[key] in (None, _stat_key(st))):
                         continue
-                    with _mapped(path) as view:
-                        self.shared.put(key, [view], direct=True)
+                    try:
+                        with _mapped(path) as view:
+                            self.shared.put(key, [view], direct=True)
+                    except PermissionError as exc:  # the program's own file, unreadable to it: left local, said once
+                        self._say(f"{path} stays in {self.local.path} only: {exc.strerror}")
                     self._sent[key] = _stat_key(st)
 
     def summary(self) -> str | None:
