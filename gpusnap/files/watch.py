@@ -50,6 +50,7 @@ import xxhash
 from gpusnap.files import guard
 from gpusnap.files.journal import JOURNAL  # noqa: F401  (where install's caller puts it)
 from gpusnap.files.paths import Excludes, fd_path, normalize
+
 # A file's last bytes before a length, digested: what shows that a file was only appended to
 # since (a rewrite of a log or CSV changes its earlier lines).
 TAIL_BYTES = 64 << 10
