@@ -6,6 +6,8 @@ records them and puts them back:
 
     watch      the audit hook: every path the program (and its forked workers) writes, with its
                state before the first write; the run's journal (``DIR/files.jsonl``)
+    journal    the journal as a restart reads it, and whether it is whole (a store's copy of a
+               run whose machine was lost is cut short)
     record     at each snapshot: in the stall, what changed and what to read; in the writer,
                contents through the store's chunks, and the manifest's ``files`` table
     rollback   on restart: before the replay (the supervisor), the files go back to the
@@ -17,13 +19,15 @@ records them and puts them back:
 
 The calls below are the whole interface: boot's agent installs, the capture agent stages and
 the writer puts, the supervisor rolls back, the replay settles. Layers (tests/test_layers.py):
-``files`` reads and writes through ``store`` and imports nothing above it.
+``files`` reads and writes through ``store`` and imports nothing above it. What it keeps in the
+run directory (the journal, ``after-<id>/``) goes through the directory's backend where it is
+not the program's own writing (``journal``, ``rollback``: why the journal's writers and the
+moves aside stay file-system calls on the local level).
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
 from gpusnap import knobs
@@ -67,7 +71,7 @@ def settle(rundir, manifest: dict, config: dict, say) -> dict | None:
     table = manifest.get("files")
     if not watch.active() or not table:
         return None
-    if table.get("host") not in (None, socket.gethostname()):
+    if not rollback.ours(table, sharded="rank" in rundir.identity):
         return None  # another node's files
     after = (config.get("files") or {}).get("after") or os.path.join(str(rundir.path), f"after-{manifest['id']}")
     source = rollback.Source(manifest["id"], table, manifest.get("buffers") or {},

@@ -8,7 +8,8 @@ changed file before its snapshot content is written back; an appended file is co
 it is cut back to its length. A file whose state cannot be put back (removed or rewritten after the
 snapshot and too large to have been kept; a file the program first changed after it) stops the
 restart before anything moves (``FilesNotRestorable``, exit 6), unless ``--force``: then it stays as
-it is, and the log says so.
+it is, and the log says so. So does a journal cut short (``journal``: a store's copy of a run whose
+machine was lost) when the run's files outlived that machine.
 
 ``settle`` (the trainee, at the merge): the replay ran the program's setup again, and what that
 wrote (a log line, a logger's next version directory, a checkpoint directory made again) is undone
@@ -19,6 +20,20 @@ moved aside unless the program holds it open (a TensorBoard event file it goes o
 The plan is made first (``Plan``: what to do with each path, what cannot be done), then carried out
 (``Plan.apply``); ``Plan.report()`` is the ``files`` event: what moved where, what was written, cut
 or left, for the run log.
+
+A single-process run's files are put back on whatever host restarts it (the next machine needs
+them, where the program will look for them); a distributed rank's only on the host that recorded
+them, whose supervisor holds that rank's files.
+
+What this keeps in the run directory goes through its backend (``store.backend``): the journal is
+read with ``get`` and a restart's line added with ``append``, and ``after-<id>/`` is named where
+neither the local level nor the store (``shared``) holds one. Moving aside is a rename into the
+local level (a copy across file systems): the program's files are on a file system, and so is
+the local level; the levels' copy takes ``after-<id>/`` to the store. The per-host lock and mark
+(``files-<host>.lock``, ``files-<host>.json``) stay files of the local directory: they keep the
+supervisors of one host from putting the same files back twice (``flock``), which concerns
+only processes of that host, and they name nothing a restart elsewhere needs; a distributed run,
+the only one that takes them, never has its directory on an object store.
 """
 
 from __future__ import annotations
@@ -34,7 +49,7 @@ import xxhash
 
 from gpusnap import lifeline
 from gpusnap.errors import FilesNotRestorable, GpusnapError
-from gpusnap.files import disk, watch
+from gpusnap.files import disk, journal, watch
 from gpusnap.files.paths import Excludes
 
 
@@ -46,7 +61,7 @@ class Source:
     table: dict
     buffers: dict
     read_buffer: object  # read_buffer(record) -> bytes
-    journal: str | None = None  # the journal the run that took it wrote
+    journal: bytes | None = None  # the journal of the run that took it (``journal.read``)
 
 
 @dataclass
@@ -61,6 +76,7 @@ class Plan:
     problems: list = field(default_factory=list)  # (path, why): what cannot be put back, known before
     failed: list = field(default_factory=list)  # (path, why): what apply could not do
     left: list = field(default_factory=list)  # (path, why): not put back, said in the log
+    cut: list = field(default_factory=list)  # (source, why, a path here): journals cut short, gone on with
     moved: list = field(default_factory=list)  # (path, to): what apply moved
     copied: list = field(default_factory=list)  # (path, to): what apply copied before cutting it back
     contents: dict = field(default_factory=dict)  # path -> the bytes to write back, read ahead (prefetch)
@@ -70,7 +86,8 @@ class Plan:
         return {"moved": [list(m) for m in self.moved], "copied": [list(c) for c in self.copied],
                 "restored": [w[0] for w in self.writes],
                 "truncated": [c[0] for c in self.cuts], "made": [m[0] for m in self.makes] + [l[0] for l in self.links],
-                "left": [list(x) for x in self.left + self.problems + self.failed]}
+                "left": [list(x) for x in self.left + self.problems + self.failed + [[p, why] for _, why, p in self.cut if p]],
+                **({"cut": [why for _, why, _ in self.cut]} if self.cut else {})}
 
     def summary(self) -> str | None:
         parts = []
@@ -216,12 +233,15 @@ def rollback(sources: list[Source], after_dir: str, force: bool, leave=lambda pa
         recorded = excludes_of(source.table)
         excluded = lambda path, recorded=recorded: recorded(path) or leave(path)  # noqa: E731
         entries = {e["path"]: e for e in source.table.get("entries") or ()}
+        after = journal.after(source.journal, source.table.get("token"))
+        if after.cut is not None:
+            plan.cut.append((source, after.cut, _outlived([*entries, *after.paths], excluded)))
         for path, entry in sorted(entries.items()):
             if path in decided or leave(path):
                 continue
             decided.add(path)
             _decide(plan, path, entry, source, excluded)
-        for path, before in sorted(journal_after(source.journal, source.table.get("token")).items()):
+        for path, before in sorted(after.paths.items()):
             if path in decided or path in entries or excluded(path):
                 continue
             decided.add(path)
@@ -233,6 +253,15 @@ def rollback(sources: list[Source], after_dir: str, force: bool, leave=lambda pa
             elif stat_.S_ISDIR(before[0]) and (cur is None or not stat_.S_ISDIR(cur.st_mode)):
                 plan.problems.append((path, "removed after the snapshot, and the program had not written into it "
                                             "before, so its content was never kept"))
+    outlived = [(why, here) for _, why, here in plan.cut if here is not None]
+    if outlived and not force:
+        why, here = outlived[0]
+        raise FilesNotRestorable(
+            f"cannot put the program's files back as they were at snapshot {sources[0].snap_id}: {why}, so what the "
+            f"program first wrote since is unknown, and its files outlived the machine that wrote them ({here} is here)",
+            "restart with --force to put back what is known and leave the rest as it is; a run whose files outlive "
+            "its machine keeps its local level (GPUSNAP_LEVEL_DIR) beside them, and the journal with it",
+            problems=[(here, why)])
     if plan.problems:
         if not force:
             path, why = plan.problems[0]
@@ -242,16 +271,18 @@ def rollback(sources: list[Source], after_dir: str, force: bool, leave=lambda pa
     return plan
 
 
-def before_replay(rd, snap_id: str, force: bool, leave=lambda path: False) -> Plan | None:
+def before_replay(rd, snap_id: str, force: bool, leave=lambda path: False, shared=None) -> Plan | None:
     """Put the files of snapshot ``snap_id`` of run directory ``rd`` back (in a distributed run,
     those of every rank's shard recorded on this host), but those ``leave(path)`` names, and
     return what was done; None when the snapshot has no file table, or another node's supervisor
     on this host is doing it for the same restart. Refuses (``FilesNotRestorable``) as
-    ``rollback`` does, before changing anything."""
+    ``rollback`` does, before changing anything. ``shared``: the store's backend of a run on an
+    object store, whose ``after-<id>/`` names are taken too."""
     from gpusnap.store import shards
 
     if not shards.is_sharded(rd):  # the supervisor holds the run's lock
-        return _put_back([(rd, rd.load_manifest(snap_id))], str(rd.path), snap_id, force, leave)
+        return _put_back([(rd, rd.load_manifest(snap_id))], after_dir(rd, snap_id, shared), snap_id, force, leave,
+                         sharded=False)
     pairs = []
     for rank, sid in sorted(shards.shards_of(rd.load_manifest(snap_id)).items()):
         shard = shards.open_shard(rd, rank, trusted=True)
@@ -270,7 +301,7 @@ def before_replay(rd, snap_id: str, force: bool, leave=lambda path: False) -> Pl
             done = {}
         if done.get("snapshot") == snap_id and lifeline.alive(done.get("pid")):
             return None
-        plan = _put_back(pairs, str(rd.path), snap_id, force, leave)
+        plan = _put_back(pairs, after_dir(rd, snap_id), snap_id, force, leave, sharded=True)
         from gpusnap import atomic
 
         atomic.write_file(mark, [json.dumps({"snapshot": snap_id, "pid": os.getpid()}).encode()])
@@ -279,16 +310,21 @@ def before_replay(rd, snap_id: str, force: bool, leave=lambda path: False) -> Pl
         os.close(fd)
 
 
-def _put_back(pairs: list, run_dir: str, snap_id: str, force: bool, leave) -> Plan | None:
-    host = socket.gethostname()
-    sources = [
-        Source(m["id"], m["files"], m.get("buffers") or {}, _reader(shard, m["id"]), os.path.join(shard.path, watch.JOURNAL))
-        for shard, m in pairs
-        if m.get("files") and m["files"].get("host", host) == host
-    ]
-    if not sources:
+def ours(table: dict, sharded: bool) -> bool:
+    """Are the files of ``table`` this host's to put back? A single-process run's are, wherever
+    it restarts; a distributed rank's on the host that recorded them."""
+    return not sharded or table.get("host") in (None, socket.gethostname())
+
+
+def _put_back(pairs: list, after: str, snap_id: str, force: bool, leave, sharded: bool) -> Plan | None:
+    held = {}  # id(source) -> (source, the run directory or shard whose journal it read)
+    for shard, m in pairs:
+        if m.get("files") and ours(m["files"], sharded):
+            source = Source(m["id"], m["files"], m.get("buffers") or {}, _reader(shard, m["id"]), journal.read(shard))
+            held[id(source)] = (source, shard)
+    if not held:
         return None
-    plan = rollback(sources, after_dir(run_dir, snap_id), force, leave)
+    plan = rollback([source for source, _ in held.values()], after, force, leave)
     plan.prefetch()
     plan.apply()
     if plan.failed and not force:
@@ -297,6 +333,8 @@ def _put_back(pairs: list, run_dir: str, snap_id: str, force: bool, leave) -> Pl
         raise FilesNotRestorable(f"cannot put {path} back as it was at snapshot {snap_id}: it {why}{more}",
                                  f"fix the cause and restart again (what was moved aside is in {plan.after_dir}/), "
                                  "or pass --force to go on with such files as they are", problems=plan.failed, plan=plan)
+    for source, _, _ in plan.cut:
+        journal.restarted(held[id(source)][1], snap_id)  # the cut is settled: the files are as far as known
     return plan
 
 
@@ -305,17 +343,27 @@ def _reader(rd, snap_id: str):
     return lambda record: rd.read_buffer(record, snapshot=snap_id)
 
 
-
-
-def after_dir(run_dir: str, snap_id: str) -> str:
+def after_dir(rd, snap_id: str, shared=None) -> str:
     """``DIR/after-<id>``, or ``-2``, ``-3``... when an earlier restart from the same snapshot
-    moved files there already."""
-    path = os.path.join(run_dir, f"after-{snap_id}")
+    moved files there already: in this directory, or, for a run on an object store, in the store
+    (``shared``), where another machine's restart may have put its ``after-<id>/``."""
+    name = f"after-{snap_id}"
     n = 1
-    while os.path.lexists(path):
+    while any(_holds(b, name) for b in (rd.backend, shared) if b is not None):
         n += 1
-        path = os.path.join(run_dir, f"after-{snap_id}-{n}")
-    return path
+        name = f"after-{snap_id}-{n}"
+    return os.path.join(str(rd.path), name)
+
+
+def _holds(backend, name: str) -> bool:
+    """Is ``name`` taken in ``backend``: a file or directory, or a prefix with objects under it?"""
+    if backend.exists(name):  # a local directory too: one stat, whatever it holds
+        return True
+    try:
+        backend.list(name)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return True
 
 
 def settle(source: Source, after_dir: str) -> Plan:
@@ -355,30 +403,17 @@ def excludes_of(table: dict) -> Excludes:
     return Excludes.from_saved(table.get("exclude") or {})
 
 
-def journal_after(path: str | None, token: str | None) -> dict:
-    """path -> its state before its first touch, for every path the journal names after the
-    marker ``token`` (the first line of each path after it counts)."""
-    if not path or not token:
-        return {}
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return {}
-    found = {}
-    after = False
-    for line in data.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line torn by kill -9
-        if not after:
-            after = record.get("token") == token
+def _outlived(paths, excluded) -> str | None:
+    """The first of ``paths`` (the run's files, as its snapshot and journal know them) that is
+    here as a file or link: the files outlived the machine that wrote them. Directories do not
+    count: a fresh copy of the program may hold its output directories already."""
+    for path in sorted(paths):
+        if excluded(path):
             continue
-        p = record.get("path")
-        if p is not None and p not in found:
-            found[p] = record.get("before")
-    return found
+        cur = _lstat(path)
+        if cur is not None and not stat_.S_ISDIR(cur.st_mode):
+            return path
+    return None
 
 
 # ---- reading the file system

@@ -21,7 +21,11 @@ Every first sight of a path, and every new kind of touch, is appended to the run
 own, which a restart reads to learn what the killed run wrote after its snapshot, and its
 forked workers', which reach the trainee no other way (the trainee reads them at each
 snapshot, ``merge_journal``). A snapshot writes a *marker* line into it (``mark``), which its
-manifest names by token. One shared counter (anonymous shared memory, as ``graph.workers``)
+manifest names by token. The journal is a file of the run directory's local level, written
+through one ``O_APPEND`` descriptor per process rather than the directory's backend: its lines
+are written from inside the program's own calls, by several processes at once, and one
+``write`` of a line to a local file is what keeps that cheap and each line whole (a run on an
+object store gets it there by the levels' copy: ``journal``). One shared counter (anonymous shared memory, as ``graph.workers``)
 counts rewrites in place in every process: the snapshot writer, which reads some files after the
 fork, checks by it that none changed under it.
 
@@ -44,9 +48,9 @@ import sys
 import xxhash
 
 from gpusnap.files import guard
+from gpusnap.files.journal import JOURNAL  # noqa: F401  (where install's caller puts it)
 from gpusnap.files.paths import Excludes, fd_path, normalize
 
-JOURNAL = "files.jsonl"
 # A file's last bytes before a length, digested: what shows that a file was only appended to
 # since (a rewrite of a log or CSV changes its earlier lines).
 TAIL_BYTES = 64 << 10

@@ -254,8 +254,13 @@ class Supervisor:
         L = self.launch
         # The snapshot's table holds the run's exclusions; this restart's own leave more alone.
         leave = Excludes(L.files_exclude, L.cwd) if L.files_exclude else (lambda path: False)
+        shared = None
+        if L.store is not None:  # a restart elsewhere may have put an after-<id>/ in the store
+            from gpusnap.store.objects import open_backend
+
+            shared = open_backend(L.store)
         try:
-            plan = before_replay(RunDir.open(L.run_dir, trusted=True), L.resume, L.force, leave)
+            plan = before_replay(RunDir.open(L.run_dir, trusted=True), L.resume, L.force, leave, shared)
         except FilesNotRestorable as exc:
             done = exc.plan.report() if exc.plan is not None else {}
             self.log({"source": "supervisor", "event": "files_refused", "snapshot": L.resume,
@@ -272,6 +277,10 @@ class Supervisor:
             self.say(f"warning: {path} is left as it is (--force): it was {why}")
         for path, why in plan.failed:
             self.say(f"warning: {path} is left as it is (--force): it {why}")
+        for _, why, here in plan.cut:
+            if here is not None:
+                self.say(f"warning: files the program first wrote after snapshot {L.resume} may be left as they are "
+                         f"(--force): {why}, and its files outlived the machine that wrote them")
 
     def _install_signals(self) -> None:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

@@ -7,17 +7,28 @@ to the object store (the *shared* level) while training goes on: its new packs (
 multipart upload), one index file naming them, its witness, then its manifest, last, with a
 conditional create: the snapshot exists in the store from that put on, and never half.
 
+The run's file journal (``files.jsonl``: what the program wrote, gpusnap/files) is copied whole
+before each snapshot's manifest, so that the marker a snapshot wrote into it is in the store
+before the snapshot is, and again whenever it grew; each copy ends with a line
+``{"copied": TIME, "closed": BOOL}``, ``closed`` only in the copy made after the run ended, when
+it is the whole journal (``files.journal`` reads it). The run log is copied whenever it grew. A
+restart's ``after-<id>/`` (the program's files it moved aside) is copied file by file, under the
+same keys, once it is there; nothing in the store is ever removed from it.
+
 A restart on a machine without the local directory (``fetch``) takes the newest snapshot that
 reached the store, reads its packs with parallel range requests into a new local directory,
-commits the manifest there last, and restarts from it. The local directory is a cache: deleting
-it loses nothing the store holds.
+copies the store's journal there (replacing a local one, which cannot hold that snapshot's
+marker), commits the manifest there last, and restarts from it. The local directory is a cache:
+deleting it loses nothing the store holds once the uploader has copied it.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import pathlib
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,13 +38,15 @@ from gpusnap.errors import GpusnapError, StoreError
 from gpusnap import atomic
 from gpusnap.store import index, witness
 from gpusnap.store.backend import Backend
+from gpusnap.store.info import utc_now
 from gpusnap.store.local import LocalBackend
 from gpusnap.store.pack import pack_key
 from gpusnap.store.rundir import RUN_JSON, RunDir
 
 LOCAL, SHARED = "local", "shared"
-# Copied whole after each snapshot (what `gpusnap ls` and a restart elsewhere read of the run).
-LOG_KEYS = ("log.jsonl", "files.jsonl")
+LOG = "log.jsonl"  # the run log, copied whole whenever it grew (what `gpusnap ls` reads of the run)
+JOURNAL = "files.jsonl"  # the file journal (gpusnap/files/journal.py: what its copies end with)
+AFTER = "after-"  # what a restart moved aside (gpusnap/files/rollback.py)
 
 
 def cache_dir(url: str) -> pathlib.Path:
@@ -58,10 +71,11 @@ def _needed_packs(rd: RunDir, manifest: dict, idx: index.Index) -> dict[str, lis
     return packs
 
 
-def copy_snapshot(src: RunDir, dst: Backend, snap_id: str, have_packs: set[str], report: dict) -> bool:
+def copy_snapshot(src: RunDir, dst: Backend, snap_id: str, have_packs: set[str], report: dict,
+                  journal: bytes | None = None) -> bool:
     """Copy snapshot ``snap_id`` of ``src`` to ``dst``: packs ``dst`` lacks, one index file
-    naming them, the witness, the manifest last (a conditional create). False when ``dst``
-    holds that id already (another writer committed it)."""
+    naming them, the file journal (``journal``, when given), the witness, the manifest last (a
+    conditional create). False when ``dst`` holds that id already (another writer committed it)."""
     raw = src.backend.get(f"snapshots/{snap_id}.json")
     manifest = json.loads(raw)
     manifest["id"] = snap_id
@@ -84,6 +98,8 @@ def copy_snapshot(src: RunDir, dst: Backend, snap_id: str, have_packs: set[str],
                     manifest.get("created") or "")
     have_packs.update(new)
     report["bytes"] += sum(sizes.values())
+    if journal is not None:  # before the manifest: a snapshot is never without its journal's marker
+        dst.put(JOURNAL, [journal])
     try:
         dst.put(witness.key(snap_id), [src.backend.get(witness.key(snap_id))])
     except FileNotFoundError:
@@ -125,6 +141,7 @@ class Uploader:
         self.report = {"snapshots": [], "bytes": 0, "seconds": 0.0, "failures": 0}
         self._have: set[str] | None = None
         self._failed_once: set[str] = set()
+        self._sent: dict[str, object] = {}  # key -> what of it the store holds: a log's length, a file's stat
 
     def start(self) -> "Uploader":
         ensure_run(self.shared, self.local)
@@ -136,10 +153,11 @@ class Uploader:
         while not self._stop.wait(knobs.UPLOAD_TICK_S):
             self.sync()
 
-    def sync(self) -> list[str]:
+    def sync(self, closed: bool = False) -> list[str]:
         """Copy what is committed locally and not yet in the store; the ids it copied. A failure
         leaves the store as it was before the snapshot's manifest (nothing half-committed is
-        visible) and is tried again at the next tick."""
+        visible) and is tried again at the next tick. ``closed``: the run has ended, and the
+        journal copied now is the whole of it."""
         from gpusnap.store.pack import list_packs
 
         done = []
@@ -150,20 +168,30 @@ class Uploader:
             for sid in self.local.snapshot_ids():
                 if sid in shared_ids or sid in self.report["snapshots"]:
                     continue
-                if copy_snapshot(self.local, self.shared, sid, self._have, self.report):
+                journal, length = self._journal(closed)
+                if copy_snapshot(self.local, self.shared, sid, self._have, self.report, journal):
                     self.report["snapshots"].append(sid)
                     done.append(sid)
                     self._say(f"snapshot {sid} reached {self.shared.location}")
-            for key in LOG_KEYS:
-                try:
-                    self.shared.put(key, [self.local.backend.get(key)])
-                except FileNotFoundError:
-                    pass
+                if journal is not None:
+                    self._sent[JOURNAL] = (length, closed)
+            journal, length = self._journal(closed)
+            if journal is not None and self._sent.get(JOURNAL) != (length, closed):
+                self.shared.put(JOURNAL, [journal])
+                self._sent[JOURNAL] = (length, closed)
+            try:
+                log = self.local.backend.get(LOG)
+                if self._sent.get(LOG) != len(log):
+                    self.shared.put(LOG, [log])
+                    self._sent[LOG] = len(log)
+            except FileNotFoundError:
+                pass
             if done and self.keep is not None:
                 from gpusnap.store.gc import prune
 
                 prune(RunDir.open(self.shared.location, backend=self.shared), self.keep)
                 self._have = None
+            self._copy_after()
         except (GpusnapError, OSError, ValueError) as exc:
             self.report["failures"] += 1
             message = getattr(exc, "message", None) or str(exc)
@@ -171,6 +199,49 @@ class Uploader:
                 self._failed_once.add(message)
                 self._say(f"copying to {self.shared.location} failed ({message}); retrying; training goes on")
         return done
+
+    def _journal(self, closed: bool) -> tuple[bytes | None, int]:
+        """The copy of the local journal to put, its whole lines then the line that ends a copy
+        (files.journal), and the length of the lines; (None, 0) without a journal."""
+        try:
+            data = self.local.backend.get(JOURNAL)
+        except FileNotFoundError:
+            return None, 0
+        data = data[: data.rfind(b"\n") + 1]  # a line written right now is the next copy's
+        end = json.dumps({"copied": utc_now(), "closed": closed}, separators=(",", ":")).encode() + b"\n"
+        return data + end, len(data)
+
+    def _copy_after(self) -> None:
+        """Every file under the local level's ``after-<id>/`` that the store lacks, under the same
+        key (links and empty directories stay local: an object store has neither). A file is
+        put from a read-only map of it, so a later checkpoint of many GB takes no memory of the
+        supervisor's own."""
+        try:
+            names = [n for n in self.local.backend.list("") if n.startswith(AFTER)]
+        except FileNotFoundError:
+            return
+        root = pathlib.Path(self.local.path)
+        for name in sorted(names):
+            if name not in self._sent:  # first seen by this uploader: what an earlier one copied
+                self._sent[name] = True
+                for key in self.shared.list_tree(name):
+                    self._sent[f"{name}/{key}"] = None
+            for folder, _, files in os.walk(root / name):
+                for file in sorted(files):
+                    path = pathlib.Path(folder, file)
+                    key = str(path.relative_to(root))
+                    try:
+                        st = os.lstat(path)
+                    except FileNotFoundError:
+                        continue
+                    if not stat.S_ISREG(st.st_mode) or (key in self._sent and self._sent[key] in (None, _stat_key(st))):
+                        continue
+                    try:
+                        with _mapped(path) as view:
+                            self.shared.put(key, [view], direct=True)
+                    except PermissionError as exc:  # the program's own file, unreadable to it: left local, said once
+                        self._say(f"{path} stays in {self.local.path} only: {exc.strerror}")
+                    self._sent[key] = _stat_key(st)
 
     def summary(self) -> str | None:
         """One line on what reached the store, when anything was to be copied."""
@@ -187,11 +258,42 @@ class Uploader:
         return f"{len(r['snapshots'])} snapshots copied to {self.shared.location}: {mib:.1f} MiB of packs{rate}{retried}{missing}"
 
     def stop(self) -> None:
-        """Stop the thread, then copy what is left (the stop snapshot of a preempted run)."""
+        """Stop the thread, then copy what is left (the stop snapshot of a preempted run), and
+        the journal as closed: the run has ended, its trainee is gone."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self.sync()
+        self.sync(closed=True)
+
+
+def _stat_key(st) -> tuple:
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+class _mapped:
+    """A read-only memoryview of a local file (empty bytes for an empty one)."""
+
+    def __init__(self, path: pathlib.Path) -> None:
+        self._path = path
+        self._map = None
+        self._view = None
+
+    def __enter__(self):
+        with open(self._path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return b""
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._view = memoryview(self._map)
+        return self._view
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if self._view is not None:
+                self._view.release()
+            if self._map is not None:
+                self._map.close()
+        except BufferError:
+            pass  # a failed put's traceback still holds a view: the map goes when it does
 
 
 def _ids(b: Backend) -> list[str]:
@@ -238,19 +340,22 @@ def fetch(shared: RunDir, path: pathlib.Path, say=None) -> RunDir:
         t0 = time.monotonic()
         report = {"bytes": 0, "seconds": 0.0}
         try:
-            copy_snapshot(shared, rd.backend, sid, {pid for pid, _ in _local_packs(rd)}, report)
+            journal = shared.backend.get(JOURNAL)  # as the store has it: its last line says whether it is whole
+        except FileNotFoundError:
+            journal = None
+        try:
+            copy_snapshot(shared, rd.backend, sid, {pid for pid, _ in _local_packs(rd)}, report, journal)
         except (StoreError, ValueError, KeyError) as exc:
             say(f"skipping snapshot {sid} of {shared.backend.location}: {getattr(exc, 'message', exc)}")
             continue
         dt = max(time.monotonic() - t0, 1e-9)
         say(f"fetched snapshot {sid} from {shared.backend.location}: {report['bytes'] / 2**20:.1f} MiB in "
             f"{dt:.2f} s ({report['bytes'] / 2**20 / dt:.1f} MiB/s)")
-        for key in LOG_KEYS:
-            try:
-                if not rd.backend.exists(key):
-                    rd.backend.put(key, [shared.backend.get(key)])
-            except FileNotFoundError:
-                pass
+        try:
+            if not rd.backend.exists(LOG):
+                rd.backend.put(LOG, [shared.backend.get(LOG)])
+        except FileNotFoundError:
+            pass
         return rd
     return rd
 

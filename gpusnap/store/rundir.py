@@ -147,12 +147,22 @@ class RunDir:
 
     @property
     def local(self) -> bool:
-        """On a file system: owner, mode and symbolic links are the OS's to check (an object
-        store's are its credentials and bucket policy)."""
+        """On a file system: owner, mode and symbolic links are the OS's to check. An object
+        store has none of them (see ``check_owner``)."""
         return isinstance(self.backend, LocalBackend)
 
     def check_owner(self) -> None:
-        """The directory itself is the user's own and nobody else can write to it."""
+        """The directory itself is the user's own and nobody else can write to it.
+
+        On an object store nothing is checked here, because nothing can be: an object has no
+        owner or mode a client can read (S3 has disabled ACLs by default since 2023; who may write
+        under a prefix is decided by bucket and IAM policies, which a client cannot evaluate, and
+        GCS and Azure are alike). Whoever those policies let write under the prefix can make a
+        restart run code, as whoever can write a local run directory can: keeping the prefix
+        writable only by those who run gpusnap is the bucket owner's part. What gpusnap does
+        check is the local level a restart reads from and unpickles (``store.levels.fetch``
+        makes it 0700, and ``RunDir.open(..., trusted=True)`` checks it as any local directory),
+        and that it caches the same run as the store (``run.json``'s nonce)."""
         if not self.local:
             return
         why = untrusted(os.stat(self.path))
@@ -167,7 +177,7 @@ class RunDir:
         command ``run.json`` records, so whoever can write here could run code as the user."""
         self.check_owner()
         if not self.local:
-            return
+            return  # no owners, modes or links in an object store: check_owner says what holds instead
         for dirpath, dirs, files in os.walk(self.path):
             for name in dirs + files:
                 entry = pathlib.Path(dirpath, name)
@@ -185,7 +195,7 @@ class RunDir:
         bypass the mode bits and silently write into a directory someone froze)."""
         self.check_owner()
         if not self.local:
-            return
+            return  # no mode: the store refusing the lock object, before the program starts, is the answer (RunDirPermission)
         mode = os.stat(self.path).st_mode
         if not (mode & stat.S_IWUSR) or not os.access(self.path, os.W_OK):
             raise RunDirPermission(

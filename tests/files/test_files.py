@@ -129,3 +129,84 @@ def test_a_file_several_ranks_wrote_is_put_back_once_as_the_lowest_rank_recorded
     plan.apply()
     assert shared.read_text() == "0123456789" and own.read_text() == "one\ntwo\n"
     assert [to for _, to in plan.copied] == [f"{tmp_path}/run/after-000004{shared}", f"{tmp_path}/run/after-000004{own}"]
+
+
+def _lines(*records) -> bytes:
+    return b"".join(json.dumps(r).encode() + b"\n" for r in records)
+
+
+def test_the_journal_says_what_followed_a_snapshot_and_whether_a_copy_of_it_was_cut_short():
+    """A store's copy of the journal ends with a `copied` line, `closed` only once the run had
+    ended; one that is not closed, after the snapshot's marker and before a restart settled it,
+    is a cut: what the program first wrote after it is unknown. So is a journal without the
+    snapshot's marker. No journal at all (a verify's scratch copy) says nothing."""
+    from gpusnap.files import journal
+
+    marker = {"snapshot": "000002", "token": "t2", "pid": 1}
+    before = {"path": "/w/old.txt", "kind": "write", "pid": 1, "before": None}
+    new = {"path": "/w/new.txt", "kind": "write", "pid": 1, "before": None}
+    again = {"path": "/w/new.txt", "kind": "append", "pid": 1}
+    cut = {"copied": "2026-11-28T10:00:00Z", "closed": False}
+    closed = {"copied": "2026-11-28T10:05:00Z", "closed": True}
+    later = {"path": "/w/later.txt", "kind": "write", "pid": 9, "before": [33188, 3, 1, 7, None]}
+
+    whole = journal.after(_lines(before, marker, new, again) + b'{"path": "/w/torn', "t2")
+    assert whole.paths == {"/w/new.txt": None} and whole.cut is None
+    assert journal.after(_lines(marker, new, closed), "t2").cut is None
+    assert journal.after(_lines(marker, new, cut), "t2").cut == "the run's file journal reached the store last at 2026-11-28T10:00:00Z"
+    # A closed copy later (the refused restart's run ended) does not fill the earlier cut ...
+    assert journal.after(_lines(marker, new, cut, closed), "t2").cut is not None
+    # ... a restart that put the files back does; what followed it is known again.
+    settled = journal.after(_lines(marker, new, cut, {"restarted": "000002", "pid": 9}, later), "t2")
+    assert settled.cut is None and settled.paths == {"/w/new.txt": None, "/w/later.txt": later["before"]}
+    assert journal.after(_lines(before, new), "t2").cut == "the run's file journal does not hold the snapshot's marker"
+    assert journal.after(None, "t2") == journal.After() and journal.after(_lines(before), None) == journal.After()
+
+
+def test_a_cut_journal_refuses_where_the_runs_files_outlived_its_machine(tmp_path):
+    """With the journal cut short, the restart cannot know what the program first wrote after
+    the cut: where the run's files are here (they outlived the machine), it refuses before
+    changing anything unless --force; where none is (they were lost with it, as on a new VM),
+    it puts back what the snapshot holds and goes on."""
+    from gpusnap.errors import FilesNotRestorable
+    from gpusnap.files.rollback import Source, rollback
+
+    log = tmp_path / "out" / "train.log"
+    entry = {"path": str(log), "kind": "file", "mode": 0o100644, "made": True, "size": 4, "mtime_ns": 1, "ctime_ns": 1,
+             "ino": 1, "buffer": "file/0"}
+    cut = _lines({"snapshot": "000001", "token": "t1", "pid": 1}, {"copied": "2026-11-28T10:00:00Z", "closed": False})
+    data = b"one\n"
+    source = Source("000001", {"token": "t1", "entries": [entry]}, {"file/0": {"chunks": []}}, lambda record: data, cut)
+    after = str(tmp_path / "run" / "after-000001")
+
+    plan = rollback([source], after, force=False)  # a new machine: nothing of the run is here
+    assert [w[0] for w in plan.writes] == [str(log)] and [(why, here) for _, why, here in plan.cut] == [
+        ("the run's file journal reached the store last at 2026-11-28T10:00:00Z", None)]
+
+    log.parent.mkdir()
+    log.write_bytes(b"one\ntwo\n")  # the files outlived the machine: what else did it write?
+    with pytest.raises(FilesNotRestorable) as refused:
+        rollback([source], after, force=False)
+    assert str(refused.value.message) == (
+        "cannot put the program's files back as they were at snapshot 000001: the run's file journal reached the store "
+        f"last at 2026-11-28T10:00:00Z, so what the program first wrote since is unknown, and its files outlived the "
+        f"machine that wrote them ({log} is here)")
+    plan = rollback([source], after, force=True)
+    assert plan.report()["cut"] and [str(log), plan.cut[0][1]] in plan.report()["left"]
+
+
+def test_a_restart_on_an_object_store_moves_aside_under_a_name_the_store_does_not_hold_yet(tmp_path):
+    """Another machine's restart from the same snapshot put its after-000001/ in the store: this
+    machine's goes to after-000001-2, locally and in the store, so neither overwrites the other."""
+    from gpusnap.files.rollback import after_dir
+    from gpusnap.store.memory import MemoryBackend
+    from gpusnap.store.rundir import RunDir
+
+    rd = RunDir.create(tmp_path / "run", {"command": {"kind": "script", "target": "t.py", "args": []}, "cwd": "/w"})
+    store = MemoryBackend()
+    assert after_dir(rd, "000001", store) == str(tmp_path / "run" / "after-000001")
+    store.put("after-000001/home/ann/out/train.log", [b"x"])
+    assert after_dir(rd, "000001", store) == str(tmp_path / "run" / "after-000001-2")
+    (tmp_path / "run" / "after-000001-2").mkdir()
+    assert after_dir(rd, "000001", store) == str(tmp_path / "run" / "after-000001-3")
+    assert after_dir(rd, "000002") == str(tmp_path / "run" / "after-000002")

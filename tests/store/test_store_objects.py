@@ -16,6 +16,7 @@ import hmac
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -199,12 +200,91 @@ def test_every_backend_keeps_the_same_contract(backend):
     assert not backend.exists("packs/ab/ab12.pack") and backend.exists("snapshots/000001.json")
 
 
+# -- the levels' copy of the file journal ---------------------------------------------------
+
+
+class _Recording(MemoryBackend):
+    """A store that remembers the order of its puts and commits."""
+
+    def __init__(self) -> None:
+        super().__init__("memory://store")
+        self.order: list[str] = []
+
+    def put(self, key, parts, *, direct=False):
+        self.order.append(key)
+        return super().put(key, parts, direct=direct)
+
+    def commit(self, key, data):
+        self.order.append(key)
+        return super().commit(key, data)
+
+
+def test_the_journal_reaches_the_store_before_its_snapshot_and_says_when_it_is_whole(tmp_path):
+    """The uploader puts the file journal (with the marker the snapshot wrote) before each
+    snapshot's manifest, again only when it grew, each copy ending with a `copied` line, closed
+    in the copy it makes once the run has ended. A restart on a machine whose local level is
+    older than the store takes the store's journal with the snapshot (its own cannot hold the
+    snapshot's marker), before the manifest it commits there."""
+    from gpusnap.store import levels
+    from gpusnap.store.rundir import RunDir
+    from store_helpers import make_run
+
+    rd, snaps = make_run(tmp_path, n=3)
+    ids = [sid for sid, _, _ in snaps]
+    stale = tmp_path / "stale"
+    shutil.copytree(rd.path, stale)
+    for sid in ids[1:]:
+        (stale / "snapshots" / f"{sid}.json").unlink()
+    (stale / "files.jsonl").write_text(json.dumps({"snapshot": ids[0], "token": "t1"}) + "\n")
+    lines = [json.dumps({"snapshot": sid, "token": f"t{n}", "pid": 1}) for n, sid in enumerate(ids, 1)]
+    (rd.path / "files.jsonl").write_text("\n".join(lines) + "\n" + '{"path": "/w/half')  # a line being written
+
+    shared = _Recording()
+    levels.ensure_run(shared, rd)
+    up = levels.Uploader(rd, shared)
+    up.sync()
+    for sid in ids:
+        assert shared.order.index("files.jsonl") < shared.order.index(f"snapshots/{sid}.json")
+    copy = shared.get("files.jsonl").decode().splitlines()
+    assert copy[:-1] == lines and json.loads(copy[-1])["closed"] is False
+    puts = shared.order.count("files.jsonl")
+    up.sync()
+    assert shared.order.count("files.jsonl") == puts  # nothing new: not put again
+    up.stop()
+    assert json.loads(shared.get("files.jsonl").decode().splitlines()[-1])["closed"] is True
+
+    store = RunDir.open("memory://store", backend=shared)
+    fetched = levels.fetch(store, stale)
+    assert fetched.snapshot_ids() == [ids[0], ids[-1]]  # the store's newest, beside what it had
+    assert (stale / "files.jsonl").read_bytes() == shared.get("files.jsonl")
+
+
+def test_what_a_restart_from_a_store_unpickles_is_checked_where_it_is_read(tmp_path):
+    """An object has no owner or mode to check: opening the store trusted checks nothing there
+    (its bucket policy is the owner's part). The local level a restart fetches into, and reads
+    from, is made 0700 and checked as any local run directory."""
+    from gpusnap.errors import RunDirPermission
+    from gpusnap.store import levels
+    from gpusnap.store.rundir import RunDir
+    from store_helpers import make_run
+
+    rd, snaps = make_run(tmp_path, n=1)
+    shared = MemoryBackend("memory://store")
+    levels.ensure_run(shared, rd)
+    levels.Uploader(rd, shared).sync()
+    store = RunDir.open("memory://store", backend=shared, trusted=True)
+    level = tmp_path / "levels" / "s3" / "bucket" / "run"
+    levels.fetch(store, level)
+    assert (level.stat().st_mode & 0o777) == 0o700 and RunDir.open(level, trusted=True).snapshot_ids() == [snaps[0][0]]
+    level.chmod(0o770)
+    with pytest.raises(RunDirPermission, match="can be written by its group"):
+        RunDir.open(level, trusted=True)
+
+
 # -- a run on the store -----------------------------------------------------------------------------
 
 
 def _store_ids(url: str, env: dict, cwd: Path) -> list[str]:
-    import json
-
     r = gpusnap("ls", url, "--json", cwd=cwd, env=env)
     assert r.returncode == 0, r.stderr
     return [s["id"] for s in json.loads(r.stdout) if "shared" in s["level"]]
@@ -252,6 +332,122 @@ def test_drill_a_reclaimed_vm_restarts_from_the_store_on_a_fresh_machine(store, 
     assert "local+shared" in listed.stdout
     verified = gpusnap("verify", url, cwd=second, env=env2)
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def _as_host(name: str) -> list[str] | None:
+    """A command prefix that runs what follows on a machine named ``name`` (a UTS namespace of
+    its own: as root, or in a user namespace), or None where neither can be made."""
+    if shutil.which("unshare") is None:
+        return None
+    for prefix in (["unshare", "--uts"], ["unshare", "--user", "--map-root-user", "--uts"]):
+        command = [*prefix, "sh", "-c", f'hostname {name} && exec "$@"', "sh"]
+        probe = subprocess.run([*command, "hostname"], capture_output=True, text=True)
+        if probe.returncode == 0 and probe.stdout.strip() == name:
+            return command
+    return None
+
+
+def _metrics_run(url: str, vm: Path, env: dict, **kw) -> Run:
+    """metrics_file.py (a log line appended every step, metrics.csv rewritten every 5) in ``vm``,
+    writing into vm/out, with its directory on the store."""
+    shutil.copytree(PROGRAMS, vm / "progs", ignore=shutil.ignore_patterns("__pycache__"))
+    (vm / "out").mkdir()
+    return Run("run", "--dir", url, "progs/notorch/metrics_file.py", "out", 40, 5, 4096, cwd=vm, env=env, **kw)
+
+
+def _metrics_reference(tmp_path: Path) -> Path:
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    done = subprocess.run([sys.executable, str(PROGRAMS / "notorch" / "metrics_file.py"), str(ref), "40", "5", "4096"],
+                          env={**os.environ, "TEST_STEP_SLEEP_S": "0"}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return ref
+
+
+def _snapshot_then_kill(run: Run, url: str, out: Path, env: dict, more: int) -> None:
+    """A snapshot after step 8 that reaches the store, ``more`` steps after it, then kill -9."""
+    wait_for(lambda: progress(out) >= 8, "step 8", proc=run)
+    run.signal(__import__("signal").SIGUSR1)
+    wait_for(lambda: _store_ids(url, env, out.parent), "a snapshot in the store", proc=run)
+    at = progress(out)
+    wait_for(lambda: progress(out) >= at + more, f"{more} more steps", proc=run)
+    run.kill_group()
+    assert not (out / "final.json").exists(), "the program finished before it was killed"
+
+
+@pytest.mark.slow
+def test_drill_the_programs_files_come_back_on_a_machine_of_another_name(s3_env, tmp_path):
+    """A program that appends to its log every step and rewrites its metrics file every five,
+    killed -9 with its machine's disk after a snapshot reached the store, restarted on a machine
+    of another name from a fresh copy: its files come back as they were at the snapshot, and end
+    byte for byte as an uninterrupted run's. (The files table names the host that recorded it,
+    and a restart on another host once left the files alone, and said it restored.)"""
+    other = _as_host("the-next-vm")
+    if other is None:
+        pytest.skip("needs unshare --uts (root, or user namespaces) to restart under another host name")
+    url = Store("s3", s3_env).url("drill-files")
+    first, second = tmp_path / "vm1", tmp_path / "vm2"
+    first.mkdir()
+    second.mkdir()
+    ref = _metrics_reference(tmp_path)
+    lease = {"GPUSNAP_STORE_LEASE_S": "3"}  # the dead machine's lock: its lease ends soon
+    env1 = {**s3_env, **lease, "GPUSNAP_LEVEL_DIR": str(first / "cache"), "TEST_STEP_SLEEP_S": "0.1"}
+    _snapshot_then_kill(_metrics_run(url, first, env1), url, first / "out", env1, more=6)
+    shutil.rmtree(first)  # the VM's disk: program, output, cache
+
+    shutil.copytree(PROGRAMS, second / "progs", ignore=shutil.ignore_patterns("__pycache__"))
+    (second / "out").mkdir()
+    env2 = {**os.environ, **s3_env, **lease, "GPUSNAP_LEVEL_DIR": str(second / "cache"), "PYTHONPATH": str(REPO)}
+    restarted = subprocess.run([*other, sys.executable, "-m", "gpusnap", "restart", url], cwd=second, env=env2,
+                               capture_output=True, text=True, timeout=240)
+    assert restarted.returncode == 0, restarted.stderr
+    assert "gpusnap: files back to snapshot 000001: 3 restored" in restarted.stderr.splitlines()
+    for name in ("train.log", "metrics.csv", "final.json"):
+        assert (second / "out" / name).read_bytes() == (ref / name).read_bytes(), name
+    assert not first.exists()
+
+
+@pytest.mark.slow
+def test_a_journal_cut_short_with_the_files_still_there_refuses_unless_forced(s3_env, tmp_path):
+    """The local level is lost but the program's files are not (a node-local cache, the program
+    on a shared file system): the store's copy of the journal ends where the uploader last
+    copied it, and what the program first wrote after that cannot be known, so the restart
+    refuses (exit 6) before it changes anything. With --force it puts back what the snapshot
+    holds, and this program (whose files the snapshot all holds) ends as an uninterrupted run."""
+    url = Store("s3", s3_env).url("cut")
+    vm = tmp_path / "vm"
+    vm.mkdir()
+    ref = _metrics_reference(tmp_path)
+    env1 = {**s3_env, "GPUSNAP_LEVEL_DIR": str(tmp_path / "cache1"), "TEST_STEP_SLEEP_S": "0.1"}
+    _snapshot_then_kill(_metrics_run(url, vm, env1), url, vm / "out", env1, more=4)
+    shutil.rmtree(tmp_path / "cache1")
+    out = vm / "out"
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    env2 = {**s3_env, "GPUSNAP_LEVEL_DIR": str(tmp_path / "cache2")}
+    refused = gpusnap("restart", url, cwd=vm, env=env2)
+    assert refused.returncode == 6, refused.stderr
+    said = refused.stderr.splitlines()
+    assert re.fullmatch(r"gpusnap: cannot put the program's files back as they were at snapshot 000001: the run's file "
+                        r"journal reached the store last at \S+Z, so what the program first wrote since is unknown, and "
+                        rf"its files outlived the machine that wrote them \({re.escape(str(out))}/\S+ is here\)", said[-2]), said
+    assert said[-1].startswith("hint: restart with --force to put back what is known")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before, "the refusal changed files"
+
+    forced = gpusnap("restart", url, "--force", cwd=vm, env=env2)
+    assert forced.returncode == 0, forced.stderr
+    assert "gpusnap: warning: files the program first wrote after snapshot 000001 may be left as they are (--force)" in forced.stderr
+    for name in ("train.log", "metrics.csv", "final.json"):
+        assert (out / name).read_bytes() == (ref / name).read_bytes(), name
+    # What the restart moved aside is the program's only copy of the killed run's files: the
+    # store holds it too, under the same keys, so losing the local level does not lose it.
+    from gpusnap.store.objects import open_backend
+
+    aside = tmp_path / "cache2" / "s3" / url.split("://", 1)[1] / "after-000001"
+    local = {str(p.relative_to(aside)): p.read_bytes() for p in aside.rglob("*") if p.is_file()}
+    assert any(name.endswith("/out/train.log") for name in local), sorted(local)
+    store = open_backend(url)
+    assert {key: store.get(f"after-000001/{key}") for key in store.list_tree("after-000001")} == local
 
 
 # -- faults ------------------------------------------------------------------------------------
