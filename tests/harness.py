@@ -267,3 +267,26 @@ def snapshotted_twice_and_killed(script: Path, steps: int, tmp: Path, env: dict,
     run.kill_group()
     assert not (out / "final.json").exists(), "the program finished before it was killed"
     return ref, out, first, second
+
+
+def as_host(name: str, hosts_dir: Path | None = None) -> list[str] | None:
+    """A command prefix that runs what follows on a machine named ``name`` (a UTS namespace of
+    its own: as root, or in a user namespace), or None where neither can be made. With
+    ``hosts_dir``, the name also resolves there, as a machine's own name does (torchrun's
+    rendezvous hands it to the ranks): an /etc/hosts written into ``hosts_dir`` is mounted over
+    the machine's, in a mount namespace of its own."""
+    if shutil.which("unshare") is None:
+        return None
+    script = f'hostname {name} && exec "$@"'
+    extra = []
+    if hosts_dir is not None:
+        hosts = Path(hosts_dir) / f"hosts-{name}"
+        hosts.write_text(f"127.0.0.1 localhost\n127.0.0.1 {name}\n")
+        script = f"hostname {name} && mount --bind {hosts} /etc/hosts && exec \"$@\""
+        extra = ["--mount"]
+    for prefix in (["unshare", "--uts", *extra], ["unshare", "--user", "--map-root-user", "--uts", *extra]):
+        command = [*prefix, "sh", "-c", script, "sh"]
+        probe = subprocess.run([*command, "hostname"], capture_output=True, text=True)
+        if probe.returncode == 0 and probe.stdout.strip() == name:
+            return command
+    return None

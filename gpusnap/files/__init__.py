@@ -34,7 +34,7 @@ from gpusnap import knobs
 from gpusnap.files import guard, record, rollback, watch
 from gpusnap.files.paths import DEFAULT_EXCLUDES, Excludes
 
-__all__ = ["DEFAULT_EXCLUDES", "install", "stage", "forked", "put", "settle", "before_replay"]
+__all__ = ["DEFAULT_EXCLUDES", "install", "stage", "forked", "put", "settle", "before_replay", "refused_elsewhere"]
 
 
 def install(config: dict, shard_dir: str, always_excluded=()) -> None:
@@ -71,7 +71,7 @@ def settle(rundir, manifest: dict, config: dict, say) -> dict | None:
     table = manifest.get("files")
     if not watch.active() or not table:
         return None
-    if not rollback.ours(table, sharded="rank" in rundir.identity):
+    if not rollback.ours(table, config):
         return None  # another node's files
     after = (config.get("files") or {}).get("after") or os.path.join(str(rundir.path), f"after-{manifest['id']}")
     source = rollback.Source(manifest["id"], table, manifest.get("buffers") or {},
@@ -87,3 +87,4 @@ def settle(rundir, manifest: dict, config: dict, say) -> dict | None:
 
 
 before_replay = rollback.before_replay
+refused_elsewhere = rollback.refused_elsewhere

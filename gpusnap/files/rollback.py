@@ -22,8 +22,13 @@ The plan is made first (``Plan``: what to do with each path, what cannot be done
 or left, for the run log.
 
 A single-process run's files are put back on whatever host restarts it (the next machine needs
-them, where the program will look for them); a distributed rank's only on the host that recorded
-them, whose supervisor holds that rank's files.
+them, where the program will look for them). A distributed rank's are put back by the node that
+runs that rank in the restarted job, whatever its name, where torchrun's options fix the ranks a
+node runs before its rendezvous (a single node; ``--node-rank`` under a static rendezvous); where
+the rendezvous assigns them (c10d over several nodes), by the host that recorded them, and a
+rank that finds its files recorded on another host refuses (``refused_elsewhere``). A rank's
+files recorded on another host whose directory is missing here (a node-local disk of a node
+that is gone) cannot be put back: the restart refuses, as for any file it cannot put back.
 
 What this keeps in the run directory goes through its backend (``store.backend``): the journal is
 read with ``get`` and a restart's line added with ``append``, and ``after-<id>/`` is named where
@@ -62,6 +67,7 @@ class Source:
     buffers: dict
     read_buffer: object  # read_buffer(record) -> bytes
     journal: bytes | None = None  # the journal of the run that took it (``journal.read``)
+    elsewhere: str | None = None  # a rank's table recorded on another host: "rank R on HOST"
 
 
 @dataclass
@@ -222,13 +228,14 @@ class Plan:
 # ---- the two passes
 
 
-def rollback(sources: list[Source], after_dir: str, force: bool, leave=lambda path: False) -> Plan:
+def rollback(sources: list[Source], after_dir: str, force: bool, leave=lambda path: False, settled=()) -> Plan:
     """Plan putting the files of ``sources`` (lowest rank first: a path several ranks wrote is
     put back by the first) back to their snapshots' state, but those ``leave(path)`` names (the
-    restart's own ``--files-exclude``); refuse when some cannot be, unless ``force``. The caller
-    applies the plan."""
+    restart's own ``--files-exclude``) and those of ``settled`` (tables another supervisor of
+    this host has put back for the same restart); refuse when some cannot be, unless ``force``.
+    The caller applies the plan."""
     plan = Plan(after_dir, in_place=False)
-    decided: set[str] = set()
+    decided: set[str] = {e["path"] for source in settled for e in source.table.get("entries") or ()}
     for source in sources:
         recorded = excludes_of(source.table)
         excluded = lambda path, recorded=recorded: recorded(path) or leave(path)  # noqa: E731
@@ -236,15 +243,19 @@ def rollback(sources: list[Source], after_dir: str, force: bool, leave=lambda pa
         after = journal.after(source.journal, source.table.get("token"))
         if after.cut is not None:
             plan.cut.append((source, after.cut, _outlived([*entries, *after.paths], excluded)))
+        missing = _missing_dirs(source, entries)
         for path, entry in sorted(entries.items()):
             if path in decided or leave(path):
                 continue
             decided.add(path)
-            _decide(plan, path, entry, source, excluded)
+            if not missing(path, plan):
+                _decide(plan, path, entry, source, excluded)
         for path, before in sorted(after.paths.items()):
             if path in decided or path in entries or excluded(path):
                 continue
             decided.add(path)
+            if missing(path, None):
+                continue  # written after the snapshot on a disk that is not here
             cur = _lstat(path)
             if before is None:
                 plan.absent(path, cur)
@@ -266,65 +277,101 @@ def rollback(sources: list[Source], after_dir: str, force: bool, leave=lambda pa
         if not force:
             path, why = plan.problems[0]
             more = f" ({len(plan.problems) - 1} more files cannot be either)" if len(plan.problems) > 1 else ""
+            gone = why.startswith("recorded by ")
             raise FilesNotRestorable(f"cannot put {path} back as it was at snapshot {sources[0].snap_id}: it was {why}{more}",
-                                     problems=plan.problems)
+                                     _GONE_HINT if gone else None, problems=plan.problems)
     return plan
 
 
-def before_replay(rd, snap_id: str, force: bool, leave=lambda path: False, shared=None) -> Plan | None:
-    """Put the files of snapshot ``snap_id`` of run directory ``rd`` back (in a distributed run,
-    those of every rank's shard recorded on this host), but those ``leave(path)`` names, and
-    return what was done; None when the snapshot has no file table, or another node's supervisor
-    on this host is doing it for the same restart. Refuses (``FilesNotRestorable``) as
-    ``rollback`` does, before changing anything. ``shared``: the store's backend of a run on an
-    object store, whose ``after-<id>/`` names are taken too."""
+def before_replay(rd, snap_id: str, force: bool, leave=lambda path: False, shared=None, ranks=None) -> Plan | None:
+    """Put the files of snapshot ``snap_id`` of run directory ``rd`` back, but those
+    ``leave(path)`` names, and return what was done; None when the snapshot has no file table,
+    or another node's supervisor on this host is doing it for the same restart. In a distributed
+    run, ``ranks`` are those this node runs, whose files it puts back wherever they were
+    recorded; None (the rendezvous assigns them): those of every shard recorded on this host.
+    Refuses (``FilesNotRestorable``) as ``rollback`` does, before changing anything.
+    ``shared``: the store's backend of a run on an object store, whose ``after-<id>/`` names are
+    taken too."""
     from gpusnap.store import shards
 
     if not shards.is_sharded(rd):  # the supervisor holds the run's lock
-        return _put_back([(rd, rd.load_manifest(snap_id))], after_dir(rd, snap_id, shared), snap_id, force, leave,
-                         sharded=False)
-    pairs = []
-    for rank, sid in sorted(shards.shards_of(rd.load_manifest(snap_id)).items()):
-        shard = shards.open_shard(rd, rank, trusted=True)
-        pairs.append((shard, shard.load_manifest(sid)))
-    # The nodes of a job share the run directory, and two may share a host: the first puts the
-    # files back, the others, finding its mark (its supervisor alive), leave them to it.
+        return _put_back([(rd, rd.load_manifest(snap_id))], after_dir(rd, snap_id, shared), snap_id, force, leave)
     host = socket.gethostname()
+    pairs = {}
+    for rank, sid in sorted(shards.shards_of(rd.load_manifest(snap_id)).items()):
+        if ranks is None or rank in ranks:
+            shard = shards.open_shard(rd, rank, trusted=True)
+            m = shard.load_manifest(sid)
+            if m.get("files") and (ranks is not None or m["files"].get("host") in (None, host)):
+                pairs[rank] = (shard, m)
+    # The nodes of a job share the run directory, and two may share a host: each puts back the
+    # files of the ranks that the mark (their supervisor alive) does not name yet.
     mark = os.path.join(str(rd.path), f"files-{host}.json")
     fd = os.open(os.path.join(str(rd.path), f"files-{host}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             with open(mark) as f:
-                done = json.load(f)
+                found = json.load(f)
         except (OSError, ValueError):
-            done = {}
-        if done.get("snapshot") == snap_id and lifeline.alive(done.get("pid")):
+            found = {}
+        done = {int(rank): pid for rank, pid in (found.get("ranks") or {}).items()
+                if found.get("snapshot") == snap_id and lifeline.alive(pid)}
+        todo = {rank: pair for rank, pair in pairs.items() if rank not in done}
+        if not todo:
             return None
-        plan = _put_back(pairs, after_dir(rd, snap_id), snap_id, force, leave, sharded=True)
+        settled = [_source(*pairs[rank], host, rank) for rank in done if rank in pairs]
+        plan = _put_back([(*pair, rank) for rank, pair in sorted(todo.items())], after_dir(rd, snap_id), snap_id, force,
+                         leave, settled)
         from gpusnap import atomic
 
-        atomic.write_file(mark, [json.dumps({"snapshot": snap_id, "pid": os.getpid()}).encode()])
+        done.update({rank: os.getpid() for rank in todo})
+        atomic.write_file(mark, [json.dumps({"snapshot": snap_id, "ranks": done}).encode()])
         return plan
     finally:
         os.close(fd)
 
 
-def ours(table: dict, sharded: bool) -> bool:
-    """Are the files of ``table`` this host's to put back? A single-process run's are, wherever
-    it restarts; a distributed rank's on the host that recorded them."""
-    return not sharded or table.get("host") in (None, socket.gethostname())
+def ours(table: dict, config: dict) -> bool:
+    """Are the files of ``table`` (the trainee's) this process's to settle? A single-process
+    run's are, wherever it restarts, and a rank's that its node put back; where nodes put back
+    the files recorded on their host (``by_host`` in the boot configuration), a rank's only on
+    the host that recorded them."""
+    return not (config.get("files") or {}).get("by_host") or table.get("host") in (None, socket.gethostname())
 
 
-def _put_back(pairs: list, after: str, snap_id: str, force: bool, leave, sharded: bool) -> Plan | None:
+def refused_elsewhere(table: dict, config: dict, rank, snap_id: str) -> FilesNotRestorable | None:
+    """A rank's refusal, before the replay, of files recorded on another host that no node put
+    back for it: the rendezvous placed it only after the nodes had put back the files recorded
+    on their hosts."""
+    if ours(table, config) or not table.get("entries") or config.get("force"):
+        return None
+    here = socket.gethostname()
+    return FilesNotRestorable(
+        f"cannot put the files of rank {rank} back as they were at snapshot {snap_id}: they were recorded on "
+        f"{table.get('host')}, and this job runs rank {rank} on {here} (the rendezvous assigns ranks to nodes after the "
+        "files are put back)",
+        "give each node its --node-rank (a static rendezvous) to have each node put back its ranks' files, or restart "
+        "with --force to go on without them")
+
+
+def _source(shard, m: dict, host: str | None = None, rank=None) -> Source:
+    recorded = m["files"].get("host")
+    elsewhere = f"rank {rank} on {recorded}" if rank is not None and recorded not in (None, host) else None
+    return Source(m["id"], m["files"], m.get("buffers") or {}, _reader(shard, m["id"]), journal.read(shard), elsewhere)
+
+
+def _put_back(pairs: list, after: str, snap_id: str, force: bool, leave, settled=()) -> Plan | None:
+    """``pairs``: (run directory or shard, its manifest[, the rank it holds])."""
     held = {}  # id(source) -> (source, the run directory or shard whose journal it read)
-    for shard, m in pairs:
-        if m.get("files") and ours(m["files"], sharded):
-            source = Source(m["id"], m["files"], m.get("buffers") or {}, _reader(shard, m["id"]), journal.read(shard))
+    host = socket.gethostname()
+    for shard, m, *rank in pairs:
+        if m.get("files"):
+            source = _source(shard, m, host, *rank)
             held[id(source)] = (source, shard)
     if not held:
         return None
-    plan = rollback([source for source, _ in held.values()], after, force, leave)
+    plan = rollback([source for source, _ in held.values()], after, force, leave, settled)
     plan.prefetch()
     plan.apply()
     if plan.failed and not force:
@@ -397,6 +444,34 @@ def _decide(plan: Plan, path: str, entry: dict, source: Source, excluded) -> Non
         plan.directory(path, entry, cur, excluded)
     elif kind == "link":
         plan.link(path, entry, cur)
+
+
+_GONE_HINT = ("restart where that directory is (the program's output on a file system every node mounts), or with "
+              "--force to go on without the files that cannot be put back")
+
+
+def _missing_dirs(source: Source, entries: dict):
+    """``missing(path, plan)`` for a rank's table recorded on another host: is the directory
+    ``path`` would be put back in missing here (the disk of a node that is gone)? The first
+    path of each such directory goes into ``plan.problems``."""
+    if source.elsewhere is None:
+        return lambda path, plan: False
+    made = {path for path, entry in entries.items() if entry.get("kind") == "dir"}
+    said: set[str] = set()
+
+    def missing(path: str, plan) -> bool:
+        parent = os.path.dirname(path)
+        while parent in made:  # the program made it: it is put back with the rest
+            parent = os.path.dirname(parent)
+        if os.path.isdir(parent):
+            return False
+        if plan is not None and parent not in said:
+            said.add(parent)
+            why = f"recorded by {source.elsewhere}, and its directory {parent} is not here (a disk of that node?)"
+            plan.problems.append((path, why))
+        return True
+
+    return missing
 
 
 def excludes_of(table: dict) -> Excludes:

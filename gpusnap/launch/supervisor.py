@@ -104,6 +104,7 @@ class Launch:
     files_exclude: list[str] = field(default_factory=list)  # --files-exclude, after files.DEFAULT_EXCLUDES
     files_max: int | None = None  # --files-max (None: knobs.FILES_MAX_BYTES)
     files_after: str | None = None  # a restart: where files newer than the snapshot were moved
+    files_by_host: bool = False  # a distributed restart whose node put back the files recorded on its host
     store: str | None = None  # the shared level's URL (--dir s3://...): run_dir is its local level
 
     def boot_config(self, control_path: str) -> dict:
@@ -120,7 +121,8 @@ class Launch:
             "verbosity": self.verbosity,
             "paranoid": self.paranoid,
             "lock_token": self.lock_token,
-            "files": {"exclude": list(self.files_exclude), "max_bytes": self.files_max, "after": self.files_after},
+            "files": {"exclude": list(self.files_exclude), "max_bytes": self.files_max, "after": self.files_after,
+                      **({"by_host": True} if self.files_by_host else {})},
             **({"dist": True} if self.torchrun is not None else {}),  # a rank of a torchrun job
             **({"verify_replay": True} if self.verify_replay else {}),
         }
@@ -259,8 +261,15 @@ class Supervisor:
             from gpusnap.store.objects import open_backend
 
             shared = open_backend(L.store)
+        rd = RunDir.open(L.run_dir, trusted=True)
+        ranks = None
+        if L.torchrun is not None:  # the ranks this node runs, where the options fix them
+            from gpusnap.launch.torchrun import node_ranks
+
+            ranks = node_ranks(L.torchrun, rd.load_manifest(L.resume).get("world_size") or 0)
+            L.files_by_host = ranks is None
         try:
-            plan = before_replay(RunDir.open(L.run_dir, trusted=True), L.resume, L.force, leave, shared)
+            plan = before_replay(rd, L.resume, L.force, leave, shared, ranks)
         except FilesNotRestorable as exc:
             done = exc.plan.report() if exc.plan is not None else {}
             self.log({"source": "supervisor", "event": "files_refused", "snapshot": L.resume,

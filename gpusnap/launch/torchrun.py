@@ -81,6 +81,20 @@ def world_size(args: list[str]) -> int | None:
     return n * m if n is not None and m is not None else None
 
 
+def node_ranks(args: list[str], world: int) -> list[int] | None:
+    """The global ranks of a job of ``world`` ranks that this node runs, where torchrun's
+    arguments fix them before the rendezvous: all of them on a single node; the block of
+    ``--node-rank`` under a static rendezvous (torchrun numbers a node's ranks on from the nodes
+    before it). None where the rendezvous assigns them (c10d, etcd over several nodes)."""
+    values = dict(zip(args[::1], args[1::1]))
+    if "--standalone" in args or values.get("--nnodes", "1") in ("1", "1:1"):
+        return list(range(world))
+    nproc, node = values.get("--nproc-per-node", ""), values.get("--node-rank")
+    if values.get("--rdzv-backend", "static") != "static" or node is None or not nproc.isdigit() or not node.isdigit():
+        return None
+    return [r for r in range(int(node) * int(nproc), (int(node) + 1) * int(nproc)) if r < world]
+
+
 def command(torchrun: list[str], kind: str, target: str, args: list[str]) -> list[str]:
     """The agent's argv: each rank runs ``python -u -m gpusnap.boot SCRIPT|-m MODULE ARGS``."""
     program = ["-m", target] if kind == "module" else [target]

@@ -399,6 +399,10 @@ def install(rundir, snap_id: str, config: dict, emit, on_merged, restore_device=
         check_sources(replay.manifest, replay.force)
     except GpusnapError as exc:
         fail(exc)
+    if config.get("dist") and replay.manifest.get("files"):
+        refused = files.refused_elsewhere(replay.manifest["files"], config, os.environ.get("RANK", "?"), replay.snap_id)
+        if refused is not None:
+            fail(refused)
     active = replay
     loops.on_loop_start = replay.on_loop_start
     loops.replaying = diverged_by_step

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import Run, _env, assert_same, committed_ids, copy_programs, gpusnap, wait_for
+from harness import Run, _env, as_host, assert_same, committed_ids, copy_programs, gpusnap, wait_for
 
 pytestmark = [pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
                                  reason="torch.distributed with gloo is not available"),
@@ -137,6 +137,50 @@ def test_kill_and_restart_matches_uninterrupted(tmp_path, program, args, ranks, 
     _, err = reference.communicate(timeout=300)
     assert reference.returncode == 0, err[-3000:]
     compare(ref, out, ranks)
+
+
+def test_a_job_requeued_on_a_node_of_another_name_gets_each_ranks_files_back(tmp_path):
+    """Each rank appends to a log of its own every step; the job is snapshotted, killed -9 and
+    restarted under another host name (a scheduler's requeue onto another node). With the
+    output directory gone (the old node's disk) the restart refuses (exit 6) before anything
+    changes; with it there, every rank's log is put back as it was at the snapshot, and ends
+    byte for byte as an uninterrupted run's. (A rank's files once went back only on the host
+    that recorded them: the restart said it resumed, and the logs kept the killed run's lines.)"""
+    other = as_host("the-next-node", hosts_dir=tmp_path)
+    if other is None:
+        pytest.skip("needs unshare --uts (root, or user namespaces) to restart under another host name")
+    progs, ref, out, run_dir = _setup(tmp_path)
+    torchrun("--standalone", "--nproc-per-node", "2", "allreduce.py", ref, "80", "log", cwd=progs)
+    out.mkdir()  # the program makes only its ranks' directories: out is the node's disk
+    run = Run("run", "--nproc-per-node", 2, "--dir", run_dir, "allreduce.py", out, 80, "log", cwd=progs, env=STEP_SLEEP)
+    with running(run):
+        snap = snapshot_at(run, run_dir, out, 2, 10)
+        at = least_progress(out, 2)
+        wait_for(lambda: least_progress(out, 2) >= at + 5, "5 more steps", proc=run)
+        run.kill_group()
+    assert not any((out / f"rank{r}" / "final.pt").exists() for r in range(2)), "finished before the kill"
+
+    def restart(*more):  # the dead node's shard locks, which name its host, are taken over at once
+        env = {"TEST_STEP_SLEEP_S": "0", "GPUSNAP_LOCK_STALE_S": "0"}
+        return Run("restart", run_dir, *more, cwd=progs, env=env, prefix=other).wait(timeout=300)
+
+    gone = tmp_path / "gone"
+    out.rename(gone)
+    code, _, err = restart()
+    assert code == 6, err[-3000:]
+    lines = err.splitlines()
+    assert lines[-2].startswith(f"gpusnap: cannot put {out / 'rank0'}"), err[-3000:]
+    assert "not here" in lines[-2] and lines[-1].startswith("hint: ") and "--force" in lines[-1], err[-3000:]
+    assert not out.exists(), "the refused restart changed the files"
+
+    gone.rename(out)
+    code, _, err = restart()
+    assert code == 0, err[-4000:]
+    assert f"gpusnap: resuming from snapshot {snap}" in err
+    assert any(line.startswith(f"gpusnap: files back to snapshot {snap}: ") for line in err.splitlines()), err[-3000:]
+    compare(ref, out, 2)
+    for r in range(2):
+        assert (out / f"rank{r}" / "train.log").read_bytes() == (ref / f"rank{r}" / "train.log").read_bytes(), f"rank {r}"
 
 
 def _run_two_nodes(progs: Path, run_dir: Path, out: Path, args, env: dict | None = None) -> list[Run]:

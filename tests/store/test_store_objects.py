@@ -31,7 +31,7 @@ import pytest
 from gpusnap import atomic
 from gpusnap.store.local import LocalBackend
 from gpusnap.store.memory import MemoryBackend
-from harness import PROGRAMS, REPO, Run, assert_same, gpusnap, load_final, progress, wait_for
+from harness import PROGRAMS, REPO, Run, as_host, assert_same, gpusnap, load_final, progress, wait_for
 
 obstore = pytest.importorskip("obstore", reason="run directories on an object store need obstore: pip install 'gpusnap[s3]'")
 
@@ -334,19 +334,6 @@ def test_drill_a_reclaimed_vm_restarts_from_the_store_on_a_fresh_machine(store, 
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
-def _as_host(name: str) -> list[str] | None:
-    """A command prefix that runs what follows on a machine named ``name`` (a UTS namespace of
-    its own: as root, or in a user namespace), or None where neither can be made."""
-    if shutil.which("unshare") is None:
-        return None
-    for prefix in (["unshare", "--uts"], ["unshare", "--user", "--map-root-user", "--uts"]):
-        command = [*prefix, "sh", "-c", f'hostname {name} && exec "$@"', "sh"]
-        probe = subprocess.run([*command, "hostname"], capture_output=True, text=True)
-        if probe.returncode == 0 and probe.stdout.strip() == name:
-            return command
-    return None
-
-
 def _metrics_run(url: str, vm: Path, env: dict, **kw) -> Run:
     """metrics_file.py (a log line appended every step, metrics.csv rewritten every 5) in ``vm``,
     writing into vm/out, with its directory on the store."""
@@ -382,7 +369,7 @@ def test_drill_the_programs_files_come_back_on_a_machine_of_another_name(s3_env,
     of another name from a fresh copy: its files come back as they were at the snapshot, and end
     byte for byte as an uninterrupted run's. (The files table names the host that recorded it,
     and a restart on another host once left the files alone, and said it restored.)"""
-    other = _as_host("the-next-vm")
+    other = as_host("the-next-vm")
     if other is None:
         pytest.skip("needs unshare --uts (root, or user namespaces) to restart under another host name")
     url = Store("s3", s3_env).url("drill-files")

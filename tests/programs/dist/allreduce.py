@@ -1,16 +1,19 @@
 """Data parallel by hand: each rank draws its own batches, all-reduces the gradients itself and
-steps by manual SGD (no torch.optim, no DDP). usage: allreduce.py OUT STEPS"""
+steps by manual SGD (no torch.optim, no DDP). usage: allreduce.py OUT STEPS [log]: with "log", each
+rank appends a line to OUT/rank<R>/train.log every step (a file of its own, as a rank's logger keeps)."""
+import os
 import sys
 
 import torch
 import torch.distributed as dist
-from common import RANK, finish, progress
+from common import OUT, RANK, finish, progress
 
 
 def main():
     dist.init_process_group("gloo")
     world = dist.get_world_size()
     steps = int(sys.argv[2])
+    log = sys.argv[3:4] == ["log"]
     torch.manual_seed(0)
     w = torch.randn(16, 4, requires_grad=True)
     b = torch.zeros(4, requires_grad=True)
@@ -30,6 +33,9 @@ def main():
         total = loss.detach().clone()
         dist.all_reduce(total)
         history.append(total.item())
+        if log:
+            with open(os.path.join(OUT, "train.log"), "a") as f:
+                f.write(f"step {step} loss {history[-1]:.6f}\n")
         progress(step + 1)
     finish(w=w.detach(), b=b.detach(), history=history, generator=g.get_state())
     dist.destroy_process_group()
