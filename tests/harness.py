@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import forkserver
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,21 +63,19 @@ def gpusnap(*args, cwd: Path, timeout: float = 240, env: dict | None = None, pyt
 def plain(
     program: Path, *args, cwd: Path, timeout: float = 240, env: dict | None = None, python: str = sys.executable
 ) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [python, str(program), *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-        env=_env(env, step_sleep_s="0"),  # a reference: nothing signals it by step
-    )
-    assert result.returncode == 0, result.stderr
-    return result
+    """An uninterrupted reference run of ``program`` to its end (forked from an interpreter that
+    has imported torch: tests/forkserver.py); asserts that it exited 0."""
+    reference = start_plain(program, *args, cwd=cwd, env=env, python=python)
+    out, err = reference.communicate(timeout=timeout)
+    assert reference.returncode == 0, err
+    return subprocess.CompletedProcess(reference.args, reference.returncode, out, err)
 
 
-def start_plain(program: Path, *args, cwd: Path, env: dict | None = None, python: str = sys.executable) -> subprocess.Popen:
+def start_plain(program: Path, *args, cwd: Path, env: dict | None = None, python: str = sys.executable):
     """``plain`` in the background, for a reference run beside the run under test (the caller
-    waits for it: ``communicate()``)."""
-    return subprocess.Popen(
-        [python, str(program), *map(str, args)], cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env=_env(env, step_sleep_s="0"),
-    )
+    waits for it: ``communicate()``, which returns its stdout and stderr)."""
+    # a reference: nothing signals it by step
+    return forkserver.start([program, *args], cwd, _env(env, step_sleep_s="0"), python)
 
 
 PACED_STEP_S = "0.01"  # a program's pause after each step (tests/programs/notorch/pace.py), unless a test sets its own

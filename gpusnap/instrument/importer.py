@@ -17,6 +17,7 @@ xxh3-128 hex digest of its bytes: the run identity uses it to refuse a changed p
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from importlib import _bootstrap
@@ -87,7 +88,18 @@ class InstrumentingLoader(SourceFileLoader):
 
 
 def _real(path: str) -> str:
-    return os.path.normcase(os.path.realpath(path))
+    """``path`` with every symbolic link resolved. Asked of every module the program imports
+    (thousands with a framework), so each directory is resolved once, and the file itself
+    costs one lstat unless it is a link."""
+    head, tail = os.path.split(os.path.abspath(path))
+    if os.path.islink(path):
+        return os.path.normcase(os.path.realpath(path))
+    return os.path.join(_real_dir(head), os.path.normcase(tail))
+
+
+@functools.lru_cache(maxsize=None)
+def _real_dir(directory: str) -> str:
+    return os.path.normcase(os.path.realpath(directory))
 
 
 def _under(path: str, prefixes: tuple[str, ...]) -> bool:

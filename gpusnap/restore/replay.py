@@ -519,7 +519,7 @@ def _reading_status(snap_id: str, total: int | None):
     if _verbosity < 1 or not _console.status_enabled() or os.environ.get("RANK", "0") != "0":
         yield  # (the ranks of a distributed run share a terminal: rank 0 draws the line)
         return
-    started = last = time.perf_counter()
+    started, last = time.perf_counter(), float("-inf")  # the first line as soon as STATUS_AFTER_S has passed
     done = [0]
 
     def report(nbytes: int) -> None:

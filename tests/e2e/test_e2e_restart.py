@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
 
+import forkserver
 import pytest
-from harness import Run, assert_same, copy_programs, gpusnap, interrupt, load_final, plain, progress, ref_and_out
+from harness import Run, _env, assert_same, copy_programs, gpusnap, interrupt, load_final, plain, progress, ref_and_out
 
 SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")]  # CI time: one seed a style
 
@@ -50,6 +53,25 @@ def test_killed_run_restarts_to_the_same_bytes(tmp_path, style, seed):
     if program == "style_a.py":  # workers that draw no random numbers: no skipped batch is loaded
         assert "by batch sampler" in restarted.stderr
     assert_same(load_final(ref), load_final(out))
+
+
+def test_a_forked_reference_ends_with_the_bytes_of_a_fresh_interpreters(tmp_path):
+    """The references of these tests are forked from an interpreter that has imported torch
+    (tests/forkserver.py): with DataLoader workers, a program run so ends as `python program.py`
+    does, byte for byte."""
+    if os.environ.get("GPUSNAP_TEST_FORKSERVER") == "0":
+        pytest.skip("GPUSNAP_TEST_FORKSERVER=0: every reference is a subprocess")
+    programs = copy_programs(tmp_path)
+    forked, fresh = ref_and_out(tmp_path)
+    reference = forkserver.start([programs / "style_a.py", forked, 2, 2], tmp_path, _env(None, "0"), sys.executable)
+    assert isinstance(reference, forkserver.Reference)
+    _, err = reference.communicate(timeout=240)
+    assert reference.returncode == 0, err
+    done = subprocess.run([sys.executable, programs / "style_a.py", fresh, "2", "2"], cwd=tmp_path, env=_env(None, "0"),
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert_same(load_final(fresh), load_final(forked))
+    assert (fresh / "progress").read_text() == (forked / "progress").read_text()
 
 
 @pytest.mark.slow
