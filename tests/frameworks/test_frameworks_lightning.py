@@ -18,8 +18,13 @@ from harness import REPO
 
 pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
 
-combined = pytest.importorskip("lightning.pytorch.utilities.combined_loader")
 ADAPTER = adapter_module.ModeIteratorAdapter()
+
+
+def _combined():
+    """Lightning's combined_loader, imported when a test runs, not when pytest collects this
+    module (each worker collects every module, and importing Lightning takes seconds)."""
+    return pytest.importorskip("lightning.pytorch.utilities.combined_loader")
 
 
 def _scene(say):
@@ -33,7 +38,7 @@ def _loader():
 
 def _started(loaders):
     """A CombinedLoader iterated as the trainer's fetcher does (iter(), then next())."""
-    loader = combined.CombinedLoader(loaders, "max_size_cycle")
+    loader = _combined().CombinedLoader(loaders, "max_size_cycle")
     iter(loader)
     return loader._iterator
 
@@ -86,7 +91,7 @@ def test_a_combined_loader_over_something_else_than_dataloaders_is_refused():
 
 def test_the_adapter_is_found_for_every_mode():
     for mode in ("max_size_cycle", "min_size", "max_size"):
-        loader = combined.CombinedLoader([_loader()], mode)
+        loader = _combined().CombinedLoader([_loader()], mode)
         iter(loader)
         assert loopnotes.describe(loader._iterator)["kind"] == "lightning_mode_iterator"
 
