@@ -212,10 +212,13 @@ DEVICE_MAP = _parsed("DEVICE_MAP", {}, _device_map, 'a list of SAVED:NEW device 
 # phase of a global snapshot (agreeing on an iteration, reaching it, every shard's commit) and
 # for the job's c10d store to answer, before that snapshot is abandoned (training goes on).
 DIST_TIMEOUT_S = _parsed("DIST_TIMEOUT_S", 300.0, lambda raw: _positive(float(raw)), "a number of seconds > 0")
-# The agreed iteration lies this many optimizer steps (or iterations of the safe-point loop, for
-# a program without torch.optim) beyond the furthest rank's posted position: with a collective in
-# every step, no rank can be further than that by the time it learns the target (docs/distributed.md).
+# The agreed iteration lies at least this many optimizer steps (or iterations of the safe-point
+# loop, for a program without torch.optim) beyond the furthest rank's posted position, and at
+# least DIST_LEAD_S of the fastest rank's recent steps: each rank learns the target from a thread
+# that talks to the job's store, and with fast steps on a busy machine two steps were over before
+# it did (the snapshot then fails for every rank; docs/distributed.md).
 DIST_MARGIN = _int("DIST_MARGIN", 2)
+DIST_LEAD_S = _parsed("DIST_LEAD_S", 0.5, lambda raw: _non_negative(float(raw)), "a number of seconds >= 0")
 
 # Run directories on an object store (store.objects, store.levels). A snapshot commits in a local
 # directory first, under LEVEL_DIR/<scheme>/<bucket>/<prefix> (the local level), and is copied

@@ -31,6 +31,8 @@ import sys
 import tempfile
 import time
 
+_AT_IMPORT = dict(os.environ)  # the worker's environment before any test could change it
+
 # Environment variables read when the interpreter starts or torch is imported: a request that
 # sets them otherwise than the server was started with runs as a plain subprocess.
 _AT_START = ("PYTHON", "OMP_", "MKL_", "KMP_", "TORCH", "PYTORCH", "CUDA", "LD_", "NVIDIA")
@@ -181,12 +183,17 @@ def start(argv: list[str], cwd, env: dict, python: str) -> Reference | subproces
     if python != sys.executable or os.environ.get("GPUSNAP_TEST_FORKSERVER") == "0":
         return _subprocess(argv, cwd, env, python)
     if _server is None:
-        from harness import _env
-
-        _server = _Server(_env(None, step_sleep_s="0"))
+        _server = _Server(server_environment())
     if any(_server.env.get(key) != env.get(key) for key in {*env, *_server.env} if key.startswith(_AT_START)):
         return _subprocess(argv, cwd, env, python)
     return _server.start([str(a) for a in argv], cwd, env)
+
+
+def server_environment() -> dict:
+    """The server's environment: the worker's as it started, as a reference's (``harness._env``)."""
+    from harness import _env
+
+    return _env(None, step_sleep_s="0", base=_AT_IMPORT)
 
 
 def _subprocess(argv, cwd, env, python) -> subprocess.Popen:

@@ -81,13 +81,13 @@ def start_plain(program: Path, *args, cwd: Path, env: dict | None = None, python
 PACED_STEP_S = "0.01"  # a program's pause after each step (tests/programs/notorch/pace.py), unless a test sets its own
 
 
-def _env(extra: dict | None = None, step_sleep_s: str = PACED_STEP_S) -> dict:
+def _env(extra: dict | None = None, step_sleep_s: str = PACED_STEP_S, base: dict | None = None) -> dict:
     """The environment of a program or a gpusnap command: a run a test signals by step is paced
     (``TEST_STEP_SLEEP_S``) so that the step it waits for is not long gone by the time it looks;
     a reference run or a restart that runs to its end needs no pace. One intra-op thread: the
     programs' models are small, and with the cores shared by the writer and the other tests'
     programs, more threads spend their time waiting for each other (reference and run get the same)."""
-    env = dict(os.environ)
+    env = dict(os.environ if base is None else base)
     env.setdefault("TEST_STEP_SLEEP_S", step_sleep_s)
     env.setdefault("OMP_NUM_THREADS", "1")
     # This checkout's gpusnap, under every interpreter: an environment's editable install may be

@@ -72,8 +72,7 @@ class PackBuilder:
         if not self.fits(len(stored)):
             raise ValueError(f"a {len(stored)}-byte entry does not fit the pack window; flush first")
         if self._window is None:
-            self._window = mmap.mmap(-1, self._capacity)
-            self._window[:PACK_HEADER_NBYTES] = PACK_HEADER.pack(PACK_MAGIC, PACK_VERSION, 0)
+            self._allocate()
         codec_id = header[4]
         start = self.nbytes
         body = start + codec.ENTRY_NBYTES
@@ -85,6 +84,24 @@ class PackBuilder:
             digest = codec.stored_digest(stored)
         self._pending.append((cid, start, len(stored), raw_nbytes, codec_id, digest))
         self.nbytes = body + len(stored)
+
+    def reserve(self) -> None:
+        """Allocate the window now, every page of it. A writer's pipeline reserves its windows
+        before its first pack goes to the disk, so that in a memory cgroup too small for them the
+        out-of-memory kill comes while no I/O holds the writer's pages: killed in the middle of
+        an O_DIRECT write, it kept them pinned, and the kernel went on to kill the program."""
+        if self._window is not None:
+            return
+        self._allocate()
+        try:
+            self._window.madvise(mmap.MADV_POPULATE_WRITE)  # Linux 5.14
+        except (AttributeError, OSError):
+            for end in range(mmap.PAGESIZE, self._capacity + 1, mmap.PAGESIZE):
+                self._window[end - 1] = 0  # fresh pages are zero: this only faults them in
+
+    def _allocate(self) -> None:
+        self._window = mmap.mmap(-1, self._capacity)
+        self._window[:PACK_HEADER_NBYTES] = PACK_HEADER.pack(PACK_MAGIC, PACK_VERSION, 0)
 
     def flush(self, root) -> tuple[str, int, list[tuple[str, Location]]]:
         """Write the pack; return (pack id, pack bytes, [(chunk id, location), ...])."""

@@ -52,6 +52,7 @@ class Pipeline:
         self._builders = [PackBuilder(capacity) for _ in range(max(2, windows))]
         self._free = list(self._builders)
         self._filling: PackBuilder | None = None
+        self._reserved = False  # the windows other than the first, before its pack is written
         self._full: collections.deque = collections.deque()
         self._closing = False
         self.error: BaseException | None = None
@@ -148,8 +149,7 @@ class Pipeline:
                     builder = self._builder_for(len(stored))
                     builder.add(cid, header, stored, len(piece), digest)
                     if builder.nbytes >= self._flush_at:
-                        self._full.append(builder)
-                        self._filling = None
+                        self._hand_to_flusher(builder)
                     self._in_hand -= 1
                     self.done_bytes += len(piece)
                     self.compress_s += spent
@@ -182,13 +182,23 @@ class Pipeline:
             if builder is not None and builder.fits(stored_nbytes):
                 return builder
             if builder is not None:
-                self._full.append(builder)
-                self._filling = None
+                self._hand_to_flusher(builder)
                 self._cond.notify_all()
             elif self._free:
                 self._filling = self._free.pop()
             else:
                 self._cond.wait()
+
+    def _hand_to_flusher(self, builder: PackBuilder) -> None:
+        """A full window goes to the flusher; before the first, the other windows are reserved
+        (``PackBuilder.reserve``), so no window is faulted in while a pack is under I/O. Called
+        with the condition held."""
+        if not self._reserved:
+            self._reserved = True
+            for other in self._free:
+                other.reserve()
+        self._full.append(builder)
+        self._filling = None
 
     # ---- the flusher
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpusnap.capture.dist.plan import left_before, reached, target
+from gpusnap.capture.dist.plan import left_before, margin, reached, target
 
 OUTER = ["train.py", "main", "20:4"]
 INNER = ["train.py", "main", "26:12"]
@@ -93,3 +93,13 @@ def test_values_too_large_or_too_deep_are_no_values_and_keys_carry_the_runs_nonc
         raise AssertionError(f"{raw[:10]!r}... parsed")
     one, other = distcheck.key_prefix("a" * 32, "job-1", "0"), distcheck.key_prefix("b" * 32, "job-1", "0")
     assert one != other and one.startswith("gpusnap/") and one.endswith("/0/")
+
+
+def test_the_target_lies_a_lead_time_of_the_fastest_ranks_steps_ahead():
+    fast, slow = {"steps": 9, "path": [], "step_s": 0.05}, {"steps": 8, "path": [], "step_s": 0.2}
+    assert margin([fast, slow], least=2, lead_s=1.0) == 20  # a second of the fastest rank's steps
+    assert margin([slow], least=2, lead_s=1.0) == 5
+    assert margin([{"steps": 9, "path": [], "step_s": 2.0}], least=2, lead_s=1.0) == 2  # slow steps: the least
+    assert margin([{"steps": 9, "path": [], "step_s": None}, {"steps": 9, "path": []}], least=2, lead_s=1.0) == 2
+    assert margin([fast], least=2, lead_s=0) == 2
+    assert target([fast, slow], margin([fast, slow], 2, 1.0)) == {"steps": 29}

@@ -12,7 +12,7 @@ import sys
 
 import forkserver
 import pytest
-from harness import Run, _env, assert_same, copy_programs, gpusnap, interrupt, load_final, plain, progress, ref_and_out
+from harness import Run, assert_same, copy_programs, gpusnap, interrupt, load_final, plain, progress, ref_and_out
 
 SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")]  # CI time: one seed a style
 
@@ -63,11 +63,12 @@ def test_a_forked_reference_ends_with_the_bytes_of_a_fresh_interpreters(tmp_path
         pytest.skip("GPUSNAP_TEST_FORKSERVER=0: every reference is a subprocess")
     programs = copy_programs(tmp_path)
     forked, fresh = ref_and_out(tmp_path)
-    reference = forkserver.start([programs / "style_a.py", forked, 2, 2], tmp_path, _env(None, "0"), sys.executable)
+    env = forkserver.server_environment()
+    reference = forkserver.start([programs / "style_a.py", forked, 2, 2], tmp_path, env, sys.executable)
     assert isinstance(reference, forkserver.Reference)
     _, err = reference.communicate(timeout=240)
     assert reference.returncode == 0, err
-    done = subprocess.run([sys.executable, programs / "style_a.py", fresh, "2", "2"], cwd=tmp_path, env=_env(None, "0"),
+    done = subprocess.run([sys.executable, programs / "style_a.py", fresh, "2", "2"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr
     assert_same(load_final(fresh), load_final(forked))

@@ -53,6 +53,9 @@ def post(value) -> str | None:
         return f"a position whose loop path is damaged: {path!r:.120}"
     if not isinstance(value.get("stop"), bool) or value.get("reason") not in _REASONS:
         return "a position without a stop flag and a reason"
+    pace = value.get("step_s")
+    if pace is not None and (isinstance(pace, bool) or not isinstance(pace, (int, float)) or not 0 <= pace < 1e9):
+        return f"a position whose seconds per step {pace!r:.40} are no duration"
     if not is_snapshot_id(value.get("next")):
         return f"a position whose next id {value.get('next')!r:.40} is no snapshot id"
     return None

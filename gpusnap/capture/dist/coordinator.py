@@ -12,7 +12,8 @@ the run directory and torchrun's run id), one generation ``g`` of keys per globa
                    it itself to stop waiting once the generation is over without it)
     pos/g/<rank>   where the rank stood at its first safe point after the request: optimizer
                    steps, the loops on its path, its stop flag and reason, its next shard id
-    plan/g         rank 0, once every position is in: the target position (DIST_MARGIN steps
+    plan/g         rank 0, once every position is in: the target position (DIST_MARGIN steps,
+                   or DIST_LEAD_S of the fastest rank's steps, whichever is more,
                    past the furthest rank), the global snapshot id, stop, reason
     done/g/<rank>  the rank's shard: committed (with its report) or failed (with why)
     global/g       rank 0: the global manifest is committed, or why not
@@ -23,8 +24,8 @@ shard outcome or global outcome is waited past, never believed.
 No rank ever waits for another at a loop boundary: it posts where it stands and trains on (a
 rank blocked at a boundary while another needs it for DDP's all-reduce would deadlock), then
 snapshots at its first safe point at or past the target. A rank that learns the target only
-after passing it (possible only where ranks do not meet in a collective every step) fails that
-snapshot for everyone, loudly; it never takes a shard at another iteration than the others.
+after passing it (where ranks do not meet in a collective every step, or where its store thread
+waited longer than the target's lead) fails that snapshot for everyone, loudly; it never takes a shard at another iteration than the others.
 
 Threads, so that the main thread never talks to the store: the *poster* sends what the main
 thread posts (a queue), the *watcher* waits for this rank's ``wake`` key, the *runner* moves a
@@ -114,15 +115,18 @@ def _refuse(message: str, hint: str, code: int) -> None:
 
 
 def position(loop) -> dict:
-    """Where this rank stands at a safe point: its optimizer steps, and the loops on its path
-    (for programs without torch.optim, whose step count stays 0)."""
+    """Where this rank stands at a safe point: its optimizer steps, the loops on its path (for
+    programs without torch.optim, whose step count stays 0), and its recent seconds per
+    iteration (None before it has a measure), which set how far ahead the target lies."""
     path = []
     for active in loops.ACTIVE:
         code = active.frame.f_code
         path.append([code.co_filename, code.co_qualname, active.loop_id, active.index])
         if active is loop:
             break
-    return {"steps": session.steps, "path": path}
+    from gpusnap.capture.trainee import costs
+
+    return {"steps": session.steps, "path": path, "step_s": costs.step_s()}
 
 
 class Coordinator:
@@ -300,7 +304,8 @@ class Coordinator:
             self.taken = g
         if planning.reached(previous, plan["at"]):
             self.shard_failed(f"rank {self.rank} learned the agreed iteration only after passing it (its ranks do not "
-                              "meet in a collective every step); no snapshot was taken")
+                              "meet in a collective every step, or the machine kept its store thread waiting longer than "
+                              "GPUSNAP_DIST_LEAD_S); no snapshot was taken")
             return
         from gpusnap.capture.trainee import agent
 
@@ -414,7 +419,7 @@ class Coordinator:
         return client
 
     def _plan(self, posts: list[dict]) -> dict:
-        at = planning.target(posts, knobs.DIST_MARGIN)
+        at = planning.target(posts, planning.margin(posts, knobs.DIST_MARGIN, knobs.DIST_LEAD_S))
         stop = any(p.get("stop") for p in posts)
         requested = [p.get("reason") for p in posts if p.get("reason") not in (None, "peer")]
         top_ids = [int(s) for s in self.top.snapshot_ids()]

@@ -2,11 +2,27 @@
 pure functions of the positions the ranks posted (``coordinator.position``), with no store, no
 thread and no process of their own, so that they are tested alone (tests/capture/test_dist_plan.py).
 
-A position is ``{"steps": optimizer steps, "path": [[file, qualname, loop id, index], ...]}``,
-the loops on the rank's path from the outermost in; a target is ``{"steps": N}``, with
+A position is ``{"steps": optimizer steps, "path": [[file, qualname, loop id, index], ...],
+"step_s": seconds per iteration or None}``, the loops on the rank's path from the outermost in; a target is ``{"steps": N}``, with
 ``"loops"`` and ``"index"`` before any rank has stepped."""
 
 from __future__ import annotations
+
+import math
+
+
+def margin(posts: list[dict], least: int, lead_s: float) -> int:
+    """How far past the furthest rank the target lies: ``least`` steps, or as many as the
+    fastest rank takes in ``lead_s`` (by the seconds per iteration it posted), whichever is
+    more. Each rank learns the target from a thread that talks to the job's store; fast steps
+    on a busy machine passed two steps before it did."""
+    paces = [p["step_s"] for p in posts if isinstance(p.get("step_s"), (int, float)) and p["step_s"] > 0]
+    if not paces or lead_s <= 0:
+        return least
+    return max(least, min(_MOST, math.ceil(lead_s / min(paces))))
+
+
+_MOST = 100_000  # a bound for a program that posts absurdly fast iterations
 
 
 def target(posts: list[dict], margin: int) -> dict:

@@ -83,6 +83,12 @@ _lock = threading.Lock()  # the window is closed from the main thread or from a 
 _announced = False
 
 
+def step_s() -> float | None:
+    """The median of the recent clean iterations' durations (None before the warm-up is over)."""
+    recent = list(_clean)
+    return statistics.median(recent) if recent else None
+
+
 def iteration() -> None:
     """An iteration of the step loop starts (its first optimizer step)."""
     global _last_t, _seen, _skip_next, _announced
