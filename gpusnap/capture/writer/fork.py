@@ -196,6 +196,7 @@ def _oom_score_adj(score: bytes) -> bytes | None:
     finally:
         os.close(fd)
 
+
 def _write(job, write_fd: int) -> dict:
     # The walks touch every attribute of the program's objects and modules (deprecated ones
     # of torch.distributed warn): the writer speaks only through its report.
