@@ -91,9 +91,9 @@ def _real(path: str) -> str:
     """``path`` with every symbolic link resolved. Asked of every module the program imports
     (thousands with a framework), so each directory is resolved once, and the file itself
     costs one lstat unless it is a link."""
-    head, tail = os.path.split(os.path.abspath(path))
     if os.path.islink(path):
         return os.path.normcase(os.path.realpath(path))
+    head, tail = os.path.split(os.path.abspath(path))
     return os.path.join(_real_dir(head), os.path.normcase(tail))
 
 

@@ -25,7 +25,8 @@ No rank ever waits for another at a loop boundary: it posts where it stands and 
 rank blocked at a boundary while another needs it for DDP's all-reduce would deadlock), then
 snapshots at its first safe point at or past the target. A rank that learns the target only
 after passing it (where ranks do not meet in a collective every step, or where its store thread
-waited longer than the target's lead) fails that snapshot for everyone, loudly; it never takes a shard at another iteration than the others.
+waited longer than the target's lead) fails that snapshot for everyone, loudly; it never takes
+a shard at another iteration than the others.
 
 Threads, so that the main thread never talks to the store: the *poster* sends what the main
 thread posts (a queue), the *watcher* waits for this rank's ``wake`` key, the *runner* moves a

@@ -3,8 +3,8 @@ pure functions of the positions the ranks posted (``coordinator.position``), wit
 thread and no process of their own, so that they are tested alone (tests/capture/test_dist_plan.py).
 
 A position is ``{"steps": optimizer steps, "path": [[file, qualname, loop id, index], ...],
-"step_s": seconds per iteration or None}``, the loops on the rank's path from the outermost in; a target is ``{"steps": N}``, with
-``"loops"`` and ``"index"`` before any rank has stepped."""
+"step_s": seconds per iteration or None}``, the loops on the rank's path from the outermost in;
+a target is ``{"steps": N}``, with ``"loops"`` and ``"index"`` before any rank has stepped."""
 
 from __future__ import annotations
 
