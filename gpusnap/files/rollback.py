@@ -231,11 +231,11 @@ class Plan:
 def rollback(sources: list[Source], after_dir: str, force: bool, leave=lambda path: False, settled=()) -> Plan:
     """Plan putting the files of ``sources`` (lowest rank first: a path several ranks wrote is
     put back by the first) back to their snapshots' state, but those ``leave(path)`` names (the
-    restart's own ``--files-exclude``) and those of ``settled`` (tables another supervisor of
-    this host has put back for the same restart); refuse when some cannot be, unless ``force``.
+    restart's own ``--files-exclude``) and those ``settled`` names (the file tables another
+    supervisor of this host has put back for the same restart); refuse when some cannot be, unless ``force``.
     The caller applies the plan."""
     plan = Plan(after_dir, in_place=False)
-    decided: set[str] = {e["path"] for source in settled for e in source.table.get("entries") or ()}
+    decided: set[str] = {e["path"] for table in settled for e in table.get("entries") or ()}
     for source in sources:
         recorded = excludes_of(source.table)
         excluded = lambda path, recorded=recorded: recorded(path) or leave(path)  # noqa: E731
@@ -320,7 +320,7 @@ def before_replay(rd, snap_id: str, force: bool, leave=lambda path: False, share
         todo = {rank: pair for rank, pair in pairs.items() if rank not in done}
         if not todo:
             return None
-        settled = [_source(*pairs[rank], host, rank) for rank in done if rank in pairs]
+        settled = [pairs[rank][1]["files"] for rank in done if rank in pairs]
         plan = _put_back([(*pair, rank) for rank, pair in sorted(todo.items())], after_dir(rd, snap_id), snap_id, force,
                          leave, settled)
         from gpusnap import atomic

@@ -65,7 +65,7 @@ def arguments(values: dict) -> list[str] | None:
 def world_size(args: list[str]) -> int | None:
     """The job's number of ranks, when torchrun's arguments fix it (--nnodes a number or N:N,
     --nproc-per-node a number); None for an elastic range or "gpu"/"auto"."""
-    values = dict(zip(args[::1], args[1::1]))
+    values = _values(args)
     nproc = values.get("--nproc-per-node", "1")
     nnodes = values.get("--nnodes", "1")
     if ":" in nnodes:
@@ -86,13 +86,18 @@ def node_ranks(args: list[str], world: int) -> list[int] | None:
     arguments fix them before the rendezvous: all of them on a single node; the block of
     ``--node-rank`` under a static rendezvous (torchrun numbers a node's ranks on from the nodes
     before it). None where the rendezvous assigns them (c10d, etcd over several nodes)."""
-    values = dict(zip(args[::1], args[1::1]))
+    values = _values(args)
     if "--standalone" in args or values.get("--nnodes", "1") in ("1", "1:1"):
         return list(range(world))
     nproc, node = values.get("--nproc-per-node", ""), values.get("--node-rank")
     if values.get("--rdzv-backend", "static") != "static" or node is None or not nproc.isdigit() or not node.isdigit():
         return None
     return [r for r in range(int(node) * int(nproc), (int(node) + 1) * int(nproc)) if r < world]
+
+
+def _values(args: list[str]) -> dict[str, str]:
+    """Each of torchrun's arguments with the one after it (a flag's value, as ``arguments`` writes them)."""
+    return dict(zip(args, args[1:]))
 
 
 def command(torchrun: list[str], kind: str, target: str, args: list[str]) -> list[str]:
