@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import mmap
 import os
 import pathlib
 import secrets
@@ -171,6 +172,49 @@ def _rename_noreplace(src: pathlib.Path, dst: pathlib.Path) -> None:
 # logical block size.
 _BLOCK = 4096
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+
+# statfs(2)'s f_type of the file systems that live in memory: tmpfs, ramfs.
+_MEMORY_FS = {0x01021994, 0x858458F6}
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def copies_writes(directory: pathlib.Path) -> bool:
+    """Whether every write to a file in ``directory`` copies its bytes into the page cache,
+    whatever it asks for: a file system in memory (tmpfs takes O_DIRECT since Linux 6.6, and
+    copies all the same) or one that refuses O_DIRECT."""
+    return _fs_type(directory) in _MEMORY_FS or not takes_direct(directory)
+
+
+def _fs_type(directory: pathlib.Path) -> int | None:
+    buf = ctypes.create_string_buffer(256)  # struct statfs (120 bytes on 64-bit Linux); f_type first
+    if _libc.statfs(os.fsencode(directory), buf) != 0:
+        return None
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+
+
+def takes_direct(directory: pathlib.Path) -> bool:
+    """Whether files in ``directory`` take O_DIRECT writes (tmpfs and some network mounts refuse
+    them, at open or at the first write): one aligned block written to a temporary file there."""
+    if not _O_DIRECT:
+        return False
+    probe = pathlib.Path(directory, f"direct-probe{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
+    block = mmap.mmap(-1, _BLOCK)
+    try:
+        # os.*, not the swappable _open/_write: a test's injected fault counts the writer's own calls
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | _O_DIRECT, 0o600)
+        try:
+            os.write(fd, block)
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return False
+        _raise_for(exc, probe, "write of")
+    finally:
+        block.close()
+    return True
 
 
 def _direct_candidate(parts):

@@ -107,6 +107,8 @@ def _request(url: str, headers: dict, method: str = "GET") -> Answer:
             done["answer"] = Answer(resp.status, body if len(body) <= _MAX_BODY else b"", date, time.monotonic())
         except (OSError, http.client.HTTPException, ValueError):
             pass
+        except AttributeError:  # a request left behind whose connection was closed under it
+            pass
         finally:
             conn.close()
 

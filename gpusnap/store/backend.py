@@ -71,6 +71,13 @@ class Backend:
     def get(self, key: str) -> bytes:
         raise NotImplementedError
 
+    def copies_on_put(self, prefix: str) -> bool:
+        """Whether ``put`` of a large object under ``prefix`` copies its bytes on their way
+        anyway, so that the writer may hand it the pieces where they lie (tmpfs, a file system
+        that refuses O_DIRECT: into the page cache), rather than one buffer it writes from
+        without a copy (O_DIRECT to a disk) or sends as one body (an object store)."""
+        return False
+
     def open(self, key: str) -> Ranged:
         raise NotImplementedError
 

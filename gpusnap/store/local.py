@@ -53,6 +53,12 @@ class LocalBackend(Backend):
     def commit(self, key: str, data: bytes) -> None:
         atomic.write_file(self._parent_made(key), [data], noreplace=True)
 
+    def copies_on_put(self, prefix: str) -> bool:
+        path = self.path(prefix)
+        if not path.is_dir():
+            atomic.make_dir(path)
+        return atomic.copies_writes(path)
+
     def get(self, key: str) -> bytes:
         with open(self.path(key), "rb") as f:
             return f.read()

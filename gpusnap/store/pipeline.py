@@ -7,7 +7,11 @@ one more, while the caller hashes the next ones.
                chunk, chooses its encoding (``choose.Chooser``), encodes it and appends it to the
                pack being filled
     flusher    one thread: writes each full pack (``PackBuilder.flush``, the one place a pack is
-               put into storage), while the encoders fill the next
+               put into storage), while the encoders fill the next. Once the first window holds
+               a sixteenth of a pack, it first reserves the other windows (``PackBuilder.reserve``)
+               while the encoders fill on: a snapshot too small to need them never allocates
+               them, and a large one's first pack does not wait for them (a stop snapshot of
+               1 GB waited 40 ms more for its first pack when they were reserved after it)
 
 blosc2 (``blosc2.set_releasegil``) and xxhash release the GIL while they work, so the threads run
 on as many cores as the host gives them; blosc2 itself runs single-threaded in each (its own
@@ -19,7 +23,8 @@ stops the threads and returns the packs written so far, for the caller to remove
 thread (a full disk) is raised by the next ``submit`` or by ``finish``.
 
 Memory: ``windows`` pack windows (one filling, the others written or waiting for the flusher),
-and the encoded copies of at most ``2 x threads`` chunks in the encoders' hands.
+and the encoded copies of at most ``2 x threads`` chunks in the encoders' hands; unwindowed
+(``PackBuilder``), the compressed entries of as many packs instead of the windows.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import collections
 import threading
 import time
 
-from gpusnap.store import codec
+from gpusnap.store import backend, codec
 from gpusnap.store.pack import PackBuilder
 
 
@@ -49,10 +54,14 @@ class Pipeline:
         self._tasks: collections.deque = collections.deque()
         self._in_hand = 0  # submitted, not yet in a pack window
         self._max_in_hand = 2 * max(1, threads)
-        self._builders = [PackBuilder(capacity) for _ in range(max(2, windows))]
-        self._free = list(self._builders)
-        self._filling: PackBuilder | None = None
-        self._reserved = False  # the windows other than the first, before its pack is written
+        # A store that copies what it is given (tmpfs) gets each entry where it lies: ``submit``'s
+        # pieces are held until ``finish`` anyway, and a compressed entry is its own bytes object.
+        windowed = not backend.of(root).copies_on_put("packs")
+        self._builders = [PackBuilder(capacity, windowed=windowed) for _ in range(max(2, windows))]
+        self._filling: PackBuilder | None = self._builders[0]
+        self._free = []  # the other windows, once reserved (``_reserve_rest``)
+        self._reserve_at = max(1, flush_at // 16)  # bytes in the first window that start the reservation
+        self._reserving = False
         self._full: collections.deque = collections.deque()
         self._closing = False
         self.error: BaseException | None = None
@@ -148,6 +157,8 @@ class Pipeline:
                 with self._cond:
                     builder = self._builder_for(len(stored))
                     builder.add(cid, header, stored, len(piece), digest)
+                    if not self._reserving and builder.nbytes >= self._reserve_at:
+                        self._reserving = True  # the flusher reserves the other windows
                     if builder.nbytes >= self._flush_at:
                         self._hand_to_flusher(builder)
                     self._in_hand -= 1
@@ -190,26 +201,49 @@ class Pipeline:
                 self._cond.wait()
 
     def _hand_to_flusher(self, builder: PackBuilder) -> None:
-        """A full window goes to the flusher; before the first, the other windows are reserved
-        (``PackBuilder.reserve``), so no window is faulted in while a pack is under I/O. Called
-        with the condition held."""
-        if not self._reserved:
-            self._reserved = True
-            for other in self._free:
-                other.reserve()
+        """A full window goes to the flusher. Called with the condition held."""
+        self._reserving = True
         self._full.append(builder)
         self._filling = None
 
     # ---- the flusher
 
+    def _reserve_rest(self) -> bool:
+        """Allocate every page of the windows other than the first before the first pack goes to
+        the disk: in a memory cgroup too small for them, the out-of-memory kill then comes while
+        no O_DIRECT write pins the writer's pages (killed in the middle of one, it kept them
+        pinned, and the kernel went on to kill the program). On the flusher's thread, outside the
+        condition, while the encoders fill the first window. False after an error."""
+        try:
+            for builder in self._builders[1:]:
+                builder.reserve()
+        except BaseException as exc:  # noqa: BLE001 - the caller raises it
+            self._fail(exc)
+            return False
+        with self._cond:
+            self._free.extend(self._builders[1:])
+            self._cond.notify_all()
+        return True
+
     def _flush_loop(self) -> None:
+        reserved = False
         while True:
             with self._cond:
-                while not self._full and not (self._closing and self._in_hand == 0) and self.error is None:
+                while not self._full and not (self._reserving and not reserved) \
+                        and not (self._closing and self._in_hand == 0) and self.error is None:
                     self._cond.wait()
-                if self.error is not None or not self._full:
+                if self.error is not None:
                     return
-                builder = self._full.popleft()
+                # Once closing, no encoder needs another window: the last packs go without them.
+                reserve = self._reserving and not reserved and not self._closing
+                if not reserve and not self._full:
+                    return
+                builder = None if reserve else self._full.popleft()
+            if builder is None:
+                reserved = True
+                if not self._reserve_rest():
+                    return
+                continue
             t0 = time.perf_counter()
             try:
                 pack_id, nbytes, located = builder.flush(self._root)

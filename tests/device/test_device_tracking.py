@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from harness import REPO, _env
+from harness import _env
 
 PROBE = """
 import json, sys

@@ -219,7 +219,7 @@ def test_two_nodes_sigterm_exits_75_on_each_and_both_restart(tmp_path):
     # Nodes that choose different snapshots (here by --snapshot on one) must not train on as one job.
     mixed = [p.communicate(timeout=300)[1] for p in restart_each(["--snapshot", ids[0]], [])]
     said = "".join(mixed)
-    assert f"restore refused: the ranks of this job resume from different snapshots (rank 0: snapshot " in said, said[-3000:]
+    assert "restore refused: the ranks of this job resume from different snapshots (rank 0: snapshot " in said, said[-3000:]
     assert not (out / "rank0" / "final.pt").exists() and sorted(committed_ids(run_dir)) == ids
 
     restarts = restart_each([], [])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import pty
+import select
 
 from gpusnap.console import Console
 
@@ -27,8 +28,19 @@ def test_on_a_terminal_a_line_clears_the_status_line_first():
             console.show("gpusnap: writing snapshot 000001: 1 MB read")
             console.say("snapshot 000001 committed")
             console.clear()  # nothing shown any more: writes nothing
-        text = os.read(master, 4096).decode()
+        text = _read_all(master)
     finally:
         os.close(master)
         os.close(slave)
     assert text == "\r\033[Kgpusnap: writing snapshot 000001: 1 MB read\r\033[Kgpusnap: snapshot 000001 committed\r\n"
+
+
+def _read_all(master: int) -> str:
+    """What the terminal holds: a pty hands it over in pieces, not always in one read."""
+    got = b""
+    while select.select([master], [], [], 0.5)[0]:
+        data = os.read(master, 4096)
+        if not data:
+            break
+        got += data
+    return got.decode()

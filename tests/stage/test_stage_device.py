@@ -216,7 +216,7 @@ def blocks(gpu, monkeypatch):
 
 
 def test_neighbouring_blocks_are_copied_as_one_and_found_by_address(blocks, monkeypatch):
-    a, b, c = blocks(0, 1 << 20, 1), blocks((1 << 20) + 512, 1 << 20, 2), blocks(8 << 20, 1 << 20, 3)
+    _, b, _ = blocks(0, 1 << 20, 1), blocks((1 << 20) + 512, 1 << 20, 2), blocks(8 << 20, 1 << 20, 3)
     copies = []
     real = staging._state.backend.copy_to_host
     monkeypatch.setattr(staging._state.backend, "copy_to_host", lambda *args: copies.append(args) or real(*args))

@@ -1,15 +1,23 @@
 """Packs go to the disk with O_DIRECT from a page-aligned window, tails and refusing file
-systems through ordinary writes; the bytes on disk are the same either way."""
+systems through ordinary writes; a run directory on a file system that refuses O_DIRECT gets its
+packs from where each entry lies, without a window. The bytes on disk are the same either way."""
 
 from __future__ import annotations
 
 import errno
 import mmap
 import os
+import pathlib
+import shutil
+import tempfile
 
 import pytest
+import xxhash
 
 from gpusnap import atomic
+from gpusnap.store import RunDir, backend, codec
+from gpusnap.store.pack import PackBuilder, pack_path
+from store_helpers import IDENTITY, payload, snap
 
 
 def _window(nbytes: int, seed: int) -> mmap.mmap:
@@ -80,3 +88,51 @@ def test_no_space_during_a_direct_write_leaves_nothing(tmp_path, monkeypatch):
         with pytest.raises(atomic.NoSpace):
             atomic.write_file(tmp_path / "p.pack", [data], direct=True)
     assert list(tmp_path.iterdir()) == []
+
+
+def _tmpfs_dir() -> pathlib.Path:
+    """A scratch directory on tmpfs (/dev/shm), whose writes copy into memory whatever they ask."""
+    shm = pathlib.Path("/dev/shm")
+    if not shm.is_dir() or not os.access(shm, os.W_OK):
+        pytest.skip("no writable /dev/shm")
+    return pathlib.Path(tempfile.mkdtemp(prefix="gpusnap-test-", dir=shm))
+
+
+def test_windowed_and_unwindowed_packs_hold_the_same_bytes_under_the_same_name(tmp_path):
+    entries = []
+    for k, nbytes in enumerate([5000, 70_000, 4096, 1]):
+        data = bytes((k * 7 + i) % 251 for i in range(nbytes))
+        cid = codec.chunk_id(data)
+        entries.append((cid, *codec.encode(cid, data, "uint8", 1, "zstd" if k % 2 else "none"), nbytes))
+    written = {}
+    for windowed in (True, False):
+        root = tmp_path / str(windowed)
+        builder = PackBuilder(1 << 20, windowed=windowed)
+        for cid, header, stored, nbytes in entries:
+            builder.add(cid, header, stored, nbytes)
+        pack_id, nbytes, located = builder.flush(root)
+        data = pack_path(root, pack_id).read_bytes()
+        assert len(data) == nbytes and xxhash.xxh3_128_hexdigest(data) == pack_id
+        written[windowed] = (pack_id, data, located)
+        builder.close()
+    assert written[True] == written[False]
+
+
+def test_a_run_directory_on_tmpfs_is_written_from_where_the_bytes_lie(tmp_path):
+    if atomic.takes_direct(tmp_path) and atomic._fs_type(tmp_path) not in atomic._MEMORY_FS:
+        assert not backend.of(tmp_path).copies_on_put("packs")  # a disk: O_DIRECT from a window
+    where = _tmpfs_dir()
+    try:
+        rd = RunDir.create(where / "run", IDENTITY)
+        assert rd.backend.copies_on_put("packs")
+        buffers = {"noise": payload(1, 900_000), "zeros": bytes(300_000), "small": b"x" * 10}
+        sid, recs = snap(rd, buffers)
+        assert rd.verify() == []
+        for name, data in buffers.items():
+            assert bytes(rd.read_buffer(recs[name])) == data
+        packs = list((where / "run" / "packs").rglob("*.pack"))
+        assert len(packs) > 1  # several packs of SMALL's size, each named by its bytes
+        assert all(xxhash.xxh3_128_hexdigest(p.read_bytes()) == p.stem for p in packs)
+        assert not [p for p in (where / "run").rglob("*") if atomic.is_temp(p.name)]  # no probe left
+    finally:
+        shutil.rmtree(where)

@@ -19,7 +19,7 @@ from gpusnap.store import RunDir, codec, index
 from gpusnap.store.codec import ENTRY_NBYTES
 from gpusnap.store.pack import pack_path
 from harness import Run, copy_programs, gpusnap, plain, progress, ref_and_out, request_snapshot, wait_for
-from store_helpers import IDENTITY, SMALL, make_run, payload, snap
+from store_helpers import IDENTITY, SMALL, make_run, payload
 
 _register()
 

@@ -24,7 +24,7 @@ from gpusnap.instrument import cache
 from gpusnap import atomic
 from gpusnap.store import RunDir
 from harness import Run, committed_ids, copy_programs, progress, request_snapshot, wait_for
-from store_helpers import IDENTITY, SMALL, make_run, payload, snap
+from store_helpers import IDENTITY, SMALL, make_run, payload
 
 _register()
 OTHER_UID = 4242

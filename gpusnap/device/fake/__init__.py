@@ -24,7 +24,7 @@ _saved: dict[str, object] = {}
 
 def install() -> None:
     """Make ``cuda.bindings.driver``, ``runtime`` and ``cuda.core`` the fake ones in this process."""
-    import cuda.bindings
+    import cuda.bindings  # noqa: F401  (the parents of the modules replaced)
 
     for name, module in _MODULES.items():
         if name not in _saved:
