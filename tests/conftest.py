@@ -36,27 +36,3 @@ def pytest_runtest_makereport(item, call):
     if report.failed:
         report.sections.append(("fake GPU stream order", f"replay with {_replay()}"))
 
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist, each worker starts on its own share of the long (``slow``) tests.
-
-    xdist's ``worksteal`` hands each worker one contiguous run of the collection and lets an idle
-    worker take the end of the longest queue. In collection order the long end-to-end tests sat
-    together, so one or two workers held most of them and the run ended on a tail of long tests
-    with the other cores idle. Here every worker's run begins with every n-th long test and ends
-    with short ones, which are what gets stolen. Every worker orders the same collection the same
-    way, as xdist requires."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if workers <= 1:
-        return
-    slow = [item for item in items if item.get_closest_marker("slow")]
-    fast = [item for item in items if not item.get_closest_marker("slow")]
-    ordered, left = [], len(items)
-    for k in range(workers):
-        size = left // (workers - k)  # the share xdist hands worker k (``WorkStealingScheduling``)
-        share = slow[k::workers][:size]
-        ordered += share + fast[: size - len(share)]
-        del fast[: size - len(share)]
-        left -= size
-    placed = set(ordered)
-    items[:] = ordered + [item for item in slow if item not in placed] + fast

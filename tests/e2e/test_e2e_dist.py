@@ -1,7 +1,7 @@
 """Distributed runs end to end: torchrun jobs on CPU over gloo, under the real CLI.
 
-Each program in tests/programs/dist runs once under plain torchrun (the reference) and once under
-`gpusnap run --nproc-per-node N`; the second is snapshotted at a random step, killed -9 (the whole
+Each program in tests/programs/dist runs once uninterrupted (the reference: each rank with the
+environment torchrun gives it) and once under `gpusnap run --nproc-per-node N`; the second is snapshotted at a random step, killed -9 (the whole
 job, or one rank alone), restarted, and must end with every rank's final state byte for byte
 the reference's. Seeds are logged.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import Run, _env, as_host, assert_same, committed_ids, copy_programs, gpusnap, wait_for
+from harness import Run, _env, as_host, assert_same, committed_ids, copy_programs, gpusnap, start_plain, wait_for
 
 pytestmark = [pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
                                  reason="torch.distributed with gloo is not available"),
@@ -34,11 +34,28 @@ pytestmark = [pytest.mark.skipif(not torch.distributed.is_available() or not tor
 STEP_SLEEP = {"TEST_STEP_SLEEP_S": "0.05", "GPUSNAP_WRITER_PRIORITY": "0"}
 
 
-def torchrun(*args, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", *map(str, args)], cwd=cwd,
-                            capture_output=True, text=True, timeout=timeout, env=_env({**STEP_SLEEP, **(env or {})}))
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result
+def reference_job(program: str, *args, ranks: int, cwd: Path) -> list:
+    """The job run uninterrupted on one node, its ranks started as by ``torchrun --standalone``
+    (the environment its agent gives each: a rendezvous on a free local port) but forked from an
+    interpreter that has imported torch (tests/forkserver.py), without the agent: a rank's torch
+    import was most of a reference job's CPU. ``finish_job`` waits for it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    job = {"WORLD_SIZE": str(ranks), "LOCAL_WORLD_SIZE": str(ranks), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port)}
+    return [start_plain(cwd / program, *args, cwd=cwd, env={**job, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(ranks)]
+
+
+def finish_job(ranks: list, timeout: float = 300) -> None:
+    try:
+        for rank, reference in enumerate(ranks):
+            _, err = reference.communicate(timeout=timeout)
+            assert reference.returncode == 0, f"reference rank {rank}: {err[-3000:]}"
+    finally:
+        for reference in ranks:
+            if reference.poll() is None:
+                reference.kill()
 
 
 def rank_progress(out: Path, rank: int) -> int:
@@ -115,9 +132,7 @@ def test_kill_and_restart_matches_uninterrupted(tmp_path, program, args, ranks, 
     print(f"seed {seed}")
     rnd = random.Random(seed)
     progs, ref, out, run_dir = _setup(tmp_path)
-    reference = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-                                  program, ref, *args], cwd=progs, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                 text=True, env=_env(STEP_SLEEP))
+    reference = reference_job(program, ref, *args, ranks=ranks, cwd=progs)
     run = Run("run", "--nproc-per-node", ranks, "--dir", run_dir, program, out, *args, cwd=progs, env=STEP_SLEEP)
     snap = snapshot_at(run, run_dir, out, ranks, rnd.randint(3, 15))
     kill_at = least_progress(out, ranks) + rnd.randint(1, 5)
@@ -134,8 +149,7 @@ def test_kill_and_restart_matches_uninterrupted(tmp_path, program, args, ranks, 
     restart = gpusnap("restart", run_dir, cwd=progs, timeout=300, env=STEP_SLEEP)
     assert restart.returncode == 0, restart.stderr[-4000:]
     assert f"resuming from snapshot {snap}" in restart.stderr
-    _, err = reference.communicate(timeout=300)
-    assert reference.returncode == 0, err[-3000:]
+    finish_job(reference)
     compare(ref, out, ranks)
 
 
@@ -150,7 +164,7 @@ def test_a_job_requeued_on_a_node_of_another_name_gets_each_ranks_files_back(tmp
     if other is None:
         pytest.skip("needs unshare --uts (root, or user namespaces) to restart under another host name")
     progs, ref, out, run_dir = _setup(tmp_path)
-    torchrun("--standalone", "--nproc-per-node", "2", "allreduce.py", ref, "80", "log", cwd=progs)
+    finish_job(reference_job("allreduce.py", ref, 80, "log", ranks=2, cwd=progs))
     out.mkdir()  # the program makes only its ranks' directories: out is the node's disk
     run = Run("run", "--nproc-per-node", 2, "--dir", run_dir, "allreduce.py", out, 80, "log", cwd=progs, env=STEP_SLEEP)
     with running(run):
@@ -197,7 +211,7 @@ def test_two_nodes_sigterm_exits_75_on_each_and_both_restart(tmp_path):
     and exits 75 on each; restarts that would resume the nodes from different snapshots refuse;
     `gpusnap restart DIR` on each continues to the uninterrupted bytes."""
     progs, ref, out, run_dir = _setup(tmp_path)
-    torchrun("--standalone", "--nproc-per-node", "2", "ddp.py", ref, "6", cwd=progs)
+    finish_job(reference_job("ddp.py", ref, 6, ranks=2, cwd=progs))
     nodes = _run_two_nodes(progs, run_dir, out, ["6"])
     with running(*nodes):
         first = snapshot_at(nodes[0], run_dir, out, 2, 5)
