@@ -1,6 +1,7 @@
 """Packs go to the disk with O_DIRECT from a page-aligned window, tails and refusing file
-systems through ordinary writes; a run directory on a file system that refuses O_DIRECT gets its
-packs from where each entry lies, without a window. The bytes on disk are the same either way."""
+systems through ordinary writes; a run directory on tmpfs (or on a file system that refuses
+O_DIRECT), where every write is a copy, gets its packs from where each entry lies, without a
+window. The bytes on disk are the same either way."""
 
 from __future__ import annotations
 
