@@ -40,7 +40,8 @@ _fsync = os.fsync
 _rename = os.rename
 _unlink = os.unlink
 _close = os.close
-_renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)  # glibc >= 2.28
+_libc = ctypes.CDLL(None, use_errno=True)
+_renameat2 = getattr(_libc, "renameat2", None)  # glibc >= 2.28
 
 # A temporary file is "<final name>.tmp-<pid>-<8 hex>": gc can tell it from a final file and,
 # from the pid, whether the writer that left it is gone.
@@ -52,6 +53,10 @@ _MAX_WRITE = 1 << 30
 
 def is_temp(name: str) -> bool:
     return TMP_MARK in name
+
+
+def _temp_path(path: pathlib.Path) -> pathlib.Path:
+    return path.with_name(f"{path.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
 
 
 def temp_pid(name: str) -> int | None:
@@ -99,7 +104,7 @@ def write_file(path: pathlib.Path, parts, mode: int = 0o600, *, direct: bool = F
     /dev/shm)."""
     path = pathlib.Path(path)
     parts = list(parts)
-    tmp = path.with_name(f"{path.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
+    tmp = _temp_path(path)
     expected = 0
     fd = -1
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
@@ -176,7 +181,6 @@ _O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 # statfs(2)'s f_type of the file systems that live in memory: tmpfs, ramfs.
 _MEMORY_FS = {0x01021994, 0x858458F6}
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def copies_writes(directory: pathlib.Path) -> bool:
@@ -198,7 +202,7 @@ def takes_direct(directory: pathlib.Path) -> bool:
     them, at open or at the first write): one aligned block written to a temporary file there."""
     if not _O_DIRECT:
         return False
-    probe = pathlib.Path(directory, f"direct-probe{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
+    probe = _temp_path(pathlib.Path(directory, "direct-probe"))
     block = mmap.mmap(-1, _BLOCK)
     try:
         # os.*, not the swappable _open/_write: a test's injected fault counts the writer's own calls

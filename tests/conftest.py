@@ -35,4 +35,3 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.failed:
         report.sections.append(("fake GPU stream order", f"replay with {_replay()}"))
-

@@ -232,8 +232,8 @@ def rollback(sources: list[Source], after_dir: str, force: bool, leave=lambda pa
     """Plan putting the files of ``sources`` (lowest rank first: a path several ranks wrote is
     put back by the first) back to their snapshots' state, but those ``leave(path)`` names (the
     restart's own ``--files-exclude``) and those ``settled`` names (the file tables another
-    supervisor of this host has put back for the same restart); refuse when some cannot be, unless ``force``.
-    The caller applies the plan."""
+    supervisor of this host has put back for the same restart); refuse when some cannot be,
+    unless ``force``. The caller applies the plan."""
     plan = Plan(after_dir, in_place=False)
     decided: set[str] = {e["path"] for table in settled for e in table.get("entries") or ()}
     for source in sources:

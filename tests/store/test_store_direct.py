@@ -120,7 +120,7 @@ def test_windowed_and_unwindowed_packs_hold_the_same_bytes_under_the_same_name(t
 
 
 def test_a_run_directory_on_tmpfs_is_written_from_where_the_bytes_lie(tmp_path):
-    if atomic.takes_direct(tmp_path) and atomic._fs_type(tmp_path) not in atomic._MEMORY_FS:
+    if not atomic.copies_writes(tmp_path):
         assert not backend.of(tmp_path).copies_on_put("packs")  # a disk: O_DIRECT from a window
     where = _tmpfs_dir()
     try:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+_MOST = 100_000  # the most steps a target lies ahead, for a program that posts absurdly fast iterations
+
 
 def margin(posts: list[dict], least: int, lead_s: float) -> int:
     """How far past the furthest rank the target lies: ``least`` steps, or as many as the
@@ -20,9 +22,6 @@ def margin(posts: list[dict], least: int, lead_s: float) -> int:
     if not paces or lead_s <= 0:
         return least
     return max(least, min(_MOST, math.ceil(lead_s / min(paces))))
-
-
-_MOST = 100_000  # a bound for a program that posts absurdly fast iterations
 
 
 def target(posts: list[dict], margin: int) -> dict:
