@@ -239,10 +239,13 @@ def test_buffers_written_right_after_the_boundary_hold_the_bytes_of_their_iterat
     else:
         assert staging_arena_bytes(run) == 0
     adam = json.loads((out / "adam_storages.json").read_text())
-    if mode not in ("no huge pages", "no drain") and kernel_collapses_huge_pages():
+    if mode in ("no huge pages", "no drain"):
+        if not thp_always():
+            assert in_huge_pages(run, adam) == [False] * 3
+    elif kernel_collapses_huge_pages():
         wait_for(lambda: in_huge_pages(run, adam) == [True] * 3, "huge pages under Adam's tensors", proc=run)
-    elif not thp_always():
-        assert in_huge_pages(run, adam) == [False] * 3
+    # Else this process could not collapse a probe (fragmented memory, a busy machine): the
+    # trainee may still get huge pages from MADV_HUGEPAGE and khugepaged, or not; nothing to say.
     snapshot_now(run, tmp_path / "snaps", tmp_path)
     snap = snapshot_now(run, tmp_path / "snaps", tmp_path)
     run.kill_group()
