@@ -2,19 +2,26 @@
 
 A test compares the run under gpusnap with an uninterrupted run of the same program: that
 reference is the program itself, unmodified, but its `python program.py` spends most of its
-CPU importing torch (1.5 s of a few seconds), and the suite runs a hundred of them on two
-cores. So each pytest worker keeps one server process that imports torch once and forks a
-child per reference; the child takes the request's working directory, environment, argv and
+CPU importing torch (3 s of a few seconds, torch._dynamo included), and the suite runs a
+hundred of them on two cores. So each pytest worker keeps a server process that imports torch
+once and forks a child per reference; the child takes the request's working directory, environment, argv and
 standard streams, runs the program as ``__main__`` (``runpy.run_path``) and leaves the
 interpreter as `python program.py` would: atexit handlers, non-daemon threads, the exit status
 of an uncaught exception or ``SystemExit``.
 
 What a fork cannot give the child is what the interpreter reads at its start: sys.path and
 the flags (``PYTHON*``), and what torch reads when imported (thread counts, ``TORCH_*``). A
-request whose environment differs there from the server's, or that asks for another
-interpreter, runs as a plain subprocess instead, as every reference does with
-``GPUSNAP_TEST_FORKSERVER=0``. tests/e2e/test_e2e_restart.py checks that a
+request whose environment differs there from the worker's own runs as a plain subprocess
+instead, as one that asks for another interpreter does, and every reference with
+``GPUSNAP_TEST_FORKSERVER=0``. The worker's own environment can change under it: a library a
+test imports in-process sets variables of its own (lightning: ``TORCHINDUCTOR_CACHE_DIR``,
+``PYTORCH_NVML_BASED_CUDA_CHECK``), which every program the worker starts then inherits; a
+server started with them serves from then on. tests/e2e/test_e2e_restart.py checks that a
 forked reference ends with the bytes of a subprocess's.
+
+The server imports ``torch._dynamo`` too: torch imports it at the first optimizer's
+construction (``torch._compile._disable_dynamo``), which nearly every program reaches, and
+it costs as much CPU again as ``import torch``.
 
 The server is single-threaded (a fork copies only the forking thread, and no lock can be
 held by another), reads requests as JSON lines on its stdin and answers ``PID`` when it has
@@ -31,8 +38,6 @@ import sys
 import tempfile
 import time
 
-_AT_IMPORT = dict(os.environ)  # the worker's environment before any test could change it
-
 # Environment variables read when the interpreter starts or torch is imported: a request that
 # sets them otherwise than the server was started with runs as a plain subprocess.
 _AT_START = ("PYTHON", "OMP_", "MKL_", "KMP_", "TORCH", "PYTORCH", "CUDA", "LD_", "NVIDIA")
@@ -40,6 +45,7 @@ _AT_START = ("PYTHON", "OMP_", "MKL_", "KMP_", "TORCH", "PYTORCH", "CUDA", "LD_"
 _SERVER = r"""
 import json, os, select, sys
 import torch  # noqa: F401  (what each child would otherwise import itself)
+import torch._dynamo  # noqa: F401  (the same: imported by the first optimizer's constructor)
 
 def serve():
     pending = b""
@@ -172,28 +178,33 @@ class _Server:
             self.proc.wait(timeout=30)
 
 
-_server: _Server | None = None
+_servers: dict[tuple, _Server] = {}  # by what their interpreter read at its start (``_at_start``)
 
 
 def start(argv: list[str], cwd, env: dict, python: str) -> Reference | subprocess.Popen:
-    """Run ``python argv…`` in ``cwd`` with environment ``env``: forked from the server where
+    """Run ``python argv…`` in ``cwd`` with environment ``env``: forked from a server where
     the fork is the same program run, else as a subprocess. stdout and stderr are captured
     (text)."""
-    global _server
     if python != sys.executable or os.environ.get("GPUSNAP_TEST_FORKSERVER") == "0":
         return _subprocess(argv, cwd, env, python)
-    if _server is None:
-        _server = _Server(server_environment())
-    if any(_server.env.get(key) != env.get(key) for key in {*env, *_server.env} if key.startswith(_AT_START)):
-        return _subprocess(argv, cwd, env, python)
-    return _server.start([str(a) for a in argv], cwd, env)
+    wanted = _at_start(env)
+    if wanted not in _servers:
+        own = server_environment()
+        if _at_start(own) != wanted:  # the request's own choice, not the worker's
+            return _subprocess(argv, cwd, env, python)
+        _servers[wanted] = _Server(own)
+    return _servers[wanted].start([str(a) for a in argv], cwd, env)
 
 
 def server_environment() -> dict:
-    """The server's environment: the worker's as it started, as a reference's (``harness._env``)."""
+    """A server's environment: the worker's as it is now, as a reference's (``harness._env``)."""
     from harness import _env
 
-    return _env(None, step_sleep_s="0", base=_AT_IMPORT)
+    return _env(None, step_sleep_s="0")
+
+
+def _at_start(env: dict) -> tuple:
+    return tuple(sorted((key, value) for key, value in env.items() if key.startswith(_AT_START)))
 
 
 def _subprocess(argv, cwd, env, python) -> subprocess.Popen:

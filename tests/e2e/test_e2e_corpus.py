@@ -30,7 +30,6 @@ CORPUS = {
     "dcgan": ("dcgan.py", []),
     "mnist_cnn": ("mnist_cnn.py", []),
     "lbfgs_series": ("lbfgs_series.py", []),
-    "tqdm_loop-for": ("tqdm_loop.py", ["--variant", "for"]),
     "tqdm_loop-pbar": ("tqdm_loop.py", ["--variant", "pbar"]),
     "furniture": ("furniture.py", []),
     "compiled": ("compiled.py", []),  # torch.compile builds C++ kernels: ~5 s warm, ~20 s cold, per run
@@ -47,15 +46,18 @@ CORPUS = {
     "augment_rng": ("augment_rng.py", [], 0, "by consuming"),
     # spawned workers run nothing of gpusnap's: their loader counts as drawing
     "augment_rng-spawn": ("augment_rng.py", ["--context", "spawn", "--epochs", "1"], 0, "by consuming"),
-    # a collate function that masks tokens at random, in the main process: skipped by sampler, the
-    # merge puts the generator where the original's fetches had left it
-    "collate_draws": ("collate_draws.py", ["--epochs", "5"], 0, "by batch sampler"),
     # the same in 2 persistent workers, past the first epoch: the replay's fresh workers are given
     # the generators the original's started the epoch with
     "collate_draws-persistent": ("collate_draws.py", ["--workers", "2", "--persistent", "--epochs", "5"], 10,
                                  "persistent workers' generators put back"),
 }
 MORE = {
+    # `for batch in tqdm(loader)`: tests/e2e/test_e2e_fastforward.py restarts it, and three other wraps
+    "tqdm_loop-for": ("tqdm_loop.py", ["--variant", "for"]),
+    # a collate function that masks tokens at random, in the main process: skipped by sampler, the
+    # merge puts the generator where the original's fetches had left it (tests/e2e/test_e2e_witness.py
+    # restarts this program to the same bytes three times)
+    "collate_draws": ("collate_draws.py", ["--epochs", "5"], 0, "by batch sampler"),
     "imagenet_style": ("imagenet_style.py", []),
     "vae": ("vae.py", []),
     "next_batch-fresh": ("next_batch.py", ["--variant", "fresh"]),

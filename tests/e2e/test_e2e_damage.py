@@ -28,8 +28,9 @@ def _two_snapshots_then_killed(tmp_path):
     ref, out = tmp_path / "ref", tmp_path / "out"
     ref.mkdir()
     out.mkdir()
-    plain(programs / "style_a.py", ref, 0, 3, cwd=tmp_path)
-    run = Run("run", "--dir", "snaps", programs / "style_a.py", out, 0, 3, cwd=tmp_path, env={"TEST_STEP_SLEEP_S": "0.03"})
+    # 5 epochs of 20 steps: room for both snapshots before the end on a loaded machine
+    plain(programs / "style_a.py", ref, 0, 5, cwd=tmp_path)
+    run = Run("run", "--dir", "snaps", programs / "style_a.py", out, 0, 5, cwd=tmp_path, env={"TEST_STEP_SLEEP_S": "0.03"})
     wait_for(lambda: progress(out) >= 6, "step 6", proc=run)
     first = snapshot_now(run, tmp_path / "snaps", tmp_path)
     wait_for(lambda: progress(out) >= first["iteration"] + 10, "ten more steps", proc=run)
@@ -37,6 +38,7 @@ def _two_snapshots_then_killed(tmp_path):
     second = snapshot_now(run, tmp_path / "snaps", tmp_path)
     wait_for(lambda: progress(out) >= second["iteration"] + 3, "three more steps", proc=run)
     run.kill_group()
+    assert not (out / "final.pt").exists(), "the program finished before it was killed"
     new_packs = sorted(set((tmp_path / "snaps").rglob("*.pack")) - packs_before)
     assert new_packs, "the second snapshot wrote no pack of its own"
     return ref, out, first, second, new_packs

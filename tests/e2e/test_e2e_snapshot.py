@@ -73,7 +73,7 @@ def test_sigterm_snapshots_then_exits_with_the_preempted_code(tmp_path):
 
 def test_a_writer_killed_mid_write_leaves_training_and_earlier_snapshots_alone(tmp_path):
     programs, out = programs_and_out(tmp_path)
-    run = Run("run", "--dir", "snaps", programs / "big_state.py", out, 400, 256, cwd=tmp_path,
+    run = Run("run", "--dir", "snaps", programs / "big_state.py", out, 200, 256, cwd=tmp_path,
               env={"TEST_STEP_SLEEP_S": "0.02"})
     wait_for(lambda: progress(out) >= 3, "step 3", proc=run)
     first = snapshot_now(run, tmp_path / "snaps", tmp_path)

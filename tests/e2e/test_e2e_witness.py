@@ -161,12 +161,17 @@ def test_the_witness_of_an_earlier_snapshot_of_the_same_id_proves_nothing(tmp_pa
     assert_same(load_final(ref), load_final(out))
 
 
-@pytest.mark.parametrize("whole_word", [False, True], ids=["masked", "whole-word"])
+# Whole-word masking draws from the collator's own generator, the plain one from the global one:
+# the witness compares the batches either way, so CI runs the plain one (GPUSNAP_TEST_CORPUS=all: both).
+MASKING = [False, True] if os.environ.get("GPUSNAP_TEST_CORPUS") == "all" else [False]
+
+
+@pytest.mark.parametrize("whole_word", MASKING, ids=["masked", "whole-word"][:len(MASKING)])
 def test_the_masked_lm_trainer_without_its_fix_is_refused_by_the_witness(tmp_path, whole_word):
     """The held-out program that restarted to other bytes with exit 0: accelerate's shard had
     collated the next batch, masks drawn, before the snapshot. With gpusnap's fix switched off in
     the run that takes the snapshot, the restart is refused; with it, it is verified (and
-    tests/e2e/test_e2e_frameworks.py restarts it to the same bytes)."""
+    tests/e2e/test_e2e_frameworks.py restarts it to the same bytes, both maskings)."""
     pytest.importorskip("datasets")
     args = ["--epochs", "2"] + (["--whole-word"] if whole_word else [])
     script = copy_programs(tmp_path) / "frameworks" / "hf_mlm.py"

@@ -87,7 +87,7 @@ def test_long_writes_and_restores_show_a_status_line_on_a_terminal_only(tmp_path
     program = copy_programs(tmp_path) / "big_state.py"
     _, out = ref_and_out(tmp_path)
     env = {"GPUSNAP_STATUS_AFTER_S": "0", "TEST_STEP_SLEEP_S": "0.05"}
-    status, said = _on_a_terminal(["run", "--dir", "snaps", program, out, 80, 300], tmp_path, env, signal_at_step=5, out=out)
+    status, said = _on_a_terminal(["run", "--dir", "snaps", program, out, 30, 300], tmp_path, env, signal_at_step=5, out=out)
     assert status == 0, said
     # redrawn in place (carriage return, erase the line), then erased before the commit's line
     assert "\r\x1b[Kgpusnap: writing snapshot 000001: " in said, said
