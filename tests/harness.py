@@ -181,19 +181,25 @@ def snapshot_now(run: Run, run_dir: Path, cwd: Path) -> dict:
     return listed(run_dir, cwd, request_snapshot(run, run_dir), run.python)
 
 
+LAST_STEPS = 8  # the steps before a program's end that ``interrupt`` leaves it, at least
+
+
 def interrupt(run: Run, out: Path, run_dir: Path, cwd: Path, rnd: random.Random, total: int, floor: int = 0) -> dict:
     """Snapshot at a random step, then kill -9 the whole group a few steps later."""
     snap_at = rnd.randint(floor + 3, floor + (total - floor) // 2)
     wait_for(lambda: progress(out) >= snap_at, f"step {snap_at}", proc=run)
     snap_id = request_snapshot(run, run_dir)
     seen_at = progress(out)
-    kill_at = min(seen_at + rnd.randint(1, 6), total - 4)
+    # Killed no later than LAST_STEPS before the end: a few paced steps are a few tenths of a
+    # second, which a loaded machine can keep this process waiting.
+    kill_at = min(seen_at + rnd.randint(1, 6), total - LAST_STEPS)
     wait_for(lambda: progress(out) >= kill_at, f"step {kill_at}", proc=run)
     # Its witness is written after the iterations that follow it: wait for it a little, so that
     # the restart can prove itself (tests/e2e/test_e2e_witness.py kills before it, too).
     witness = run_dir / "witness" / f"{snap_id}.json"
     deadline = time.monotonic() + 10
-    while not witness.exists() and time.monotonic() < deadline and run.proc.poll() is None and progress(out) < total - 3:
+    while (not witness.exists() and time.monotonic() < deadline and run.proc.poll() is None
+           and progress(out) < total - LAST_STEPS):
         time.sleep(0.02)
     run.kill_group()
     assert not list(out.glob("final.*")), f"the program finished before it was killed (snapshot seen at step {seen_at})"

@@ -23,7 +23,8 @@ the trainee (``DIR``, on /dev/shm), named by the dataset's address, which fork k
 worker's id. The writer keeps those of the running epoch in the snapshot (``epoch_states``);
 restore leaves them for the replay's workers (``put_back``), which take them at their first
 fetch of the epoch it resumes, then takes the epoch's batches up to the saved one, as the
-original's workers drew them.
+original's workers drew them. Where the replay's workers run already, restore first waits for
+each to have started its running epoch (``wait_for_epoch_start``): the states are for the next.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import random
 import shutil
 import sys
 import tempfile
+import time
 
 from gpusnap import atomic, lifeline
 from gpusnap.errors import GpusnapError
@@ -138,6 +140,23 @@ def epoch_states(dataset, num_workers: int) -> list[str] | None:
             return None
         found.append(base64.b64encode(data).decode())
     return found
+
+
+def wait_for_epoch_start(dataset, num_workers: int, timeout: float = 30.0) -> bool:
+    """Restore, before ``put_back`` to the workers of an iterator that runs already (Lightning's
+    replay makes its training loader's iterator at setup): wait until each has taken the start
+    of that iterator's epoch, so that the states left next go to the epoch the reset starts. A
+    worker late to its first fetch (a loaded machine) would take them at that fetch, and start
+    the next epoch from where its own left it. False: one had not started within ``timeout``."""
+    if DIR is None:
+        return True
+    started = [_key(dataset, worker_id) + ".states" for worker_id in range(num_workers)]
+    deadline = time.monotonic() + timeout
+    while not all(os.path.exists(path) for path in started):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def put_back(dataset, states: list[str]) -> None:
