@@ -4,10 +4,10 @@ A test compares the run under gpusnap with an uninterrupted run of the same prog
 reference is the program itself, unmodified, but its `python program.py` spends most of its
 CPU importing torch (3 s of a few seconds, torch._dynamo included), and the suite runs a
 hundred of them on two cores. So each pytest worker keeps a server process that imports torch
-once and forks a child per reference; the child takes the request's working directory, environment, argv and
-standard streams, runs the program as ``__main__`` (``runpy.run_path``) and leaves the
-interpreter as `python program.py` would: atexit handlers, non-daemon threads, the exit status
-of an uncaught exception or ``SystemExit``.
+once and forks a child per reference; the child takes the request's working directory,
+environment, argv and standard streams, runs the program as ``__main__`` (``runpy.run_path``)
+and leaves the interpreter as `python program.py` would: atexit handlers, non-daemon threads,
+the exit status of an uncaught exception or ``SystemExit``.
 
 What a fork cannot give the child is what the interpreter reads at its start: sys.path and
 the flags (``PYTHON*``), and what torch reads when imported (thread counts, ``TORCH_*``). A
@@ -39,7 +39,7 @@ import tempfile
 import time
 
 # Environment variables read when the interpreter starts or torch is imported: a request that
-# sets them otherwise than the server was started with runs as a plain subprocess.
+# sets them otherwise than the worker's own environment runs as a plain subprocess.
 _AT_START = ("PYTHON", "OMP_", "MKL_", "KMP_", "TORCH", "PYTORCH", "CUDA", "LD_", "NVIDIA")
 
 _SERVER = r"""
