@@ -82,11 +82,9 @@ class ModeIteratorAdapter:
                 return (f"cannot put back the persistent DataLoader workers of {path}.iterators[{missing[0]}]: "
                         "the snapshot does not hold where their random number generators stood")
             for i in drawing:
-                loader = live.iterables[i]
-                if _workers_running(loader) and not workers.wait_for_epoch_start(loader.dataset, loader.num_workers):
+                if not workers.put_back(live.iterables[i], saved[i]["worker_rng"]):
                     return (f"cannot put back the persistent DataLoader workers of {path}.iterators[{i}]: "
                             "the replay's workers did not start fetching within 30 s")
-                workers.put_back(loader.dataset, saved[i]["worker_rng"])
             iter(live)
             say(f"reset the persistent-workers DataLoader iterators of {path} with their workers' random number "
                 "generators where the epoch that took the snapshot started them")
@@ -120,12 +118,6 @@ def _drawing_persistent(live) -> list[int]:
         return []
     return [i for i, loader in enumerate(live.iterables)
             if getattr(loader, "persistent_workers", False) and getattr(loader, "num_workers", 0) > 0]
-
-
-def _workers_running(loader) -> bool:
-    """Whether ``loader`` keeps an iterator whose worker processes run (persistent workers)."""
-    it = getattr(loader, "_iterator", None)
-    return it is not None and bool(getattr(it, "_workers", None))
 
 
 def _advanced_by_step_loop(live) -> bool:

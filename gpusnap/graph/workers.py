@@ -23,8 +23,8 @@ the trainee (``DIR``, on /dev/shm), named by the dataset's address, which fork k
 worker's id. The writer keeps those of the running epoch in the snapshot (``epoch_states``);
 restore leaves them for the replay's workers (``put_back``), which take them at their first
 fetch of the epoch it resumes, then takes the epoch's batches up to the saved one, as the
-original's workers drew them. Where the replay's workers run already, restore first waits for
-each to have started its running epoch (``wait_for_epoch_start``): the states are for the next.
+original's workers drew them. Where the replay's workers run already, ``put_back`` first waits
+for each to have started its running epoch: the states are for the next.
 """
 
 from __future__ import annotations
@@ -142,12 +142,28 @@ def epoch_states(dataset, num_workers: int) -> list[str] | None:
     return found
 
 
-def wait_for_epoch_start(dataset, num_workers: int, timeout: float = 30.0) -> bool:
-    """Restore, before ``put_back`` to the workers of an iterator that runs already (Lightning's
-    replay makes its training loader's iterator at setup): wait until each has taken the start
-    of that iterator's epoch, so that the states left next go to the epoch the reset starts. A
-    worker late to its first fetch (a loaded machine) would take them at that fetch, and start
-    the next epoch from where its own left it. False: one had not started within ``timeout``."""
+def put_back(loader, states: list[str], timeout: float = 30.0) -> bool:
+    """Restore: leave ``states`` (``epoch_states``) for the workers of ``loader``'s pool, which
+    take them before their next epoch's first fetch. Where its workers run already (the replay
+    made its iterator: Lightning's at setup, a program's own peek at a batch), first wait until
+    each has started that iterator's epoch: a worker late to its first fetch (a loaded machine)
+    would take them there, and start the epoch that counts from its own generators. False, with
+    nothing left: one had not started within ``timeout``."""
+    if _workers_running(loader) and not _epoch_started(loader.dataset, loader.num_workers, timeout):
+        return False
+    _leave(loader.dataset, states)
+    return True
+
+
+def _workers_running(loader) -> bool:
+    """Whether ``loader`` keeps an iterator whose worker processes run (persistent workers)."""
+    it = getattr(loader, "_iterator", None)
+    return it is not None and bool(getattr(it, "_workers", None))
+
+
+def _epoch_started(dataset, num_workers: int, timeout: float) -> bool:
+    """Whether each worker of ``dataset``'s pool has left its epoch's starting states, waiting
+    up to ``timeout``."""
     if DIR is None:
         return True
     started = [_key(dataset, worker_id) + ".states" for worker_id in range(num_workers)]
@@ -159,9 +175,7 @@ def wait_for_epoch_start(dataset, num_workers: int, timeout: float = 30.0) -> bo
     return True
 
 
-def put_back(dataset, states: list[str]) -> None:
-    """Restore: leave ``states`` (``epoch_states``) for the workers of ``dataset``'s pool, which
-    take them before their next epoch's first fetch."""
+def _leave(dataset, states: list[str]) -> None:
     make_state_dir()
     for worker_id, state in enumerate(states):
         key = _key(dataset, worker_id)

@@ -105,9 +105,8 @@ def _request(url: str, headers: dict, method: str = "GET") -> Answer:
             body = resp.read(_MAX_BODY + 1)
             date = _http_time(resp.getheader("Date"))
             done["answer"] = Answer(resp.status, body if len(body) <= _MAX_BODY else b"", date, time.monotonic())
-        except (OSError, http.client.HTTPException, ValueError):
-            pass
-        except AttributeError:  # a request left behind whose connection was closed under it
+        # AttributeError: a request left behind whose connection was closed under it
+        except (OSError, http.client.HTTPException, ValueError, AttributeError):
             pass
         finally:
             conn.close()

@@ -270,7 +270,9 @@ def _persistent_at(loader, skip: int, note: dict, ctx: Context, at: tuple):
     epoch's batches up to ``skip`` are taken from them, as the original's workers drew them."""
     states = note.get("worker_rng")
     if states:
-        workers.put_back(loader.dataset, states)
+        if not workers.put_back(loader, states):
+            raise FastForwardError("its persistent DataLoader workers, which the replay started already, did not "
+                                   "start fetching within 30 s")
     elif note.get("reuses_workers"):
         raise FastForwardError("its persistent DataLoader workers draw random numbers and served earlier epochs, "
                                "and the snapshot does not hold where their generators stood")

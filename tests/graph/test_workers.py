@@ -3,8 +3,8 @@
 A restore leaves each worker the states the original's started the snapshot's epoch with
 (``put_back``); a worker takes them at its next epoch's first fetch. Where the replay's workers
 run already (Lightning makes its training loader's iterator at setup), a worker late to its first
-fetch takes them there, and then starts the epoch that counts from its own generators: restore
-first waits for each to have started (``wait_for_epoch_start``). The scene runs in a subprocess
+fetch takes them there, and then starts the epoch that counts from its own generators:
+``put_back`` first waits for each to have started. The scene runs in a subprocess
 of its own: the fetch hook it installs is process-wide. A worker is made late by a
 ``worker_init_fn`` that sleeps."""
 
@@ -50,8 +50,9 @@ random.seed(7)
 left = base64.b64encode(pickle.dumps(workers._states(dataset))).decode()  # what the epoch started with
 expected = np.random.random(4)
 if sys.argv[1] == "wait":
-    assert workers.wait_for_epoch_start(dataset, 2)
-workers.put_back(dataset, [left, left])
+    assert workers.put_back(loader, [left, left])
+else:
+    workers._leave(dataset, [left, left])  # what put_back did before it waited
 it = iter(loader)  # the reset that starts the snapshot's epoch
 first, second = next(it), next(it)  # one from each worker, each from the states left
 print(np.allclose(first.numpy(), expected), np.allclose(second.numpy(), expected))
