@@ -49,6 +49,8 @@ _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _libc.madvise.restype = ctypes.c_int
 _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
 _libc.fallocate.restype = ctypes.c_int
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+_libc.mincore.restype = ctypes.c_int
 _open = open  # swappable: tests and tools/chaos.py inject an error into a forked writer's first open
 
 
@@ -127,6 +129,18 @@ def madvise(address: int, nbytes: int, advice: int) -> None:
     start, end = page_up(address), page_down(address + nbytes)
     if end > start and _libc.madvise(start, end - start, advice) != 0:
         _raise_errno()
+
+
+def resident(address: int, nbytes: int) -> int:
+    """Bytes of the pages of [address, address + nbytes), a page-aligned mapping, that are in
+    memory (mincore(2)): of a shared mapping of a memfd, the pages the memfd has, mapped in this
+    process yet or not. Faster than asking the memfd with SEEK_DATA/SEEK_HOLE, which walks it
+    page by page (136 MiB: 3 ms against 14)."""
+    pages = -(-nbytes // PAGE)
+    vector = (ctypes.c_ubyte * pages)()
+    if _libc.mincore(address, pages * PAGE, vector) != 0:
+        _raise_errno()
+    return (pages - bytes(vector).count(0)) * PAGE
 
 
 def punch_hole(fd: int, offset: int, nbytes: int) -> None:

@@ -58,6 +58,8 @@ from gpusnap.stage.prepare import (  # noqa: F401  (between snapshots, and the a
     prepare,
     preparing,
     snapshot_skipped,
+    window_memory,
+    window_region,
     writer_done,
     writer_starting,
 )

@@ -35,7 +35,8 @@ from collections.abc import Iterator
 from gpusnap import knobs
 from gpusnap.errors import ArenaFull, StageError
 from gpusnap.stage import hugepages
-from gpusnap.stage.arena import Region, made_arena, trainee_arena
+from gpusnap.rawmem import address_of, resident
+from gpusnap.stage.arena import Region, made_arena, trainee_arena, writer_view
 
 
 # How long the stall lets a step in flight finish before it forks anyway: a step takes a few
@@ -153,6 +154,29 @@ def drain_region() -> Region:
     # What the last scan found besides the optimizers' state may be gone by now; what the
     # optimizers step is what the drain races the trainee for, and what this snapshot needs.
     return _reserve(_optimizer_bytes)
+
+
+def window_region() -> Region | None:
+    """For a stop snapshot, which drains nothing (in the stall): the drain region reserved
+    ahead, whose pages ``prepare`` allocated, for the writer's pack windows (``window_memory``),
+    so that the writer allocates no memory of its own; None when none is reserved."""
+    global _drain
+    arena = made_arena()
+    region, _drain = _drain, None
+    if region is None or arena is None or region.generation != arena.pending:
+        return None
+    return region
+
+
+def window_memory(fd: int, region: Region, nbytes: int) -> memoryview | None:
+    """In a stop snapshot's writer: the first ``nbytes`` of ``region`` (``window_region``),
+    mapped, when the region is that large and every page of that part is allocated (faulting it
+    in is then only mapping pages that exist: no allocation for an out-of-memory kill to hit
+    while a pack write pins the writer's pages). None otherwise: the windows are its own."""
+    if region.nbytes < nbytes:
+        return None
+    view = writer_view(fd, region.offset, nbytes)
+    return view if resident(address_of(view), nbytes) >= nbytes else None
 
 
 def _drain_bytes() -> int:

@@ -7,20 +7,24 @@ one more, while the caller hashes the next ones.
                chunk, chooses its encoding (``choose.Chooser``), encodes it and appends it to the
                pack being filled
     flusher    one thread: writes each full pack (``PackBuilder.flush``, the one place a pack is
-               put into storage), while the encoders fill the next. Once the first window holds
-               a sixteenth of a pack, it first reserves the other windows (``PackBuilder.reserve``)
+               put into storage), while the encoders fill the next. Once a sixteenth of a pack
+               has been submitted, it first reserves the other windows (``PackBuilder.reserve``)
                while the encoders fill on: a snapshot too small to need them never allocates
                them, and a large one's first pack does not wait for them (a stop snapshot of
-               1 GB waited 40 ms more for its first pack when they were reserved after it)
+               1 GB waited 40 ms more for its first pack when they were reserved after it). The
+               first pack is at most 16 MiB, so that the disk starts as soon as the reservation
+               is done. Windows in memory the caller allocated ahead (a stop
+               snapshot's: ``memory``) need no reservation.
 
 blosc2 (``blosc2.set_releasegil``) and xxhash release the GIL while they work, so the threads run
 on as many cores as the host gives them; blosc2 itself runs single-threaded in each (its own
 pool does not survive fork).
 
 Order of calls: ``Pipeline(...)`` → ``submit`` any number of times → ``finish()``, which returns
-the packs written, {pack id: (nbytes, [(chunk id, Location)])}; or ``abort()`` at any point, which
-stops the threads and returns the packs written so far, for the caller to remove. An error in a
-thread (a full disk) is raised by the next ``submit`` or by ``finish``.
+the packs written, {pack id: (nbytes, [(chunk id, Location)])}, and leaves the pack windows mapped
+(``release``); or ``abort()`` at any point, which stops the threads, releases the windows and
+returns the packs written so far, for the caller to remove. An error in a thread (a full disk) is
+raised by the next ``submit`` or by ``finish``.
 
 Memory: ``windows`` pack windows (one filling, the others written or waiting for the flusher),
 and the encoded copies of at most ``2 x threads`` chunks in the encoders' hands; unwindowed
@@ -37,18 +41,25 @@ from gpusnap.store import backend, codec
 from gpusnap.store.pack import PackBuilder
 
 
+_FIRST_PACK_BYTES = 16 << 20
+
+
 class _Stopped(Exception):
     """The pipeline was aborted: a thread ends without touching anything more."""
 
 
 class Pipeline:
     def __init__(self, root, *, capacity: int, flush_at: int, chooser, threads: int, windows: int = 2,
-                 worker_init=None) -> None:
+                 worker_init=None, memory=None) -> None:
         import blosc2
 
         blosc2.set_releasegil(True)
         self._root = root
         self._flush_at = flush_at
+        # The first pack goes to the disk at 16 MiB (a quarter of the default): the disk then
+        # starts once the other windows are reserved, not once a whole window is filled.
+        self._first_flush_at = min(flush_at, _FIRST_PACK_BYTES)
+        self._handed = 0  # windows handed to the flusher
         self.chooser = chooser
         self._cond = threading.Condition()
         self._tasks: collections.deque = collections.deque()
@@ -57,10 +68,20 @@ class Pipeline:
         # A store that copies what it is given (tmpfs) gets each entry where it lies: ``submit``'s
         # pieces are held until ``finish`` anyway, and a compressed entry is its own bytes object.
         windowed = not backend.of(root).copies_on_put("packs")
-        self._builders = [PackBuilder(capacity, windowed=windowed) for _ in range(max(2, windows))]
+        windows = max(2, windows)
+        # ``memory``: page-aligned memory for the windows (a stop snapshot's, allocated ahead by
+        # the trainee), used when it holds them all.
+        size = PackBuilder.window_nbytes(capacity)
+        if memory is None or len(memory) < windows * size or not windowed:
+            memory = None
+        self.windows = "ahead" if memory is not None else "own" if windowed else "none"  # for the manifest
+        self._builders = [PackBuilder(capacity, windowed=windowed,
+                                      memory=None if memory is None else memory[i * size : (i + 1) * size])
+                          for i in range(windows)]
         self._filling: PackBuilder | None = self._builders[0]
         self._free = []  # the other windows, once reserved (``_reserve_rest``)
-        self._reserve_at = max(1, flush_at // 16)  # bytes in the first window that start the reservation
+        self._reserve_at = max(1, flush_at // 16)  # bytes submitted that start the reservation
+        self._submitted = 0
         self._reserving = False
         self._full: collections.deque = collections.deque()
         self._closing = False
@@ -77,6 +98,11 @@ class Pipeline:
         for t in self._threads:
             t.start()
 
+    @staticmethod
+    def windows_nbytes(capacity: int, windows: int = 2) -> int:
+        """The memory ``windows`` pack windows of ``capacity`` take."""
+        return max(2, windows) * PackBuilder.window_nbytes(capacity)
+
     # ---- the caller
 
     def submit(self, cid: str, piece, dtype: str, typesize: int) -> None:
@@ -88,6 +114,9 @@ class Pipeline:
                 raise self.error
             self._tasks.append((cid, piece, dtype, typesize))
             self._in_hand += 1
+            self._submitted += len(piece)
+            if self._submitted >= self._reserve_at:
+                self._reserving = True  # the flusher reserves the other windows
             self._cond.notify_all()
 
     def add_worker(self, until) -> bool:
@@ -122,14 +151,20 @@ class Pipeline:
             self._closing = True
             self._cond.notify_all()
         self._join()
+        self.release()
         return self.packs
+
+    def release(self) -> None:
+        """Unmap the pack windows. Not part of ``finish``: unmapping 136 MiB of shared memory
+        takes 35-50 ms, which a stop snapshot's commit waited for; a forked writer leaves them to
+        its exit, after the commit, and a writer in a long-lived process to the garbage collector."""
+        for builder in self._builders:
+            builder.close()
 
     def _join(self) -> None:
         for t in list(self._threads):
             if t is not threading.current_thread():
                 t.join()
-        for builder in self._builders:
-            builder.close()
 
     def _fail(self, exc: BaseException) -> None:
         with self._cond:
@@ -157,9 +192,7 @@ class Pipeline:
                 with self._cond:
                     builder = self._builder_for(len(stored))
                     builder.add(cid, header, stored, len(piece), digest)
-                    if not self._reserving and builder.nbytes >= self._reserve_at:
-                        self._reserving = True  # the flusher reserves the other windows
-                    if builder.nbytes >= self._flush_at:
+                    if builder.nbytes >= (self._flush_at if self._handed else self._first_flush_at):
                         self._hand_to_flusher(builder)
                     self._in_hand -= 1
                     self.done_bytes += len(piece)
@@ -203,6 +236,7 @@ class Pipeline:
     def _hand_to_flusher(self, builder: PackBuilder) -> None:
         """A full window goes to the flusher. Called with the condition held."""
         self._reserving = True
+        self._handed += 1
         self._full.append(builder)
         self._filling = None
 

@@ -32,6 +32,25 @@ report_progress = None
 # (to lower its own priority).
 encoder_threads = 0
 encoder_init = None
+# Memory for the pipeline's pack windows, set by a stop snapshot's forked writer before
+# begin_snapshot (``stage.window_memory``): pages the trainee allocated ahead, so that the
+# writer allocates none. None: the pipeline maps its own.
+window_memory = None
+
+
+def windows_nbytes(pack_bytes: int | None = None, chunk_bytes: int | None = None) -> int:
+    """What the pipeline's pack windows take (``window_memory`` must hold that much)."""
+    return Pipeline.windows_nbytes(_pack_capacity(_flush_at(pack_bytes), int(chunk_bytes or knobs.CHUNK_BYTES)))
+
+
+def _flush_at(pack_bytes: int | None) -> int:
+    # Two windows (one filling while the other is written) within WRITER_WINDOW_BYTES.
+    return max(1, min(pack_bytes or knobs.PACK_BYTES, knobs.WRITER_WINDOW_BYTES // 2))
+
+
+def _pack_capacity(flush_at: int, chunk_bytes: int) -> int:
+    # A stored chunk is never longer than its raw bytes (codec.encode stores raw then).
+    return flush_at + codec.ENTRY_NBYTES + chunk_bytes
 
 
 @dataclass
@@ -68,8 +87,7 @@ class SnapshotWriter:
         self._known = self._index.live()  # chunk id -> Location, committed ones in packs that are there
         self._new: dict[str, Location] = {}
         self._packs: dict[str, tuple[int, list[tuple[str, Location]]]] = {}
-        # Two windows (one filling while the other is written) within WRITER_WINDOW_BYTES.
-        self._flush_at = max(1, min(pack_bytes or knobs.PACK_BYTES, knobs.WRITER_WINDOW_BYTES // 2))
+        self._flush_at = _flush_at(pack_bytes)
         self._chunk_bytes = int(chunk_bytes or knobs.CHUNK_BYTES)
         if not 0 < self._chunk_bytes <= _MAX_CHUNK_BYTES:
             raise StoreError(f"GPUSNAP_CHUNK_BYTES must be between 1 and {_MAX_CHUNK_BYTES}")
@@ -137,11 +155,17 @@ class SnapshotWriter:
 
             forced = None if self._codec == "auto" else self._codec
             chooser = Chooser(self._nthreads, self._disk_prior, forced)
-            # A stored chunk is never longer than its raw bytes (codec.encode stores raw then).
-            self._pipeline = Pipeline(self._rd, capacity=self._flush_at + codec.ENTRY_NBYTES + self._chunk_bytes,
+            self._pipeline = Pipeline(self._rd, capacity=_pack_capacity(self._flush_at, self._chunk_bytes),
                                       flush_at=self._flush_at, chooser=chooser, threads=self._nthreads,
-                                      worker_init=encoder_init)
+                                      worker_init=encoder_init, memory=window_memory)
         return self._pipeline
+
+    @property
+    def windows(self) -> str | None:
+        """Where the pipeline's pack windows are: "ahead" (``window_memory``), "own" (mapped by
+        the pipeline), "none" (a store that copies what it is given has none); None before the
+        first new chunk."""
+        return self._pipeline.windows if self._pipeline is not None else None
 
     def disk_bps(self) -> float:
         """The disk's write speed as this writer knows it: measured by its own packs, else by
@@ -234,7 +258,7 @@ class SnapshotWriter:
             self.abort()
             raise
         self._done = True
-        return SnapshotInfo.from_manifest(doc)
+        return SnapshotInfo.from_manifest(doc)  # the windows go with the writer (a forked one exits)
 
     def abort(self, remove: bool = True) -> None:
         """Remove what this writer wrote: its index first (so no index names a missing pack),

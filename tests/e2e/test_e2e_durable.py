@@ -13,8 +13,9 @@ import time
 import psutil
 import pytest
 
+from gpusnap import atomic
 from gpusnap.errors import EXIT_PREEMPTED
-from harness import Run, committed_ids, gpusnap, programs_and_out, progress, wait_for
+from harness import Run, assert_same, committed_ids, gpusnap, load_final, plain, programs_and_out, progress, wait_for
 
 pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
 
@@ -31,6 +32,12 @@ def policies(pid: int) -> list[int]:
         except (OSError, IndexError, ValueError):
             pass
     return out
+
+
+def windows_here(directory, expected: str) -> str:
+    """What a stop snapshot's manifest says of its pack windows in ``directory``: none where
+    every write is a copy anyway (tmpfs)."""
+    return "none" if atomic.copies_writes(directory) else expected
 
 
 def log(run_dir) -> list[dict]:
@@ -62,6 +69,32 @@ def test_a_stop_snapshot_writes_at_the_trainees_priority_on_every_core_while_the
     assert manifest["writer"]["priority"] == "trainee" and manifest["writer"]["threads"] == len(os.sched_getaffinity(0))
     assert manifest["drain"]["bytes"] == 0  # training stops: nothing to drain for it
     assert 0 < manifest["write_s"] < manifest["durable_s"]
+    # No optimizer steps its large buffer, so no drain region was reserved ahead for it: the
+    # writer's pack windows are its own (the next test has one).
+    assert manifest["writer"]["windows"] == windows_here(tmp_path, "own")
+
+
+def test_a_stop_snapshot_writes_its_packs_from_pages_the_trainee_allocated_ahead(tmp_path):
+    """The drain region the trainee reserved and populated ahead for the next snapshot, which a
+    stop snapshot does not drain into, holds its pack windows (the writer allocates no memory),
+    and the run restarts from it to the bytes of an uninterrupted one."""
+    programs, out = programs_and_out(tmp_path)
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    steps, switch_at = 200, 190  # shrinks.py trains its large model until switch_at
+    # 12 MiB of Adam state; small packs, so that the windows (2.5 MiB) fit in it.
+    env = {"GPUSNAP_PACK_BYTES": str(1 << 20), "GPUSNAP_CHUNK_BYTES": str(256 << 10)}
+    plain(programs / "shrinks.py", ref, steps, switch_at, cwd=tmp_path)
+    run = Run("run", "--dir", "snaps", programs / "shrinks.py", out, steps, switch_at, cwd=tmp_path, env=env)
+    wait_for(lambda: progress(out) >= 20, "step 20", proc=run)
+    run.signal(signal.SIGTERM)
+    code, _, err = run.wait()
+    assert code == EXIT_PREEMPTED, err
+    manifest = json.loads((tmp_path / "snaps" / "snapshots" / "000001.json").read_text())
+    assert manifest["writer"]["windows"] == windows_here(tmp_path, "ahead")
+    again = gpusnap("run", "--dir", "snaps", programs / "shrinks.py", out, steps, switch_at, cwd=tmp_path, env=env)
+    assert again.returncode == 0, again.stderr
+    assert_same(load_final(ref), load_final(out))
 
 
 def test_a_periodic_snapshot_commits_while_training_and_its_workers_keep_every_core_busy(tmp_path):

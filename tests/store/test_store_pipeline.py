@@ -6,10 +6,13 @@ speed, and a restore's threads read every buffer back (and name a damaged one)."
 from __future__ import annotations
 
 import json
+import mmap
+import os
 
 import numpy as np
 import pytest
 
+from gpusnap import atomic
 from gpusnap.errors import ChunkCorrupt
 from gpusnap.store import RunDir, codec, index, writer
 from gpusnap.store.choose import Chooser
@@ -64,6 +67,28 @@ def test_what_the_threads_write_restores_exactly_and_every_chunk_is_indexed(tmp_
     for sid in rd.snapshot_ids():
         for rec in rd.load_manifest(sid)["buffers"].values():
             assert all(cid in indexed for cid, _ in rec["chunks"])
+
+
+def test_windows_in_memory_allocated_ahead_hold_the_packs_and_stay_its_owners(tmp_path, monkeypatch):
+    """A stop snapshot's pack windows are pages the trainee allocated ahead (``window_memory``):
+    the packs go to the disk from them and restore exactly, and the memory stays mapped."""
+    if atomic.copies_writes(tmp_path):
+        pytest.skip(f"{tmp_path} copies every write (tmpfs): packs have no windows there")
+    nbytes = writer.windows_nbytes(pack_bytes=256 << 10, chunk_bytes=CHUNK)
+    fd = os.memfd_create("windows")
+    os.ftruncate(fd, nbytes)
+    memory = mmap.mmap(fd, nbytes)
+    monkeypatch.setattr(writer, "window_memory", memoryview(memory))
+    rd = RunDir.create(tmp_path / "run", IDENTITY)
+    bufs = buffers(5)
+    recs = store(rd, "000001", bufs, 2, monkeypatch)
+    reader = RunDir.open(rd.path)
+    for name, a in bufs.items():
+        assert reader.read_buffer(recs[name]) == a.tobytes(), name
+    window = nbytes // 2
+    packs = [p.read_bytes() for p in (rd.path / "packs").rglob("*.pack")]
+    assert len(packs) > 2
+    assert any(memory[w : w + len(pack)] == pack for pack in packs for w in (0, window))
 
 
 def test_floats_that_compress_little_go_raw_on_a_fast_disk_and_zeros_compressed(tmp_path, monkeypatch):

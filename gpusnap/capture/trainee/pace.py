@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gpusnap import knobs
 
@@ -49,7 +49,7 @@ class Plan:
     expected_bytes: int = 0
     boosted_s: float = 0.0  # time encoder threads at normal priority ran (filled in by the pacer)
     boosts: int = 0
-    extra: dict = field(default_factory=dict)
+    windows: str | None = None  # a stop snapshot's pack windows (store.writer.SnapshotWriter.windows)
 
     def record(self) -> dict:
         """The manifest's ``writer``: how this write ran."""
@@ -57,6 +57,8 @@ class Plan:
         if self.deadline_s is not None:
             out.update(deadline_s=round(self.deadline_s, 3), expected_bytes=self.expected_bytes,
                        boosted_s=round(self.boosted_s, 3), boosts=self.boosts)
+        if self.windows is not None:
+            out["windows"] = self.windows
         return out
 
 
