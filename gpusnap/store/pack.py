@@ -166,8 +166,8 @@ class PackBuilder:
 def _shared_memory(nbytes: int) -> mmap.mmap:
     """A pack window: shared memory of a memfd's. Not private memory, although a private page
     costs half as much to fault in and a quarter as much to free: in a memory cgroup too small
-    for the window, the kernel killed the program after the writer in 5 runs of 11 with private
-    windows, 6 of 24 with anonymous shared ones and 7 of 23 with a memfd's
+    for the window, the kernel killed the program after the writer in 5 runs of 12 with private
+    windows, 6 of 23 with anonymous shared ones and 8 of 33 with a memfd's
     (tests/e2e/test_e2e_memory_limits.py, three at once). And a memfd's, not mmap's anonymous
     shared memory: O_DIRECT writes from it ran at 2.9-3.1 GB/s where the same writes from
     anonymous shared memory ran at 2.2-2.7 (16 packs of 64 MiB, six rounds each, alternating,
