@@ -84,7 +84,7 @@ class ModeIteratorAdapter:
             for i in drawing:
                 if not workers.put_back(live.iterables[i], saved[i]["worker_rng"]):
                     return (f"cannot put back the persistent DataLoader workers of {path}.iterators[{i}]: "
-                            "the replay's workers did not start fetching within 30 s")
+                            f"the replay's workers did not start fetching within {workers.START_TIMEOUT_S:.0f} s")
             iter(live)
             say(f"reset the persistent-workers DataLoader iterators of {path} with their workers' random number "
                 "generators where the epoch that took the snapshot started them")

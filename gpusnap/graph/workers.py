@@ -142,7 +142,11 @@ def epoch_states(dataset, num_workers: int) -> list[str] | None:
     return found
 
 
-def put_back(loader, states: list[str], timeout: float = 30.0) -> bool:
+# How long ``put_back`` waits for running workers to start their epoch (the refusals name it).
+START_TIMEOUT_S = 30.0
+
+
+def put_back(loader, states: list[str], timeout: float = START_TIMEOUT_S) -> bool:
     """Restore: leave ``states`` (``epoch_states``) for the workers of ``loader``'s pool, which
     take them before their next epoch's first fetch. Where its workers run already (the replay
     made its iterator: Lightning's at setup, a program's own peek at a batch), first wait until

@@ -272,7 +272,7 @@ def _persistent_at(loader, skip: int, note: dict, ctx: Context, at: tuple):
     if states:
         if not workers.put_back(loader, states):
             raise FastForwardError("its persistent DataLoader workers, which the replay started already, did not "
-                                   "start fetching within 30 s")
+                                   f"start fetching within {workers.START_TIMEOUT_S:.0f} s")
     elif note.get("reuses_workers"):
         raise FastForwardError("its persistent DataLoader workers draw random numbers and served earlier epochs, "
                                "and the snapshot does not hold where their generators stood")
