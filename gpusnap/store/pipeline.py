@@ -72,7 +72,7 @@ class Pipeline:
         # ``memory``: page-aligned memory for the windows (a stop snapshot's, allocated ahead by
         # the trainee), used when it holds them all.
         size = PackBuilder.window_nbytes(capacity)
-        if memory is None or len(memory) < windows * size or not windowed:
+        if memory is None or len(memory) < self.windows_nbytes(capacity, windows) or not windowed:
             memory = None
         self.windows = "ahead" if memory is not None else "own" if windowed else "none"  # for the manifest
         self._builders = [PackBuilder(capacity, windowed=windowed,
