@@ -1,17 +1,18 @@
 """The staging arena: host memory the trainee stages into and its writers read after fork.
 
 One memfd, mapped MAP_SHARED in the trainee, and one allocator that carves it into regions:
-device staging (``device``), managed memory (``managed``), pinned CPU tensors (``pinned``) and
-the CPU drain (``drain``). Regions never overlap. The memfd is sparse: reserving a region
-costs nothing, its pages are allocated when first written (``populate`` does it ahead, between
-snapshots) and stay for the next snapshot that reuses the offsets. Because the arena is one
+device staging (``device``), managed memory (``managed``), pinned CPU tensors (``pinned``),
+the CPU drain (``drain``) and the writer's pack windows (``windows``). Regions never overlap.
+The memfd is sparse: reserving a region costs nothing, its pages are allocated when first
+written (``populate`` does it ahead, between snapshots) and stay for the next snapshot that
+reuses the offsets. Because the arena is one
 mapping made once, the device code registers it with the GPU once (cuMemHostRegister runs at
 ~1-2 GB/s: never per snapshot): only its *pinned part* at the top (``pinned``), where the regions
 the GPU copies into lie (``DMA_USES``: device and managed staging) and nothing else, grown
 downward by doubling. CUDA pins pages, not addresses, so that part is never trimmed or
 populated: a page replaced under a registration takes no more of the GPU's copies, and the
-writer would read zeros (docs/gpu.md). The drain and the pinned CPU tensors, which the CPU
-writes, lie below it, where trimming and populating are safe.
+writer would read zeros (docs/gpu.md). The drain, the pack windows and the pinned CPU
+tensors, which the CPU writes, lie below it, where trimming and populating are safe.
 
 Call order, in the trainee::
 
@@ -48,10 +49,11 @@ from gpusnap.errors import ArenaFull, StageError
 from gpusnap.stage import limits
 from gpusnap.rawmem import MADV_POPULATE_WRITE, PAGE, address_of, madvise, page_up, punch_hole
 
-USES = ("device", "managed", "pinned", "drain")
+USES = ("device", "managed", "pinned", "drain", "windows")
 DMA_USES = ("device", "managed")  # what the GPU copies into: regions of the pinned part only
 _POPULATE_STEP = 8 << 20
-_NAMES = {"device": "device staging", "managed": "managed memory", "pinned": "pinned CPU tensors", "drain": "the CPU drain"}
+_NAMES = {"device": "device staging", "managed": "managed memory", "pinned": "pinned CPU tensors", "drain": "the CPU drain",
+          "windows": "the writer's pack windows"}
 
 
 @dataclass(frozen=True)

@@ -7,22 +7,30 @@ most of a snapshot's cost: on the CI machine (2 vCPUs) the first step after fork
 +2.4 s for 1.41 GB of model + Adam state, against +0.2 s once drained
 (tools/results/bench_snapshot-cpu-2026-11-21-exp-drainpool.txt).
 
-So the writer copies every CPU storage of at least ``DRAIN_MIN_BYTES`` into its drain region
-of the staging arena (``arena``), then drops its own mapping of those pages (MADV_DONTNEED). A
-page the writer no longer maps is the trainee's alone, and the trainee's write reuses it in
-place. The copies come from the writer's fork-time image, so exactness does not depend on who
-gets there first: a page the trainee writes before the drain reaches it is copied the old way,
-and the writer still reads the fork-time bytes.
+So the writer copies CPU storages of at least ``DRAIN_MIN_BYTES`` into its drain region of the
+staging arena (``arena``), then drops its own mapping of those pages (MADV_DONTNEED). A page the
+writer no longer maps is the trainee's alone, and the trainee's write reuses it in place. The
+copies come from the writer's fork-time image, so exactness does not depend on who gets there
+first: a page the trainee writes before the drain reaches it is copied the old way, and the
+writer still reads the fork-time bytes.
+
+First, at once, what the optimizers step (``drain``): that is the race. Then every other storage
+when the writer's pickler reaches it (``Drained.reach``): buffers, copies the program updates by
+hand, data. Not by a scan of every object the garbage collector tracks: in a torch program's
+300,000 objects that cost each writer 80 ms of CPU and, through the reference counts it wrote, a
+private copy of 76 MB of the trainee's pages (19,500 faults), at the trainee's priority; and
+what the snapshot does not hold, the trainee is better off copying if it ever writes it.
 
 The trainee reserves the region before the fork (``drain_bytes`` says how large: the storages
 the optimizers step, or what the last drain wanted), so the region is one of the arena's, never
 overlapping device staging or the region an earlier writer may still read. What does not fit
 in it stays copy-on-write: slower for the trainee, never wrong.
 
-After the drain, the dropped pages read as zeros *in the writer*: every read of a drained range
-must go through ``Drained.view``. The pickler does that for storages and for numpy arrays over
-them. Only private anonymous memory is drained (``/proc/self/maps``): dropping a private file
-mapping would bring back the file's bytes, and shared memory is never copied on write anyway.
+After the drain, the dropped pages read as zeros *in the writer*: every read of host memory
+goes through ``Drained.view`` (the pickler's ``HostMemory``), and a range something has read in
+place is never drained after (``lend``): its reader may still hold the view. Only private
+anonymous memory is drained (``/proc/self/maps``): dropping a private file mapping would bring
+back the file's bytes, and shared memory is never copied on write anyway.
 """
 
 from __future__ import annotations
@@ -30,43 +38,38 @@ from __future__ import annotations
 import bisect
 import contextlib
 import ctypes
-import gc
 import os
 import sys
 
 from gpusnap import knobs
-from gpusnap.errors import CaptureError
 from gpusnap.rawmem import MADV_DONTNEED, madvise, merge_ranges, punch_hole, view_at
 from gpusnap.stage.arena import Region, writer_view
 
 _ALIGN = 64  # region offsets keep the storages' cache-line alignment
+_LENT_BLOCK = 2 << 20  # ranges read in place are looked up by the 2 MiB blocks they cover
 
 
 class Drained:
     """Where each drained address range now lives in the writer's drain region."""
 
-    def __init__(self, fd: int = -1, region: Region | None = None):
-        self.fd, self.region = fd, region
+    def __init__(self, fd: int = -1, region: Region | None = None, min_bytes: int = 1, spans=()):
+        self.fd, self.region, self.min_bytes = fd, region, max(min_bytes, 1)
+        self._spans = list(spans)  # private anonymous memory, the only kind drained
         self._extents: list[tuple[int, int, int]] = []  # (lo, hi, region offset), disjoint, sorted
         self._counted: list[tuple[int, int, int]] = []  # what ``wanted`` counts, drained or not
+        self._lent: dict[int, list[tuple[int, int]]] = {}  # block -> ranges read in place there
         self._view: memoryview | None = None
         self.nbytes = 0  # bytes drained
         self.wanted = 0  # bytes it would have drained with room enough: the next region's size
         self.used = 0  # region bytes taken (extents padded to the alignment)
 
     def locate(self, lo: int, hi: int) -> tuple[int, int] | None:
-        """(extent start, its region offset) when [lo, hi) was drained; None when it was not.
-
-        A range that is only partly drained cannot be read consistently: that raises."""
+        """(extent start, its region offset) when [lo, hi) lies in one drained extent; None
+        when it was not drained or only partly (``view`` puts that together)."""
         i = bisect.bisect_right(self._extents, (lo, float("inf"))) - 1
         if i >= 0 and hi <= self._extents[i][1]:
             start, _, offset = self._extents[i]
             return start, offset
-        if self.touches(lo, hi):
-            raise CaptureError(
-                f"memory at {lo:#x}..{hi:#x} is partly inside a drained tensor storage; "
-                "hint: rerun with GPUSNAP_DRAIN=off"
-            )
         return None
 
     def touches(self, lo: int, hi: int, extents=None) -> bool:
@@ -75,18 +78,71 @@ class Drained:
         return (i >= 0 and lo < extents[i][1]) or (i + 1 < len(extents) and extents[i + 1][0] < hi)
 
     def view(self, address: int, nbytes: int) -> memoryview | None:
-        """The region's copy of [address, address + nbytes), or None when it was not drained."""
+        """The fork-time bytes of [address, address + nbytes) when any of it was drained: in the
+        region, or put together from the region and the pages in place (a storage that aliases
+        part of a drained one); None when none of it was drained (read it in place)."""
         found = self.locate(address, address + nbytes)
-        if found is None:
+        if found is not None:
+            start, offset = found
+            return self.region_view()[offset + address - start : offset + address - start + nbytes]
+        if not self.touches(address, address + nbytes):
             return None
-        start, offset = found
-        return self.region_view()[offset + address - start : offset + address - start + nbytes]
+        whole, at = bytearray(nbytes), address
+        first = max(0, bisect.bisect_right(self._extents, (address, float("inf"))) - 1)
+        for lo, hi, offset in self._extents[first:]:
+            if lo >= address + nbytes:
+                break
+            if hi <= at:
+                continue
+            if lo > at:  # a gap: still in place
+                whole[at - address : lo - address] = view_at(at, lo - at)
+                at = lo
+            end = min(hi, address + nbytes)
+            whole[at - address : end - address] = self.region_view()[offset + at - lo : offset + end - lo]
+            at = end
+        if at < address + nbytes:
+            whole[at - address :] = view_at(at, address + nbytes - at)
+        return memoryview(whole)
 
     def region_view(self) -> memoryview:
         """The whole drain region, mapped afresh in this process (once)."""
         if self._view is None:
             self._view = writer_view(self.fd, self.region.offset, self.region.nbytes)
         return self._view
+
+    def lend(self, address: int, nbytes: int) -> None:
+        """[address, address + nbytes) was read in place: its reader may hold the view, so the
+        pages under it must stay. (By block, not in one sorted list: a program may have
+        100,000 small tensors, each read in place.)"""
+        if self.region is not None and nbytes:
+            for block in range(address // _LENT_BLOCK, (address + nbytes - 1) // _LENT_BLOCK + 1):
+                self._lent.setdefault(block, []).append((address, address + nbytes))
+
+    def _lent_touches(self, lo: int, hi: int) -> bool:
+        for block in range(lo // _LENT_BLOCK, (hi - 1) // _LENT_BLOCK + 1):
+            if any(a < hi and lo < b for a, b in self._lent.get(block, ())):
+                return True
+        return False
+
+    def reach(self, address: int, nbytes: int) -> None:
+        """The pickler reached a CPU storage: drain it now if it is large enough, private
+        anonymous memory, and nothing of it was read in place or counted before."""
+        lo, hi = address, address + nbytes
+        if (self.region is None or nbytes < self.min_bytes or not _inside(lo, hi, self._spans)
+                or self.touches(lo, hi, self._counted) or self._lent_touches(lo, hi)):
+            return
+        self.take([(lo, hi, 0)])
+
+    def ranges(self, tensors) -> list[tuple[int, int, int]]:
+        """(lo, hi, rank) of the storages of ``tensors`` that a drain would take, in their order."""
+        torch, found = sys.modules["torch"], []
+        for rank, tensor in enumerate(tensors):
+            storage = _cpu_storage(tensor, torch)
+            if storage and storage[1] >= self.min_bytes:
+                lo, hi = storage[0], storage[0] + storage[1]
+                if _inside(lo, hi, self._spans) and not self.touches(lo, hi, self._counted):
+                    found.append((lo, hi, rank))  # views repeat a storage: take() merges them
+        return found
 
     def take(self, ranges: list[tuple[int, int, int]]) -> bool:
         """Drain (lo, hi, rank) ranges, lowest rank first; False once the region is full."""
@@ -121,45 +177,31 @@ class Drained:
         return True
 
     def trim(self) -> None:
-        """Give back the region's pages past what this drain used (a smaller state than last
-        time): the region is this writer's alone until it exits."""
+        """Once nothing more is drained: give back the region's pages past what this writer
+        used (a smaller state than last time), when the region stays for the run (the region
+        is this writer's alone until it exits)."""
+        if self.region is None or knobs.DRAIN != "keep":
+            return
         with contextlib.suppress(OSError):  # pages not given back stay in use: no harm
             punch_hole(self.fd, self.region.offset + self.used, self.region.nbytes - self.used)
 
 
 def drain(fd: int, region: Region, min_bytes: int, optimizers=()) -> Drained:
-    """Copy the large CPU storages into ``region`` of the arena (its memfd ``fd``) and let go
-    of their pages (in the writer).
+    """Copy what the ``optimizers`` step into ``region`` of the arena (its memfd ``fd``) and let
+    go of those pages (in the writer); the ``Drained`` takes the program's other large CPU
+    storages as the pickler reaches them (``Drained.reach``).
 
-    First the C heap's free pages (``trim_heap``). Then what the ``optimizers`` step (each
-    parameter, its grad, its state, in the order of the step), found without a scan, because
-    that is the race; then, found by a scan of every object the garbage collector tracks
-    (0.1-0.2 s for 300,000 objects), every other CPU storage of at least ``min_bytes``: copies
-    the program updates by hand, buffers, data."""
+    First the C heap's free pages (``trim_heap``). Then each parameter, its grad and its state,
+    in the order of the step, found without a scan, because that is the race."""
     trim_heap()
-    torch = sys.modules.get("torch")
-    drained = Drained(fd, region)
-    if torch is None:
-        return drained
+    if sys.modules.get("torch") is None:
+        return Drained()
     try:
         spans = _private_anonymous()
     except OSError:  # no /proc: nothing is known to be safe to drop
-        return drained
-
-    def wanted(tensors):
-        ranges = []
-        for rank, tensor in enumerate(tensors):
-            found = _cpu_storage(tensor, torch)
-            if found and found[1] >= max(min_bytes, 1):
-                lo, hi = found[0], found[0] + found[1]
-                if _inside(lo, hi, spans) and not drained.touches(lo, hi, drained._counted):
-                    ranges.append((lo, hi, rank))  # views repeat a storage: take() merges them
-        return ranges
-
-    drained.take(wanted(_step_order(optimizers, torch)))
-    drained.take(wanted(_gc_tensors(torch)))  # counted in ``wanted`` even when nothing fits
-    if knobs.DRAIN == "keep":
-        drained.trim()  # a smaller state than last time: give the rest back
+        return Drained()
+    drained = Drained(fd, region, min_bytes, spans)
+    drained.take(drained.ranges(_step_order(optimizers, sys.modules["torch"])))
     return drained
 
 
@@ -211,19 +253,8 @@ def _step_order(optimizers, torch, grads: bool = True):
                     for value in optimizer.state.get(param, {}).values():
                         if isinstance(value, torch.Tensor):
                             yield value
-        except Exception:  # noqa: BLE001 - an optimizer we cannot read is left to the scan
+        except Exception:  # noqa: BLE001 - an optimizer we cannot read is left to the pickler
             continue
-
-
-def _gc_tensors(torch):
-    tensor_types: dict[type, bool] = {}
-    for obj in gc.get_objects():
-        cls = type(obj)  # not isinstance: that reads __class__, which some proxies warn about
-        is_tensor = tensor_types.get(cls)
-        if is_tensor is None:
-            is_tensor = tensor_types[cls] = issubclass(cls, torch.Tensor)
-        if is_tensor:
-            yield obj
 
 
 def _private_anonymous() -> list[tuple[int, int, int]]:

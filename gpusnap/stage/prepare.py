@@ -9,7 +9,12 @@ hands it to the snapshot), and gives the work to one thread of the trainee:
    write then costs one fault per 2 MiB instead of one per 4 KiB, and fork copies 512 times
    fewer page-table entries;
 2. allocate the drain region's pages (``Arena.populate``), with ``GPUSNAP_DRAIN=keep``: no
-   drain then pays for fresh pages while it races the trainee.
+   drain then pays for fresh pages while it races the trainee;
+3. with it, once a snapshot has filled more than one pack, the pages of the next writer's pack
+   windows (``window_region``): a writer that allocates and frees its own spent 40% of its
+   CPU time on them (a 96 MB shard of a 4-rank job on the CI machine, ``perf``: populating,
+   unmapping and freeing 136 MiB of shared memory), at the trainee's priority, on every
+   snapshot.
 
 Both are done in steps of a few milliseconds, and none starts while a writer runs. The thread
 runs at the trainee's priority and sleeps after each step for as long as ``1 / SHARE - 1`` times
@@ -100,16 +105,18 @@ class _Worker:
 
 _worker = _Worker()
 # What the next drain is expected to copy: the storages the optimizers step (known from the
-# last ``prepare``) and what the last drain's scan found besides them.
+# last ``prepare``) and what the last writer's pickler drained besides them.
 _optimizer_bytes = 0
 _other_bytes = 0
 _drain: Region | None = None  # the next snapshot's drain region, reserved ahead
+_windows: Region | None = None  # the next writer's pack windows, reserved ahead
 
 
-def prepare(optimizers) -> None:
+def prepare(optimizers, windows_nbytes: int = 0) -> None:
     """In the trainee, after an optimizer step: start readying the memory the next drain
-    copies first (the optimizers' large CPU tensors)."""
-    global _drain, _optimizer_bytes
+    copies first (the optimizers' large CPU tensors), and ``windows_nbytes`` for the next
+    writer's pack windows (0: none)."""
+    global _drain, _windows, _optimizer_bytes
     from gpusnap.stage.drain import optimizer_storages
 
     storages = optimizer_storages(optimizers, knobs.DRAIN_MIN_BYTES)
@@ -123,10 +130,17 @@ def prepare(optimizers) -> None:
         except StageError:  # said by the snapshot, which reserves again
             _drain = None
         else:
+            regions = [_drain]
+            if windows_nbytes:
+                _windows = _reserve_windows(windows_nbytes)
+                regions += [_windows] if _windows is not None else []
             arena = trainee_arena()
-            adds = _drain.nbytes - arena.populated(_drain.offset, _drain.nbytes)
-            if adds <= arena.tightest_room().room_bytes * 0.5:  # never crowd out the trainee
-                steps.append(arena.populate(_drain))
+            room = arena.tightest_room().room_bytes * 0.5  # never crowd out the trainee
+            for region in regions:  # the drain's first: it races the trainee
+                adds = region.nbytes - arena.populated(region.offset, region.nbytes)
+                if adds <= room:
+                    steps.append(arena.populate(region))
+                    room -= adds
     _worker.start(itertools.chain(*steps))
 
 
@@ -151,25 +165,30 @@ def drain_region() -> Region:
     except ArenaFull:
         if not _other_bytes:
             raise
-    # What the last scan found besides the optimizers' state may be gone by now; what the
+    # What the last pickler drained besides the optimizers' state may be gone by now; what the
     # optimizers step is what the drain races the trainee for, and what this snapshot needs.
     return _reserve(_optimizer_bytes)
 
 
-def window_region() -> Region | None:
-    """For a stop snapshot, which drains nothing (in the stall): the drain region reserved
-    ahead, whose pages ``prepare`` allocated, for the writer's pack windows (``window_memory``),
-    so that the writer allocates no memory of its own; None when none is reserved."""
-    global _drain
+def window_region(stop: bool) -> Region | None:
+    """In the stall: a region reserved ahead, whose pages ``prepare`` allocated, for the
+    writer's pack windows (``window_memory``), so that the writer allocates and frees no memory
+    of its own; None when none is. A stop snapshot drains nothing: its windows are the drain
+    region. A periodic one's are the windows region, once a snapshot has filled more than one
+    pack (a smaller one's writer touches little of its own windows)."""
+    global _drain, _windows
     arena = made_arena()
-    region, _drain = _drain, None
+    if stop:
+        region, _drain = _drain, None
+    else:
+        region, _windows = _windows, None
     if region is None or arena is None or region.generation != arena.pending:
         return None
     return region
 
 
 def window_memory(fd: int, region: Region, nbytes: int) -> memoryview | None:
-    """In a stop snapshot's writer: the first ``nbytes`` of ``region`` (``window_region``),
+    """In the writer: the first ``nbytes`` of ``region`` (``window_region``),
     mapped, when the region is that large and every page of that part is allocated (faulting it
     in is then only mapping pages that exist: no allocation for an out-of-memory kill to hit
     while a pack write pins the writer's pages). None otherwise: the windows are its own."""
@@ -195,6 +214,18 @@ def _first_guess() -> Region:
         return trainee_arena().reserve(1, "drain")
 
 
+def _reserve_windows(nbytes: int) -> Region | None:
+    """The next writer's pack windows: the region reserved already for the pending generation,
+    else a new one (None when the arena has no room: the writer maps its own)."""
+    arena = trainee_arena()
+    if _windows is not None and _windows.generation == arena.pending and _windows.nbytes >= nbytes:
+        return _windows
+    try:
+        return arena.reserve(nbytes, "windows")
+    except StageError:
+        return None
+
+
 def _reserve(nbytes: int) -> Region:
     arena = trainee_arena()
     if _drain is not None and _drain.generation == arena.pending:
@@ -204,7 +235,7 @@ def _reserve(nbytes: int) -> Region:
 
 def drained(wanted_bytes: int) -> None:
     """A writer's report: its drain wanted ``wanted_bytes`` (with room enough it would have
-    copied that much), of which what the optimizers do not step is the scan's share."""
+    copied that much), of which what the optimizers do not step is the pickler's share."""
     global _other_bytes
     _other_bytes = max(0, wanted_bytes - _optimizer_bytes)
 
@@ -228,8 +259,8 @@ def writer_done(generation: int | None) -> None:
 
 def snapshot_skipped() -> None:
     """The snapshot reserved regions but is not taken: give them back."""
-    global _drain
-    _drain = None
+    global _drain, _windows
+    _drain = _windows = None
     arena = made_arena()
     if arena is not None:
         arena.discard()

@@ -13,8 +13,8 @@ one more, while the caller hashes the next ones.
                them, and a large one's first pack does not wait for them (a stop snapshot of
                1 GB waited 40 ms more for its first pack when they were reserved after it). The
                first pack is at most 16 MiB, so that the disk starts as soon as the reservation
-               is done. Windows in memory the caller allocated ahead (a stop
-               snapshot's: ``memory``) need no reservation.
+               is done. Windows in memory the caller allocated ahead
+               (``memory``: the trainee's, ``stage.window_region``) need no reservation.
 
 blosc2 (``blosc2.set_releasegil``) and xxhash release the GIL while they work, so the threads run
 on as many cores as the host gives them; blosc2 itself runs single-threaded in each (its own
@@ -69,7 +69,7 @@ class Pipeline:
         # pieces are held until ``finish`` anyway, and a compressed entry is its own bytes object.
         windowed = not backend.of(root).copies_on_put("packs")
         windows = max(2, windows)
-        # ``memory``: page-aligned memory for the windows (a stop snapshot's, allocated ahead by
+        # ``memory``: page-aligned memory for the windows (allocated ahead by
         # the trainee), used when it holds them all.
         size = PackBuilder.window_nbytes(capacity)
         if memory is None or len(memory) < self.windows_nbytes(capacity, windows) or not windowed:

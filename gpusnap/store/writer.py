@@ -32,7 +32,7 @@ report_progress = None
 # (to lower its own priority).
 encoder_threads = 0
 encoder_init = None
-# Memory for the pipeline's pack windows, set by a stop snapshot's forked writer before
+# Memory for the pipeline's pack windows, set by a forked writer before
 # begin_snapshot (``stage.window_memory``): pages the trainee allocated ahead, so that the
 # writer allocates none. None: the pipeline maps its own.
 window_memory = None

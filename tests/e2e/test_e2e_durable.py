@@ -15,7 +15,8 @@ import pytest
 
 from gpusnap import atomic
 from gpusnap.errors import EXIT_PREEMPTED
-from harness import Run, assert_same, committed_ids, gpusnap, load_final, plain, programs_and_out, progress, wait_for
+from harness import (Run, assert_same, committed_ids, gpusnap, load_final, plain, programs_and_out, progress, request_snapshot,
+                     wait_for)
 
 pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
 
@@ -74,27 +75,40 @@ def test_a_stop_snapshot_writes_at_the_trainees_priority_on_every_core_while_the
     assert manifest["writer"]["windows"] == windows_here(tmp_path, "own")
 
 
+# shrinks.py trains 12 MiB of Adam state until its switch_at step; with packs of 1 MiB a snapshot
+# of it fills several, and the windows (2.5 MiB) fit in its drain region.
+SMALL_PACKS = {"GPUSNAP_PACK_BYTES": str(1 << 20), "GPUSNAP_CHUNK_BYTES": str(256 << 10)}
+
+
+def shrinks(tmp_path, steps: int, switch_at: int):
+    """shrinks.py under `gpusnap run` with SMALL_PACKS: (the Run, its OUT, a check that runs it
+    again, as a requeue does, and finds the bytes of an uninterrupted run at its end)."""
+    programs, out = programs_and_out(tmp_path)
+    program = (programs / "shrinks.py", out, steps, switch_at)
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    plain(programs / "shrinks.py", ref, steps, switch_at, cwd=tmp_path)
+
+    def requeued_ends_right():
+        again = gpusnap("run", "--dir", "snaps", *program, cwd=tmp_path, env=SMALL_PACKS)
+        assert again.returncode == 0, again.stderr
+        assert_same(load_final(ref), load_final(out))
+
+    return Run("run", "--dir", "snaps", *program, cwd=tmp_path, env=SMALL_PACKS), out, requeued_ends_right
+
+
 def test_a_stop_snapshot_writes_its_packs_from_pages_the_trainee_allocated_ahead(tmp_path):
     """The drain region the trainee reserved and populated ahead for the next snapshot, which a
     stop snapshot does not drain into, holds its pack windows (the writer allocates no memory),
     and the run restarts from it to the bytes of an uninterrupted one."""
-    programs, out = programs_and_out(tmp_path)
-    ref = tmp_path / "ref"
-    ref.mkdir()
-    steps, switch_at = 200, 190  # shrinks.py trains its large model until switch_at
-    # 12 MiB of Adam state; small packs, so that the windows (2.5 MiB) fit in it.
-    env = {"GPUSNAP_PACK_BYTES": str(1 << 20), "GPUSNAP_CHUNK_BYTES": str(256 << 10)}
-    plain(programs / "shrinks.py", ref, steps, switch_at, cwd=tmp_path)
-    run = Run("run", "--dir", "snaps", programs / "shrinks.py", out, steps, switch_at, cwd=tmp_path, env=env)
+    run, out, requeued_ends_right = shrinks(tmp_path, 200, 190)
     wait_for(lambda: progress(out) >= 20, "step 20", proc=run)
     run.signal(signal.SIGTERM)
     code, _, err = run.wait()
     assert code == EXIT_PREEMPTED, err
     manifest = json.loads((tmp_path / "snaps" / "snapshots" / "000001.json").read_text())
     assert manifest["writer"]["windows"] == windows_here(tmp_path, "ahead")
-    again = gpusnap("run", "--dir", "snaps", programs / "shrinks.py", out, steps, switch_at, cwd=tmp_path, env=env)
-    assert again.returncode == 0, again.stderr
-    assert_same(load_final(ref), load_final(out))
+    requeued_ends_right()
 
 
 def test_a_periodic_snapshot_commits_while_training_and_its_workers_keep_every_core_busy(tmp_path):
@@ -118,3 +132,23 @@ def test_a_periodic_snapshot_commits_while_training_and_its_workers_keep_every_c
     assert committed["durable_s"] >= manifest["durable_s"] > 0
     listed = gpusnap("ls", "snaps", cwd=tmp_path)
     assert listed.returncode == 0 and "DURABLE" in listed.stdout.splitlines()[0]
+
+
+def test_a_periodic_snapshot_after_one_that_filled_more_than_a_pack_writes_from_windows_allocated_ahead(tmp_path):
+    """A periodic writer that maps its own pack windows allocates and frees them on every
+    snapshot; once a snapshot has filled more than one pack, the trainee keeps the next writer's
+    windows allocated ahead, and the run restarts from such a snapshot to the bytes of an
+    uninterrupted one."""
+    run, out, requeued_ends_right = shrinks(tmp_path, 400, 390)
+    run_dir = tmp_path / "snaps"
+    wait_for(lambda: progress(out) >= 10, "step 10", proc=run)
+    first = request_snapshot(run, run_dir)
+    after_first = progress(out)
+    # The trainee readies the windows (2.5 MiB) in the steps after the first writer is done.
+    wait_for(lambda: progress(out) >= after_first + 20, "steps after the first snapshot", proc=run)
+    second = request_snapshot(run, run_dir)
+    wait_for(lambda: (run_dir / "witness" / f"{second}.json").exists(), "the second snapshot's witness", proc=run)
+    run.kill_group()
+    windows = [json.loads((run_dir / "snapshots" / f"{i}.json").read_text())["writer"]["windows"] for i in (first, second)]
+    assert windows == [windows_here(tmp_path, "own"), windows_here(tmp_path, "ahead")]
+    requeued_ends_right()

@@ -8,10 +8,8 @@ import json
 import os
 
 import numpy as np
-import pytest
 import torch
 
-from gpusnap.errors import CaptureError
 from gpusnap.stage.drain import Drained, drain
 from gpusnap.stage.arena import Arena
 from gpusnap.rawmem import view_at
@@ -57,6 +55,14 @@ def span(t: torch.Tensor) -> tuple[int, int]:
     return storage.data_ptr(), storage.nbytes()
 
 
+def drain_reaching(arena, region, *tensors, optimizers=()) -> Drained:
+    """The writer's drain, then the pickler reaching ``tensors`` in that order."""
+    drained = drain(arena.fd, region, MIN, optimizers)
+    for t in tensors:
+        drained.reach(*span(t))
+    return drained
+
+
 def test_the_region_holds_fork_time_bytes_and_the_child_lets_go_of_the_pages():
     big = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB
     small = torch.arange(100, dtype=torch.float32)
@@ -64,7 +70,7 @@ def test_the_region_holds_fork_time_bytes_and_the_child_lets_go_of_the_pages():
     arena, region = drain_region(64 << 20)
 
     def work():
-        drained = drain(arena.fd, region, MIN)
+        drained = drain_reaching(arena, region, big, small)
         return {
             "region": digest(drained.view(*span(big))),
             "small drained": drained.view(*span(small)) is not None,
@@ -89,7 +95,7 @@ def test_a_page_the_parent_writes_first_is_still_drained_with_its_fork_time_byte
     pid = os.fork()
     if pid == 0:
         os.read(read_fd, 1)  # wait until the parent has rewritten big
-        drained = drain(arena.fd, region, MIN)
+        drained = drain_reaching(arena, region, big)
         os._exit(0 if digest(drained.view(*span(big))) == before else 3)
     big.fill_(7.0)
     os.write(write_fd, b"x")
@@ -104,12 +110,16 @@ def test_storages_that_alias_one_memory_become_one_extent():
     expected = digest(memoryview(arr[1000:]).cast("B"))
     arena, region = drain_region(64 << 20)
 
-    def work():
-        drained = drain(arena.fd, region, MIN)
-        return {"tail": digest(drained.view(*span(tail))), "whole": drained.view(*span(whole)) is not None}
+    def work(first, then):
+        drained = drain_reaching(arena, region, first, then)
+        return {"tail": digest(drained.view(*span(tail))), "whole": digest(drained.view(*span(whole))),
+                "extents": len(drained._extents)}
 
-    got = in_child(work)
-    assert got["tail"] == expected and got["whole"]
+    # The whole first: the tail lies inside its extent. The tail first: the whole is put
+    # together from the tail's extent and the pages in front of it, still in place.
+    for first, then in ((whole, tail), (tail, whole)):
+        got = in_child(lambda: work(first, then))
+        assert got == {"tail": expected, "whole": digest(memoryview(arr).cast("B")), "extents": 1}
 
 
 def test_a_private_file_mapping_is_not_drained(tmp_path):
@@ -119,7 +129,7 @@ def test_a_private_file_mapping_is_not_drained(tmp_path):
     mapped[:10] = -1.0
     tensor = torch.from_numpy(mapped)
     arena, region = drain_region(64 << 20)
-    got = in_child(lambda: drain(arena.fd, region, MIN).view(*span(tensor)) is None)
+    got = in_child(lambda: drain_reaching(arena, region, tensor).view(*span(tensor)) is None)
     assert got, "dropping a private file mapping's pages would bring back the file's bytes"
     assert float(tensor[0]) == -1.0
 
@@ -131,7 +141,7 @@ def test_a_drain_region_too_small_for_everything_drains_what_fits_and_says_what_
     arena, region = drain_region(5 << 20)  # room for one of them only
 
     def work():
-        drained = drain(arena.fd, region, MIN)
+        drained = drain_reaching(arena, region, first, second)
         views = [drained.view(*span(t)) for t in (first, second)]
         return {"drained": [v is not None for v in views], "wanted": drained.wanted, "bytes": drained.nbytes,
                 "digests": [digest(v) for v in views if v is not None]}
@@ -151,24 +161,32 @@ def test_a_drain_gives_back_the_region_pages_it_did_not_use():
     big = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB
 
     def work():
-        return drain(arena.fd, region, MIN).used
+        drained = drain_reaching(arena, region, big)
+        drained.trim()  # once the pickler is done
+        return drained.used
 
     used = in_child(work)
     assert used >= big.untyped_storage().nbytes()
     assert arena.populated(region.offset, region.nbytes) <= used + (4 << 20)  # a page or so of rounding
 
 
-def test_a_range_only_partly_drained_is_refused():
-    arena, region = drain_region(1 << 20)
-    arena.view(0x10, 4)[:] = b"abcd"
-    drained = Drained(arena.fd, region)
-    drained._extents = [(0x10000, 0x20000, 0)]  # bookkeeping only: nothing at these addresses
-    assert bytes(drained.view(0x10010, 4)) == b"abcd"
-    assert drained.view(0x30000, 16) is None
-    with pytest.raises(CaptureError, match="GPUSNAP_DRAIN=off"):
-        drained.locate(0x1FFF0, 0x20010)
-    with pytest.raises(CaptureError):
-        drained.locate(0x0FFF0, 0x10010)
+def test_a_storage_read_in_place_before_the_pickler_reached_it_is_not_drained_after():
+    """A reader of memory in place (a numpy array over a tensor's bytes, pickled first) may
+    still hold its view when the pickler reaches the tensor: dropping the pages would turn the
+    bytes it has yet to write into zeros."""
+    from gpusnap.capture.pickling.reducers import HostMemory
+
+    big = torch.arange(1 << 20, dtype=torch.float32)
+    before = digest(view_at(*span(big)))
+    arena, region = drain_region(64 << 20)
+
+    def work():
+        host = HostMemory(drain(arena.fd, region, MIN))
+        lent = host.view(*span(big))  # in place, as the numpy array's reducer reads it
+        again = host.storage(*span(big))  # then the tensor's storage
+        return {"lent": digest(lent), "again": digest(again), "drained": host.drained.nbytes}
+
+    assert in_child(work) == {"lent": before, "again": before, "drained": 0}
 
 
 def test_what_the_optimizer_steps_is_drained_first_in_step_order_then_the_rest():
@@ -183,12 +201,12 @@ def test_what_the_optimizer_steps_is_drained_first_in_step_order_then_the_rest()
     expected = [first, first.grad, optimizer.state[first]["exp_avg"], optimizer.state[first]["exp_avg_sq"], second]
     assert [order.index(id(t)) for t in expected] == sorted(order.index(id(t)) for t in expected)
 
-    loose = torch.arange(1 << 18, dtype=torch.float32)  # no optimizer holds it: found by the scan
+    loose = torch.arange(1 << 18, dtype=torch.float32)  # no optimizer holds it: drained when reached
     before = {name: digest(view_at(*span(t))) for name, t in [("weight", first), ("exp_avg_sq", optimizer.state[first]["exp_avg_sq"]), ("loose", loose)]}
     arena, region = drain_region(64 << 20)
 
     def work():
-        drained = drain(arena.fd, region, MIN, [optimizer])
+        drained = drain_reaching(arena, region, loose, optimizers=[optimizer])
         tensors = {"weight": first, "exp_avg_sq": optimizer.state[first]["exp_avg_sq"], "loose": loose}
         return {name: digest(drained.view(*span(t))) for name, t in tensors.items()}
 

@@ -78,7 +78,7 @@ class BufferReducers:
         name = self.storage_names.get(key)
         if name is None:
             if device == "cpu":
-                view = self.host.view(address, nbytes, "CPU tensor")
+                view = self.host.storage(address, nbytes)
             else:
                 view = None
             dtype, typesize = self._storage_dtype.get(key, ("uint8", 1))
@@ -221,7 +221,16 @@ class HostMemory:
         found = self.drained.view(address, nbytes)
         if found is None and self.unforked is not None:
             found = self.unforked.view(address, nbytes)
-        return found if found is not None else _host_view(address, nbytes, what)
+        if found is not None:
+            return found
+        found = _host_view(address, nbytes, what)
+        self.drained.lend(address, nbytes)
+        return found
+
+    def storage(self, address: int, nbytes: int) -> memoryview:
+        """A CPU tensor storage the pickler reached: drained first when it may be."""
+        self.drained.reach(address, nbytes)
+        return self.view(address, nbytes, "CPU tensor")
 
 
 def _host_view(address: int, nbytes: int, what: str) -> memoryview:

@@ -163,7 +163,7 @@ def _after_optimizer_step(optimizer, *_):
         session.prepared = False  # its state exists from its first step on
     if not session.prepared and session.writer is None and session.config.get("run_dir") and knobs.DRAIN != "off":
         session.prepared = True  # until a new optimizer steps or a writer has finished
-        stage.prepare(list(session.optimizers))
+        stage.prepare(list(session.optimizers), session.windows_nbytes)
 
 
 def mark_enclosing(i: int) -> None:

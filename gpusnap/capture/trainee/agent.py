@@ -186,7 +186,7 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         # A stop snapshot drains nothing: training stops (its witness's few iterations run at
         # idle priority), and the drain's copy would only delay the commit.
         drain = stage.drain_region() if knobs.DRAIN != "off" and not stop else None
-        windows = stage.window_region() if stop else None  # its pages, allocated ahead, hold the pack windows
+        windows = stage.window_region(stop)  # pages allocated ahead for the pack windows, if any
         refusal = _headroom_refusal()
         hint = None
     except StageError as exc:  # the arena cannot hold what the snapshot stages, a CUDA error

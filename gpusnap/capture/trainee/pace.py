@@ -49,7 +49,7 @@ class Plan:
     expected_bytes: int = 0
     boosted_s: float = 0.0  # time encoder threads at normal priority ran (filled in by the pacer)
     boosts: int = 0
-    windows: str | None = None  # a stop snapshot's pack windows (store.writer.SnapshotWriter.windows)
+    windows: str | None = None  # where the pack windows were (store.writer.SnapshotWriter.windows)
 
     def record(self) -> dict:
         """The manifest's ``writer``: how this write ran."""

@@ -12,6 +12,7 @@ resumed_from: str | None = None  # the snapshot this run restarted from, then th
 writer = None  # the running fork.Writer, if any: at most one runs
 last_result: dict = {}  # the last writer's report
 last_bytes_total = 0  # raw bytes the last committed snapshot held (the next writer's pace)
+windows_nbytes = 0  # the next writer's pack windows, allocated ahead (0: none; fork.Writer sets it)
 disk_full = False  # a snapshot of this run failed for lack of space: retention runs before each write
 steps = 0  # optimizer steps seen (two optimizers in one iteration count twice)
 iterations = 0  # iterations of step loops in which an optimizer stepped: what snapshots report

@@ -61,6 +61,7 @@ class Writer:
             session.disk_full = True
         if result.get("drain_wanted_bytes") is not None:
             stage.drained(result["drain_wanted_bytes"])  # the size of the next drain region
+            session.windows_nbytes = _windows_ahead(int(result.get("bytes_written") or 0))
         stage.writer_done(self.generation)  # the child is reaped: nothing reads its regions now
         session.writer = None
         session.prepared = False  # the next optimizer step readies memory for the next snapshot
@@ -174,6 +175,16 @@ def _child(job, trainee: int, read_fd: int, write_fd: int, mask) -> None:
         os.write(write_fd, json.dumps(result, default=str).encode())
     finally:
         os._exit(code)
+
+
+def _windows_ahead(written_bytes: int) -> int:
+    """The pack windows the trainee allocates ahead for the next writer (``stage.prepare``):
+    all of them once a snapshot has written more than one pack (its writer filled both), none
+    for a smaller one (its writer touches little of its own)."""
+    from gpusnap.store.writer import windows_nbytes
+
+    nbytes = windows_nbytes()
+    return nbytes if written_bytes > nbytes // 2 else 0
 
 
 def _oom_score_adj(score: bytes) -> bytes | None:

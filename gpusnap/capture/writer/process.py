@@ -48,7 +48,7 @@ class WriteJob:
     unforked: object = None  # stage.unforked.Unforked: host memory fork does not pass on, staged
     arena_fd: int = -1  # the staging arena's memfd: the writer maps its regions afresh from it
     drain: object = None  # the stage.arena.Region the writer drains CPU tensors into (None: no drain)
-    windows: object = None  # a stop snapshot's: the stage.arena.Region for its pack windows (stage.window_region)
+    windows: object = None  # the stage.arena.Region for its pack windows, allocated ahead (stage.window_region)
     optimizers: list = field(default_factory=list)  # what the drain copies first
     generation: int | None = None  # of the arena regions this writer reads (sealed before fork)
     schedule: dict | None = None  # the supervisor's timer and measured overhead (manifest "schedule")
@@ -70,11 +70,12 @@ def write_snapshot(job: WriteJob) -> dict:
     drained = drain(job.arena_fd, job.drain, knobs.DRAIN_MIN_BYTES, job.optimizers) if job.drain is not None else Drained()
     drain_s = time.perf_counter() - started
     plan = pace.plan(job.stop)
-    # A stop snapshot's pack windows are pages the trainee allocated ahead, when it has them all:
-    # nothing to fault in before the first pack goes to the disk (a stop snapshot of 1 GB started
-    # writing at 30 ms instead of 70-120 ms), nothing for an out-of-memory kill to take.
+    # The pack windows are pages the trainee allocated ahead, when it has them all: nothing to
+    # fault in before the first pack goes to the disk (a stop snapshot of 1 GB started writing
+    # at 30 ms instead of 70-120 ms), nothing to allocate and free on every periodic snapshot,
+    # nothing for an out-of-memory kill to take.
     store_writer.window_memory = (window_memory(job.arena_fd, job.windows, store_writer.windows_nbytes())
-                                  if job.stop and job.windows is not None else None)
+                                  if job.windows is not None else None)
     # The writer exits when done, so its garbage never needs collecting, and the cycle collector
     # would otherwise rescan the trainee's whole inherited heap over and over while the walks
     # below allocate (half the time of pickling a deep graph).
@@ -97,6 +98,7 @@ def write_snapshot(job: WriteJob) -> dict:
         stream = io.BytesIO()
         pickler = GraphPickler(stream, sink, drained=drained, device=job.device, unforked=job.unforked)
         pickler.dump_graph(payload)
+        drained.trim()  # the pickler drained what it reached: the rest of the region goes back
         if job.device is not None:
             _put_device(job, rundir, sink, pickler)
         graph = sink.put_buffer(stream.getbuffer(), dtype="bytes", typesize=1)
@@ -124,8 +126,7 @@ def write_snapshot(job: WriteJob) -> dict:
         def stamp(doc: dict) -> None:  # once every pack and the index are committed
             if pacer is not None:
                 pacer.stop()
-            if job.stop:
-                plan.windows = sink.windows
+            plan.windows = sink.windows
             now = time.perf_counter()
             doc.update(write_s=now - started, durable_s=now - job.requested_s, writer=plan.record())
 
