@@ -525,13 +525,15 @@ class Chaos:
         supervisor.suspend()
         try:
             at = self.step()
+            if at >= self.steps:  # training is over: nothing to go on with (its exit may wait for the supervisor)
+                return "the run ended first"
             for _ in range(3):
                 try:
                     trainee.send_signal(signal.SIGUSR1)  # the program snapshots itself; its events queue up
                 except (psutil.NoSuchProcess, AttributeError):
                     break
                 time.sleep(1.0)
-            trained = self.wait(lambda: self.step() >= at + 10 or self.trainee() is None, 30)
+            trained = self.wait(lambda: self.step() >= min(at + 10, self.steps) or self.trainee() is None, 30)
         finally:
             supervisor.resume()
         if not trained and self.alive():

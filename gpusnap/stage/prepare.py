@@ -16,7 +16,7 @@ hands it to the snapshot), and gives the work to one thread of the trainee:
    unmapping and freeing 136 MiB of shared memory), at the trainee's priority, on every
    snapshot.
 
-Both are done in steps of a few milliseconds, and none starts while a writer runs. The thread
+All are done in steps of a few milliseconds, and none starts while a writer runs. The thread
 runs at the trainee's priority and sleeps after each step for as long as ``1 / SHARE - 1`` times
 the step took, so it takes at most ``SHARE`` of one core from training. It ran at idle priority
 once, and that made the first snapshot of a run wait: a collapse holds the process's memory-map
