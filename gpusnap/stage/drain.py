@@ -125,24 +125,24 @@ class Drained:
         return False
 
     def reach(self, address: int, nbytes: int) -> None:
-        """The pickler reached a CPU storage: drain it now if it is large enough, private
-        anonymous memory, and nothing of it was read in place or counted before."""
-        lo, hi = address, address + nbytes
-        if (self.region is None or nbytes < self.min_bytes or not _inside(lo, hi, self._spans)
-                or self.touches(lo, hi, self._counted) or self._lent_touches(lo, hi)):
-            return
-        self.take([(lo, hi, 0)])
+        """The pickler reached a CPU storage: drain it now if it may be (``_may_take``)."""
+        if self._may_take(address, address + nbytes):
+            self.take([(address, address + nbytes, 0)])
 
     def ranges(self, tensors) -> list[tuple[int, int, int]]:
         """(lo, hi, rank) of the storages of ``tensors`` that a drain would take, in their order."""
         torch, found = sys.modules["torch"], []
         for rank, tensor in enumerate(tensors):
             storage = _cpu_storage(tensor, torch)
-            if storage and storage[1] >= self.min_bytes:
-                lo, hi = storage[0], storage[0] + storage[1]
-                if _inside(lo, hi, self._spans) and not self.touches(lo, hi, self._counted):
-                    found.append((lo, hi, rank))  # views repeat a storage: take() merges them
+            if storage and self._may_take(storage[0], storage[0] + storage[1]):
+                found.append((storage[0], storage[0] + storage[1], rank))  # views repeat a storage: take() merges them
         return found
+
+    def _may_take(self, lo: int, hi: int) -> bool:
+        """[lo, hi) is large enough, private anonymous memory, and nothing of it was counted
+        or read in place before."""
+        return (self.region is not None and hi - lo >= self.min_bytes and _inside(lo, hi, self._spans)
+                and not self.touches(lo, hi, self._counted) and not self._lent_touches(lo, hi))
 
     def take(self, ranges: list[tuple[int, int, int]]) -> bool:
         """Drain (lo, hi, rank) ranges, lowest rank first; False once the region is full."""
