@@ -28,9 +28,13 @@ in it stays copy-on-write: slower for the trainee, never wrong.
 
 After the drain, the dropped pages read as zeros *in the writer*: every read of host memory
 goes through ``Drained.view`` (the pickler's ``HostMemory``), and a range something has read in
-place is never drained after (``lend``): its reader may still hold the view. Only private
-anonymous memory is drained (``/proc/self/maps``): dropping a private file mapping would bring
-back the file's bytes, and shared memory is never copied on write anyway.
+place is never drained after (``lend``): its reader may still hold the view. pickle itself
+reads some objects in place, though (a bytearray, which ``torch.frombuffer`` can put a tensor
+over), so what the pickler drains keeps its pages until the pickler is done (``done``), and
+what the optimizers step, dropped at once, being the race, is drained only where torch
+allocated it. Only private anonymous memory is drained (``/proc/self/maps``): dropping a private
+file mapping would bring back the file's bytes, and shared memory is never copied on write
+anyway.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class Drained:
         self._extents: list[tuple[int, int, int]] = []  # (lo, hi, region offset), disjoint, sorted
         self._counted: list[tuple[int, int, int]] = []  # what ``wanted`` counts, drained or not
         self._lent: dict[int, list[tuple[int, int]]] = {}  # block -> ranges read in place there
+        self._to_drop: list[tuple[int, int]] = []  # drained as the pickler reached them: dropped once it is done
         self._view: memoryview | None = None
         self.nbytes = 0  # bytes drained
         self.wanted = 0  # bytes it would have drained with room enough: the next region's size
@@ -125,16 +130,21 @@ class Drained:
         return False
 
     def reach(self, address: int, nbytes: int) -> None:
-        """The pickler reached a CPU storage: drain it now if it may be (``_may_take``)."""
+        """The pickler reached a CPU storage: drain it now if it may be (``_may_take``). Its
+        pages are dropped only once the pickler is done (``done``): an object pickle reads in
+        place, never through this reader (a bytearray that a tensor lies over, as
+        ``torch.frombuffer`` makes), may come after it and must find its bytes."""
         if self._may_take(address, address + nbytes):
-            self.take([(address, address + nbytes, 0)])
+            self.take([(address, address + nbytes, 0)], drop=False)
 
     def ranges(self, tensors) -> list[tuple[int, int, int]]:
-        """(lo, hi, rank) of the storages of ``tensors`` that a drain would take, in their order."""
+        """(lo, hi, rank) of the storages of ``tensors`` that a drain dropping their pages at
+        once would take, in their order: not those over memory torch did not allocate (a
+        bytearray's, which pickle reads in place)."""
         torch, found = sys.modules["torch"], []
         for rank, tensor in enumerate(tensors):
             storage = _cpu_storage(tensor, torch)
-            if storage and self._may_take(storage[0], storage[0] + storage[1]):
+            if storage and _torch_allocated(tensor) and self._may_take(storage[0], storage[0] + storage[1]):
                 found.append((storage[0], storage[0] + storage[1], rank))  # views repeat a storage: take() merges them
         return found
 
@@ -144,8 +154,9 @@ class Drained:
         return (self.region is not None and hi - lo >= self.min_bytes and _inside(lo, hi, self._spans)
                 and not self.touches(lo, hi, self._counted) and not self._lent_touches(lo, hi))
 
-    def take(self, ranges: list[tuple[int, int, int]]) -> bool:
-        """Drain (lo, hi, rank) ranges, lowest rank first; False once the region is full."""
+    def take(self, ranges: list[tuple[int, int, int]], drop: bool = True) -> bool:
+        """Drain (lo, hi, rank) ranges, lowest rank first, and drop the writer's pages under
+        them (``drop``), else once the pickler is done; False once the region is full."""
         placed, ranges = [], merge_ranges(ranges)
         for lo, hi, rank in ranges:
             self.wanted += hi - lo
@@ -156,9 +167,10 @@ class Drained:
         for _, lo, hi, offset in sorted(placed):
             if not self._write(offset, view_at(lo, hi - lo)):
                 return False  # the host has no memory for the region: the rest stays copy-on-write
-            # Whole pages only: the partial pages at either end may hold other allocations.
-            with contextlib.suppress(OSError):  # pages not dropped stay copy-on-write: no harm
-                madvise(lo, hi - lo, MADV_DONTNEED)
+            if drop:
+                _drop(lo, hi)
+            else:
+                self._to_drop.append((lo, hi))
             bisect.insort(self._extents, (lo, hi, offset))
             self.nbytes += hi - lo
         return len(placed) == len(ranges)
@@ -176,10 +188,14 @@ class Drained:
             view, position = view[written:], position + written
         return True
 
-    def trim(self) -> None:
-        """Once nothing more is drained: give back the region's pages past what this writer
-        used (a smaller state than last time), when the region stays for the run (the region
-        is this writer's alone until it exits)."""
+    def done(self) -> None:
+        """The pickler is done, so nothing more is drained: drop the pages of what it drained,
+        and give back the region's pages past what this writer used (a smaller state than
+        last time), when the region stays for the run (it is this writer's alone until it
+        exits)."""
+        for lo, hi in self._to_drop:
+            _drop(lo, hi)
+        self._to_drop = []
         if self.region is None or knobs.DRAIN != "keep":
             return
         with contextlib.suppress(OSError):  # pages not given back stay in use: no harm
@@ -203,6 +219,13 @@ def drain(fd: int, region: Region, min_bytes: int, optimizers=()) -> Drained:
     drained = Drained(fd, region, min_bytes, spans)
     drained.take(drained.ranges(_step_order(optimizers, sys.modules["torch"])))
     return drained
+
+
+def _drop(lo: int, hi: int) -> None:
+    """The writer lets go of its pages of a drained range: the trainee's are its alone then.
+    Whole pages only: the partial pages at either end may hold other allocations."""
+    with contextlib.suppress(OSError):  # pages not dropped stay copy-on-write: no harm
+        madvise(lo, hi - lo, MADV_DONTNEED)
 
 
 def trim_heap() -> None:
@@ -239,6 +262,15 @@ def _cpu_storage(tensor, torch) -> tuple[int, int] | None:
     except Exception:  # noqa: BLE001 - tensor kinds without a plain storage are not drained
         return None
     return (address, storage.nbytes()) if address else None
+
+
+def _torch_allocated(tensor) -> bool:
+    """Whether torch allocated the tensor's storage: only such a storage can be resized; one
+    over another object's memory (``torch.frombuffer``, ``torch.from_numpy``) cannot."""
+    try:
+        return tensor.untyped_storage().resizable()
+    except Exception:  # noqa: BLE001 - kinds without a plain storage are not drained anyway
+        return False
 
 
 def _step_order(optimizers, torch, grads: bool = True):

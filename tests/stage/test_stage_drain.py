@@ -8,6 +8,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 import torch
 
 from gpusnap.stage.drain import Drained, drain
@@ -56,10 +57,11 @@ def span(t: torch.Tensor) -> tuple[int, int]:
 
 
 def drain_reaching(arena, region, *tensors, optimizers=()) -> Drained:
-    """The writer's drain, then the pickler reaching ``tensors`` in that order."""
+    """The writer's drain, then the pickler reaching ``tensors`` in that order, and done."""
     drained = drain(arena.fd, region, MIN, optimizers)
     for t in tensors:
         drained.reach(*span(t))
+    drained.done()
     return drained
 
 
@@ -161,9 +163,7 @@ def test_a_drain_gives_back_the_region_pages_it_did_not_use():
     big = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB
 
     def work():
-        drained = drain_reaching(arena, region, big)
-        drained.trim()  # once the pickler is done
-        return drained.used
+        return drain_reaching(arena, region, big).used
 
     used = in_child(work)
     assert used >= big.untyped_storage().nbytes()
@@ -211,3 +211,42 @@ def test_what_the_optimizer_steps_is_drained_first_in_step_order_then_the_rest()
         return {name: digest(drained.view(*span(t))) for name, t in tensors.items()}
 
     assert in_child(work) == before
+
+
+@pytest.mark.parametrize("how", ["reached", "stepped"])
+def test_a_bytearray_under_a_drained_tensor_keeps_its_bytes(tmp_path, how):
+    """``torch.frombuffer`` puts a tensor over a bytearray's memory, and pickle reads the
+    bytearray in place, never through the drain's reader: a drain that dropped the writer's
+    pages under the tensor first would save the bytearray as zeros. Reached by the pickler
+    first, the tensor keeps its pages until the pickler is done; stepped by an optimizer, whose
+    drain drops at once, it is left to the pickler too."""
+    import io
+
+    from gpusnap import restore
+    from gpusnap.capture.pickling.pickler import GraphPickler
+    from gpusnap.store import RunDir
+
+    buf = bytearray(np.arange(1 << 20, dtype=np.float32).tobytes())  # 4 MiB, its own mapping
+    tensor = torch.nn.Parameter(torch.frombuffer(buf, dtype=torch.float32))
+    optimizers = []
+    if how == "stepped":
+        optimizers = [torch.optim.SGD([tensor], lr=0.1)]  # leaves 0.8 of each value
+        tensor.square().sum().backward()
+        optimizers[0].step()
+    arena, region = drain_region(64 << 20)
+    rd = RunDir.create(tmp_path / "run", {"command": ["test"]})
+
+    def work():
+        sink = rd.begin_snapshot("000001")
+        stream = io.BytesIO()
+        pickler = GraphPickler(stream, sink, drained=drain(arena.fd, region, MIN, optimizers))
+        pickler.dump_graph({"tensor": tensor, "buf": buf})  # the tensor first
+        pickler.host.drained.done()
+        graph = sink.put_buffer(stream.getbuffer(), dtype="bytes", typesize=1)
+        sink.commit({"buffers": {**pickler.buffers, "graph": graph}})
+        return pickler.host.drained.nbytes
+
+    assert in_child(work) >= len(buf)  # drained, by the pickler either way
+    _, payload = restore.load(RunDir.open(tmp_path / "run"), "000001")
+    assert digest(payload["buf"]) == digest(buf)
+    assert digest(payload["tensor"].detach().numpy()) == digest(buf)

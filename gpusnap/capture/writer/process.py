@@ -98,7 +98,7 @@ def write_snapshot(job: WriteJob) -> dict:
         stream = io.BytesIO()
         pickler = GraphPickler(stream, sink, drained=drained, device=job.device, unforked=job.unforked)
         pickler.dump_graph(payload)
-        drained.trim()  # the pickler drained what it reached: the rest of the region goes back
+        drained.done()  # the pages of what the pickler drained go now, and the region's unused tail
         if job.device is not None:
             _put_device(job, rundir, sink, pickler)
         graph = sink.put_buffer(stream.getbuffer(), dtype="bytes", typesize=1)
