@@ -134,8 +134,12 @@ class Pacer:
         p = self.plan
         if elapsed >= p.deadline_s:
             return p.threads
-        done, _ = self.sink.progress()
-        return 1 if done < p.expected_bytes * elapsed / (PACE_SHARE * p.deadline_s) else 0
+        done, put = self.sink.progress()
+        # What the pickler has put counts as soon as it is put: the guess at the start knows only
+        # the last snapshot and what the optimizers step (a first snapshot, a large buffer no
+        # optimizer steps, would otherwise never fall behind it).
+        expected = max(p.expected_bytes, put)
+        return 1 if done < expected * elapsed / (PACE_SHARE * p.deadline_s) else 0
 
     def _run(self) -> None:
         running = 0
