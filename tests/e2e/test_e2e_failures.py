@@ -155,6 +155,7 @@ def test_a_writer_orphaned_mid_write_dies_and_its_snapshot_is_never_committed(tm
     writer = wait_for(lambda: trainee.children(), "the writer", proc=run)[0]
     # Mid-write: its first pack is on disk, its manifest is not.
     wait_for(lambda: list((snaps / "packs").glob("*/*.pack")) and not committed_ids(snaps), "a pack of the snapshot")
+    assert writer.name() == "gpusnap-writer"  # what top and ps show, not a second copy of the program
     run.proc.kill()
     run.proc.wait(timeout=30)
     wait_for(lambda: _gone(trainee) and _gone(writer), "the trainee and its writer to die", timeout=10,

@@ -163,6 +163,7 @@ def _child(job, trainee: int, read_fd: int, write_fd: int, mask) -> None:
             # that do-not-fork memory left (rawmem.mapped).
             rawmem.freeze_maps()
             lifeline.die_with_parent(trainee)  # an orphaned writer's snapshot would never be reported
+            lifeline.set_name("gpusnap-writer")
             os.close(read_fd)
             result = _write(job, write_fd)
             code = 0
