@@ -135,12 +135,19 @@ def resident(address: int, nbytes: int) -> int:
     """Bytes of the pages of [address, address + nbytes), a page-aligned mapping, that are in
     memory (mincore(2)): of a shared mapping of a memfd, the pages the memfd has, mapped in this
     process yet or not. Faster than asking the memfd with SEEK_DATA/SEEK_HOLE, which walks it
-    page by page (136 MiB: 3 ms against 14)."""
-    pages = -(-nbytes // PAGE)
-    vector = (ctypes.c_ubyte * pages)()
-    if _libc.mincore(address, pages * PAGE, vector) != 0:
-        _raise_errno()
-    return (pages - bytes(vector).count(0)) * PAGE
+    page by page (136 MiB: 3 ms against 14). Asked 1 GiB at a time, so that the vector stays
+    small however large the range."""
+    have = 0
+    for start in range(address, address + nbytes, _RESIDENT_STEP):
+        pages = -(-min(_RESIDENT_STEP, address + nbytes - start) // PAGE)
+        vector = (ctypes.c_ubyte * pages)()
+        if _libc.mincore(start, pages * PAGE, vector) != 0:
+            _raise_errno()
+        have += (pages - bytes(vector).count(0)) * PAGE
+    return have
+
+
+_RESIDENT_STEP = 1 << 30
 
 
 def punch_hole(fd: int, offset: int, nbytes: int) -> None:

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from gpusnap import knobs
 from gpusnap.errors import ArenaFull, StageError
 from gpusnap.stage import limits
-from gpusnap.rawmem import MADV_POPULATE_WRITE, PAGE, address_of, madvise, page_up, punch_hole
+from gpusnap.rawmem import MADV_POPULATE_WRITE, PAGE, address_of, madvise, page_up, punch_hole, resident
 
 USES = ("device", "managed", "pinned", "drain", "windows")
 DMA_USES = ("device", "managed")  # what the GPU copies into: regions of the pinned part only
@@ -233,19 +233,9 @@ class Arena:
         return limits.tightest(self._root)
 
     def populated(self, offset: int, nbytes: int) -> int:
-        """Bytes of [offset, offset + nbytes) that have pages already (SEEK_DATA / SEEK_HOLE)."""
-        end, position, have = offset + nbytes, offset, 0
-        while position < end:
-            try:
-                data = os.lseek(self.fd, position, os.SEEK_DATA)
-            except OSError:  # ENXIO: no data past position
-                break
-            if data >= end:
-                break
-            hole = min(os.lseek(self.fd, data, os.SEEK_HOLE), end)
-            have += hole - data
-            position = hole
-        return have
+        """Bytes of [offset, offset + nbytes) (page-aligned, as every region is) that have pages
+        already: the memfd's, asked through the trainee's mapping of it (``rawmem.resident``)."""
+        return resident(self.address + offset, nbytes)
 
     def populate(self, region: Region):
         """Allocate the region's pages ahead of the snapshot that writes them, 8 MiB a step
