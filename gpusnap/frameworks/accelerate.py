@@ -31,9 +31,9 @@ import inspect
 import weakref
 
 from gpusnap.capture.pickling import pickler
-from gpusnap.capture.safepoints import steploop
 from gpusnap.capture.trainee import loopnotes
 from gpusnap.graph import iterators, rng
+from gpusnap.onimport import after_import
 from gpusnap.restore import fastforward, livecheck
 
 SHARD = "accelerate.data_loader.DataLoaderShard"
@@ -163,7 +163,7 @@ def _yielded(gen) -> int:
     return _base(gen)._num_yielded - (0 if gen.gi_frame.f_locals["self"].end_of_dataloader else 1)
 
 
-steploop.after_import("accelerate.data_loader", _note_rng_at_iter)
+after_import("accelerate.data_loader", _note_rng_at_iter)
 # A suspended shard generator holds the batch it yielded and the next one, collated already (with
 # whatever random numbers its collate function drew then): the snapshot keeps both.
 pickler.FETCHED_AHEAD[f"{SHARD}.__iter__"] = ("current_batch", "next_batch")

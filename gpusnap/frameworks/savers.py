@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 
-from gpusnap.capture.safepoints.steploop import after_import
+from gpusnap.onimport import after_import
 from gpusnap.files import watch
 
 

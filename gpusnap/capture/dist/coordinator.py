@@ -55,6 +55,7 @@ from gpusnap.capture.safepoints import steploop
 from gpusnap.capture.trainee import control, session
 from gpusnap.errors import EXIT_PREEMPTED_UNSAVED, GpusnapError, RestoreError, RunDirError
 from gpusnap.instrument import loops
+from gpusnap.onimport import after_import
 from gpusnap.store import shards
 from gpusnap.store.info import snapshot_id
 
@@ -106,7 +107,7 @@ def install(config: dict):
         config["resume"] = {"snapshot": own}
     coordinator = Coordinator(rank, world, top, shard, addr, port, lock)
     coordinator.resume = resume
-    steploop.after_import("torch", lambda _module: coordinator.start())
+    after_import("torch", lambda _module: coordinator.start())
     return shard
 
 

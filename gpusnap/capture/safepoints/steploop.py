@@ -22,6 +22,7 @@ import sys
 import weakref
 
 from gpusnap import knobs, stage
+from gpusnap.onimport import after_import
 from gpusnap.capture.safepoints import returnable as safepoints
 from gpusnap.capture.trainee import costs, session, witness
 from gpusnap.graph import iterators, rng, workers
@@ -52,14 +53,6 @@ def install(note_source) -> None:
 def _forked() -> None:
     global _in_child
     _in_child = True
-
-
-def after_import(name: str, callback) -> None:
-    """``callback(module)`` once module ``name`` is imported (now, if it is)."""
-    if name in sys.modules:
-        callback(sys.modules[name])
-    else:
-        sys.meta_path.insert(0, _AfterImport(name, callback))
 
 
 def _hook_optimizers(module) -> None:
@@ -199,31 +192,6 @@ def _inside_step_body(loop) -> bool:
         if is_step_loop(other) and other.frame.f_back is not None:
             return True
     return False
-
-
-class _AfterImport:
-    """A meta path entry that runs ``callback(module)`` right after ``name`` is imported."""
-
-    def __init__(self, name: str, callback):
-        self.name, self.callback = name, callback
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        import importlib.util
-
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module, callback = spec.loader.exec_module, self.callback
-
-        def exec_then_hook(module):
-            exec_module(module)
-            callback(module)
-
-        spec.loader.exec_module = exec_then_hook
-        return spec
 
 
 def _at_matches(loop) -> bool:

@@ -22,15 +22,13 @@ GPUSNAP_TEST_WRONG_RESTORE, and strike every restart that process tree makes:
   no-fetch-ahead       the batch accelerate's DataLoaderShard fetched ahead is left out of the
                        snapshot (gpusnap before it kept it): the fix switched off
 
-Each of these waits for the module it patches to be imported (a meta path hook), so processes
+Each of these waits for the module it patches to be imported (``gpusnap.onimport``), so processes
 that never import it (the supervisor, DataLoader workers) pay nothing.
 """
 
 import errno
-import importlib.util
 import os
 import random
-import sys
 
 _FAULT = os.environ.get("GPUSNAP_CHAOS_FAULT")
 
@@ -100,25 +98,6 @@ if _FAULT:
 # -- wrong restores (GPUSNAP_TEST_WRONG_RESTORE) -----------------------------------------
 
 
-class _After:
-    def __init__(self, name, patch):
-        self.name, self.patch = name, patch
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        run, patch = spec.loader.exec_module, self.patch
-
-        def exec_then_patch(module):
-            run(module)
-            patch(module)
-
-        spec.loader.exec_module = exec_then_patch
-        return spec
-
-
 def _rng(module):
     restore = module.restore
 
@@ -185,4 +164,6 @@ PATCHES = {  # a wrong restore: (the module it patches, the patch)
 }
 _WRONG = os.environ.get("GPUSNAP_TEST_WRONG_RESTORE")
 if _WRONG in PATCHES:
-    sys.meta_path.insert(0, _After(*PATCHES[_WRONG]))
+    from gpusnap.onimport import after_import
+
+    after_import(*PATCHES[_WRONG])
