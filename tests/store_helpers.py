@@ -6,12 +6,13 @@ import hashlib
 import pathlib
 
 from gpusnap.store import RunDir
+from gpusnap.store.writer import WriterSetup
 
 IDENTITY = {"command": {"kind": "script", "target": "train.py", "args": ["--epochs", "3"]}, "cwd": "/w"}
 # One encoder thread and ZSTD: the chunks of a snapshot lie in its packs in the order of their
 # buffers, and the damage tests' layouts (which pack holds what) do not change with the machine's
 # load (tests/store/test_store_pipeline.py covers many threads and the codec chosen per chunk).
-SMALL = {"chunk_bytes": 64 << 10, "pack_bytes": 256 << 10, "threads": 1, "codec": "zstd"}
+SMALL = {"chunk_bytes": 64 << 10, "pack_bytes": 256 << 10, "codec": "zstd", "setup": WriterSetup(threads=1)}
 
 
 def payload(seed: int, nbytes: int) -> bytes:

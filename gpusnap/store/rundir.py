@@ -278,12 +278,12 @@ class RunDir:
         return self.load_manifest(self.resolve(snap_id))
 
     def begin_snapshot(self, snap_id: str, *, chunk_bytes: int | None = None, pack_bytes: int | None = None,
-                       threads: int | None = None, codec: str | None = None, lock_token: str | None = None):
-        """Start writing snapshot ``snap_id``; the sizes, the encoder threads and the codec
-        override knobs.CHUNK_BYTES, knobs.PACK_BYTES, the writer's threads and knobs.CODEC for
-        this writer only (tests, bench). ``lock_token``: the token of the
-        lock the writer writes under (its run's), which must still be in the lock file when it
-        commits."""
+                       codec: str | None = None, lock_token: str | None = None, setup=None):
+        """Start writing snapshot ``snap_id``; the sizes and the codec override
+        knobs.CHUNK_BYTES, knobs.PACK_BYTES and knobs.CODEC for this writer only (tests, bench).
+        ``lock_token``: the token of the lock the writer writes under (its run's), which must
+        still be in the lock file when it commits. ``setup``: how the writer runs
+        (``store.writer.WriterSetup``: a forked writer's threads, their priority, its windows)."""
         from gpusnap.store.writer import SnapshotWriter
 
         self.check_writable()
@@ -291,8 +291,8 @@ class RunDir:
             raise StoreError(f"{snap_id!r} is no snapshot id: a snapshot id is {SNAP_DIGITS} or more digits")
         if self.backend.exists(f"snapshots/{snap_id}.json"):
             raise StoreError(f"snapshot {snap_id} already exists in {self.path}; committed snapshots are never rewritten")
-        return SnapshotWriter(self, snap_id, chunk_bytes=chunk_bytes, pack_bytes=pack_bytes, threads=threads, codec=codec,
-                              lock_token=lock_token)
+        return SnapshotWriter(self, snap_id, chunk_bytes=chunk_bytes, pack_bytes=pack_bytes, codec=codec,
+                              lock_token=lock_token, setup=setup)
 
     # ---- witnesses (store.witness)
 

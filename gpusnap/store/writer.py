@@ -14,6 +14,7 @@ import json
 import os
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from gpusnap import atomic, knobs
 from gpusnap.errors import RunDirLocked, StoreError
@@ -24,22 +25,25 @@ from gpusnap.store.pipeline import Pipeline
 
 _MAX_CHUNK_BYTES = codec.MAX_CHUNK_BYTES
 
-# report_progress(bytes_put, bytes_written) after every chunk, when set: a forked writer sets it
-# to tell the trainee how far it is (the live status line of a long write).
-report_progress = None
-# How the pipeline runs, set by a forked writer before begin_snapshot (capture/trainee/pace.py): encoder
-# threads (0: knobs.WRITER_THREADS, else one per core), and a function each of them runs first
-# (to lower its own priority).
-encoder_threads = 0
-encoder_init = None
-# Memory for the pipeline's pack windows, set by a forked writer before
-# begin_snapshot (``stage.window_memory``): pages the trainee allocated ahead, so that the
-# writer allocates none. None: the pipeline maps its own.
-window_memory = None
+
+@dataclass
+class WriterSetup:
+    """How one writer runs, beside the knobs. A forked writer fills it in before
+    ``begin_snapshot`` (``capture/writer/process.py``); any other writer (tests, tools) takes the
+    defaults."""
+
+    threads: int = 0  # encoder threads (0: knobs.WRITER_THREADS, else one per core)
+    encoder_init: Callable[[], None] | None = None  # each encoder thread runs it first (to lower its own priority)
+    # Memory for the pack windows: pages the trainee allocated ahead (``stage.window_memory``),
+    # so that the writer allocates none. None: the pipeline maps its own.
+    window_memory: memoryview | None = None
+    # (bytes put, bytes written) after every chunk: a forked writer tells the trainee how far it
+    # is (the live status line of a long write).
+    report_progress: Callable[[int, int], None] | None = None
 
 
 def windows_nbytes(pack_bytes: int | None = None, chunk_bytes: int | None = None) -> int:
-    """What the pipeline's pack windows take (``window_memory`` must hold that much)."""
+    """What the pipeline's pack windows take (``WriterSetup.window_memory`` must hold that much)."""
     return Pipeline.windows_nbytes(_pack_capacity(_flush_at(pack_bytes), int(chunk_bytes or knobs.CHUNK_BYTES)))
 
 
@@ -77,7 +81,7 @@ def as_bytes_view(data) -> memoryview:
 
 class SnapshotWriter:
     def __init__(self, rd, snap_id: str, *, chunk_bytes: int | None = None, pack_bytes: int | None = None,
-                 threads: int | None = None, codec: str | None = None, lock_token: str | None = None) -> None:
+                 codec: str | None = None, lock_token: str | None = None, setup: WriterSetup | None = None) -> None:
         import blosc2
 
         self._rd = rd
@@ -93,7 +97,8 @@ class SnapshotWriter:
             raise StoreError(f"GPUSNAP_CHUNK_BYTES must be between 1 and {_MAX_CHUNK_BYTES}")
         # A forked child inherits blosc2's thread pool state but not its threads.
         blosc2.free_resources()
-        self._nthreads = threads or encoder_threads or knobs.WRITER_THREADS or (os.cpu_count() or 1)
+        self._setup = setup or WriterSetup()
+        self._nthreads = self._setup.threads or knobs.WRITER_THREADS or (os.cpu_count() or 1)
         self._codec = codec or knobs.CODEC
         self._pipeline: Pipeline | None = None
         self._disk_prior = _measured_disk_bps(rd)
@@ -144,8 +149,8 @@ class SnapshotWriter:
                 st.bytes_known += len(piece)
             chunks.append([cid, len(piece)])
             n += len(piece)
-            if report_progress is not None:
-                report_progress(st.bytes_total + n, self._pipeline.bytes_written if self._pipeline else 0)
+            if self._setup.report_progress is not None:
+                self._setup.report_progress(st.bytes_total + n, self._pipeline.bytes_written if self._pipeline else 0)
         st.bytes_total += n
         return {"nbytes": n, "dtype": dtype, "chunks": chunks}
 
@@ -157,12 +162,12 @@ class SnapshotWriter:
             chooser = Chooser(self._nthreads, self._disk_prior, forced)
             self._pipeline = Pipeline(self._rd, capacity=_pack_capacity(self._flush_at, self._chunk_bytes),
                                       flush_at=self._flush_at, chooser=chooser, threads=self._nthreads,
-                                      worker_init=encoder_init, memory=window_memory)
+                                      worker_init=self._setup.encoder_init, memory=self._setup.window_memory)
         return self._pipeline
 
     @property
     def windows(self) -> str | None:
-        """Where the pipeline's pack windows are: "ahead" (``window_memory``), "own" (mapped by
+        """Where the pipeline's pack windows are: "ahead" (``WriterSetup.window_memory``), "own" (mapped by
         the pipeline), "none" (a store that copies what it is given has none); None before the
         first new chunk."""
         return self._pipeline.windows if self._pipeline is not None else None

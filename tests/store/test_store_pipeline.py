@@ -40,9 +40,9 @@ def buffers(seed: int) -> dict[str, np.ndarray]:
     return out
 
 
-def store(rd: RunDir, snap_id: str, bufs: dict, threads: int, monkeypatch) -> dict:
-    monkeypatch.setattr(writer, "encoder_threads", threads)
-    w = rd.begin_snapshot(snap_id, chunk_bytes=CHUNK, pack_bytes=256 << 10)
+def store(rd: RunDir, snap_id: str, bufs: dict, threads: int, memory=None) -> dict:
+    w = rd.begin_snapshot(snap_id, chunk_bytes=CHUNK, pack_bytes=256 << 10,
+                          setup=writer.WriterSetup(threads=threads, window_memory=memory))
     recs = {name: w.put_buffer(memoryview(a).cast("B"), dtype="float32", typesize=4) for name, a in bufs.items()}
     w.commit({"buffers": recs})
     return recs
@@ -54,11 +54,11 @@ def codecs_by_chunk(rd: RunDir) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("threads", [1, 4])
-def test_what_the_threads_write_restores_exactly_and_every_chunk_is_indexed(tmp_path, monkeypatch, threads):
+def test_what_the_threads_write_restores_exactly_and_every_chunk_is_indexed(tmp_path, threads):
     rd = RunDir.create(tmp_path / "run", IDENTITY)
     for k in range(3):
         bufs = buffers(k)
-        recs = store(rd, f"00000{k + 1}", bufs, threads, monkeypatch)
+        recs = store(rd, f"00000{k + 1}", bufs, threads)
         assert rd.verify() == []
         reader = RunDir.open(rd.path)  # its index holds this snapshot's chunks
         for name, a in bufs.items():
@@ -69,8 +69,8 @@ def test_what_the_threads_write_restores_exactly_and_every_chunk_is_indexed(tmp_
             assert all(cid in indexed for cid, _ in rec["chunks"])
 
 
-def test_windows_in_memory_allocated_ahead_hold_the_packs_and_stay_its_owners(tmp_path, monkeypatch):
-    """A stop snapshot's pack windows are pages the trainee allocated ahead (``window_memory``):
+def test_windows_in_memory_allocated_ahead_hold_the_packs_and_stay_its_owners(tmp_path):
+    """A stop snapshot's pack windows are pages the trainee allocated ahead (``WriterSetup.window_memory``):
     the packs go to the disk from them and restore exactly, and the memory stays mapped."""
     if atomic.copies_writes(tmp_path):
         pytest.skip(f"{tmp_path} copies every write (tmpfs): packs have no windows there")
@@ -78,10 +78,9 @@ def test_windows_in_memory_allocated_ahead_hold_the_packs_and_stay_its_owners(tm
     fd = os.memfd_create("windows")
     os.ftruncate(fd, nbytes)
     memory = mmap.mmap(fd, nbytes)
-    monkeypatch.setattr(writer, "window_memory", memoryview(memory))
     rd = RunDir.create(tmp_path / "run", IDENTITY)
     bufs = buffers(5)
-    recs = store(rd, "000001", bufs, 2, monkeypatch)
+    recs = store(rd, "000001", bufs, 2, memoryview(memory))
     reader = RunDir.open(rd.path)
     for name, a in bufs.items():
         assert reader.read_buffer(recs[name]) == a.tobytes(), name
@@ -91,10 +90,10 @@ def test_windows_in_memory_allocated_ahead_hold_the_packs_and_stay_its_owners(tm
     assert any(memory[w : w + len(pack)] == pack for pack in packs for w in (0, window))
 
 
-def test_floats_that_compress_little_go_raw_on_a_fast_disk_and_zeros_compressed(tmp_path, monkeypatch):
+def test_floats_that_compress_little_go_raw_on_a_fast_disk_and_zeros_compressed(tmp_path):
     rd = RunDir.create(tmp_path / "run", IDENTITY)
     bufs = {"weights": weights(1, 400_000), "zeros": np.zeros(CHUNK // 4 * 16, np.float32)}  # whole chunks
-    recs = store(rd, "000001", bufs, 2, monkeypatch)
+    recs = store(rd, "000001", bufs, 2)
     kinds = codecs_by_chunk(rd)
     assert {kinds[cid] for cid, _ in recs["weights"]["chunks"]} == {codec.CODEC_RAW}
     assert {kinds[cid] for cid, _ in recs["zeros"]["chunks"]} == {codec.CODEC_BLOSC2}
@@ -119,7 +118,7 @@ def test_the_choice_weighs_disk_time_saved_against_cpu_time_spent():
 
 def test_an_error_in_an_encoder_thread_fails_the_snapshot_and_leaves_nothing(tmp_path, monkeypatch):
     rd = RunDir.create(tmp_path / "run", IDENTITY)
-    store(rd, "000001", buffers(0), 2, monkeypatch)
+    store(rd, "000001", buffers(0), 2)
     before = sorted(p for p in rd.path.rglob("*") if p.is_file())
     real, calls = codec.compress, []
 
@@ -131,15 +130,15 @@ def test_an_error_in_an_encoder_thread_fails_the_snapshot_and_leaves_nothing(tmp
 
     monkeypatch.setattr(codec, "compress", failing)
     with pytest.raises(MemoryError, match="no memory for the compressed copy"):
-        store(rd, "000002", {f"z{i}": np.full(100_000, i, np.float32) for i in range(1, 20)}, 2, monkeypatch)
+        store(rd, "000002", {f"z{i}": np.full(100_000, i, np.float32) for i in range(1, 20)}, 2)
     assert sorted(p for p in rd.path.rglob("*") if p.is_file()) == before
     assert rd.snapshot_ids() == ["000001"] and rd.verify() == []
 
 
-def test_a_restore_reads_every_buffer_on_threads_and_names_a_damaged_one(tmp_path, monkeypatch):
+def test_a_restore_reads_every_buffer_on_threads_and_names_a_damaged_one(tmp_path):
     rd = RunDir.create(tmp_path / "run", IDENTITY)
     bufs = buffers(3)
-    recs = store(rd, "000001", bufs, 2, monkeypatch)
+    recs = store(rd, "000001", bufs, 2)
     for name in recs:
         recs[name]["path"] = f"frame[0].locals.{name}"
     with Prefetch(rd, recs, ["mixed"], snapshot="000001", threads=3) as fetched:

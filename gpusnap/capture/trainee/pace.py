@@ -79,13 +79,14 @@ def _int_env(name: str, default: int) -> int:
 
 
 def plan(stop: bool) -> Plan:
-    """Set up the store's pipeline for this writer (before ``begin_snapshot``)."""
-    from gpusnap.store import writer as store_writer
+    """How this writer runs: its encoder threads, and whether they lower their priority
+    (``encoder_init``)."""
+    return Plan(threads=threads_for(stop), stop=stop)
 
-    p = Plan(threads=threads_for(stop), stop=stop)
-    store_writer.encoder_threads = p.threads
-    store_writer.encoder_init = None if stop else _lower_this_thread
-    return p
+
+def encoder_init(p: Plan):
+    """What each encoder thread runs first: a periodic snapshot's lowers its own priority."""
+    return None if p.stop else _lower_this_thread
 
 
 def _lower_this_thread() -> None:

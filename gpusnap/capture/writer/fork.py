@@ -215,12 +215,9 @@ def _write(job, write_fd: int) -> dict:
     warnings.simplefilter("ignore")
     if "blosc2" in sys.modules:
         sys.modules["blosc2"].free_resources()  # its thread pool did not survive fork
-    from gpusnap.store import writer as store_writer
-
-    store_writer.report_progress = _progress_reporter(write_fd)
     from gpusnap.capture.writer.process import write_snapshot
 
-    return write_snapshot(job)
+    return write_snapshot(job, _progress_reporter(write_fd))
 
 
 # A writer tells the trainee how far it is this often (the live status line of a long write),
@@ -229,7 +226,7 @@ PROGRESS_EVERY_S = 0.2
 
 
 def _progress_reporter(write_fd: int):
-    """In the writer: ``store.writer.report_progress``, a line on the report pipe every
+    """In the writer: ``WriterSetup.report_progress``, a line on the report pipe every
     ``PROGRESS_EVERY_S`` (the trainee's waiter passes it on to the supervisor)."""
     started = time.perf_counter()
     last = [started]

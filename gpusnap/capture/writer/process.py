@@ -59,7 +59,9 @@ class WriteJob:
     witness_token: str | None = None  # this snapshot's own, in its manifest and in its witness
 
 
-def write_snapshot(job: WriteJob) -> dict:
+def write_snapshot(job: WriteJob, report_progress=None) -> dict:
+    """Write ``job``'s snapshot; ``report_progress(bytes put, bytes written)`` is told how far
+    it is (``store.writer.WriterSetup``)."""
     from gpusnap.store import RunDir
 
     stall_s = time.perf_counter() - job.requested_s
@@ -74,8 +76,9 @@ def write_snapshot(job: WriteJob) -> dict:
     # fault in before the first pack goes to the disk (a stop snapshot of 1 GB started writing
     # at 30 ms instead of 70-120 ms), nothing to allocate and free on every periodic snapshot,
     # nothing for an out-of-memory kill to take.
-    store_writer.window_memory = (window_memory(job.arena_fd, job.windows, store_writer.windows_nbytes())
-                                  if job.windows is not None else None)
+    windows = window_memory(job.arena_fd, job.windows, store_writer.windows_nbytes()) if job.windows is not None else None
+    setup = store_writer.WriterSetup(threads=plan.threads, encoder_init=pace.encoder_init(plan), window_memory=windows,
+                                     report_progress=report_progress)
     # The writer exits when done, so its garbage never needs collecting, and the cycle collector
     # would otherwise rescan the trainee's whole inherited heap over and over while the walks
     # below allocate (half the time of pickling a deep graph).
@@ -85,7 +88,7 @@ def write_snapshot(job: WriteJob) -> dict:
     # first, keeping the newest keep - 1 (and always one), so that the run has keep again once it
     # commits. Retention after the commit alone never ran, as no commit came.
     before = _apply_retention(rundir, max(1, job.keep - 1), "before the write") if job.keep and job.prune_first else {}
-    sink = rundir.begin_snapshot(job.snap_id, lock_token=job.lock_token)
+    sink = rundir.begin_snapshot(job.snap_id, lock_token=job.lock_token, setup=setup)
     pacer = None
     if not job.stop:
         staged = job.device.dirty_bytes if job.device is not None else 0
