@@ -18,12 +18,15 @@ same keys, once it is there; nothing in the store is ever removed from it.
 A restart on a machine without the local directory (``fetch``) takes the newest snapshot that
 reached the store, reads its packs with parallel range requests into a new local directory,
 copies the store's journal there (replacing a local one, which cannot hold that snapshot's
-marker), commits the manifest there last, and restarts from it. The local directory is a cache:
+marker), commits the manifest there last, and restarts from it. The run log of both levels is
+merged into the local one first (``merge_logs``), so that the uploader, which copies it whole,
+never replaces lines other machines appended with a stale copy. The local directory is a cache:
 deleting it loses nothing the store holds once the uploader has copied it.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import mmap
 import os
@@ -333,6 +336,7 @@ def fetch(shared: RunDir, path: pathlib.Path, say=None) -> RunDir:
     if json.loads(raw).get("nonce") != rd.nonce:
         raise StoreError(f"{path} caches another run than {shared.backend.location}",
                          hint=f"remove {path} (a cache: the store keeps everything) and restart again")
+    _take_log(rd, shared)
     local_ids = rd.snapshot_ids()
     for sid in reversed(shared.snapshot_ids()):
         if local_ids and int(local_ids[-1]) >= int(sid):
@@ -351,13 +355,51 @@ def fetch(shared: RunDir, path: pathlib.Path, say=None) -> RunDir:
         dt = max(time.monotonic() - t0, 1e-9)
         say(f"fetched snapshot {sid} from {shared.backend.location}: {report['bytes'] / 2**20:.1f} MiB in "
             f"{dt:.2f} s ({report['bytes'] / 2**20 / dt:.1f} MiB/s)")
-        try:
-            if not rd.backend.exists(LOG):
-                rd.backend.put(LOG, [shared.backend.get(LOG)])
-        except FileNotFoundError:
-            pass
         return rd
     return rd
+
+
+def _take_log(rd: RunDir, shared: RunDir) -> None:
+    """Before a restart here: the run log of both levels in the local one. The store's holds what
+    other machines appended since this one last ran (the uploader copies the local log whole,
+    so a stale local log would have replaced those lines in the store), the local one what this
+    machine appended and may not have sent."""
+    try:
+        theirs = shared.backend.get(LOG)
+    except FileNotFoundError:
+        return
+    try:
+        ours = rd.backend.get(LOG)
+    except FileNotFoundError:
+        ours = b""
+    both = merge_logs(ours, theirs)
+    if both != ours:
+        rd.backend.put(LOG, [both])
+
+
+def merge_logs(ours: bytes, theirs: bytes) -> bytes:
+    """Every whole line of two copies of one run log, each copy's in its own order, the two
+    interleaved by their times (``t``); a line both hold, once. A line cut short (a copy made
+    while it was written) is left out."""
+    if theirs.startswith(ours):
+        return _whole_lines(theirs)
+    if ours.startswith(theirs):
+        return _whole_lines(ours)
+    mine = _whole_lines(ours).splitlines(keepends=True)
+    known = set(mine)
+    other = [line for line in _whole_lines(theirs).splitlines(keepends=True) if line not in known]
+    return b"".join(heapq.merge(mine, other, key=_time_of))
+
+
+def _whole_lines(data: bytes) -> bytes:
+    return data[: data.rfind(b"\n") + 1]
+
+
+def _time_of(line: bytes) -> float:
+    try:
+        return float(json.loads(line).get("t", 0.0))
+    except (ValueError, TypeError, AttributeError):
+        return 0.0
 
 
 def _local_packs(rd: RunDir):

@@ -259,6 +259,45 @@ def test_the_journal_reaches_the_store_before_its_snapshot_and_says_when_it_is_w
     assert (stale / "files.jsonl").read_bytes() == shared.get("files.jsonl")
 
 
+def test_a_restart_on_a_machine_with_a_stale_run_log_keeps_every_line_of_both(tmp_path):
+    """Machine A ran, its log reached the store; machine B restarted from the store and appended
+    to the store's log; A appended one line it never sent. When A restarts again, its local log
+    gets B's lines and keeps its own, in time order, and the uploader, which copies the log
+    whole, then puts all of it back: no machine's lines are lost."""
+    from gpusnap.store import levels
+    from gpusnap.store.rundir import RunDir
+    from store_helpers import make_run
+
+    def line(t, event):
+        return json.dumps({"t": t, "source": "supervisor", "event": event}).encode() + b"\n"
+
+    rd, _ = make_run(tmp_path, n=1)
+    log = rd.path / "log.jsonl"
+    log.write_bytes(line(1.0, "start") + line(2.0, "committed"))
+    shared = _Recording()
+    levels.ensure_run(shared, rd)
+    up = levels.Uploader(rd, shared)
+    up.sync()
+    up.stop()
+    assert shared.get("log.jsonl") == log.read_bytes()
+    on_b = line(3.0, "start") + line(4.0, "committed")
+    shared.put("log.jsonl", [shared.get("log.jsonl") + on_b])  # machine B's run, copied by its uploader
+    with log.open("ab") as f:
+        f.write(line(5.0, "signal") + b'{"t": 6.0, "ev')  # A's last line, and one cut short by a kill
+
+    store = RunDir.open("memory://store", backend=shared)
+    levels.fetch(store, rd.path)
+    assert log.read_bytes() == line(1.0, "start") + line(2.0, "committed") + on_b + line(5.0, "signal")
+    up = levels.Uploader(RunDir.open(rd.path), shared)
+    up.sync()
+    up.stop()
+    assert shared.get("log.jsonl") == log.read_bytes()
+
+    # A machine whose log is the store's older copy takes the store's as it is, and the other way round.
+    assert levels.merge_logs(line(1.0, "start"), log.read_bytes()) == log.read_bytes()
+    assert levels.merge_logs(log.read_bytes(), line(1.0, "start")) == log.read_bytes()
+
+
 def test_what_a_restart_from_a_store_unpickles_is_checked_where_it_is_read(tmp_path):
     """An object has no owner or mode to check: opening the store trusted checks nothing there
     (its bucket policy is the owner's part). The local level a restart fetches into, and reads
