@@ -22,11 +22,11 @@ import sys
 import weakref
 
 from gpusnap import knobs, stage
-from gpusnap.onimport import after_import
 from gpusnap.capture.safepoints import returnable as safepoints
 from gpusnap.capture.trainee import costs, session, witness
 from gpusnap.graph import iterators, rng, workers
 from gpusnap.instrument import loops
+from gpusnap.onimport import after_import
 
 # (id(code), loop_id) -> code: ids hash in nanoseconds, a code object's hash is recomputed (about
 # 1 us) at every lookup; holding the code keeps its id its own.
