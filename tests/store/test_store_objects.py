@@ -219,6 +219,17 @@ class _Recording(MemoryBackend):
         return super().commit(key, data)
 
 
+def _uploading(rd, shared=None):
+    """(store, uploader): ``rd`` uploaded once to ``shared`` (a new recording store unless given)."""
+    from gpusnap.store import levels
+
+    shared = shared if shared is not None else _Recording()
+    levels.ensure_run(shared, rd)
+    up = levels.Uploader(rd, shared)
+    up.sync()
+    return shared, up
+
+
 def test_the_journal_reaches_the_store_before_its_snapshot_and_says_when_it_is_whole(tmp_path):
     """The uploader puts the file journal (with the marker the snapshot wrote) before each
     snapshot's manifest, again only when it grew, each copy ending with a `copied` line, closed
@@ -239,10 +250,7 @@ def test_the_journal_reaches_the_store_before_its_snapshot_and_says_when_it_is_w
     lines = [json.dumps({"snapshot": sid, "token": f"t{n}", "pid": 1}) for n, sid in enumerate(ids, 1)]
     (rd.path / "files.jsonl").write_text("\n".join(lines) + "\n" + '{"path": "/w/half')  # a line being written
 
-    shared = _Recording()
-    levels.ensure_run(shared, rd)
-    up = levels.Uploader(rd, shared)
-    up.sync()
+    shared, up = _uploading(rd)
     for sid in ids:
         assert shared.order.index("files.jsonl") < shared.order.index(f"snapshots/{sid}.json")
     copy = shared.get("files.jsonl").decode().splitlines()
@@ -274,10 +282,7 @@ def test_a_restart_on_a_machine_with_a_stale_run_log_keeps_every_line_of_both(tm
     rd, _ = make_run(tmp_path, n=1)
     log = rd.path / "log.jsonl"
     log.write_bytes(line(1.0, "start") + line(2.0, "committed"))
-    shared = _Recording()
-    levels.ensure_run(shared, rd)
-    up = levels.Uploader(rd, shared)
-    up.sync()
+    shared, up = _uploading(rd)
     up.stop()
     assert shared.get("log.jsonl") == log.read_bytes()
     on_b = line(3.0, "start") + line(4.0, "committed")
@@ -288,8 +293,7 @@ def test_a_restart_on_a_machine_with_a_stale_run_log_keeps_every_line_of_both(tm
     store = RunDir.open("memory://store", backend=shared)
     levels.fetch(store, rd.path)
     assert log.read_bytes() == line(1.0, "start") + line(2.0, "committed") + on_b + line(5.0, "signal")
-    up = levels.Uploader(RunDir.open(rd.path), shared)
-    up.sync()
+    _, up = _uploading(RunDir.open(rd.path), shared)
     up.stop()
     assert shared.get("log.jsonl") == log.read_bytes()
 
