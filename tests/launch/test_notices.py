@@ -8,6 +8,7 @@ from __future__ import annotations
 import email.utils
 import json
 import re
+import sys
 import threading
 import time
 import urllib.request
@@ -39,6 +40,12 @@ class FakeMetadata(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def handle_error(self, request, client_address):
+        # gpusnap hangs up on an answer too large or too slow (the broken services below): no
+        # error of the service's, and no traceback in the test's output.
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
