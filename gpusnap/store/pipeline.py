@@ -50,7 +50,7 @@ class _Stopped(Exception):
 
 class Pipeline:
     def __init__(self, root, *, capacity: int, flush_at: int, chooser, threads: int, windows: int = 2,
-                 worker_init=None, memory=None) -> None:
+                 worker_init=None, memory=None, own_windows: bool = True) -> None:
         import blosc2
 
         blosc2.set_releasegil(True)
@@ -74,6 +74,8 @@ class Pipeline:
         size = PackBuilder.window_nbytes(capacity)
         if memory is None or len(memory) < self.windows_nbytes(capacity, windows) or not windowed:
             memory = None
+        if memory is None and not own_windows:
+            windowed = False  # no memory room for windows of its own: each entry from where it lies
         self.windows = "ahead" if memory is not None else "own" if windowed else "none"  # for the manifest
         self._builders = [PackBuilder(capacity, windowed=windowed,
                                       memory=None if memory is None else memory[i * size : (i + 1) * size])

@@ -35,8 +35,11 @@ class WriterSetup:
     threads: int = 0  # encoder threads (0: knobs.WRITER_THREADS, else one per core)
     encoder_init: Callable[[], None] | None = None  # each encoder thread runs it first (to lower its own priority)
     # Memory for the pack windows: pages the trainee allocated ahead (``stage.window_memory``),
-    # so that the writer allocates none. None: the pipeline maps its own.
+    # so that the writer allocates none. None: the pipeline maps its own, unless ``own_windows``
+    # is False (no memory room for them): its packs then go to the store from where each entry
+    # lies, through the page cache, as on tmpfs.
     window_memory: memoryview | None = None
+    own_windows: bool = True
     # (bytes put, bytes written) after every chunk: a forked writer tells the trainee how far it
     # is (the live status line of a long write).
     report_progress: Callable[[int, int], None] | None = None
@@ -162,14 +165,15 @@ class SnapshotWriter:
             chooser = Chooser(self._nthreads, self._disk_prior, forced)
             self._pipeline = Pipeline(self._rd, capacity=_pack_capacity(self._flush_at, self._chunk_bytes),
                                       flush_at=self._flush_at, chooser=chooser, threads=self._nthreads,
-                                      worker_init=self._setup.encoder_init, memory=self._setup.window_memory)
+                                      worker_init=self._setup.encoder_init, memory=self._setup.window_memory,
+                                      own_windows=self._setup.own_windows)
         return self._pipeline
 
     @property
     def windows(self) -> str | None:
         """Where the pipeline's pack windows are: "ahead" (``WriterSetup.window_memory``), "own" (mapped by
-        the pipeline), "none" (a store that copies what it is given has none); None before the
-        first new chunk."""
+        the pipeline), "none" (a store that copies what it is given has none, nor a writer
+        without room for its own); None before the first new chunk."""
         return self._pipeline.windows if self._pipeline is not None else None
 
     def disk_bps(self) -> float:

@@ -22,6 +22,7 @@ from gpusnap.capture.pickling.pickler import GraphPickler, type_name
 from gpusnap.capture.pickling.reducers import HostMemory, _storage_key
 from gpusnap.capture.trainee import loopnotes, pace, paths
 from gpusnap.graph import roots, workers
+from gpusnap.stage import limits
 from gpusnap.stage.drain import Drained, drain
 from gpusnap.stage.prepare import window_memory
 from gpusnap.store import writer as store_writer
@@ -78,6 +79,7 @@ def write_snapshot(job: WriteJob, report_progress=None) -> dict:
     # nothing for an out-of-memory kill to take.
     windows = window_memory(job.arena_fd, job.windows, store_writer.windows_nbytes()) if job.windows is not None else None
     setup = store_writer.WriterSetup(threads=plan.threads, encoder_init=pace.encoder_init(plan), window_memory=windows,
+                                     own_windows=windows is not None or _room_for(store_writer.windows_nbytes()),
                                      report_progress=report_progress)
     # The writer exits when done, so its garbage never needs collecting, and the cycle collector
     # would otherwise rescan the trainee's whole inherited heap over and over while the walks
@@ -157,6 +159,17 @@ def write_snapshot(job: WriteJob, report_progress=None) -> dict:
         "bytes_total": info.bytes_total,
         "live_only": len(pickler.live_only),
     }
+
+
+def _room_for(nbytes: int) -> bool:
+    """Whether the memory left (the host's, the job's cgroup's) holds ``nbytes`` more within
+    GPUSNAP_HEADROOM_FRACTION, as the fork's check asks of the trainee's resident set: pack
+    windows past it would meet the out-of-memory killer, which may take the program after the
+    writer."""
+    try:
+        return nbytes <= limits.tightest().room_bytes * knobs.HEADROOM_FRACTION
+    except (OSError, ValueError, KeyError):  # no /proc/meminfo to read: as before the check
+        return True
 
 
 def _put_device(job: WriteJob, rundir, sink, pickler: GraphPickler) -> None:
