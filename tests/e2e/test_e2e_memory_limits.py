@@ -87,6 +87,29 @@ def _run_in(group: Path, procs: str, *args, cwd: Path, env: dict) -> Run:
     return Run(*args, cwd=cwd, env=env, prefix=("sh", "-c", f'echo $$ > {group / procs} && exec "$@"', "sh"))
 
 
+def _heavy_with_reference(tmp_path: Path, steps: int, state_mb: int, ballast_mb: int):
+    """(program, ref, out): notorch/heavy.py copied in, and its uninterrupted run's output in ref."""
+    program = copy_programs(tmp_path) / "notorch" / "heavy.py"
+    ref, out = ref_and_out(tmp_path)
+    plain(program, ref, steps, state_mb, ballast_mb, cwd=tmp_path)
+    return program, ref, out
+
+
+def _snapshot_under_limit(tmp_path: Path, program: Path, out: Path, args: tuple, env: dict, room) -> tuple[int, str]:
+    """``program`` under gpusnap in a memory cgroup of its own: at step 3 the group is limited to
+    its usage and ``room(trainee)`` bytes more, and a snapshot asked for. (exit code, stderr)."""
+    with memory_cgroup() as (group, procs, set_limit, usage):
+        run = _run_in(group, procs, "run", "--dir", "snaps", program, out, *args, cwd=tmp_path, env=env)
+        try:
+            wait_for(lambda: progress(out) >= 3, "step 3", proc=run)
+            set_limit(usage() + room(psutil.Process(run.proc.pid).children()[0]))
+            run.signal(signal.SIGUSR1)
+            code, _, err = run.wait(timeout=240)
+        finally:
+            run.kill_group()
+    return code, err
+
+
 def test_the_headroom_check_reads_the_cgroups_limit(tmp_path):
     """The host has gigabytes free; the job's cgroup has a few dozen MB left, less than the
     trainee's resident set: the snapshot is skipped, naming the cgroup's limit."""
@@ -111,24 +134,15 @@ def test_an_out_of_memory_kill_takes_the_writer_not_the_program(tmp_path):
     """The cgroup has room for the program but not for the writer's pack window as well: the
     kernel's OOM killer picks the writer (oom_score_adj 1000), the snapshot fails, and the
     program trains on to the end, with the bytes of an uninterrupted run."""
-    program = copy_programs(tmp_path) / "notorch" / "heavy.py"
-    ref, out = ref_and_out(tmp_path)
     steps = 400
-    plain(program, ref, steps, 48, 160, cwd=tmp_path)
+    program, ref, out = _heavy_with_reference(tmp_path, steps, 48, 160)
     env = {**QUIET, "GPUSNAP_HEADROOM_FRACTION": "1000", "GPUSNAP_CODEC": "none"}
     for attempt in (1, 2, 3):
         for left in (tmp_path / "snaps", out):
             shutil.rmtree(left, ignore_errors=True)
         out.mkdir()
-        with memory_cgroup() as (group, procs, set_limit, usage):
-            run = _run_in(group, procs, "run", "--dir", "snaps", program, out, steps, 48, 160, cwd=tmp_path, env=env)
-            try:
-                wait_for(lambda: progress(out) >= 3, "step 3", proc=run)
-                set_limit(usage() + 16 * MiB)  # the writer's 48 MB pack window does not fit
-                run.signal(signal.SIGUSR1)
-                code, _, err = run.wait(timeout=240)
-            finally:
-                run.kill_group()
+        # The writer's 48 MB pack window does not fit.
+        code, err = _snapshot_under_limit(tmp_path, program, out, (steps, 48, 160), env, lambda trainee: 16 * MiB)
         # Another try where the program was killed too: 2 to 90 ms after the kernel killed the
         # writer, a page the program charged found the cgroup still at its limit, the writer gone
         # from its tasks, and the kernel killed the program next (dmesg: the program invoked the
@@ -150,20 +164,11 @@ def test_a_writer_without_room_for_pack_windows_of_its_own_writes_without_them(t
     (Without the check the writer mapped its own windows past the room the limit left; here the
     kernel found page cache to reclaim for them, where a tighter group meets the out-of-memory
     killer, as the test above shows.)"""
-    program = copy_programs(tmp_path) / "notorch" / "heavy.py"
-    ref, out = ref_and_out(tmp_path)
     steps = 600
-    plain(program, ref, steps, 8, 0, cwd=tmp_path)
-    with memory_cgroup() as (group, procs, set_limit, usage):
-        run = _run_in(group, procs, "run", "--dir", "snaps", program, out, steps, 8, 0, cwd=tmp_path, env=QUIET)
-        try:
-            wait_for(lambda: progress(out) >= 3, "step 3", proc=run)
-            resident = psutil.Process(run.proc.pid).children()[0].memory_info().rss
-            set_limit(usage() + int(resident / 0.9) + 16 * MiB)  # the fork's worst case fits; 136 MiB of windows do not
-            run.signal(signal.SIGUSR1)
-            code, _, err = run.wait(timeout=240)
-        finally:
-            run.kill_group()
+    program, ref, out = _heavy_with_reference(tmp_path, steps, 8, 0)
+    # The fork's worst case fits; 136 MiB of windows do not.
+    code, err = _snapshot_under_limit(tmp_path, program, out, (steps, 8, 0), QUIET,
+                                      lambda trainee: int(trainee.memory_info().rss / 0.9) + 16 * MiB)
     assert code == 0, err
     manifests = list((tmp_path / "snaps" / "snapshots").glob("*.json"))
     assert len(manifests) == 1, err
