@@ -155,7 +155,7 @@ def drain_region() -> Region:
     global _drain
     region, _drain = _drain, None
     wanted = _drain_bytes()
-    if region is not None and region.nbytes >= wanted and region.generation == trainee_arena().pending:
+    if _pending(region) and region.nbytes >= wanted:
         return region
     if not wanted:  # no optimizer has stepped and no drain has run: nothing is known
         return _first_guess()
@@ -177,14 +177,11 @@ def window_region(stop: bool) -> Region | None:
     region. A periodic one's are the windows region, once a snapshot has filled more than one
     pack (a smaller one's writer touches little of its own windows)."""
     global _drain, _windows
-    arena = made_arena()
     if stop:
         region, _drain = _drain, None
     else:
         region, _windows = _windows, None
-    if region is None or arena is None or region.generation != arena.pending:
-        return None
-    return region
+    return region if _pending(region) else None
 
 
 def window_memory(fd: int, region: Region, nbytes: int) -> memoryview | None:
@@ -217,20 +214,25 @@ def _first_guess() -> Region:
 def _reserve_windows(nbytes: int) -> Region | None:
     """The next writer's pack windows: the region reserved already for the pending generation,
     else a new one (None when the arena has no room: the writer maps its own)."""
-    arena = trainee_arena()
-    if _windows is not None and _windows.generation == arena.pending and _windows.nbytes >= nbytes:
+    if _pending(_windows) and _windows.nbytes >= nbytes:
         return _windows
     try:
-        return arena.reserve(nbytes, "windows")
+        return trainee_arena().reserve(nbytes, "windows")
     except StageError:
         return None
 
 
 def _reserve(nbytes: int) -> Region:
     arena = trainee_arena()
-    if _drain is not None and _drain.generation == arena.pending:
+    if _pending(_drain):
         arena.free(_drain)  # replaced by a larger one, maybe at the same offset
     return arena.reserve(max(nbytes, 1), "drain")
+
+
+def _pending(region: Region | None) -> bool:
+    """Whether ``region`` was reserved for the snapshot not taken yet (no fork has sealed it)."""
+    arena = made_arena()
+    return region is not None and arena is not None and region.generation == arena.pending
 
 
 def drained(wanted_bytes: int) -> None:
