@@ -177,7 +177,7 @@ class Arena:
     def _check_room(self, growth: int, nbytes: int, use: str) -> None:
         """ArenaFull unless ``growth`` more bytes of pages fit in the memory left."""
         limit = self.tightest_room()
-        if growth > limit.room_bytes * knobs.HEADROOM_FRACTION:
+        if growth > limit.usable_bytes:
             raise ArenaFull(
                 f"the staging arena needs {growth:,} more bytes for {_NAMES[use]} ({nbytes:,} in all), "
                 f"but {limit.what} leaves {limit.room_bytes:,} bytes "

@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from gpusnap import knobs
+
 UNLIMITED_V1 = 1 << 62  # v1 reports "no limit" as a huge page-rounded number (2**63 - 4096)
 
 
@@ -31,6 +33,12 @@ class Limit:
     @property
     def room_bytes(self) -> int:
         return max(0, self.nbytes - self.used_bytes)
+
+    @property
+    def usable_bytes(self) -> float:
+        """What gpusnap may take of the room: ``GPUSNAP_HEADROOM_FRACTION`` of it (the fork's
+        copy-on-write worst case, the arena's growth, a writer's own pack windows)."""
+        return self.room_bytes * knobs.HEADROOM_FRACTION
 
 
 def host_memory(root: str = "/") -> Limit:

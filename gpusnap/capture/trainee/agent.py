@@ -302,7 +302,7 @@ def _headroom_refusal(root: str = "/") -> str | None:
 
     rss = psutil.Process().memory_info().rss
     limit = limits.tightest(root)
-    if rss > limit.room_bytes * knobs.HEADROOM_FRACTION:
+    if rss > limit.usable_bytes:
         return (
             f"copy-on-write worst case {rss / 2**30:.2f} GiB exceeds {knobs.HEADROOM_FRACTION:.0%} of the "
             f"{limit.room_bytes / 2**30:.2f} GiB left under {limit.what}"

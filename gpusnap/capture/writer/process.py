@@ -163,11 +163,11 @@ def write_snapshot(job: WriteJob, report_progress=None) -> dict:
 
 def _room_for(nbytes: int) -> bool:
     """Whether the memory left (the host's, the job's cgroup's) holds ``nbytes`` more within
-    GPUSNAP_HEADROOM_FRACTION, as the fork's check asks of the trainee's resident set: pack
-    windows past it would meet the out-of-memory killer, which may take the program after the
-    writer."""
+    what gpusnap may take of it (``Limit.usable_bytes``, as the fork's check asks of the
+    trainee's resident set): pack windows past it would meet the out-of-memory killer, which may
+    take the program after the writer."""
     try:
-        return nbytes <= limits.tightest().room_bytes * knobs.HEADROOM_FRACTION
+        return nbytes <= limits.tightest().usable_bytes
     except (OSError, ValueError, KeyError):  # no /proc/meminfo to read: as before the check
         return True
 
