@@ -214,6 +214,11 @@ def assert_same(a, b, where: str = "final") -> None:
     """Equal bytes, recursively: tensors by torch.equal on the same dtype, the rest by ==."""
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
+        if a.layout == torch.sparse_coo:  # torch.equal has no sparse kernel: the same entries, in the same order
+            assert b.layout == a.layout and a.is_coalesced() == b.is_coalesced(), f"{where}: layout differs"
+            assert_same(a._indices(), b._indices(), f"{where}.indices")
+            assert_same(a._values(), b._values(), f"{where}.values")
+            return
         assert torch.equal(a, b), f"{where}: tensor bytes differ"
     elif isinstance(a, dict):
         assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: keys differ"
