@@ -3,7 +3,10 @@ language model, DCGAN, MNIST, LBFGS time series, ImageNet, VAE and REINFORCE; tq
 script's usual furniture, and torch's own (SWA, hooks, parametrizations); a torch.compile'd
 model; a char-RNN in `while True`; closures that own the optimizer; a home-made trainer with
 callbacks and a model class defined in a function; batches taken by hand; a streaming dataset
-with workers; augmentation from a generator the dataset keeps) continue with the same bytes
+with workers; augmentation from a generator the dataset keeps; tensors of unusual kinds (a
+sparse embedding and its last sparse gradient, parameters viewing one flat buffer, a Parameter
+subclass, complex and bfloat16 weights, pruning, a GradScaler); a DQN agent writing its replay
+buffer in place and its target network by hand) continue with the same bytes
 after a kill: each is run uninterrupted, and again under `gpusnap run` with SIGUSR1 at a random
 step, kill -9 of the whole process group a few steps later, then `gpusnap restart`. One seed per
 program by default (printed; pytest shows it on failure); GPUSNAP_TEST_SEEDS=1,2,3 runs more.
@@ -36,6 +39,8 @@ CORPUS = {
     "closures": ("closures.py", []),
     "swa_hooks": ("swa_hooks.py", []),
     "config_trainer": ("config_trainer.py", []),
+    "tensor_kinds": ("tensor_kinds.py", []),
+    "dqn_replay": ("dqn_replay.py", []),
     # past the first epoch (12 batches): the iterator was made again in an iteration replay skips
     "next_batch-reiter": ("next_batch.py", ["--variant", "reiter"], 12, "made the DataLoader iterator at frame[1].locals.train_iter again"),
     # past the first pass: replay runs the program's cycle() generator again to its place
