@@ -257,15 +257,21 @@ class Replay:
             for saved, where in devices.place(merger.aligned, device_tensors).items():
                 if where != saved:
                     _say(f"tensors saved on {saved} that the replay does not hold are placed on {where}", level=1)
+        once_files_are_back = []
         for name, after in AFTER_MERGE.items():
             self._stage = name
-            after(merger.aligned.values())
+            then = after(merger.aligned.values())
+            if then is not None:
+                once_files_are_back.append((name, then))
         self._stage = "restoring the random number generators"
         rng.restore(payload["rng"])
         # After the adapters (a logger's writer they close lets go of its file): what the
         # replayed setup wrote goes back to the snapshot's state.
         self._stage = "putting back the files the replayed setup wrote"
         files_report = files.settle(self.rundir, self.manifest, self.config, _say)
+        for name, then in once_files_are_back:
+            self._stage = name
+            then()
         self.on_merged(self.snap_id, self.manifest.get("steps") or 0, self.manifest.get("iteration"))
         merge_s = time.perf_counter() - started
         verified = self._watch_witness()
@@ -488,7 +494,9 @@ def fail(exc: GpusnapError) -> None:
 _verbosity = 1  # the run's --quiet (0) / --verbose (2), from the boot configuration
 _flush_events = lambda: None  # noqa: E731 - install's: the agent's, which restore does not import
 # What a framework adapter does once the snapshot is merged, by what the restore is doing then
-# (named in a refusal): called with every live object the snapshot's objects merged into.
+# (named in a refusal): called with every live object the snapshot's objects merged into. What
+# it returns, if anything, is called once the program's files are back in their snapshot state
+# (a thread that appends to one starts then).
 AFTER_MERGE: dict[str, object] = {}
 
 

@@ -20,6 +20,7 @@ from harness import (
     assert_same,
     copy_programs,
     gpusnap,
+    kill_and_restart,
     plain,
     programs_and_out,
     progress,
@@ -286,6 +287,23 @@ def test_a_lightning_fit_with_loggers_and_checkpoints(tmp_path, seed):
     assert reference.returncode == 0, err
     assert_same_files(ref, out)
     assert not (out / "logs" / "version_1").exists() and not (out / "tb" / "version_1").exists()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_tensorboard_writers_made_after_setup_go_on_writing_after_a_restart(tmp_path, seed):
+    """A SummaryWriter made in setup, and the writer per tag that add_scalars makes as it goes
+    (tests/programs/corpus/tb_logging.py --grouped), killed after a snapshot and restarted: the
+    event files hold every event of an uninterrupted run, once. The writers made after setup
+    have no counterpart in the replay; before gpusnap/frameworks/tensorboard.py gave them a new
+    lock, queue and thread, the restart was refused at their first event (a TypeError on the
+    lock's placeholder)."""
+    pytest.importorskip("tensorboard")
+    rnd = random.Random(f"tb-logging/{seed}")
+    script = copy_programs(tmp_path) / "corpus" / "tb_logging.py"
+    ref, out = ref_and_out(tmp_path)
+    plain(script, ref, "--grouped", cwd=tmp_path, env=ENV)
+    kill_and_restart(script, ["--grouped"], tmp_path, out, rnd, progress(ref), ENV, {**ENV, "TEST_STEP_SLEEP_S": "0.04"})
+    assert_same_files(ref, out)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
