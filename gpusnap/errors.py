@@ -185,7 +185,8 @@ class ProgramChanged(RestoreError):
 class FastForwardError(RestoreError):
     default_hint = (
         "the loop's items depend on something replay does not reproduce (random numbers drawn "
-        "between items, an iterator advanced by hand); give the source a seeded generator of its "
+        "between items, an iterator advanced by hand, a thread of the program's making them "
+        "ahead); give the source a seeded generator of its "
         "own, restart from another snapshot with --snapshot ID, or pass --force to continue anyway"
     )
 
