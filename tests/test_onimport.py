@@ -7,7 +7,17 @@ import importlib
 import inspect
 import sys
 
+import pytest
+
 from gpusnap import onimport
+
+
+@pytest.fixture(autouse=True)
+def _nothing_else_waits(monkeypatch):
+    """Each test starts with no callback waiting: other tests in the same process (gpusnap's
+    savers, imported with its framework adapters) leave theirs waiting for modules never imported."""
+    monkeypatch.setattr(onimport, "_waiting", {})
+    monkeypatch.setattr(sys, "meta_path", [finder for finder in sys.meta_path if finder is not onimport._FINDER])
 
 
 def _module(tmp_path, monkeypatch, name: str, body: str = "VALUE = 41\n") -> None:
