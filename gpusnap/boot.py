@@ -226,7 +226,7 @@ def main(argv=None) -> None:
     from gpusnap.capture.trainee import agent
     from gpusnap.restore import fastforward
 
-    agent.install(config, note_source=fastforward.part)
+    agent.install(config, note_source=fastforward.describe)
     resuming = agent.resuming()
     if resuming is not None:
         from gpusnap.restore import replay

@@ -2,15 +2,18 @@
 exactly or not at all.
 
 Capture side, at every loop start of the original run: ``part(source)`` says whether the source
-is a known pure container (None: ``range``, ``list``, ``tuple``, ``str``, ``bytes``, dicts and
-their views, sets, numpy arrays, torch tensors, ``nn.ModuleList``/``Sequential``/``ModuleDict``/
-``ParameterList``/``ParameterDict``, and ``enumerate``/``zip``/``islice``/``tqdm`` of those);
-for any other source ``with_rng(part)`` adds the global RNG states (random, numpy, torch,
-torch.cuda) taken before ``iter()`` runs: the note kept with the loop.
+is a known pure container (None: ``list``, ``tuple``, ``str``, ``bytes``, dicts and their views,
+sets, numpy arrays, torch tensors, ``nn.ModuleList``/``Sequential``/``ModuleDict``/
+``ParameterList``/``ParameterDict``, and ``enumerate``/``zip``/``islice``/``tqdm`` of those; a
+``range`` notes its bounds, nothing more); for any other source ``with_rng(part)`` adds the
+global RNG states (random, numpy, torch, torch.cuda) taken before ``iter()`` runs: the note kept
+with the loop.
 
 Replay side, ``iterator_at(source, skip, note, ctx)`` restores those RNG states, then:
 
-- ``range``, ``list``, ``tuple``: their iterators take a position (``__setstate__``).
+- ``range``, ``list``, ``tuple``: their iterators take a position (``__setstate__``). A range
+  the replay made with other bounds than the run's (its setup took another path: it found a
+  checkpoint of the program's own) is replaced by the run's.
 - ``torch.utils.data.DataLoader`` over a map-style dataset: the loader's generator is put back
   too, then the iterator is built with an index sampler that drops the first ``skip`` batches of
   indices. Workers receive only the indices after them: no skipped sample is loaded, shuffling
@@ -69,8 +72,12 @@ def _class_name(cls) -> str:
 
 # -- capture ---------------------------------------------------------------------------------
 def part(source) -> dict | None:
-    """None for a pure source; otherwise its structure, with what positioning it will need."""
+    """None for a pure source but a range; otherwise its structure, with what positioning it
+    will need. A range's bounds are kept: a replayed setup that took another path can make
+    another one (a script that resumes itself from a checkpoint it finds at start)."""
     cls = type(source)
+    if cls is range:
+        return {"kind": "range", "range": [source.start, source.stop, source.step]}
     if cls in _PURE_TYPES:
         return None
     if cls is _DeferredCall:
@@ -102,10 +109,23 @@ def with_rng(note: dict) -> dict:
     return {**note, "rng": rng.compact()}
 
 
+def may_draw(note: dict | None) -> bool:
+    """Whether taking items from a source of this ``part`` may draw random numbers: not a pure
+    source, nor a range, nor enumerate, zip, islice or tqdm of those."""
+    if note is None or note.get("kind") == "range":
+        return False
+    if note.get("kind") == "call":
+        return any(may_draw(arg) for arg in note.get("args") or ())
+    if note.get("kind") == "tqdm":
+        return may_draw(note.get("inner"))
+    return True
+
+
 def describe(source) -> dict | None:
-    """The note of a loop over ``source`` (raw: ``itemcheck.note_json`` makes it JSON)."""
+    """The note of a loop over ``source`` (raw: ``itemcheck.note_json`` makes it JSON): its
+    ``part``, with the global RNG states where it may draw."""
     note = part(source)
-    return with_rng(note) if note is not None else None
+    return with_rng(note) if may_draw(note) else note
 
 
 # -- replay ----------------------------------------------------------------------------------
@@ -143,11 +163,17 @@ def _position(source, skip: int, note: dict | None, ctx: Context, at: tuple):
     if isinstance(source, _DeferredCall):
         return _call_at(source, skip, note, ctx, at)
     if type(source) in _POSITIONED:
+        how = "by index"
+        if type(source) is range and note and note.get("kind") == "range" and list(_bounds(source)) != note["range"]:
+            # The loop counts from where the run's did, whatever bounds the replay computed:
+            # the merge then puts back what the replay's other path changed (the witness checks).
+            how = f"by index, over the run's {range(*note['range'])} (the replay made {source})"
+            source = range(*note["range"])
         if skip > len(source):
             raise FastForwardError(f"its source has {len(source)} items, the run that took the snapshot had taken {skip}")
         it = iter(source)
         it.__setstate__(skip)
-        return it, "by index"
+        return it, how
     adapter = _adapter(type(source))
     if adapter is not None and adapter is not _PURE:
         return adapter.position(source, skip, note, ctx, at)
@@ -217,6 +243,10 @@ def _islice_at(call: _DeferredCall, skip: int, note: dict | None, ctx: Context, 
         raise FastForwardError(f"its islice yields fewer than the {skip} items the run that took the snapshot had taken")
     it, how = _position(source, last + 1, inner, ctx, at)
     return itertools.islice(it, step - 1, None if stop is None else max(stop - last - 1, 0), step), how
+
+
+def _bounds(r: range) -> tuple[int, int, int]:
+    return r.start, r.stop, r.step
 
 
 def _restore_owned(source, owned: dict) -> None:

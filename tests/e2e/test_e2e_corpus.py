@@ -6,7 +6,8 @@ callbacks and a model class defined in a function; batches taken by hand; a stre
 with workers; augmentation from a generator the dataset keeps; tensors of unusual kinds (a
 sparse embedding and its last sparse gradient, parameters viewing one flat buffer, a Parameter
 subclass, complex and bfloat16 weights, pruning, a GradScaler); a DQN agent writing its replay
-buffer in place and its target network by hand) continue with the same bytes
+buffer in place and its target network by hand; a script that checkpoints and resumes itself,
+whose replay finds the checkpoint it saved before the snapshot) continue with the same bytes
 after a kill: each is run uninterrupted, and again under `gpusnap run` with SIGUSR1 at a random
 step, kill -9 of the whole process group a few steps later, then `gpusnap restart`. One seed per
 program by default (printed; pytest shows it on failure); GPUSNAP_TEST_SEEDS=1,2,3 runs more.
@@ -41,6 +42,7 @@ CORPUS = {
     "config_trainer": ("config_trainer.py", []),
     "tensor_kinds": ("tensor_kinds.py", []),
     "dqn_replay": ("dqn_replay.py", []),
+    "resumes_itself": ("resumes_itself.py", []),
     # past the first epoch (12 batches): the iterator was made again in an iteration replay skips
     "next_batch-reiter": ("next_batch.py", ["--variant", "reiter"], 12, "made the DataLoader iterator at frame[1].locals.train_iter again"),
     # past the first pass: replay runs the program's cycle() generator again to its place

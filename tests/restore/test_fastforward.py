@@ -203,11 +203,28 @@ def test_enumerate_and_zip_fast_forward_their_sources(tmp_path, make, expected_h
 
 @pytest.mark.parametrize("source", [range(3, 30, 3), list(range(9)), tuple("abcdefgh")], ids=["range", "list", "tuple"])
 def test_sequences_fast_forward_by_index(source):
-    assert fastforward.describe(source) is None
+    note = fastforward.describe(source)
+    assert note == ({"kind": "range", "range": [3, 30, 3]} if isinstance(source, range) else None)
     for k in (0, 1, 4, len(source)):
-        it, how = fastforward.iterator_at(source, k, None)
+        it, how = fastforward.iterator_at(source, k, note)
         assert how == "by index"
         assert list(it) == list(source)[k:]
+
+
+def test_a_range_the_replay_made_otherwise_is_the_runs():
+    """A script that resumes itself from a checkpoint it finds at start loops over
+    range(start, steps): in the run range(0, 60), in the replay (which finds the checkpoint the
+    run saved before its snapshot) range(10, 60). The loop goes on from the run's item."""
+    note = fastforward.describe(range(0, 60))
+    it, how = fastforward.iterator_at(range(10, 60), 17, note)
+    assert next(it) == 17 and how == "by index, over the run's range(0, 60) (the replay made range(10, 60))"
+    it, how = fastforward.iterator_at(range(10, 60), 17, None)  # a snapshot from before ranges were noted
+    assert next(it) == 27 and how == "by index"
+    enumerated = _DeferredCall(builtins.enumerate, (range(0, 60),), {})
+    note = fastforward.describe(enumerated)
+    assert "rng" not in note
+    it, _ = fastforward.iterator_at(_DeferredCall(builtins.enumerate, (range(5, 60),), {}), 3, note)
+    assert next(it) == (3, 3)
 
 
 def test_generator_and_other_iterables_are_consumed():
@@ -337,11 +354,14 @@ def test_islice_over_a_consumed_source_stops_after_the_last_item_handed_out():
 
 
 def test_pure_sources_need_no_note_and_others_record_the_rng_states():
-    pure = [range(3), [1], (1,), "ab", b"ab", {1: 2}, {1: 2}.items(), {1}, frozenset(), np.arange(3), torch.arange(3),
-            torch.nn.ModuleList(), torch.nn.Sequential(), _DeferredCall(builtins.zip, ([1], range(2)), {}),
-            _DeferredCall(builtins.enumerate, ([1], 5), {}), _bar(range(3))]
+    pure = [[1], (1,), "ab", b"ab", {1: 2}, {1: 2}.items(), {1}, frozenset(), np.arange(3), torch.arange(3),
+            torch.nn.ModuleList(), torch.nn.Sequential(), _DeferredCall(builtins.zip, ([1], (1, 2)), {}),
+            _DeferredCall(builtins.enumerate, ([1], 5), {}), _bar([1, 2])]
     for source in pure:
         assert fastforward.describe(source) is None, type(source)
+    for source in range(3), _DeferredCall(builtins.zip, ([1], range(2)), {}), _bar(range(3)):
+        note = fastforward.describe(source)  # a range's bounds, and no RNG states: it draws nothing
+        assert note is not None and "rng" not in note and not loopnotes.consumed_paths(note), type(source)
     note = fastforward.describe(x for x in range(3))
     assert note["kind"] == "iter" and set(loopnotes.note_json(note)["rng"]) >= {"random", "torch"}
     zipped = fastforward.describe(_DeferredCall(builtins.zip, ([1], (x for x in "a")), {}))

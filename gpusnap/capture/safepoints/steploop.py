@@ -32,7 +32,7 @@ from gpusnap.onimport import after_import
 # 1 us) at every lookup; holding the code keeps its id its own.
 _step_loops: dict = {}
 _last_stepping = (lambda: None, -1)  # (weak ActiveLoop, index) of the last iteration counted
-_note_source = None  # restore's fastforward.part, handed over by boot through the agent
+_note_source = None  # restore's fastforward.describe, handed over by boot through the agent
 _stepper_checked = False  # the first optimizer step looked for a step loop gpusnap cannot reach
 _GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
 _in_child = False  # a forked child of the trainee (the program's own processes, DataLoader workers)
@@ -172,13 +172,12 @@ def describe_source(loop, source):
     path. A loop that starts inside a running step loop's body ends before that loop's next
     boundary, the only safe point while it runs, so it needs none (unless it is a step loop
     itself): this keeps the cost of taking RNG states out of training steps."""
-    try:
-        part = _note_source(source)
-    except Exception:  # an adapter that cannot read this source: consumed, and checked, on replay
-        part = {"kind": "iter"}
-    if part is None or _inside_step_body(loop):
+    if _inside_step_body(loop):
         return None
-    return {**part, "rng": rng.compact()}
+    try:
+        return _note_source(source)
+    except Exception:  # an adapter that cannot read this source: consumed, and checked, on replay
+        return {"kind": "iter", "rng": rng.compact()}
 
 
 def _inside_step_body(loop) -> bool:

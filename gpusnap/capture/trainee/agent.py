@@ -43,7 +43,7 @@ _coalesced_said = False
 
 def install(config: dict, note_source) -> None:
     """Called by gpusnap.boot before the first line of the program runs. ``note_source(source)``
-    is what fast-forward will need of a loop's source (restore's ``fastforward.part``): capture
+    is what fast-forward will need of a loop's source (restore's ``fastforward.describe``): capture
     takes the notes, restore reads them, and capture never imports restore."""
     session.config = dict(config)
     os.register_at_fork(after_in_child=loops.reset_after_fork_in_child)
