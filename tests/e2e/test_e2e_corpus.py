@@ -44,6 +44,7 @@ CORPUS = {
     "dqn_replay": ("dqn_replay.py", []),
     "resumes_itself": ("resumes_itself.py", []),
     "line_stream": ("line_stream.py", []),
+    "bucketed_batches": ("bucketed_batches.py", []),
     # past the first epoch (12 batches): the iterator was made again in an iteration replay skips
     "next_batch-reiter": ("next_batch.py", ["--variant", "reiter"], 12, "made the DataLoader iterator at frame[1].locals.train_iter again"),
     # past the first pass: replay runs the program's cycle() generator again to its place
