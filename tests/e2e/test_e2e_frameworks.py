@@ -65,6 +65,8 @@ TRAINERS = {
     "transformers-custom": (
         "transformers", "hf_custom.py", ["--epochs", "2"], (10,), "0.15", "started the DataLoaderShard iterator at",
     ),
+    # a GPT-2 in a hand-written loop: accumulation, a linear warmup schedule, sampled generations
+    "transformers-loop": ("transformers", "gpt_loop.py", ["--epochs", "3"], (0,), "0.1", "in main to iteration"),
 }
 
 
