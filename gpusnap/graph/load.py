@@ -53,16 +53,43 @@ def _raw_ndarray(seq: int, offset: int, dtype: str, shape, strides):
     return np.ndarray(shape, np.dtype(dtype), buffer=memory, strides=strides)
 
 
-class LiveOnly:
-    """Stands where the snapshot held an object it could not capture."""
+class NotCaptured(AttributeError):
+    """The program used a ``LiveOnly`` placeholder: an object the snapshot could not hold, at a
+    place where the replayed program made none (inside an object made after setup). An
+    AttributeError, so that a probe (``getattr(x, name, default)``, ``hasattr``) reads it as a
+    miss; restore blames the restore for it, never the program (``replay``)."""
 
-    __slots__ = ("serial", "type_name")
+
+class LiveOnly:
+    """Stands where the snapshot held an object it could not capture. Where the replayed program
+    has none to keep (inside an object made after setup: the merge says ``where``), the program
+    may reach the placeholder itself: an attribute of it, or ``with`` on it, raises ``NotCaptured``,
+    naming the object. It stays neither callable nor iterable: a constructor that checks its
+    argument (``functools.partial``) must still refuse it (``Unbuilt``)."""
+
+    __slots__ = ("serial", "type_name", "where")
 
     def __init__(self, serial: int, type_name: str):
-        self.serial, self.type_name = serial, type_name
+        self.serial, self.type_name, self.where = serial, type_name, None
 
     def __repr__(self) -> str:
         return f"<live-only {self.type_name}>"
+
+    def _used(self, how: str):
+        at = f" at {self.where}" if self.where else ""
+        raise NotCaptured(f"{how} the {self.type_name}{at}, which the snapshot could not hold and the replay did not "
+                          "make again (it was made after setup)")
+
+    def __getattr__(self, name: str):  # only for names the placeholder lacks
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)  # protocol probes (copy, pickle, numpy) stay plain misses
+        self._used(f"{name!r} of")
+
+    def __enter__(self):
+        self._used("`with` on")
+
+    def __exit__(self, *exc_info):
+        self._used("`with` on")
 
 
 class Unbuilt:

@@ -187,6 +187,8 @@ class Merger(KindMerges):
                 live = self._live_only.get(id(snap))
             elif isinstance(snap, LiveOnly):
                 self._live_only.setdefault(id(snap), live)
+            if live is None and isinstance(snap, LiveOnly) and snap.where is None:
+                snap.where = str(path)  # a use names the place (NotCaptured)
             if live is None and (isinstance(snap, Unbuilt) or path.depth > 1):
                 # The program would meet None where it held a live object (a DataLoader iterator
                 # inside a framework's fetcher): it cannot continue from this state.
@@ -291,6 +293,8 @@ class Merger(KindMerges):
 
     def _resolver(self, todo: list):
         def resolve(item, path: Path):
+            if isinstance(item, LiveOnly) and item.where is None:
+                item.where = str(path)  # nothing stands for it here: a use names the place (NotCaptured)
             if isinstance(item, _ATOMS) or isinstance(item, (LiveOnly, type)):
                 return item
             if id(item) in self.aligned:

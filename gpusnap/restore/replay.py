@@ -27,7 +27,7 @@ from gpusnap import files, knobs
 from gpusnap.console import Console
 from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, ReplayDiverged, RestoreError
 from gpusnap.graph import rng, roots, witness, workers
-from gpusnap.graph.load import DEVICE_BASES, LiveOnly
+from gpusnap.graph.load import DEVICE_BASES, LiveOnly, NotCaptured
 from gpusnap.instrument import loops
 from gpusnap.restore import devices, fastforward, itemcheck, livecheck, load
 from gpusnap.restore.frames import write_locals
@@ -430,6 +430,7 @@ def diverged_by_step() -> None:
 def _check_reached(replay: Replay) -> None:
     escaped = getattr(sys, "last_value", None)  # set by boot when an exception left the program
     if replay.merged:
+        _check_not_captured(replay, escaped)
         _check_first_iteration(replay, escaped)
         if isinstance(witness.active, witness.Checker) and escaped is None:
             witness.active.ended()
@@ -439,6 +440,23 @@ def _check_reached(replay: Replay) -> None:
     else:
         how = "ended"
     fail(ReplayDiverged(f"the program {how} before reaching the saved position at {replay.not_reached()}"))
+
+
+def _check_not_captured(replay: Replay, escaped) -> None:
+    """The program ended on a placeholder it reached (``NotCaptured``), however long after the
+    merge (a future made after setup, waited on at the next checkpoint): the restore's failure,
+    exit 6, not the program's."""
+    seen = set()
+    while escaped is not None and id(escaped) not in seen:
+        if isinstance(escaped, NotCaptured):
+            fail(RestoreError(
+                f"the program stopped on {escaped} (after snapshot {replay.snap_id} was merged)",
+                "a restart cannot give back an object made after setup that holds a thread, a lock or a file (the "
+                "future of an async save, a queue); "
+                "`gpusnap inspect DIR` lists what the snapshot could not hold, and --snapshot ID restores an earlier one",
+            ))
+        seen.add(id(escaped))
+        escaped = escaped.__cause__ or escaped.__context__
 
 
 def _check_first_iteration(replay: Replay, escaped) -> None:
