@@ -12,8 +12,9 @@ with the loop.
 Replay side, ``iterator_at(source, skip, note, ctx)`` restores those RNG states, then:
 
 - ``range``, ``list``, ``tuple``: their iterators take a position (``__setstate__``). A range
-  the replay made with other bounds than the run's (its setup took another path: it found a
-  checkpoint of the program's own) is replaced by the run's.
+  the replay made from another start than the run's (its setup took another path: it found a
+  checkpoint of the program's own) goes on from the run's item instead, to the replay's end (an
+  end changed on purpose, a longer training in the config, stays the replay's).
 - ``torch.utils.data.DataLoader`` over a map-style dataset: the loader's generator is put back
   too, then the iterator is built with an index sampler that drops the first ``skip`` batches of
   indices. Workers receive only the indices after them: no skipped sample is loaded, shuffling
@@ -162,18 +163,20 @@ def _position(source, skip: int, note: dict | None, ctx: Context, at: tuple):
     ctx.touched.append(source)
     if isinstance(source, _DeferredCall):
         return _call_at(source, skip, note, ctx, at)
+    if type(source) is range and note and note.get("kind") == "range":
+        start, _, step = note["range"]
+        if source.start != start and source.step == step:
+            # The replay's setup took another path (it found a checkpoint of the program's own):
+            # the loop goes on from the run's item, to the replay's end (the merge puts back what
+            # that path changed; the witness checks).
+            value = start + skip * step
+            return iter(range(value, source.stop, step)), f"by value, from the run's item {value} (the replay made {source})"
     if type(source) in _POSITIONED:
-        how = "by index"
-        if type(source) is range and note and note.get("kind") == "range" and list(_bounds(source)) != note["range"]:
-            # The loop counts from where the run's did, whatever bounds the replay computed:
-            # the merge then puts back what the replay's other path changed (the witness checks).
-            how = f"by index, over the run's {range(*note['range'])} (the replay made {source})"
-            source = range(*note["range"])
         if skip > len(source):
             raise FastForwardError(f"its source has {len(source)} items, the run that took the snapshot had taken {skip}")
         it = iter(source)
         it.__setstate__(skip)
-        return it, how
+        return it, "by index"
     adapter = _adapter(type(source))
     if adapter is not None and adapter is not _PURE:
         return adapter.position(source, skip, note, ctx, at)
@@ -243,10 +246,6 @@ def _islice_at(call: _DeferredCall, skip: int, note: dict | None, ctx: Context, 
         raise FastForwardError(f"its islice yields fewer than the {skip} items the run that took the snapshot had taken")
     it, how = _position(source, last + 1, inner, ctx, at)
     return itertools.islice(it, step - 1, None if stop is None else max(stop - last - 1, 0), step), how
-
-
-def _bounds(r: range) -> tuple[int, int, int]:
-    return r.start, r.stop, r.step
 
 
 def _restore_owned(source, owned: dict) -> None:

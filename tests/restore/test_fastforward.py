@@ -211,13 +211,16 @@ def test_sequences_fast_forward_by_index(source):
         assert list(it) == list(source)[k:]
 
 
-def test_a_range_the_replay_made_otherwise_is_the_runs():
+def test_a_range_the_replay_started_elsewhere_goes_on_from_the_runs_item():
     """A script that resumes itself from a checkpoint it finds at start loops over
     range(start, steps): in the run range(0, 60), in the replay (which finds the checkpoint the
-    run saved before its snapshot) range(10, 60). The loop goes on from the run's item."""
+    run saved before its snapshot) range(10, 60). The loop goes on from the run's item, to the
+    replay's end; a replay that only ends elsewhere (a longer training) goes by index."""
     note = fastforward.describe(range(0, 60))
     it, how = fastforward.iterator_at(range(10, 60), 17, note)
-    assert next(it) == 17 and how == "by index, over the run's range(0, 60) (the replay made range(10, 60))"
+    assert list(it) == list(range(17, 60)) and how == "by value, from the run's item 17 (the replay made range(10, 60))"
+    it, how = fastforward.iterator_at(range(0, 80), 17, note)
+    assert list(it) == list(range(17, 80)) and how == "by index"
     it, how = fastforward.iterator_at(range(10, 60), 17, None)  # a snapshot from before ranges were noted
     assert next(it) == 27 and how == "by index"
     enumerated = _DeferredCall(builtins.enumerate, (range(0, 60),), {})
