@@ -7,7 +7,8 @@ with workers; augmentation from a generator the dataset keeps; tensors of unusua
 sparse embedding and its last sparse gradient, parameters viewing one flat buffer, a Parameter
 subclass, complex and bfloat16 weights, pruning, a GradScaler); a DQN agent writing its replay
 buffer in place and its target network by hand; a script that checkpoints and resumes itself,
-whose replay finds the checkpoint it saved before the snapshot) continue with the same bytes
+whose replay finds the checkpoint it saved before the snapshot; a TorchScript model under the
+torch profiler) continue with the same bytes
 after a kill: each is run uninterrupted, and again under `gpusnap run` with SIGUSR1 at a random
 step, kill -9 of the whole process group a few steps later, then `gpusnap restart`. One seed per
 program by default (printed; pytest shows it on failure); GPUSNAP_TEST_SEEDS=1,2,3 runs more.
@@ -45,6 +46,7 @@ CORPUS = {
     "resumes_itself": ("resumes_itself.py", []),
     "line_stream": ("line_stream.py", []),
     "bucketed_batches": ("bucketed_batches.py", []),
+    "scripted": ("scripted.py", []),
     # past the first epoch (12 batches): the iterator was made again in an iteration replay skips
     "next_batch-reiter": ("next_batch.py", ["--variant", "reiter"], 12, "made the DataLoader iterator at frame[1].locals.train_iter again"),
     # past the first pass: replay runs the program's cycle() generator again to its place

@@ -2,9 +2,12 @@
 of a module with a scripted helper function and a buffer it updates in forward (a running mean
 of its inputs), trained with RMSprop and a MultiStepLR; and the torch profiler around the loop
 with a schedule (wait, warmup, active, repeat) that prof.step() advances, its traces handed to a
-function that counts them.
-usage: scripted.py OUT [--steps N] [--no-profiler]"""
+function that counts them. The loop runs inside torch.jit.optimized_execution(False) unless
+--jit-optimize: TorchScript's executor optimizes a graph after its first calls in a process,
+and the optimized graph computes other last bits.
+usage: scripted.py OUT [--steps N] [--no-profiler] [--jit-optimize]"""
 import argparse
+import contextlib
 
 import torch
 import torch.nn as nn
@@ -38,6 +41,7 @@ def main():
     parser.add_argument("out")
     parser.add_argument("--steps", type=int, default=48)
     parser.add_argument("--no-profiler", action="store_true")
+    parser.add_argument("--jit-optimize", action="store_true")
     args = parser.parse_args()
 
     torch.manual_seed(101)
@@ -50,17 +54,18 @@ def main():
     losses = []
     if not args.no_profiler:
         profiler.start()
-    for step in range(args.steps):
-        x = torch.randn(24, 10) + 0.5
-        loss = F.cross_entropy(model(x), (x[:, 0] > 0.5).long())
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        losses.append(loss.item())
-        if not args.no_profiler:
-            profiler.step()
-        progress(step + 1)
+    with contextlib.nullcontext() if args.jit_optimize else torch.jit.optimized_execution(False):
+        for step in range(args.steps):
+            x = torch.randn(24, 10) + 0.5
+            loss = F.cross_entropy(model(x), (x[:, 0] > 0.5).long())
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            losses.append(loss.item())
+            if not args.no_profiler:
+                profiler.step()
+            progress(step + 1)
     if not args.no_profiler:
         profiler.stop()
 
