@@ -42,7 +42,6 @@ CORPUS = {
     "swa_hooks": ("swa_hooks.py", []),
     "config_trainer": ("config_trainer.py", []),
     "tensor_kinds": ("tensor_kinds.py", []),
-    "dqn_replay": ("dqn_replay.py", []),
     "resumes_itself": ("resumes_itself.py", []),
     "line_stream": ("line_stream.py", []),
     "bucketed_batches": ("bucketed_batches.py", []),
@@ -63,6 +62,8 @@ CORPUS = {
                                  "persistent workers' generators put back"),
 }
 MORE = {
+    # a replay buffer written in place and a target network by _foreach_lerp_ (furniture's EMA is the same shape)
+    "dqn_replay": ("dqn_replay.py", []),
     # `for batch in tqdm(loader)`: tests/e2e/test_e2e_fastforward.py restarts it, and three other wraps
     "tqdm_loop-for": ("tqdm_loop.py", ["--variant", "for"]),
     # a collate function that masks tokens at random, in the main process: skipped by sampler, the
