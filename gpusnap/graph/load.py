@@ -81,6 +81,8 @@ class LiveOnly:
                           "make again (it was made after setup)")
 
     def __getattr__(self, name: str):  # only for names the placeholder lacks
+        if name in LiveOnly.__slots__:
+            return None  # a placeholder pickled before it had this slot (a program that held one)
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)  # protocol probes (copy, pickle, numpy) stay plain misses
         self._used(f"{name!r} of")
