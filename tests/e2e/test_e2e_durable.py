@@ -116,7 +116,7 @@ def test_a_periodic_snapshot_commits_while_training_and_its_workers_keep_every_c
     after the last step; without the pacer, it still did in 1 of 2 runs here); paced, it commits
     while training goes on, and says how long it took."""
     programs, out = programs_and_out(tmp_path)
-    steps = 80  # 75 after the request: a writer at idle priority alone committed 60 later; paced, 17-38 later here
+    steps = 80  # 75 after the request: a writer at idle priority alone committed 60 later; paced, 15-52 later here
     run = Run("run", "--dir", "snaps", programs / "busy_workers.py", out, steps, cwd=tmp_path,
               env={"TEST_STEP_SLEEP_S": "0"})
     wait_for(lambda: progress(out) >= 5, "step 5", proc=run)
@@ -124,10 +124,10 @@ def test_a_periodic_snapshot_commits_while_training_and_its_workers_keep_every_c
     wait_for(lambda: committed_ids(tmp_path / "snaps") or progress(out) >= steps, "the commit or the end", proc=run,
              timeout=600)
     at_commit = progress(out)
-    code, _, err = run.wait()
-    assert code == 0, err
+    committed = wait_for(lambda: next((e for e in log(tmp_path / "snaps") if e["event"] == "committed"), None),
+                         "the commit in the run log", proc=run)
+    run.kill_group()  # the steps left only spin
     assert at_commit < steps, "the snapshot committed only once training was over"
-    committed = next(e for e in log(tmp_path / "snaps") if e["event"] == "committed")
     manifest = json.loads((tmp_path / "snaps" / "snapshots" / f"{committed['id']}.json").read_text())
     writer = manifest["writer"]
     print(f"committed at step {at_commit}: write {committed['write_s']} s, deadline {writer['deadline_s']} s, boosts {writer['boosts']}")
