@@ -10,6 +10,7 @@ import functools
 import io
 import os
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from gpusnap import restore
 from gpusnap.capture.pickling.pickler import GraphPickler
 from gpusnap.errors import StateMismatch
 from gpusnap.graph.iterpickle import IterativePickler
-from gpusnap.graph.load import Unbuilt
+from gpusnap.graph.load import NotCaptured, Unbuilt
 from gpusnap.restore.merge import Merger
 from gpusnap.store import RunDir
 
@@ -226,6 +227,24 @@ def test_an_object_that_cannot_be_rebuilt_keeps_the_live_one_or_refuses(tmp_path
 
     with pytest.raises(StateMismatch, match=r"root\.call: the snapshot's functools\.partial cannot be rebuilt here"):
         merge_into(Obj(), snap)
+
+
+def test_a_live_only_object_inside_one_made_after_setup_names_itself_when_the_program_uses_it(tmp_path):
+    """The snapshot's object has no counterpart in the replay (made after setup), so the merge
+    gives it back whole; the lock inside it was not captured. A probe reads a miss; a use raises
+    NotCaptured naming the type and the place (restore turns that into a refusal, exit 6)."""
+    trained = {"saves": [Obj()]}
+    trained["saves"][0].lock, trained["saves"][0].step = threading.Lock(), 3
+    snap, _ = snapshot_and_load(tmp_path, trained)
+    live = {"saves": []}
+    merge_into(live, snap)
+    adopted = live["saves"][0]
+    assert adopted.step == 3 and getattr(adopted.lock, "acquire", None) is None and not hasattr(adopted.lock, "locked")
+    with pytest.raises(NotCaptured, match=r"^'acquire' of the _thread\.lock at root\['saves'\]\[0\]\.lock, which the snapshot"):
+        adopted.lock.acquire()
+    with pytest.raises(NotCaptured, match=r"^`with` on the _thread\.lock at root\['saves'\]\[0\]\.lock"):
+        with adopted.lock:
+            pass
 
 
 class NeedsCallable:
