@@ -107,21 +107,23 @@ def test_an_exception_in_the_first_iteration_after_the_merge_is_a_refusal(tmp_pa
     assert not (out / "final.json").exists()
 
 
-# name: (program under programs/corpus, its arguments, what the refusal says). Programs whose
+# name: (program under programs/corpus, its arguments, what the refusal may say). Programs whose
 # restart depends on something gpusnap cannot hold: each restarts exactly or is refused (exit 6),
 # never to other bytes with exit 0.
 EXACT_OR_REFUSED = {
     # A daemon thread iterates a shuffled DataLoader into a queue ahead of the loop: its state is
     # not captured, and when it draws an epoch's shuffle from the global generator races with the
     # places restore puts that generator back, so the replay's thread may shuffle otherwise;
-    # fast-forward then meets other batches than the run did (both outcomes were seen here: 4
-    # exact restarts and 10 refusals in 14 runs).
-    "prefetch_thread": ("prefetch_thread.py", [], "gpusnap: restore refused: fast-forward of loop"),
+    # fast-forward then meets other batches than the run did, or, where the thread shuffles after
+    # fast-forward, the witness does (both outcomes were seen here: 4 exact restarts and 10
+    # refusals in 14 runs; the witness's once, in a CI run).
+    "prefetch_thread": ("prefetch_thread.py", [], ("gpusnap: restore refused: fast-forward of loop",
+                                                   "restarted to other state than the run that took it")),
     # TorchScript's executor optimizes a graph after its first calls in a process, and the
     # optimized graph computes other last bits: the restarted process's first steps differ from
     # the run's, and the witness refuses (8 of 8 runs here; with the optimization off, the same
     # program restarts exactly: test_e2e_corpus.py's "scripted").
-    "scripted-jit-optimize": ("scripted.py", ["--jit-optimize", "--no-profiler"], "the parameters differ from the run that took it"),
+    "scripted-jit-optimize": ("scripted.py", ["--jit-optimize", "--no-profiler"], ("the parameters differ from the run that took it",)),
 }
 
 
@@ -141,5 +143,5 @@ def test_what_gpusnap_cannot_hold_restarts_exactly_or_is_refused(tmp_path, name,
         assert_same(load_final(ref), load_final(out))
     else:
         assert restarted.returncode == 6, restarted.stderr
-        assert says in restarted.stderr, restarted.stderr
+        assert "gpusnap: restore refused: " in restarted.stderr and any(text in restarted.stderr for text in says), restarted.stderr
         assert not (out / "final.pt").exists()
