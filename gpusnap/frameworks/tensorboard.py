@@ -42,9 +42,15 @@ def _restart_writers(objects):
     module = sys.modules.get(_MODULE)
     if module is None:
         return None
-    threads = [_restart(module, writer) for writer in objects
-               if isinstance(writer, module._AsyncWriter) and isinstance(writer.__dict__.get("_worker"), LiveOnly)]
-    return lambda: [thread.start() for thread in threads if thread is not None]
+    restarted = [_restart(module, writer) for writer in objects
+                 if isinstance(writer, module._AsyncWriter) and isinstance(writer.__dict__.get("_worker"), LiveOnly)]
+    threads = [thread for thread in restarted if thread is not None]
+
+    def start() -> None:
+        for thread in threads:
+            thread.start()
+
+    return start if threads else None
 
 
 def _restart(module, writer):

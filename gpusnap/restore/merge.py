@@ -187,8 +187,8 @@ class Merger(KindMerges):
                 live = self._live_only.get(id(snap))
             elif isinstance(snap, LiveOnly):
                 self._live_only.setdefault(id(snap), live)
-            if live is None and isinstance(snap, LiveOnly) and snap.where is None:
-                snap.where = str(path)  # a use names the place (NotCaptured)
+            if live is None and isinstance(snap, LiveOnly):
+                _name_place(snap, path)
             if live is None and (isinstance(snap, Unbuilt) or path.depth > 1):
                 # The program would meet None where it held a live object (a DataLoader iterator
                 # inside a framework's fetcher): it cannot continue from this state.
@@ -293,8 +293,8 @@ class Merger(KindMerges):
 
     def _resolver(self, todo: list):
         def resolve(item, path: Path):
-            if isinstance(item, LiveOnly) and item.where is None:
-                item.where = str(path)  # nothing stands for it here: a use names the place (NotCaptured)
+            if isinstance(item, LiveOnly):
+                _name_place(item, path)
             if isinstance(item, _ATOMS) or isinstance(item, (LiveOnly, type)):
                 return item
             if id(item) in self.aligned:
@@ -324,6 +324,13 @@ class Merger(KindMerges):
 
 
 _MISSING = object()
+
+
+def _name_place(placeholder: LiveOnly, path: Path) -> None:
+    """Nothing of the replay's stands for ``placeholder`` at ``path`` (the first place it is met):
+    a use of it by the program names that place (``NotCaptured``)."""
+    if placeholder.where is None:
+        placeholder.where = str(path)
 
 
 def _no_device_writes(address: int, data, host: bool = False) -> None:

@@ -27,6 +27,9 @@ from harness import (
 
 pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
 
+SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")]
+ENV = {"OMP_NUM_THREADS": "1"}
+
 
 def _snapshot_then_kill(tmp_path):
     programs, out = programs_and_out(tmp_path)
@@ -127,17 +130,17 @@ EXACT_OR_REFUSED = {
 }
 
 
-@pytest.mark.parametrize("seed", [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")])
+@pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("name", EXACT_OR_REFUSED)
 def test_what_gpusnap_cannot_hold_restarts_exactly_or_is_refused(tmp_path, name, seed):
     program, args, says = EXACT_OR_REFUSED[name]
     rnd = random.Random(f"{name}/{seed}")
     script = copy_programs(tmp_path) / "corpus" / program
     ref, out = ref_and_out(tmp_path)
-    plain(script, ref, *args, cwd=tmp_path, env={"OMP_NUM_THREADS": "1"})
-    run = Run("run", "--dir", "snaps", script, out, *args, cwd=tmp_path, env={"OMP_NUM_THREADS": "1", "TEST_STEP_SLEEP_S": "0.04"})
+    plain(script, ref, *args, cwd=tmp_path, env=ENV)
+    run = Run("run", "--dir", "snaps", script, out, *args, cwd=tmp_path, env={**ENV, "TEST_STEP_SLEEP_S": "0.04"})
     snap = interrupt(run, out, tmp_path / "snaps", tmp_path, rnd, progress(ref))
-    restarted = gpusnap("restart", "snaps", cwd=tmp_path, env={"OMP_NUM_THREADS": "1"})
+    restarted = gpusnap("restart", "snaps", cwd=tmp_path, env=ENV)
     print(f"{name} seed {seed}: snapshot at iteration {snap['iteration']}; restart exit {restarted.returncode}")
     if restarted.returncode == 0:
         assert_same(load_final(ref), load_final(out))
