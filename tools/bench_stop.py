@@ -30,7 +30,7 @@ import textwrap
 import time
 
 from bench_snapshot import disk_bandwidth
-from common import Tee, git_commit
+from common import Tee, alternating, checkouts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -95,9 +95,7 @@ def main() -> int:
     args = parser.parse_args()
     out = args.out or os.path.join(HERE, "results", f"bench_stop-cpu-{time.strftime('%Y-%m-%d-%H%M')}.txt")
     say = Tee(out)
-    trees = {"this": REPO} if not args.base else {"this": REPO, "base": os.path.abspath(args.base)}
-    for name, tree in trees.items():
-        say(f"# {name}: {tree} at {git_commit(tree)}")
+    trees = checkouts(REPO, args.base, say)
     say(f"# {os.cpu_count()} cores; load avg {os.getloadavg()[0]:.2f}; width {args.width}; {args.pairs} pairs")
     work = os.path.join(args.dir, f"bench_stop-{os.getpid()}")
     os.makedirs(work, exist_ok=True)
@@ -106,13 +104,11 @@ def main() -> int:
         f.write(PROGRAM)
     results: dict[str, list[dict]] = {name: [] for name in trees}
     try:
-        for pair in range(args.pairs):
-            order = list(trees) if pair % 2 == 0 else list(trees)[::-1]
-            for name in order:
-                r = one_run(trees[name], work, program, args.width)
-                results[name].append(r)
-                say(f"{name}: fork to commit {r['write_s']:.3f} s for {r['bytes_written'] / 1e9:.3f} GB; disk "
-                    f"{r['disk_bps'] / 1e9:.2f} GB/s; {r['ratio']:.2f}x; windows {r['windows']}")
+        for _, name in alternating(trees, args.pairs):
+            r = one_run(trees[name], work, program, args.width)
+            results[name].append(r)
+            say(f"{name}: fork to commit {r['write_s']:.3f} s for {r['bytes_written'] / 1e9:.3f} GB; disk "
+                f"{r['disk_bps'] / 1e9:.2f} GB/s; {r['ratio']:.2f}x; windows {r['windows']}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     for name, runs in results.items():

@@ -55,6 +55,24 @@ def git_commit(repo) -> str:
     return git("rev-parse", "--short", "HEAD") + (" (dirty)" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
+def checkouts(repo, base, say) -> dict[str, str]:
+    """The trees a benchmark runs, {name: path}: this checkout, and ``--base`` (another checkout)
+    when given; each said with its commit."""
+    import os
+
+    trees = {"this": str(repo)} if not base else {"this": str(repo), "base": os.path.abspath(base)}
+    for name, tree in trees.items():
+        say(f"# {name}: {tree} at {git_commit(tree)}")
+    return trees
+
+
+def alternating(trees: dict, rounds: int):
+    """(round, tree name) in ABBA order, so that a slow spell of the machine falls on both."""
+    for k in range(rounds):
+        for name in list(trees) if k % 2 == 0 else list(trees)[::-1]:
+            yield k, name
+
+
 # The benchmarks' training state, as program text (their programs are written into a temp dir):
 # an MLP of square fp32 Linear layers with Adam, sized so that parameters + Adam's two moments
 # are ``state_bytes``, and one training step of it.

@@ -3,11 +3,18 @@
 A pack is built in one page-aligned window up to knobs.PACK_BYTES (bounded by
 knobs.WRITER_WINDOW_BYTES) and then written in one piece through ``atomic.write_file`` with
 ``direct=True``: the bytes go from the window to the disk without a copy into the page cache,
-which on the CI machine costs the writer 0.6-1.2 s of CPU per GB against ~0.05 s. Its name is
-the xxh3-128 of its bytes, hashed entry by entry as they are added (by the writer's encoder
-threads, while the bytes are still in cache), so that the one thread that writes packs only
-writes: hashing a whole window before its write took 4 ms of every 35 of a pack's turn. The
-window is reused for every pack of a writer.
+which on the CI machine costs the writer 0.6-1.2 s of CPU per GB against ~0.05 s. The window is
+reused for every pack of a writer.
+
+Its name (``name_of``) is the xxh3-128 of its table of contents: each entry's chunk id, codec,
+sizes, offset and, for a compressed entry, the digest of its stored bytes, which the encoder
+threads take anyway (``codec.stored_digest``; a raw entry's chunk id is the digest of its bytes).
+So the name costs nothing at the flush, and entries may be copied into the window in any order,
+by many threads at once, none of them holding a lock or the GIL while it copies (``claim`` then
+``fill``): hashing the whole window before its write took 4 ms of every 35 of a pack's turn, and
+an encoder at idle priority that hashed and copied its entry in order, under the pipeline's lock,
+held every other writer thread back for seconds whenever training preempted it there
+(tools/results/writer-priority-inversion-cpu-2026-11-29.txt).
 
 Where a write copies its bytes anyway (tmpfs, and a file system that refuses O_DIRECT, copy them
 into the page cache: ``Backend.copies_on_put``), a first copy into a window only doubles the
@@ -18,6 +25,7 @@ windows, 0.42 s so; tools/results/bench_snapshot-cpu-2026-11-28-1gb-stop-tmpfs-*
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import pathlib
@@ -28,7 +36,7 @@ import xxhash
 
 from gpusnap.errors import FormatVersionError, StoreError
 from gpusnap import atomic
-from gpusnap.rawmem import MADV_POPULATE_WRITE
+from gpusnap.rawmem import MADV_POPULATE_WRITE, address_of
 from gpusnap.store import backend, codec
 
 PACK_MAGIC = b"GSNPACK\x00"
@@ -61,20 +69,33 @@ def pack_path(root: pathlib.Path, pack_id: str) -> pathlib.Path:
     return pathlib.Path(root) / pack_key(pack_id)
 
 
+def name_of(located) -> str:
+    """A pack's name: the xxh3-128 of its table of contents, [(chunk id, Location)] in pack order
+    (module docstring). ``scan(..., digests=True)`` gives the same table from the pack's bytes."""
+    h = xxhash.xxh3_128(_HEADER_BYTES)
+    for cid, loc in located:
+        h.update(f"{cid} {loc.offset} {loc.stored_nbytes} {loc.raw_nbytes} {loc.codec} {loc.digest or '-'}\n".encode())
+    return h.hexdigest()
+
+
 class PackBuilder:
     """Collects encoded chunks for one pack. Call add() until nbytes is large enough, then
     flush(); flush returns the locations of the chunks it wrote. ``add`` copies the chunk into
     the window at once, so the caller may reuse or release its memory afterwards; unwindowed
-    (``windowed=False``), it keeps a reference, and the caller keeps the bytes until the flush."""
+    (``windowed=False``), it keeps a reference, and the caller keeps the bytes until the flush.
+
+    Threads that share a builder split ``add`` in two: ``claim`` (under their lock: it only
+    reserves the entry's place) and ``fill`` (outside it, any number at once); every claimed
+    entry is filled before the flush."""
 
     def __init__(self, capacity: int, *, windowed: bool = True, memory=None) -> None:
         self._capacity = self.window_nbytes(capacity)
         self._windowed = windowed
         self._memory = memory  # the window's memory when the caller has it (page-aligned), else mapped here
         self._window = None  # allocated on the first add: a reader needs none
+        self._base = None  # a ctypes view of the window, for its address (``fill``)
         self._parts: list = []  # unwindowed: each entry's header and stored bytes
         self._pending: list[tuple[str, int, int, int, int, str | None]] = []
-        self._digest = None  # xxh3-128 of the pack's bytes so far (None: no entry yet)
         self.nbytes = PACK_HEADER_NBYTES
 
     @staticmethod
@@ -89,32 +110,38 @@ class PackBuilder:
         return self.nbytes + codec.ENTRY_NBYTES + stored_nbytes <= self._capacity
 
     def add(self, cid: str, header: bytes, stored, raw_nbytes: int, digest: str | None = None) -> None:
-        """Append one entry; ``digest``: ``codec.stored_digest(stored)`` when the caller has it
-        (the writer's encoder threads take it outside their shared lock)."""
+        """Append one entry; ``digest``: ``codec.stored_digest(stored)`` when the caller has it."""
+        offset = self.claim(cid, header, stored, raw_nbytes, digest)
+        if offset is not None:
+            self.fill(offset, header, stored)
+
+    def claim(self, cid: str, header: bytes, stored, raw_nbytes: int, digest: str | None = None) -> int | None:
+        """Take the next entry's place: the offset ``fill`` copies it to, or None unwindowed, where
+        the entry is complete (the builder keeps ``stored``)."""
         if not self.fits(len(stored)):
             raise ValueError(f"a {len(stored)}-byte entry does not fit the pack window; flush first")
-        if self._digest is None:
-            self._digest = xxhash.xxh3_128(_HEADER_BYTES)
         codec_id = header[4]
-        start = self.nbytes
-        body = start + codec.ENTRY_NBYTES
-        if self._windowed:
-            if self._window is None:
-                self._allocate()
-            self._window[start:body] = header
-            self._window[body : body + len(stored)] = stored
-            with memoryview(self._window) as window, window[start : body + len(stored)] as entry:
-                self._digest.update(entry)
-        else:
-            self._parts += [header, stored]
-            self._digest.update(header)
-            self._digest.update(stored)
         if codec_id == codec.CODEC_RAW:
             digest = None
         elif digest is None:
             digest = codec.stored_digest(stored)
+        start = self.nbytes
         self._pending.append((cid, start, len(stored), raw_nbytes, codec_id, digest))
-        self.nbytes = body + len(stored)
+        self.nbytes = start + codec.ENTRY_NBYTES + len(stored)
+        if not self._windowed:
+            self._parts += [header, stored]
+            return None
+        if self._window is None:
+            self._allocate()
+        return start
+
+    def fill(self, offset: int, header: bytes, stored) -> None:
+        """Copy a claimed entry into the window. ``ctypes.memmove`` lets go of the GIL while it
+        copies, where a slice assignment holds it."""
+        address = ctypes.addressof(self._base) + offset
+        ctypes.memmove(address, address_of(header), codec.ENTRY_NBYTES)
+        if len(stored):
+            ctypes.memmove(address + codec.ENTRY_NBYTES, address_of(stored), len(stored))
 
     def reserve(self) -> None:
         """Allocate the window now, every page of it. A writer's pipeline reserves its windows
@@ -135,10 +162,11 @@ class PackBuilder:
     def _allocate(self) -> None:
         self._window = _shared_memory(self._capacity) if self._memory is None else self._memory
         self._window[:PACK_HEADER_NBYTES] = _HEADER_BYTES
+        self._base = ctypes.c_char.from_buffer(self._window)
 
     def flush(self, root) -> tuple[str, int, list[tuple[str, Location]]]:
         """Write the pack; return (pack id, pack bytes, [(chunk id, location), ...])."""
-        pack_id = self._digest.hexdigest()
+        pack_id = name_of((cid, Location("", *entry)) for cid, *entry in self._pending)
         if self._windowed:
             with memoryview(self._window) as window, window[: self.nbytes] as data:
                 nbytes = backend.of(root).put(pack_key(pack_id), [data], direct=True)
@@ -148,11 +176,11 @@ class PackBuilder:
         located = [(cid, Location(pack_id, *entry)) for cid, *entry in self._pending]
         self._pending = []
         self.nbytes = PACK_HEADER_NBYTES
-        self._digest = None
         return pack_id, nbytes, located
 
     def close(self) -> None:
         self._parts = []
+        self._base = None  # its export of the window would keep the window from closing
         if self._window is not None and self._memory is not None:
             self._window = None  # its owner unmaps it
         elif self._window is not None:

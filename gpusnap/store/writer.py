@@ -131,6 +131,7 @@ class SnapshotWriter:
                     raise StoreError(f"chunk {cid} is reused but this store does not hold it")
                 st.chunks_total += 1
                 st.bytes_known += nbytes
+                st.bytes_total += nbytes
                 chunks.append([cid, nbytes])
                 n += nbytes
                 continue
@@ -152,9 +153,9 @@ class SnapshotWriter:
                 st.bytes_known += len(piece)
             chunks.append([cid, len(piece)])
             n += len(piece)
+            st.bytes_total += len(piece)  # piece by piece: the pacer's line counts what is put (``progress``)
             if self._setup.report_progress is not None:
-                self._setup.report_progress(st.bytes_total + n, self._pipeline.bytes_written if self._pipeline else 0)
-        st.bytes_total += n
+                self._setup.report_progress(st.bytes_total, self._pipeline.bytes_written if self._pipeline else 0)
         return {"nbytes": n, "dtype": dtype, "chunks": chunks}
 
     def _start(self) -> Pipeline:

@@ -15,7 +15,7 @@ import pytest
 
 from gpusnap import atomic
 from gpusnap.errors import EXIT_PREEMPTED
-from harness import (Run, assert_same, committed_ids, gpusnap, load_final, plain, programs_and_out, progress, request_snapshot,
+from harness import (Run, assert_same, gpusnap, load_final, plain, programs_and_out, progress, request_snapshot,
                      wait_for)
 
 pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
@@ -114,20 +114,23 @@ def test_a_stop_snapshot_writes_its_packs_from_pages_the_trainee_allocated_ahead
 def test_a_periodic_snapshot_commits_while_training_and_its_workers_keep_every_core_busy(tmp_path):
     """At idle priority alone the writer got no CPU until the program ended (its snapshot came
     after the last step; without the pacer, it still did in 1 of 2 runs here); paced, it commits
-    while training goes on, and says how long it took."""
+    while training goes on, and says so at once: the run log's commit came after the last step
+    in 3 of 5 runs here while the writer's starved encoders were still to end."""
     programs, out = programs_and_out(tmp_path)
     steps = 80  # 75 after the request: a writer at idle priority alone committed 60 later; paced, 15-52 later here
     run = Run("run", "--dir", "snaps", programs / "busy_workers.py", out, steps, cwd=tmp_path,
               env={"TEST_STEP_SLEEP_S": "0"})
     wait_for(lambda: progress(out) >= 5, "step 5", proc=run)
     run.signal(signal.SIGUSR1)
-    wait_for(lambda: committed_ids(tmp_path / "snaps") or progress(out) >= steps, "the commit or the end", proc=run,
-             timeout=600)
+
+    def said():
+        return next((e for e in log(tmp_path / "snaps") if e["event"] == "committed"), None)
+
+    wait_for(lambda: said() or progress(out) >= steps, "the commit in the run log, or the end", proc=run, timeout=600)
     at_commit = progress(out)
-    committed = wait_for(lambda: next((e for e in log(tmp_path / "snaps") if e["event"] == "committed"), None),
-                         "the commit in the run log", proc=run)
+    committed = wait_for(said, "the commit in the run log", proc=run)
     run.kill_group()  # the steps left only spin
-    assert at_commit < steps, "the snapshot committed only once training was over"
+    assert at_commit < steps, "the commit was said only once training was over"
     manifest = json.loads((tmp_path / "snaps" / "snapshots" / f"{committed['id']}.json").read_text())
     writer = manifest["writer"]
     print(f"committed at step {at_commit}: write {committed['write_s']} s, deadline {writer['deadline_s']} s, boosts {writer['boosts']}")

@@ -11,13 +11,13 @@ import os
 import pathlib
 import shutil
 import tempfile
+import threading
 
 import pytest
-import xxhash
 
 from gpusnap import atomic
 from gpusnap.store import RunDir, backend, codec
-from gpusnap.store.pack import PackBuilder, pack_path
+from gpusnap.store.pack import PackBuilder, name_of, pack_key, pack_path, scan
 from store_helpers import IDENTITY, payload, snap
 
 
@@ -99,6 +99,11 @@ def _tmpfs_dir() -> pathlib.Path:
     return pathlib.Path(tempfile.mkdtemp(prefix="gpusnap-test-", dir=shm))
 
 
+def named_by_contents(root, pack_id: str) -> bool:
+    """The pack's name is the digest of its table of contents, as read back from its bytes."""
+    return name_of(scan(root, pack_key(pack_id), digests=True)) == pack_id
+
+
 def test_windowed_and_unwindowed_packs_hold_the_same_bytes_under_the_same_name(tmp_path):
     entries = []
     for k, nbytes in enumerate([5000, 70_000, 4096, 1]):
@@ -113,10 +118,37 @@ def test_windowed_and_unwindowed_packs_hold_the_same_bytes_under_the_same_name(t
             builder.add(cid, header, stored, nbytes)
         pack_id, nbytes, located = builder.flush(root)
         data = pack_path(root, pack_id).read_bytes()
-        assert len(data) == nbytes and xxhash.xxh3_128_hexdigest(data) == pack_id
+        assert len(data) == nbytes and named_by_contents(root, pack_id)
         written[windowed] = (pack_id, data, located)
         builder.close()
     assert written[True] == written[False]
+
+
+def test_entries_copied_into_the_window_in_any_order_by_many_threads_make_the_same_pack(tmp_path):
+    """The writer's threads claim each entry's place in turn and copy it in whatever order they
+    get to: the pack is the one a single thread adding them in turn writes, under the same name."""
+    entries = []
+    for k in range(24):
+        data = os.urandom(1000 + 37 * k) if k % 3 else bytes(5000)
+        cid = codec.chunk_id(data)
+        entries.append((cid, *codec.encode(cid, data, "uint8", 1, "lz4" if k % 2 else "none"), len(data)))
+    one = PackBuilder(1 << 20)
+    for cid, header, stored, nbytes in entries:
+        one.add(cid, header, stored, nbytes)
+    many = PackBuilder(1 << 20)
+    claimed = [(many.claim(cid, header, stored, nbytes), header, stored) for cid, header, stored, nbytes in entries]
+    threads = [threading.Thread(target=many.fill, args=c) for c in reversed(claimed)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (tmp_path / "one").mkdir()
+    (tmp_path / "many").mkdir()
+    a, b = one.flush(tmp_path / "one"), many.flush(tmp_path / "many")
+    assert a == b and named_by_contents(tmp_path / "many", b[0])
+    assert pack_path(tmp_path / "one", a[0]).read_bytes() == pack_path(tmp_path / "many", b[0]).read_bytes()
+    one.close()
+    many.close()
 
 
 def test_a_run_directory_on_tmpfs_is_written_from_where_the_bytes_lie(tmp_path):
@@ -133,7 +165,7 @@ def test_a_run_directory_on_tmpfs_is_written_from_where_the_bytes_lie(tmp_path):
             assert bytes(rd.read_buffer(recs[name])) == data
         packs = list((where / "run" / "packs").rglob("*.pack"))
         assert len(packs) > 1  # several packs of SMALL's size, each named by its bytes
-        assert all(xxhash.xxh3_128_hexdigest(p.read_bytes()) == p.stem for p in packs)
+        assert all(named_by_contents(where / "run", p.stem) for p in packs)
         assert not [p for p in (where / "run").rglob("*") if atomic.is_temp(p.name)]  # no probe left
     finally:
         shutil.rmtree(where)

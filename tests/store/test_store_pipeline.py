@@ -1,13 +1,16 @@
 """The writer's parallel pipeline and its choice of encoding per chunk, on real bytes: what the
 encoder threads and the flusher write restores exactly, an error in any thread fails the
 snapshot and leaves nothing behind, a chunk is compressed only where that pays at the disk's
-speed, and a restore's threads read every buffer back (and name a damaged one)."""
+speed, encoders at idle priority that starve hold nothing back, and a restore's threads read
+every buffer back (and name a damaged one)."""
 
 from __future__ import annotations
 
 import json
 import mmap
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -18,7 +21,8 @@ from gpusnap.store import RunDir, codec, index, writer
 from gpusnap.store.choose import Chooser
 from gpusnap.store.codec import ENTRY_NBYTES
 from gpusnap.store.fetch import Prefetch
-from gpusnap.store.pack import pack_path
+from gpusnap.store.pack import PackBuilder, PackReader, pack_path
+from gpusnap.store.pipeline import Pipeline
 from store_helpers import IDENTITY
 
 CHUNK = 64 << 10
@@ -114,6 +118,94 @@ def test_the_choice_weighs_disk_time_saved_against_cpu_time_spent():
     assert Chooser(threads=2, disk_bps=2e9, forced="zstd").pick(w, "float32", 4).codec == "zstd"
     fast.wrote(64 << 20, 64 / 1024)  # measured: 1 GiB/s
     assert fast.measured_disk and 1.0e9 < fast.disk_bps < 1.1e9
+
+
+class Starving(Chooser):
+    """A host with no idle core, for the pipeline's lowered encoders (those that ran its
+    ``worker_init``): each one that takes a chunk gets no further until ``fed`` is set. The
+    scheduler cannot be made to do that on cue; the pipeline cannot tell the difference."""
+
+    def __init__(self):
+        super().__init__(threads=2, disk_bps=2e9, forced="none")
+        self.lowered: set[threading.Thread] = set()
+        self.fed = threading.Event()
+        self.holding = threading.Semaphore(0)
+
+    def lower(self) -> None:
+        self.lowered.add(threading.current_thread())
+
+    def pick(self, data, dtype: str, typesize: int):
+        if threading.current_thread() in self.lowered:
+            self.holding.release()
+            self.fed.wait()
+        return super().pick(data, dtype, typesize)
+
+
+def chunks(seed: int, n: int) -> list[tuple[str, bytes]]:
+    rng = np.random.default_rng(seed)
+    return [(codec.chunk_id(b), b) for b in (rng.bytes(CHUNK - 97 * i) for i in range(n))]
+
+
+def read_back(root, packs: dict) -> dict[str, bytes]:
+    """Every entry of the packs written, by chunk id; a chunk placed twice fails."""
+    reader, out = PackReader(root), {}
+    for _, located in packs.values():
+        for cid, loc in located:
+            assert cid not in out, f"chunk {cid} is in the packs twice"
+            header, stored = reader.read_entry(loc)
+            raw = bytearray(loc.raw_nbytes)
+            codec.decode_into(loc.codec, stored, memoryview(raw))
+            out[cid] = bytes(raw)
+    reader.close()
+    return out
+
+
+def test_an_encoder_added_later_takes_over_what_starved_encoders_hold_and_the_end_waits_for_none_of_them(tmp_path):
+    """Once the pacer adds an encoder at normal priority, the lowered ones take no more chunks,
+    the added one encodes again the chunks they hold, ``finish`` returns while they still hold
+    them, and their late copies are dropped."""
+    starving, data = Starving(), chunks(1, 8)
+    p = Pipeline(tmp_path, capacity=1 << 20, flush_at=256 << 10, chooser=starving, threads=2, worker_init=starving.lower)
+    for cid, b in data[:4]:
+        p.submit(cid, b, "bytes", 1)
+    assert starving.holding.acquire(timeout=10) and starving.holding.acquire(timeout=10)  # both hold a chunk
+    assert p.add_worker(lambda: False)
+    for cid, b in data[4:]:
+        p.submit(cid, b, "bytes", 1)
+    packs = p.finish()
+    assert all(t.is_alive() for t in starving.lowered)  # still starved: finish did not wait for them
+    assert read_back(tmp_path, packs) == dict(data)
+    written = sorted(q.name for q in tmp_path.rglob("*.pack"))
+    starving.fed.set()
+    for t in starving.lowered:
+        t.join(timeout=10)
+        assert not t.is_alive()
+    assert sorted(q.name for q in tmp_path.rglob("*.pack")) == written and p.packs == packs  # late copies dropped
+    p.release()
+
+
+def test_lowered_encoders_leave_every_copy_into_a_window_to_threads_at_the_callers_priority(tmp_path, monkeypatch):
+    """A lowered encoder preempted in the middle of a copy held back the flush of its window
+    (and, under the lock, every thread): it only encodes, and the others place its entries."""
+    starving, data = Starving(), chunks(2, 12)
+    starving.fed.set()  # slow, not stopped
+    copiers, fill = set(), PackBuilder.fill
+
+    def watched(self, offset, header, stored):
+        copiers.add(threading.current_thread())
+        time.sleep(0.001)
+        fill(self, offset, header, stored)
+
+    monkeypatch.setattr(PackBuilder, "fill", watched)
+    p = Pipeline(tmp_path, capacity=1 << 20, flush_at=256 << 10, chooser=starving, threads=2, worker_init=starving.lower)
+    if p.windows == "none":
+        pytest.skip(f"{tmp_path} copies every write (tmpfs): packs have no windows there")
+    for cid, b in data:
+        p.submit(cid, b, "bytes", 1)
+    packs = p.finish()
+    assert read_back(tmp_path, packs) == dict(data)
+    assert len(starving.lowered) == 2 and copiers and not copiers & starving.lowered
+    p.release()
 
 
 def test_an_error_in_an_encoder_thread_fails_the_snapshot_and_leaves_nothing(tmp_path, monkeypatch):

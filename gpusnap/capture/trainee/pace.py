@@ -15,9 +15,18 @@ bytes done by ``deadline_s`` = max(PACE_MIN_S, 2 x their writing time at the dis
 speed), and whenever the bytes done fall behind a straight line to ``PACE_SHARE`` of it, it starts
 one encoder thread at normal priority (a thread at idle priority cannot raise itself back without
 privileges, but one started by a thread at normal priority runs at normal priority), which stops
-once the write is ahead again; past the deadline, one per core. The caller's thread, which walks
-the program's objects and hashes every chunk, runs at the trainee's priority throughout: hashing
-is a small part of the work (xxh3 at several GB/s), and the encoders wait for it.
+once the write is ahead again; past the deadline, one per core. The line counts the bytes put so
+far piece by piece: counted buffer by buffer, a 64 MiB tensor put no bytes until its last chunk,
+and the writer never fell behind a line to nothing. The caller's thread, which walks the
+program's objects and hashes every chunk, runs at the trainee's priority throughout: hashing is a
+small part of the work (xxh3 at several GB/s), and the encoders wait for it.
+
+Once the pacer has added an encoder, the idle ones take no more chunks, and the added one takes
+over the chunks they hold (``store/pipeline.py``). They were starved, and a thread of this process
+starved while it holds the GIL holds back every other: the added encoder, the pacer itself. With
+three DataLoader workers and training spinning on the 2 cores of the CI machine, a 64 MiB write
+took 1.99-6.89 s against its 2 s deadline before that, 0.25-1.28 s after (22 runs,
+``tools/results/writer-priority-inversion-cpu-2026-11-29.txt``).
 
 A rank of a distributed run shares its node's cores with the other ranks' writers: it gets
 cores / local ranks encoder threads (``LOCAL_WORLD_SIZE``).

@@ -37,12 +37,19 @@ class Writer:
         timeout_s = watchdog.timeout_for(psutil.Process().memory_info().rss)
         report, hung = watchdog.read_report(self.read_fd, self.pid, timeout_s, self._progress)
         os.close(self.read_fd)
-        _, status, usage = os.wait4(self.pid, 0)
-        cpu_s = usage.ru_utime + usage.ru_stime
         try:
             result = json.loads(report or b"{}")
         except ValueError:
             result = {}
+        # A commit is said at once: reaping the writer can take seconds more, for its encoders at
+        # idle priority must be scheduled to end, and where training kept every core busy they
+        # were not until training ended (tools/results/writer-priority-inversion-cpu-2026-11-29.txt).
+        said = result.get("event") == "committed" and session.dist is None
+        if said:
+            self._committed(result)
+            self._say(result)
+        _, status, usage = os.wait4(self.pid, 0)
+        cpu_s = usage.ru_utime + usage.ru_stime
         if not result:
             why = hung or _died(self.pid, status)
             result = _committed_anyway(self.snap_id)
@@ -50,13 +57,13 @@ class Writer:
                 result.update(warning=f"after the commit, {why}", hint="`gpusnap gc DIR` removes what it left")
             else:
                 result = {"event": "failed", "message": why}
-        result.setdefault("id", self.snap_id)
-        result["writer_cpu_s"] = round(cpu_s, 3)
-        if result.get("event") == "committed":
-            session.last_bytes_total = int(result.get("bytes_total") or 0)
-            witness.committed(self.snap_id)  # its witness may be written now
-        else:
-            witness.failed(self.snap_id)
+        if not said:
+            result.setdefault("id", self.snap_id)
+            result["writer_cpu_s"] = round(cpu_s, 3)
+            if result.get("event") == "committed":
+                self._committed(result)
+            else:
+                witness.failed(self.snap_id)
         if result.get("no_space"):
             session.disk_full = True
         if result.get("drain_wanted_bytes") is not None:
@@ -69,11 +76,21 @@ class Writer:
             costs.writer_done(self.snap_id, cpu_s)  # a rank's cost too: --every auto times the job by it
             session.dist.shard_finished(result)
             return
+        if not said:
+            self._say(result)
+        costs.writer_done(self.snap_id, cpu_s)  # its cost follows once measured (after the result: the supervisor's order)
+
+    def _committed(self, result: dict) -> None:
+        result.setdefault("id", self.snap_id)
+        session.last_bytes_total = int(result.get("bytes_total") or 0)
+        witness.committed(self.snap_id)  # its witness may be written now
+
+    def _say(self, result: dict) -> None:
+        """The outcome, to the supervisor (a process's own; a shard's goes to its coordinator)."""
         if result.get("event") == "failed" and not control.connected():  # else the supervisor says it
             print(f"gpusnap: snapshot {self.snap_id} failed: {result.get('message')}", file=sys.stderr, flush=True)
         session.last_result = result
         control.emit(**result)
-        costs.writer_done(self.snap_id, cpu_s)  # its cost follows once measured (after the result: the supervisor's order)
 
     def _progress(self, line: bytes) -> None:
         try:
@@ -174,6 +191,7 @@ def _child(job, trainee: int, read_fd: int, write_fd: int, mask) -> None:
             if isinstance(exc, NoSpace):
                 result["no_space"] = True  # the next writers prune first (agent.take)
         os.write(write_fd, json.dumps(result, default=str).encode())
+        os.close(write_fd)  # the report's end: the trainee need not wait for every thread of this one to end
     finally:
         os._exit(code)
 
