@@ -388,12 +388,13 @@ def _apply_files(launch, files_exclude, files_max) -> None:
 
 
 def _supervise(launch, identity, resume: str, rd=None, require_snapshot: bool = False) -> None:
-    from gpusnap.launch.supervisor import Supervisor
+    from gpusnap.launch.supervisor import Supervisor, string_hash_seed
     from gpusnap.store import shards
     from gpusnap.store.rundir import RunDir
 
     if rd is None:
         rd = shards.create_top(launch.run_dir, identity) if launch.torchrun is not None else RunDir.create(launch.run_dir, identity)
+    launch.hash_seed = string_hash_seed(rd.nonce)
     if shards.is_sharded(rd) != (launch.torchrun is not None):
         held = "a distributed run (torchrun)" if shards.is_sharded(rd) else "a single-process run"
         raise RunDirMismatch(f"{rd.path} holds {held}",

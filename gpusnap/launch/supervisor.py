@@ -76,6 +76,17 @@ def _trainee_command(kind: str, target: str, args: list[str]) -> list[str]:
     return [*boot, target, *args]
 
 
+def string_hash_seed(nonce: str) -> str:
+    """The PYTHONHASHSEED a run directory's program runs with, unless its environment sets one:
+    the same for the run and every restart of it (derived from the directory's nonce). Python
+    seeds its hash of a str at random in each process, so a program whose steps follow that hash
+    (the hashing trick, ``hash(token) % buckets``; the order of a set of strings) restarted
+    with another seed than its run's, and its witness refused the restart."""
+    import xxhash
+
+    return str(int(xxhash.xxh3_64_hexdigest(f"PYTHONHASHSEED:{nonce}".encode()), 16) % 4294967295 + 1)
+
+
 @dataclass
 class Launch:
     """Everything the supervisor needs, validated by the CLI."""
@@ -106,6 +117,7 @@ class Launch:
     files_after: str | None = None  # a restart: where files newer than the snapshot were moved
     files_by_host: bool = False  # a distributed restart whose node put back the files recorded on its host
     store: str | None = None  # the shared level's URL (--dir s3://...): run_dir is its local level
+    hash_seed: str | None = None  # the trainee's PYTHONHASHSEED where the environment sets none (``string_hash_seed``)
 
     def boot_config(self, control_path: str) -> dict:
         return {
@@ -210,6 +222,8 @@ class Supervisor:
                 self._put_files_back()
             env = dict(os.environ)
             env["GPUSNAP_BOOT"] = json.dumps(L.boot_config(self.server.path))
+            if L.hash_seed is not None:
+                env.setdefault("PYTHONHASHSEED", L.hash_seed)
             if L.torchrun is not None:
                 from gpusnap.launch.torchrun import command
 

@@ -19,10 +19,15 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
 import time
 
 import pytest
-from harness import assert_same, copy_programs, kill_and_restart, load_final, plain, progress
+from harness import _env, assert_same, copy_programs, kill_and_restart, load_final, plain, progress
+
+from gpusnap.launch.supervisor import string_hash_seed
+from gpusnap.store.rundir import RunDir
 
 pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
 
@@ -110,3 +115,26 @@ def test_corpus_program_restarts_to_the_same_bytes(tmp_path, name, seed):
     assert says in restarted.stderr
     assert_same(load_final(ref), load_final(out))
     print(f"{name}: {time.monotonic() - started:.1f} s")
+
+
+def test_a_program_that_follows_the_string_hash_restarts_to_the_same_bytes(tmp_path):
+    """hashed_features.py puts each token in bucket ``hash(token) % 257`` and sums its losses in
+    the order of a set of strings: Python seeds that hash at random in each process, so the
+    restart, seeded otherwise than its run, was refused by its witness. Every process of a run
+    directory's program now gets the same PYTHONHASHSEED (where the environment sets none), and
+    the restart ends with the bytes of an uninterrupted run under that seed."""
+    if "PYTHONHASHSEED" in os.environ:
+        pytest.skip("PYTHONHASHSEED is set here: gpusnap leaves a seed the environment sets to it")
+    rnd = random.Random("hashed_features")
+    script = copy_programs(tmp_path) / "corpus" / "hashed_features.py"
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    ref.mkdir()
+    out.mkdir()
+    restarted = kill_and_restart(script, ["--steps", "40"], tmp_path, out, rnd, 40, ENV, SLOW)
+    assert "gpusnap: fast-forward " in restarted.stderr
+    # A fresh interpreter for the reference: a forked one (``plain``) keeps its parent's seed.
+    seed = string_hash_seed(RunDir.open(tmp_path / "snaps").nonce)
+    reference = subprocess.run([sys.executable, script, ref, "--steps", "40"], cwd=tmp_path, capture_output=True, text=True,
+                               env=_env({**ENV, "PYTHONHASHSEED": seed}, step_sleep_s="0"), timeout=240)
+    assert reference.returncode == 0, reference.stderr
+    assert_same(load_final(ref), load_final(out))
