@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import functools
 import io
+import itertools
 import os
 import random
 import threading
@@ -245,6 +246,24 @@ def test_a_live_only_object_inside_one_made_after_setup_names_itself_when_the_pr
     with pytest.raises(NotCaptured, match=r"^`with` on the _thread\.lock at root\['saves'\]\[0\]\.lock"):
         with adopted.lock:
             pass
+
+
+@pytest.mark.parametrize("iterative", [False, True], ids=["c-pickler", "iterative-pickler"])
+def test_iterators_over_a_sequence_are_saved_where_they_stood(tmp_path, iterative):
+    """A list of batches advanced by hand, a reversed range of them and an itertools.cycle past
+    its first pass (which then gives its saved items again) come back at their place, the
+    iterator over the program's own list still over that list: live-only, they were refused."""
+    batches = [torch.full((2,), float(i)) for i in range(5)]
+    by_hand, backwards, cycled = iter(batches), reversed(range(6)), itertools.cycle(iter(batches[:3]))
+    for it, n in ((by_hand, 2), (backwards, 4), (cycled, 4)):
+        for _ in range(n):
+            next(it)
+    snap, pickler = snapshot_and_load(tmp_path, {"batches": batches, "iters": [by_hand, backwards, cycled]}, iterative)
+    assert not pickler.live_only
+    by_hand, backwards, cycled = snap["iters"]
+    assert next(by_hand) is snap["batches"][2]
+    assert list(backwards) == [1, 0]
+    assert [float(next(cycled)[0]) for _ in range(5)] == [1.0, 2.0, 0.0, 1.0, 2.0]
 
 
 class NeedsCallable:

@@ -118,6 +118,14 @@ def type_name(obj) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+# Iterators over a sequence, whose types pickle cannot name but whose own reduction is
+# ``iter(sequence)`` (or ``reversed``) and their position: saved by value, exactly where they
+# stood, with the sequence itself (the program's, when the graph holds it too). An
+# ``itertools.cycle`` past its first pass is one of these over the batches it saved; a list of
+# batches the program advances by hand (``next(it)``) is another.
+_SEQUENCE_ITERATORS = tuple({type(iter(x)) for x in ([], (), range(0), "", b"", bytearray())} | {type(reversed([]))})
+
+
 def _findable(obj) -> bool:
     """True when pickle can save ``obj`` (a function or class) by reference to its name."""
     module = sys.modules.get(getattr(obj, "__module__", None) or "")
@@ -223,6 +231,8 @@ class GraphPickler(BufferReducers, pickle.Pickler):
             return self._live_function(obj)
         if isinstance(obj, (type, types.FunctionType)):
             return self._live(obj)
+        if type(obj) in _SEQUENCE_ITERATORS:
+            return _guarded(obj, obj.__reduce_ex__(PROTOCOL))
         if not _findable(type(obj)):
             return self._live_object(obj)
         try:
