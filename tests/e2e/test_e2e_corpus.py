@@ -9,7 +9,7 @@ subclass, complex and bfloat16 weights, pruning, a GradScaler); a DQN agent writ
 buffer in place and its target network by hand; a script that checkpoints and resumes itself,
 whose replay finds the checkpoint it saved before the snapshot; a TorchScript model under the
 torch profiler; validation every few steps over a shuffled loader; pseudo-labels from an
-itertools.cycle over the unlabeled loader) continue with the same bytes
+itertools.cycle over the unlabeled loader; a DDP script run as one plain process) continue with the same bytes
 after a kill: each is run uninterrupted, and again under `gpusnap run` with SIGUSR1 at a random
 step, kill -9 of the whole process group a few steps later, then `gpusnap restart`. One seed per
 program by default (printed; pytest shows it on failure); GPUSNAP_TEST_SEEDS=1,2,3 runs more.
@@ -55,6 +55,7 @@ CORPUS = {
     "periodic_eval": ("periodic_eval.py", []),
     # past the unlabeled loader's first pass (4 batches): cycle() gives its saved batches again
     "cycle_unlabeled": ("cycle_unlabeled.py", [], 6, "gpusnap: fast-forward "),
+    "ddp_one_process": ("ddp_one_process.py", []),
     # past the first epoch (12 batches): the iterator was made again in an iteration replay skips
     "next_batch-reiter": ("next_batch.py", ["--variant", "reiter"], 12, "made the DataLoader iterator at frame[1].locals.train_iter again"),
     # past the first pass: replay runs the program's cycle() generator again to its place
