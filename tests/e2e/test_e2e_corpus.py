@@ -52,7 +52,6 @@ CORPUS = {
     "line_stream": ("line_stream.py", []),
     "bucketed_batches": ("bucketed_batches.py", []),
     "scripted": ("scripted.py", []),
-    "periodic_eval": ("periodic_eval.py", []),
     # past the unlabeled loader's first pass (4 batches): cycle() gives its saved batches again
     "cycle_unlabeled": ("cycle_unlabeled.py", [], 6, "gpusnap: fast-forward "),
     "ddp_one_process": ("ddp_one_process.py", []),
@@ -72,6 +71,8 @@ CORPUS = {
                                  "persistent workers' generators put back"),
 }
 MORE = {
+    # validation every few steps over a shuffled loader: imagenet_style's and furniture's draws, between steps
+    "periodic_eval": ("periodic_eval.py", []),
     # a replay buffer written in place and a target network by _foreach_lerp_ (furniture's EMA is the same shape)
     "dqn_replay": ("dqn_replay.py", []),
     # `for batch in tqdm(loader)`: tests/e2e/test_e2e_fastforward.py restarts it, and three other wraps
