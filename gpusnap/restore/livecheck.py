@@ -117,8 +117,13 @@ def check(live_only: list, frames: list, modules: dict, positioned: set, say, rn
         else:
             problem = f"cannot position the iterator at {path} ({entry.get('type')}): a snapshot cannot record where it stood"
         if problem:
-            problems.append(problem)
+            problems.append(problem.replace(" at ?", f" {_NO_PATH}") if path == "?" else problem)
     return problems
+
+
+# What a refusal says where the capture found no path to the iterator (process.py writes "?").
+_NO_PATH = ("inside an object the snapshot rebuilds, where no path reaches it (an itertools.cycle or a zip "
+            "holds its iterator so)")
 
 
 def position_loader_iter(live, info: dict, path: str, say, scene: Scene | None = None) -> str | None:

@@ -110,6 +110,24 @@ def test_an_exception_in_the_first_iteration_after_the_merge_is_a_refusal(tmp_pa
     assert not (out / "final.json").exists()
 
 
+def test_a_cycle_over_a_dataloader_in_its_first_pass_is_refused_naming_where_its_iterator_is(tmp_path):
+    """Before the loader runs out once, itertools.cycle holds the DataLoader's iterator, which
+    no path reaches (past that pass, it holds the batches it saved: test_e2e_corpus.py's
+    cycle_unlabeled restarts exactly)."""
+    programs, out = programs_and_out(tmp_path)
+    run = Run("run", "--dir", "snaps", programs / "corpus" / "cycle_unlabeled.py", out, cwd=tmp_path,
+              env={**ENV, "TEST_STEP_SLEEP_S": "0.05"})
+    wait_for(lambda: progress(out) >= 1, "step 1", proc=run)
+    snap = snapshot_now(run, tmp_path / "snaps", tmp_path)
+    run.kill_group()
+    assert snap["iteration"] <= 3, "the unlabeled loader's first pass (4 batches) was over"
+    refused = gpusnap("restart", "snaps", cwd=tmp_path, env=ENV)
+    assert refused.returncode == 6, refused.stderr
+    assert ("cannot find the DataLoader iterator that the run that took the snapshot held inside an object the "
+            "snapshot rebuilds, where no path reaches it") in refused.stderr
+    assert not (out / "final.pt").exists()
+
+
 # name: (program under programs/corpus, its arguments, what the refusal may say). Programs whose
 # restart depends on something gpusnap cannot hold: each restarts exactly or is refused (exit 6),
 # never to other bytes with exit 0.
