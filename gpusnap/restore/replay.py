@@ -332,7 +332,7 @@ class Replay:
             return
         self.emit("verified", id=self.snap_id, iterations=count)
         _say(f"snapshot {self.snap_id} verified: the {count} iteration{'s' if count != 1 else ''} after it "
-             f"match the run that took it", level=0 if self.verify_only else 1)
+             f"match{'es' if count == 1 else ''} the run that took it", level=0 if self.verify_only else 1)
         if self.verify_only:
             _stop(0)
 
@@ -443,16 +443,19 @@ def _check_reached(replay: Replay) -> None:
 
 
 def _check_not_captured(replay: Replay, escaped) -> None:
-    """The program ended on a placeholder it reached (``NotCaptured``), however long after the
-    merge (a future made after setup, waited on at the next checkpoint): the restore's failure,
-    exit 6, not the program's."""
+    """The program ended on a placeholder it reached (``NotCaptured``; or a TypeError where it
+    called or iterated one, which a placeholder must not allow: ``LiveOnly``), however long after
+    the merge (a future made after setup, waited on at the next checkpoint; a hook made mid-run,
+    applied every tenth step): the restore's failure, exit 6, not the program's."""
     seen = set()
     while escaped is not None and id(escaped) not in seen:
-        if isinstance(escaped, NotCaptured):
+        called = isinstance(escaped, TypeError) and f"'{LiveOnly.__name__}'" in str(escaped)
+        if isinstance(escaped, NotCaptured) or called:
+            what = f"{_one_line(escaped)}: it called or iterated an object the snapshot could not hold" if called else escaped
             fail(RestoreError(
-                f"the program stopped on {escaped} (after snapshot {replay.snap_id} was merged)",
-                "a restart cannot give back an object made after setup that holds a thread, a lock or a file (the "
-                "future of an async save, a queue); "
+                f"the program stopped on {what} (after snapshot {replay.snap_id} was merged)",
+                "a restart cannot give back an object made after setup that holds a thread, a lock, a file or a "
+                "function made mid-run (the future of an async save, a queue, a lambda); "
                 "`gpusnap inspect DIR` lists what the snapshot could not hold, and --snapshot ID restores an earlier one",
             ))
         seen.add(id(escaped))

@@ -128,6 +128,24 @@ def test_a_cycle_over_a_dataloader_in_its_first_pass_is_refused_naming_where_its
     assert not (out / "final.pt").exists()
 
 
+def test_a_lambda_made_mid_run_that_the_program_calls_later_is_a_refusal(tmp_path):
+    """late_hook.py makes a Hooks object holding a lambda at step 3 and applies it every tenth
+    step. The restart gives the object back whole, with a placeholder for the lambda: calling it,
+    steps after the merge, raised a TypeError that ended the restart with exit 1, blamed on the
+    program. It is the restore's failure: exit 6, saying so."""
+    programs, out = programs_and_out(tmp_path)
+    run = Run("run", "--dir", "snaps", programs / "late_hook.py", out, 40, cwd=tmp_path, env={**ENV, "TEST_STEP_SLEEP_S": "0.05"})
+    wait_for(lambda: progress(out) >= 11, "step 11", proc=run)
+    snap = snapshot_now(run, tmp_path / "snaps", tmp_path)
+    run.kill_group()
+    assert 11 <= snap["iteration"] < 18, "the hooks run at step 19: the call must come after the first iteration after the merge"
+    refused = gpusnap("restart", "snaps", cwd=tmp_path, env=ENV)
+    assert refused.returncode == 6, refused.stderr
+    assert ("gpusnap: restore refused: the program stopped on TypeError: 'LiveOnly' object is not callable: it called or "
+            "iterated an object the snapshot could not hold") in refused.stderr
+    assert not (out / "final.pt").exists()
+
+
 # name: (program under programs/corpus, its arguments, what the refusal may say). Programs whose
 # restart depends on something gpusnap cannot hold: each restarts exactly or is refused (exit 6),
 # never to other bytes with exit 0.
