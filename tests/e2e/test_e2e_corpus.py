@@ -54,7 +54,6 @@ CORPUS = {
     "scripted": ("scripted.py", []),
     # past the unlabeled loader's first pass (4 batches): cycle() gives its saved batches again
     "cycle_unlabeled": ("cycle_unlabeled.py", [], 6, "gpusnap: fast-forward "),
-    "ddp_one_process": ("ddp_one_process.py", []),
     # past the first epoch (12 batches): the iterator was made again in an iteration replay skips
     "next_batch-reiter": ("next_batch.py", ["--variant", "reiter"], 12, "made the DataLoader iterator at frame[1].locals.train_iter again"),
     # past the first pass: replay runs the program's cycle() generator again to its place
@@ -71,6 +70,8 @@ CORPUS = {
                                  "persistent workers' generators put back"),
 }
 MORE = {
+    # a process group of one made by the script itself (no torchrun), DDP and a DistributedSampler
+    "ddp_one_process": ("ddp_one_process.py", []),
     # validation every few steps over a shuffled loader: imagenet_style's and furniture's draws, between steps
     "periodic_eval": ("periodic_eval.py", []),
     # a replay buffer written in place and a target network by _foreach_lerp_ (furniture's EMA is the same shape)

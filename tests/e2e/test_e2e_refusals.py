@@ -134,7 +134,7 @@ def test_a_lambda_made_mid_run_that_the_program_calls_later_is_a_refusal(tmp_pat
     steps after the merge, raised a TypeError that ended the restart with exit 1, blamed on the
     program. It is the restore's failure: exit 6, saying so."""
     programs, out = programs_and_out(tmp_path)
-    run = Run("run", "--dir", "snaps", programs / "late_hook.py", out, 40, cwd=tmp_path, env={**ENV, "TEST_STEP_SLEEP_S": "0.05"})
+    run = Run("run", "--dir", "snaps", programs / "late_hook.py", out, 22, cwd=tmp_path, env={**ENV, "TEST_STEP_SLEEP_S": "0.05"})
     wait_for(lambda: progress(out) >= 11, "step 11", proc=run)
     snap = snapshot_now(run, tmp_path / "snaps", tmp_path)
     run.kill_group()
