@@ -46,7 +46,7 @@ class Writer:
         # were not until training ended (tools/results/writer-priority-inversion-cpu-2026-11-29.txt).
         said = result.get("event") == "committed" and session.dist is None
         if said:
-            self._committed(result)
+            self._settle(result)
             self._say(result)
         _, status, usage = os.wait4(self.pid, 0)
         cpu_s = usage.ru_utime + usage.ru_stime
@@ -58,12 +58,8 @@ class Writer:
             else:
                 result = {"event": "failed", "message": why}
         if not said:
-            result.setdefault("id", self.snap_id)
             result["writer_cpu_s"] = round(cpu_s, 3)
-            if result.get("event") == "committed":
-                self._committed(result)
-            else:
-                witness.failed(self.snap_id)
+            self._settle(result)
         if result.get("no_space"):
             session.disk_full = True
         if result.get("drain_wanted_bytes") is not None:
@@ -80,10 +76,14 @@ class Writer:
             self._say(result)
         costs.writer_done(self.snap_id, cpu_s)  # its cost follows once measured (after the result: the supervisor's order)
 
-    def _committed(self, result: dict) -> None:
+    def _settle(self, result: dict) -> None:
+        """The trainee's own part of the outcome: its witness may be written now, or not at all."""
         result.setdefault("id", self.snap_id)
-        session.last_bytes_total = int(result.get("bytes_total") or 0)
-        witness.committed(self.snap_id)  # its witness may be written now
+        if result.get("event") == "committed":
+            session.last_bytes_total = int(result.get("bytes_total") or 0)
+            witness.committed(self.snap_id)
+        else:
+            witness.failed(self.snap_id)
 
     def _say(self, result: dict) -> None:
         """The outcome, to the supervisor (a process's own; a shard's goes to its coordinator)."""
