@@ -24,12 +24,9 @@ import signal
 import statistics
 import subprocess
 import sys
-import time
 
-from common import Tee, alternating, checkouts, read_json, wait_for
+from common import against_base, alternating, read_json, wait_for
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
 STEPS = 80
 
 
@@ -74,14 +71,8 @@ def one_run(tree: str, work: str) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", help="another checkout of gpusnap to alternate with (default: this one alone)")
     parser.add_argument("--runs", type=int, default=6, help="runs of each tree")
-    parser.add_argument("--dir", default="/work/bench-tmp")
-    parser.add_argument("--out", default=None, help="raw output (default tools/results/bench_busy-cpu-DATE.txt)")
-    args = parser.parse_args()
-    out = args.out or os.path.join(HERE, "results", f"bench_busy-cpu-{time.strftime('%Y-%m-%d-%H%M')}.txt")
-    say = Tee(out)
-    trees = checkouts(REPO, args.base, say)
+    args, say, trees = against_base(parser, "bench_busy")
     say(f"# {os.cpu_count()} cores; load avg {os.getloadavg()[0]:.2f}; {args.runs} runs each; busy_workers.py, SIGUSR1 at step 5 of {STEPS}")
     work = os.path.join(args.dir, f"bench_busy-{os.getpid()}")
     os.makedirs(work, exist_ok=True)

@@ -30,10 +30,8 @@ import textwrap
 import time
 
 from bench_snapshot import disk_bandwidth
-from common import Tee, alternating, checkouts
+from common import against_base, alternating
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
 
 PROGRAM = textwrap.dedent(
     """
@@ -87,15 +85,9 @@ def one_run(tree: str, work: str, program: str, width: int) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", help="another checkout of gpusnap to alternate with (default: this one alone)")
     parser.add_argument("--pairs", type=int, default=6)
     parser.add_argument("--width", type=int, default=4096)
-    parser.add_argument("--dir", default="/work/bench-tmp")
-    parser.add_argument("--out", default=None, help="raw output (default tools/results/bench_stop-cpu-DATE.txt)")
-    args = parser.parse_args()
-    out = args.out or os.path.join(HERE, "results", f"bench_stop-cpu-{time.strftime('%Y-%m-%d-%H%M')}.txt")
-    say = Tee(out)
-    trees = checkouts(REPO, args.base, say)
+    args, say, trees = against_base(parser, "bench_stop")
     say(f"# {os.cpu_count()} cores; load avg {os.getloadavg()[0]:.2f}; width {args.width}; {args.pairs} pairs")
     work = os.path.join(args.dir, f"bench_stop-{os.getpid()}")
     os.makedirs(work, exist_ok=True)

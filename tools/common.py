@@ -55,15 +55,24 @@ def git_commit(repo) -> str:
     return git("rev-parse", "--short", "HEAD") + (" (dirty)" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def checkouts(repo, base, say) -> dict[str, str]:
-    """The trees a benchmark runs, {name: path}: this checkout, and ``--base`` (another checkout)
-    when given; each said with its commit."""
+def against_base(parser, name: str):
+    """The setup of a benchmark that runs this checkout, and ``--base`` (another one) alternating
+    with it: adds ``--base``, ``--dir`` and ``--out`` to ``parser``, parses the command line, and
+    returns (args, say: a ``Tee`` to the raw output, the trees {"this"|"base": path}), each tree
+    said with its commit."""
     import os
 
-    trees = {"this": str(repo)} if not base else {"this": str(repo), "base": os.path.abspath(base)}
-    for name, tree in trees.items():
-        say(f"# {name}: {tree} at {git_commit(tree)}")
-    return trees
+    parser.add_argument("--base", help="another checkout of gpusnap to alternate with (default: this one alone)")
+    parser.add_argument("--dir", default="/work/bench-tmp", help="scratch directory")
+    parser.add_argument("--out", default=None, help=f"raw output (default tools/results/{name}-cpu-DATE.txt)")
+    args = parser.parse_args()
+    tools = os.path.dirname(os.path.abspath(__file__))
+    say = Tee(args.out or os.path.join(tools, "results", f"{name}-cpu-{time.strftime('%Y-%m-%d-%H%M')}.txt"))
+    this = os.path.dirname(tools)
+    trees = {"this": this} if not args.base else {"this": this, "base": os.path.abspath(args.base)}
+    for tree_name, tree in trees.items():
+        say(f"# {tree_name}: {tree} at {git_commit(tree)}")
+    return args, say, trees
 
 
 def alternating(trees: dict, rounds: int):
