@@ -31,13 +31,15 @@ SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")]
 ENV = {"OMP_NUM_THREADS": "1"}
 
 
-def _snapshot_then_kill(tmp_path):
+def _snapshot_then_kill(tmp_path, program: str = "style_a.py", args=(0, 3), at: int = 5, step_sleep_s: str = "0.03"):
+    """`gpusnap run` of ``program`` (under tests/programs) snapshotted once it has done ``at``
+    steps, then killed: (its script, its output directory, the snapshot)."""
     programs, out = programs_and_out(tmp_path)
-    run = Run("run", "--dir", "snaps", programs / "style_a.py", out, 0, 3, cwd=tmp_path, env={"TEST_STEP_SLEEP_S": "0.03"})
-    wait_for(lambda: progress(out) >= 5, "step 5", proc=run)
+    run = Run("run", "--dir", "snaps", programs / program, out, *args, cwd=tmp_path, env={"TEST_STEP_SLEEP_S": step_sleep_s})
+    wait_for(lambda: progress(out) >= at, f"step {at}", proc=run)
     snap = snapshot_now(run, tmp_path / "snaps", tmp_path)
     run.kill_group()
-    return programs / "style_a.py", out, snap
+    return programs / program, out, snap
 
 
 def _edit(script, old: str, new: str) -> None:
@@ -114,12 +116,7 @@ def test_a_cycle_over_a_dataloader_in_its_first_pass_is_refused_naming_where_its
     """Before the loader runs out once, itertools.cycle holds the DataLoader's iterator, which
     no path reaches (past that pass, it holds the batches it saved: test_e2e_corpus.py's
     cycle_unlabeled restarts exactly)."""
-    programs, out = programs_and_out(tmp_path)
-    run = Run("run", "--dir", "snaps", programs / "corpus" / "cycle_unlabeled.py", out, cwd=tmp_path,
-              env={**ENV, "TEST_STEP_SLEEP_S": "0.05"})
-    wait_for(lambda: progress(out) >= 1, "step 1", proc=run)
-    snap = snapshot_now(run, tmp_path / "snaps", tmp_path)
-    run.kill_group()
+    _, out, snap = _snapshot_then_kill(tmp_path, "corpus/cycle_unlabeled.py", (), at=1, step_sleep_s="0.05")
     assert snap["iteration"] <= 3, "the unlabeled loader's first pass (4 batches) was over"
     refused = gpusnap("restart", "snaps", cwd=tmp_path, env=ENV)
     assert refused.returncode == 6, refused.stderr
@@ -133,11 +130,7 @@ def test_a_lambda_made_mid_run_that_the_program_calls_later_is_a_refusal(tmp_pat
     step. The restart gives the object back whole, with a placeholder for the lambda: calling it,
     steps after the merge, raised a TypeError that ended the restart with exit 1, blamed on the
     program. It is the restore's failure: exit 6, saying so."""
-    programs, out = programs_and_out(tmp_path)
-    run = Run("run", "--dir", "snaps", programs / "late_hook.py", out, 22, cwd=tmp_path, env={**ENV, "TEST_STEP_SLEEP_S": "0.05"})
-    wait_for(lambda: progress(out) >= 11, "step 11", proc=run)
-    snap = snapshot_now(run, tmp_path / "snaps", tmp_path)
-    run.kill_group()
+    _, out, snap = _snapshot_then_kill(tmp_path, "late_hook.py", (22,), at=11, step_sleep_s="0.05")
     assert 11 <= snap["iteration"] < 18, "the hooks run at step 19: the call must come after the first iteration after the merge"
     refused = gpusnap("restart", "snaps", cwd=tmp_path, env=ENV)
     assert refused.returncode == 6, refused.stderr
