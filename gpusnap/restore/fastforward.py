@@ -43,6 +43,7 @@ from collections import deque
 
 from gpusnap.errors import FastForwardError
 from gpusnap.graph import rng, workers
+from gpusnap.graph.digest import digest
 from gpusnap.instrument.loops import _DeferredCall
 
 _POSITIONED = (range, list, tuple)
@@ -144,11 +145,12 @@ class Context:
     """What one fast-forward did: ``consumed`` sources, and every source and iterator it
     ``touched`` (the replay leaves those out of its check of live iterators)."""
 
-    __slots__ = ("consumed", "touched")
+    __slots__ = ("consumed", "touched", "remakes")
 
     def __init__(self):
         self.consumed: list[Consumed] = []
         self.touched: list = []
+        self.remakes: list[Remake] = []  # orders to draw again after the merge
 
 
 def iterator_at(source, skip: int, note: dict | None, ctx: Context | None = None) -> tuple[object, str]:
@@ -215,16 +217,17 @@ def _call_at(call: _DeferredCall, skip: int, note: dict | None, ctx: Context, at
         ctx.touched.append(arg)
         sub = at + ((1,) if func is builtins.enumerate else (j,))
         if _by_sampler(arg, arg_note):
+            remake = _remake_of(arg, arg_note)
             it = _dataloader_at(arg, skip, arg_note, restore_torch=not restored, start=False)
             restored = True
-            loaders.append((it, sub))
+            loaders.append((it, sub, remake))
             method = "by batch sampler"
         else:
             it, method = _position(arg, skip, arg_note, ctx, sub)
         sources.append(it)
         how.append(method)
-    for it, sub in loaders:
-        start_skipping(it, ctx, sub)
+    for it, sub, remake in loaders:
+        start_skipping(it, ctx, sub, remake)
     if func is builtins.enumerate:
         start = call.args[1] if len(call.args) > 1 else call.kwargs.get("start", 0)
         return enumerate(sources[0], start + skip), how[0]
@@ -272,6 +275,10 @@ class DataLoaderAdapter:
         note = {"kind": "dataloader", "generator_rng": generator.get_state() if generator is not None else None}
         if not samples_by_index(loader):
             note["consumed"] = True
+        else:
+            sampler, _ = sampler_digest(loader)
+            if sampler is not None:
+                note["sampler"] = sampler  # replay: is its sampler the run's when the loop starts?
         if loader.num_workers > 0:
             note["workers"] = loader.num_workers  # the writer digests the last batch: replay may take the skipped ones
         if loader.persistent_workers and loader.num_workers > 0 and loader._iterator is not None:
@@ -280,8 +287,9 @@ class DataLoaderAdapter:
 
     def position(self, loader, skip, note, ctx, at):
         if _by_sampler(loader, note):
+            remake = _remake_of(loader, note)
             it = _dataloader_at(loader, skip, note, start=False)
-            start_skipping(it, ctx, at)
+            start_skipping(it, ctx, at, remake)
             return it, "by batch sampler"
         if note and note.get("kind") == "dataloader":
             _restore_rng(loader, note)
@@ -400,6 +408,7 @@ class _SkipIter:
     def __init__(self, sampler, skip: int, rng_at_iter=None):
         self._sampler, self._skip, self._it, self._rng = sampler, skip, None, rng_at_iter
         self.draws = False
+        self.drawn_from = None  # the random states before the order was drawn (``Remake``)
 
     def start(self) -> "_SkipIter":
         if self._it is None:
@@ -407,6 +416,7 @@ class _SkipIter:
                 import torch
 
                 torch.set_rng_state(self._rng)  # undo the base-seed draw a reused iterator never made
+            self.drawn_from = (rng.capture(), _generator_states(self._sampler))
             self._it = iter(self._sampler)
             skipped = sum(1 for _ in itertools.islice(self._it, min(self._skip, 1)))
             before = rng.compact()
@@ -494,10 +504,125 @@ def start(it):
     return it._sampler_iter
 
 
-def start_skipping(it, ctx: Context | None = None, at: tuple = ()) -> None:
+def start_skipping(it, ctx: Context | None = None, at: tuple = (), remake_of: tuple | None = None) -> None:
+    """``remake_of``: (the loader, the run's sampler digest), where the replay's sampler is
+    not the run's as the loop starts: the order drawn now is drawn again after the merge
+    (``Context.remakes``)."""
     sampler_iter = getattr(it, "_sampler_iter", None)
     if isinstance(sampler_iter, _SkipIter):
         sampler_iter.start()
         it._sampler_iter = sampler_iter._it  # positioned: the iterator is as if it had taken those batches
         if sampler_iter.draws and ctx is not None:
             ctx.consumed.append(Consumed(at, NO_ITEM, True))
+        if remake_of is not None and ctx is not None:
+            ctx.remakes.append(Remake(*remake_of, it, sampler_iter._skip, sampler_iter.drawn_from))
+
+
+# -- a sampler the replay made from other state ----------------------------------------------------
+# A program that makes its sampler inside the epoch loop from what earlier epochs computed (hard
+# example mining: a WeightedRandomSampler over last epoch's per-sample losses) gets, in the
+# replay, a sampler made from setup's values: the replay skipped those epochs. The merge writes
+# the run's values into it, but the iterator fast-forward made has drawn its order already. The
+# note of the run's loop holds a digest of its sampler as the loop started; where the replay's
+# differs, the order is drawn again after the merge, from the same random states, and only
+# where the merged sampler then has the run's digest: what changed since the loop started
+# (a sampler the program changes mid-epoch) would make the new order another guess.
+
+
+def sampler_digest(loader) -> tuple[str | None, str | None]:
+    """(digest, None) of what the loader's index sampler draws its order from, other than its
+    random number generators: the samplers' attributes (a WeightedRandomSampler's weights, a
+    DistributedSampler's epoch), each dataset by its type and length only; or (None, why)."""
+    try:
+        state = _sampler_state(loader._index_sampler, 0)
+    except Exception as exc:  # noqa: BLE001 - a property that raises: nothing proven
+        return None, f"{type(exc).__name__} while reading its sampler"
+    return digest(state)
+
+
+_DATA_ATTRS = ("data_source", "dataset")
+
+
+def _sampler_state(sampler, depth: int) -> list:
+    import torch
+    from torch.utils.data import Dataset, Sampler
+
+    state: list = [f"{type(sampler).__module__}.{type(sampler).__qualname__}"]
+    for name, value in sorted((getattr(sampler, "__dict__", None) or {}).items()):
+        if isinstance(value, torch.Generator):
+            value = "a torch.Generator"  # its state is the draws' business: restored, or compared by the witness
+        elif isinstance(value, Dataset) or name in _DATA_ATTRS:
+            value = [f"{type(value).__module__}.{type(value).__qualname__}", _length(value)]
+        elif isinstance(value, Sampler) and depth < 4:
+            value = _sampler_state(value, depth + 1)
+        state.append([name, value])
+    return state
+
+
+def _length(data) -> int | None:
+    try:
+        return len(data)
+    except TypeError:
+        return None
+
+
+def _remake_of(loader, note: dict) -> tuple | None:
+    """(loader, the run's sampler digest) where the replay's sampler, as its loop starts, has
+    another digest than the run's had; else None."""
+    want = note.get("sampler")
+    return (loader, want) if want and sampler_digest(loader)[0] != want else None
+
+
+def _generator_states(sampler) -> dict:
+    """{generator: state} of every torch.Generator the index sampler (and the samplers inside
+    it) holds."""
+    from torch import Generator
+    from torch.utils.data import Sampler
+
+    found, stack, seen = {}, [sampler], set()
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or len(seen) > 16:
+            continue
+        seen.add(id(obj))
+        for value in (getattr(obj, "__dict__", None) or {}).values():
+            if isinstance(value, Generator):
+                found[value] = None
+            elif isinstance(value, Sampler):
+                stack.append(value)
+    return {gen: gen.get_state() for gen in found}
+
+
+class Remake:
+    """A DataLoader iterator that fast-forward positioned by a sampler the replay made otherwise
+    than the run: its loader, the run's sampler digest, the iterator, the batches it skipped,
+    and the random states before its order was drawn (global, and the samplers' generators)."""
+
+    __slots__ = ("loader", "want", "it", "skip", "drawn_from")
+
+    def __init__(self, loader, want: str, it, skip: int, drawn_from: tuple):
+        self.loader, self.want, self.it, self.skip, self.drawn_from = loader, want, it, skip, drawn_from
+
+    def redraw(self) -> str | None:
+        """After the merge: the order drawn again, from the merged sampler and the same states,
+        into the iterator the loop holds (its batch count and base seed stay); or why not (the
+        iterator then stays as fast-forward made it, and the witness judges it)."""
+        if self.it._num_workers:
+            return "its workers hold the order drawn before the merge"
+        now, why = sampler_digest(self.loader)
+        if now != self.want:
+            return why or "the sampler of the run that took the snapshot changed after its loop started"
+        global_states, generators = self.drawn_from
+        after_merge = rng.capture(), {gen: gen.get_state() for gen in generators}
+        rng.restore(global_states)
+        for gen, state in generators.items():
+            gen.set_state(state)
+        try:
+            redrawn = _SkipIter(self.loader._index_sampler, self.skip).start()
+        finally:
+            rng.restore(after_merge[0])
+            for gen, state in after_merge[1].items():
+                gen.set_state(state)
+        self.it._index_sampler = self.loader._index_sampler
+        self.it._sampler_iter = redrawn._it
+        return None

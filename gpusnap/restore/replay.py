@@ -59,6 +59,7 @@ class Replay:
         self.fastforwards: list[dict] = []
         self._positioned: set[int] = set()  # ids of what fast-forward positioned (livecheck)
         self._sources: dict[int, object] = {}  # loop index -> the iterator fast-forward made for it
+        self._remakes: list[tuple[dict, fastforward.Remake]] = []  # orders drawn again after the merge
         self._boundary_hook = None
         self.write_device = None  # install's: how the merge fills device memory (cuda.core Buffers)
 
@@ -106,6 +107,7 @@ class Replay:
         it, how = fastforward.iterator_at(iterable, skip, loop.resume, ctx)
         self._positioned.update(id(obj) for obj in ctx.touched + [it])
         self._sources[self.cursor - 1] = it
+        self._remakes += [(want, remake) for remake in ctx.remakes]
         loop.index = skip
         if innermost:
             self._judge(want, itemcheck.verify(ctx.consumed, want.get("check")))
@@ -252,6 +254,8 @@ class Replay:
             live.update({name: merger.settled(value) for name, value in values.items()})
         for frame, values in merged_locals:
             write_locals(frame, {name: merger.settled(value) for name, value in values.items()})
+        self._stage = "drawing again the order of DataLoaders whose samplers the replay made otherwise"
+        self._redraw_orders()
         if device_tensors:
             self._stage = "placing device tensors"
             for saved, where in devices.place(merger.aligned, device_tensors).items():
@@ -294,6 +298,20 @@ class Replay:
             fastforwards=self.fastforwards,
             **({"files": files_report} if files_report else {}),
         )
+
+    def _redraw_orders(self) -> None:
+        """A sampler the replay made from other state than the run (inside an epoch, from what
+        skipped epochs computed) holds the run's state now: the order of the iterator that
+        fast-forward made from it is drawn again (``fastforward.Remake``). Where that cannot be
+        proven, the iterator stays, and the witness compares what it yields."""
+        for want, remake in self._remakes:
+            why = remake.redraw()
+            if why is None:
+                _say(f"drew the order of the DataLoader of loop {self.name(want)} again from its merged sampler "
+                     "(the replay had made that sampler from other state than the run)")
+            else:
+                _say(f"kept the order of the DataLoader of loop {self.name(want)}, which the replay drew from "
+                     f"another sampler than the run's: {why}; the witness compares what it yields", level=1)
 
     # -- the witness ------------------------------------------------------------------------
     def _watch_witness(self) -> str:

@@ -23,7 +23,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, WeightedRandomSampler
 from tqdm import tqdm
 
 from gpusnap.capture.safepoints import steploop
@@ -557,6 +557,72 @@ def test_a_batch_sampler_that_draws_for_every_batch_cannot_be_skipped_silently(t
     ctx = fastforward.Context()
     fastforward.iterator_at(_make_loader(str(tmp_path / "loads"), True, 0, False, 4), 3, note, ctx)
     assert ctx.consumed == []  # RandomSampler draws once, at the start
+
+
+def _weighted_loader(log, weights, generator=None):
+    sampler = WeightedRandomSampler(torch.tensor(weights, dtype=torch.double), num_samples=N_ITEMS, generator=generator)
+    return DataLoader(LoggedDataset(N_ITEMS, log), batch_size=4, sampler=sampler)
+
+
+RUN_WEIGHTS = [1.0 + (i * 37) % 11 for i in range(N_ITEMS)]  # what the epochs the replay skips computed
+SETUP_WEIGHTS = [1.0] * N_ITEMS  # what setup gives the replay
+
+
+@pytest.mark.parametrize("wrap", ["loader", "enumerate", "zip"])
+@pytest.mark.parametrize("own_generator", [False, True], ids=["global", "own-generator"])
+def test_an_order_drawn_from_a_sampler_the_replay_made_otherwise_is_drawn_again_after_the_merge(tmp_path, wrap, own_generator):
+    """The run's sampler (the weights earlier epochs computed) and the replay's (setup's) differ as
+    the loop starts: fast-forward notes it, and once the merge has written the run's weights into
+    the replay's sampler, ``redraw`` gives the iterator the run's order, from the same states."""
+    log = str(tmp_path / "loads")
+
+    def make(weights):
+        generator = torch.Generator().manual_seed(5) if own_generator else None
+        loader = _weighted_loader(log, weights, generator)
+        if wrap == "enumerate":
+            return loader, _DeferredCall(builtins.enumerate, (loader,), {})
+        return loader, loader if wrap == "loader" else _DeferredCall(builtins.zip, (range(100), loader), {})
+
+    note, items = _deferred_original(make(RUN_WEIGHTS)[1])
+    loader, source = make(SETUP_WEIGHTS)
+    ctx = fastforward.Context()
+    it, _ = fastforward.iterator_at(source, 2, note, ctx)
+    assert [r.loader for r in ctx.remakes] == [loader]
+    loader.sampler.weights.copy_(torch.tensor(RUN_WEIGHTS, dtype=torch.double))  # the merge, in place
+    if own_generator:
+        loader.sampler.generator.manual_seed(123)  # the merge gives it the snapshot's state: kept after the redraw
+    after_merge = loader.sampler.generator.get_state() if own_generator else torch.get_rng_state()
+    assert ctx.remakes[0].redraw() is None
+    assert torch.equal(loader.sampler.generator.get_state() if own_generator else torch.get_rng_state(), after_merge)
+    rest = list(it)
+    assert len(rest) == len(items) - 2 and all(_same(a, b) for a, b in zip(rest, items[2:]))
+
+
+def test_an_order_is_not_drawn_again_unless_the_merged_sampler_is_the_one_the_run_started_its_loop_with(tmp_path):
+    log = str(tmp_path / "loads")
+    note, _ = _deferred_original(_weighted_loader(log, RUN_WEIGHTS))
+    loader = _weighted_loader(log, SETUP_WEIGHTS)
+    ctx = fastforward.Context()
+    it, _ = fastforward.iterator_at(loader, 2, note, ctx)
+    drawn = it._sampler_iter
+    weights = list(RUN_WEIGHTS)
+    weights[0] = 9.0  # the program changed them after its loop started: the merged sampler holds that
+    loader.sampler.weights.copy_(torch.tensor(weights, dtype=torch.double))
+    assert "changed after its loop started" in ctx.remakes[0].redraw()
+    assert it._sampler_iter is drawn  # the order stays the one fast-forward drew: the witness judges it
+
+
+def test_samplers_the_replay_makes_as_the_run_did_need_no_new_order(tmp_path):
+    """A shuffled loader, a distributed sampler, a sampler over another dataset of the same length:
+    datasets count by type and length, generators not at all."""
+    log = str(tmp_path / "loads")
+    for make in (lambda: _make_loader(log, True, 0, False, 4), lambda: _make_loader(log, True, 0, True, 4),
+                 lambda: _make_loader(log, True, 0, False, 4, generator_seed=3)):
+        note, _ = _deferred_original(make())
+        assert note.get("sampler")
+        ctx = fastforward.Context()
+        fastforward.iterator_at(make(), 2, note, ctx)
+        assert ctx.remakes == []
 
 
 def test_loops_started_inside_a_running_step_loop_take_no_note(monkeypatch):
