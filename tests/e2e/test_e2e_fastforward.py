@@ -51,7 +51,12 @@ def _refusal(result) -> list[str]:
     return lines
 
 
-@pytest.mark.parametrize("style", ["tqdm", "enumerate-tqdm", "tqdm-enumerate", "islice"])
+# Both orders of enumerate and tqdm are seen through alike (tests/restore/test_fastforward.py
+# positions each): for CI's time, the second runs only with GPUSNAP_TEST_CORPUS=all.
+WRAPPERS = ["tqdm", "tqdm-enumerate", "islice"] + (["enumerate-tqdm"] if os.environ.get("GPUSNAP_TEST_CORPUS") == "all" else [])
+
+
+@pytest.mark.parametrize("style", WRAPPERS)
 def test_a_wrapped_shuffled_loader_restarts_to_the_same_bytes(tmp_path, style):
     ref, out, snap = _snapshot_then_stop(tmp_path, "ff_wrappers.py", [style, 3], 9 if style == "islice" else 12, style)
     restarted = gpusnap("restart", "snaps", cwd=tmp_path)
