@@ -27,12 +27,14 @@ them all back: the pipeline's lock, the GIL, a chunk, a copy into a window not y
 leaves the entry in ``_encoded``, and a thread at the caller's priority places it (claims its
 place under the lock, copies it outside the lock, with the GIL let go: ``PackBuilder.claim`` and
 ``fill``). Every thread at the caller's priority that would wait does that first (``_wait``): the
-caller for room or for the end, the flusher for a window, an added encoder for a chunk. And a
-thread added later (``add_worker``: the pacer's, at normal priority) that finds no chunk waiting
-encodes again the one held longest, once it has been held for ``STEAL_AFTER_S``: encoding is
-pure, the first copy placed wins, the other is dropped. ``finish`` waits for the flusher only: an
-encoder still starved when every chunk is placed has nothing left to touch, and ends when it
-wakes.
+caller for room or for the end, the flusher for a window. A thread added later (``add_worker``:
+the pacer's, at normal priority) turns the lowered encoders off (they take no more chunks), and
+when it finds no chunk waiting it encodes again one that a lowered encoder holds, the oldest
+first: encoding is pure, the first copy placed wins, the other is dropped (also when it comes
+while the first waits for a window). Otherwise it waits for a chunk or the end, without a timer:
+the writer's watchdog takes a writer whose threads only wake on timers for a hung one.
+``finish`` waits for the flusher only: an encoder still starved when every chunk is placed has
+nothing left to touch, and ends when it wakes.
 
 Order of calls: ``Pipeline(...)`` → ``submit`` any number of times → ``finish()``, which returns
 the packs written, {pack id: (nbytes, [(chunk id, Location)])}, and leaves the pack windows mapped
@@ -57,20 +59,16 @@ from gpusnap.store.pack import PackBuilder
 
 
 _FIRST_PACK_BYTES = 16 << 20
-# A chunk held this long by one encoder may be taken over by a thread added later: its thread is
-# starved (encoding 4 MiB takes 2-10 ms on one core of the CI machine).
-STEAL_AFTER_S = 0.1
 
 
 class _Task:
     """One chunk to encode; ``placed`` once its entry has a place in a pack (by whichever of the
     threads that encoded it got there first)."""
 
-    __slots__ = ("cid", "piece", "dtype", "typesize", "taken_at", "stolen", "placed")
+    __slots__ = ("cid", "piece", "dtype", "typesize", "stolen", "placed")
 
     def __init__(self, cid: str, piece, dtype: str, typesize: int) -> None:
         self.cid, self.piece, self.dtype, self.typesize = cid, piece, dtype, typesize
-        self.taken_at = 0.0
         self.stolen = False
         self.placed = False
 
@@ -110,7 +108,7 @@ class Pipeline:
         self._ready = threading.Condition(lock)
         self._lowered_off = False  # set by the first ``add_worker``: lowered encoders take no more chunks
         self._tasks: collections.deque = collections.deque()
-        self._held: dict[_Task, None] = {}  # taken by an encoder, not yet encoded: oldest first
+        self._held: dict[_Task, None] = {}  # taken by a lowered encoder, not yet encoded: oldest first
         self._encoded: collections.deque = collections.deque()  # by lowered encoders, to be placed (``_wait``)
         self._in_hand = 0  # submitted, not yet placed in a pack
         self._max_in_hand = 2 * max(1, threads)
@@ -246,10 +244,7 @@ class Pipeline:
                 if task is None:
                     return
             try:
-                t0 = time.perf_counter()
-                header, stored, used = self._encode(task)
-                digest = codec.stored_digest(stored) if header[4] != codec.CODEC_RAW else None
-                entry = _Encoded(task, header, stored, digest, used, time.perf_counter() - t0)
+                entry = self._encode(task)
                 if lowered:
                     with self._cond:
                         self._held.pop(task, None)
@@ -266,30 +261,25 @@ class Pipeline:
 
     def _take(self, until, lowered: bool) -> _Task | None:
         """The next chunk to encode, waiting for one; for an added encoder (``until``), else one a
-        starved encoder has held too long. None once this thread should end. Called with the
-        condition held."""
+        lowered encoder holds. None once this thread should end. Called with the condition held."""
         while True:
             if self.error is not None or (until and until()) or (lowered and self._lowered_off):
+                if self._tasks:
+                    self._ready.notify()  # the wake this thread may have taken was for a chunk: pass it on
                 return None
-            now = time.perf_counter()
             if self._tasks:
                 task = self._tasks.popleft()
-                task.taken_at = now
-                self._held[task] = None
+                if lowered:  # what a lowered encoder holds may be taken over (it may be starved)
+                    self._held[task] = None
                 return task
             if until:
-                # Once lowered encoders are off, what they hold is taken over at once.
-                after = 0.0 if self._lowered_off else STEAL_AFTER_S
-                for task in self._held:  # the oldest first
-                    if not task.stolen and now - task.taken_at >= after:
+                for task in self._held:  # the oldest first; lowered encoders take no more now
+                    if not task.stolen:
                         task.stolen = True
                         return task
             if self._closing:
                 return None
-            if until:
-                self._wait(0.05)
-            else:
-                self._ready.wait()
+            self._ready.wait()
 
     def _wait(self, timeout: float | None = None) -> None:
         """Wait on the condition, held by a thread at the caller's priority; but first place an
@@ -326,6 +316,8 @@ class Pipeline:
         if task.placed:
             return None
         builder = self._builder_for(len(entry.stored))
+        if task.placed:  # placed by another copy while this one waited for a window (it lets go of the lock)
+            return None
         offset = builder.claim(task.cid, entry.header, entry.stored, len(task.piece), entry.digest)
         if offset is not None:
             self._fills[builder] += 1
@@ -352,8 +344,8 @@ class Pipeline:
                 self._fills[builder] -= 1
                 self._cond.notify_all()
 
-    def _encode(self, task: _Task) -> tuple[bytes, bytes, str | None]:
-        """(entry header, stored bytes, the codec they were stored with: None for raw)."""
+    def _encode(self, task: _Task) -> _Encoded:
+        started = time.perf_counter()
         choice = self.chooser.pick(task.piece, task.dtype, task.typesize)
         if choice is None:
             header, stored = codec.encode(task.cid, task.piece, task.dtype, task.typesize, "none")
@@ -361,7 +353,10 @@ class Pipeline:
             t0 = time.perf_counter()
             header, stored = codec.encode(task.cid, task.piece, task.dtype, task.typesize, choice.codec)
             self.chooser.encoded(choice, len(task.piece), len(stored), time.perf_counter() - t0)
-        return header, stored, choice.codec if choice is not None and header[4] == codec.CODEC_BLOSC2 else None
+        compressed = header[4] != codec.CODEC_RAW
+        return _Encoded(task, header, stored, codec.stored_digest(stored) if compressed else None,
+                        choice.codec if choice is not None and header[4] == codec.CODEC_BLOSC2 else None,
+                        time.perf_counter() - started)
 
     def _room_for(self, stored_nbytes: int) -> bool:
         """Whether ``_builder_for`` would return at once. Called with the condition held."""

@@ -184,6 +184,45 @@ def test_an_encoder_added_later_takes_over_what_starved_encoders_hold_and_the_en
     p.release()
 
 
+class CopyPlacedWhileWaiting(Pipeline):
+    """Places ``other`` (another copy of the same chunk) from another thread while the copy being
+    claimed is in ``_builder_for``, which lets go of the lock while it waits for a free window:
+    the interleaving that, in a CI run, left a writer waiting forever for a chunk counted placed
+    twice. The scheduler cannot be made to do that on cue."""
+
+    other = None
+
+    def _builder_for(self, stored_nbytes):
+        other, self.other = self.other, None
+        if other is not None:
+            placer = threading.Thread(target=self._place, args=(other,))
+            self._cond.release()
+            try:
+                placer.start()
+                placer.join(timeout=10)
+            finally:
+                self._cond.acquire()
+        return super()._builder_for(stored_nbytes)
+
+
+def test_a_copy_of_a_chunk_placed_while_another_waits_for_a_window_is_the_only_one(tmp_path):
+    never = threading.Event()
+    p = CopyPlacedWhileWaiting(tmp_path, capacity=1 << 20, flush_at=256 << 10, chooser=Chooser(threads=1, disk_bps=2e9, forced="none"),
+                               threads=1, worker_init=never.wait)  # its one encoder takes nothing
+    (cid, data), = chunks(3, 1)
+    p.submit(cid, data, "bytes", 1)
+    with p._cond:
+        task = p._tasks.popleft()
+    first, second = p._encode(task), p._encode(task)  # two encodings, as a chunk taken over has
+    p.other = second
+    p._place(first)
+    assert p._in_hand == 0
+    packs = p.finish()
+    assert read_back(tmp_path, packs) == {cid: data}  # once
+    never.set()
+    p.release()
+
+
 def test_lowered_encoders_leave_every_copy_into_a_window_to_threads_at_the_callers_priority(tmp_path, monkeypatch):
     """A lowered encoder preempted in the middle of a copy held back the flush of its window
     (and, under the lock, every thread): it only encodes, and the others place its entries."""
