@@ -1,5 +1,5 @@
-"""The writer's watchdog (capture.writer.watchdog) against real processes: a stopped one is killed, one
-that works and reports is left alone."""
+"""The writer's watchdog (capture.writer.watchdog) against real processes: a stopped one is killed, so
+is one that waits forever while a helper thread ticks, and one that works and reports is left alone."""
 
 from __future__ import annotations
 
@@ -29,6 +29,25 @@ def test_a_stopped_writer_is_killed_after_the_timeout():
         proc.wait()
     assert report == b"" and proc.returncode == -signal.SIGKILL
     assert hung.startswith(f"the writer (pid {proc.pid}) made no progress for 1 s (stopped) and was killed"), hung
+
+
+def test_a_writer_that_waits_forever_while_a_helper_thread_ticks_is_killed():
+    """The pacer and the encoders that watch for chunks to take over wake on timers: a writer
+    whose pipeline waited forever while they ticked went on for minutes, unseen. Here a thread
+    takes 2% of a core, which shows as CPU time every half second."""
+    code = ("import threading, time\n"
+            "def tick():\n    while True:\n        t = time.perf_counter()\n"
+            "        while time.perf_counter() - t < 0.0005: pass\n        time.sleep(0.025)\n"
+            "threading.Thread(target=tick, daemon=True).start()\nthreading.Event().wait(20)")  # then it ends: not killed
+    proc, read_fd = _child(code)
+    try:
+        report, hung = read_report(read_fd, proc.pid, timeout_s=2.0)
+    finally:
+        os.close(read_fd)
+        proc.kill()
+        proc.wait()
+    assert report == b"" and proc.returncode == -signal.SIGKILL
+    assert hung.startswith(f"the writer (pid {proc.pid}) made no progress for 2 s (blocked) and was killed"), hung
 
 
 def test_a_writer_that_computes_and_reports_is_left_alone():

@@ -4,10 +4,13 @@ and is killed so that the snapshot fails and the next one can run.
 A forked writer can hang for reasons it cannot report: stopped (SIGSTOP, a debugger), blocked
 forever on a lock that another trainee thread held at fork time (the classic hazard of forking
 a threaded process), stuck on a file system that stopped answering. Progress is read from the
-outside (psutil), so a hung writer needs no cooperation: CPU time spent or a context switch
-(the CPU times count whole clock ticks: a writer that wakes briefly to move a few bytes shows in
-its switches), or being runnable (a writer at idle priority waits for a core while the trainee
-keeps them busy: slow, not hung). A writer that computes forever is busy by this measure;
+outside (psutil), so a hung writer needs no cooperation: a context switch of its main thread
+(a writer that wakes briefly to move a few bytes shows in its switches), being runnable (a
+writer at idle priority waits for a core while the trainee keeps them busy: slow, not hung), or
+CPU time, where it comes to ``BUSY_SHARE`` of a core at least since the last progress. Not any
+CPU time: the writer's helper threads wake on timers (the pacer every tick, encoders that watch
+for a chunk to take over), and a writer whose pipeline waited forever while they ticked
+(a CI run) counted as busy. A writer that computes forever is busy by this measure;
 ``--grace`` bounds a SIGTERM snapshot.
 """
 
@@ -20,6 +23,9 @@ import time
 
 from gpusnap import knobs
 
+# CPU time that counts as progress: this share of one core since the last progress, at least.
+# Threads that only wake on timers take a few thousandths.
+BUSY_SHARE = 0.05
 _STATES = {"sleeping": "blocked", "disk-sleep": "blocked on I/O", "tracing-stop": "stopped by a tracer"}
 
 
@@ -33,15 +39,15 @@ def timeout_for(image_nbytes: int) -> float:
     return 60.0 + image_nbytes / 50e6
 
 
-def _sample(process) -> tuple[str, tuple] | None:
-    """(psutil status, what changes when it runs: CPU times and context switches), None once
-    the process is gone."""
+def _sample(process) -> tuple[str, float, tuple] | None:
+    """(psutil status, CPU seconds of all its threads, its main thread's context switches),
+    None once the process is gone."""
     import psutil
 
     try:
         with process.oneshot():
             times, switches = process.cpu_times(), process.num_ctx_switches()
-            return process.status(), (times.user, times.system, switches.voluntary, switches.involuntary)
+            return process.status(), times.user + times.system, (switches.voluntary, switches.involuntary)
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
 
@@ -60,7 +66,7 @@ def read_report(read_fd: int, pid: int, timeout_s: float, on_line=None) -> tuple
     chunks: list[bytes] = []
     hung = None
     sample_s = min(1.0, timeout_s / 4)
-    last_cpu = None
+    last_switches = cpu_at_quiet = None
     quiet_since = time.monotonic()
     while True:
         ready, _, _ = select.select([read_fd], [], [], sample_s)
@@ -81,9 +87,10 @@ def read_report(read_fd: int, pid: int, timeout_s: float, on_line=None) -> tuple
         sample = _sample(process) if process is not None else None
         if sample is None or hung is not None:
             continue  # gone or killed: the end of the pipe follows
-        state, cpu = sample
-        if state == psutil.STATUS_RUNNING or cpu != last_cpu:
-            last_cpu, quiet_since = cpu, now
+        state, cpu, switches = sample
+        busy = cpu_at_quiet is None or cpu - cpu_at_quiet >= max(BUSY_SHARE * (now - quiet_since), 0.005)
+        if state == psutil.STATUS_RUNNING or switches != last_switches or busy:
+            last_switches, cpu_at_quiet, quiet_since = switches, cpu, now
         elif now - quiet_since >= timeout_s:
             os.kill(pid, signal.SIGKILL)
             hung = (f"the writer (pid {pid}) made no progress for {timeout_s:g} s "
