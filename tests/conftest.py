@@ -1,7 +1,8 @@
 """The fake GPU's stream order for the session: one seed, drawn here unless GPUSNAP_FAKE_SEED is
 set, shared by every test process and every program the tests start (they inherit the
 environment), shown in the header and with every failure, so that a failure on the fake GPU can
-be replayed with the same order."""
+be replayed with the same order. And every `gpusnap run` a test started (harness.Run) ends with the
+test, whatever its outcome."""
 
 from __future__ import annotations
 
@@ -35,3 +36,12 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.failed:
         report.sections.append(("fake GPU stream order", f"replay with {_replay()}"))
+
+
+@pytest.fixture(autouse=True)
+def _no_run_left_behind():
+    """Whatever the test, no `gpusnap run` it started outlives it (harness.Run)."""
+    yield
+    harness = sys.modules.get("harness")
+    if harness is not None:
+        harness.kill_what_is_left()

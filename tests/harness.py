@@ -97,6 +97,18 @@ def _env(extra: dict | None = None, step_sleep_s: str = PACED_STEP_S, base: dict
     return env
 
 
+STARTED: list = []  # every Run of the test under way: tests/conftest.py kills what is left at its end
+
+
+def kill_what_is_left() -> None:
+    """Kill the process group of every Run the test started that still runs: a test that failed
+    while waiting left its run training (one, hung, ran on for minutes beside later tests)."""
+    while STARTED:
+        run = STARTED.pop()
+        if getattr(run, "proc", None) is not None and run.proc.poll() is None:
+            run.kill_group()
+
+
 class Run:
     """One `gpusnap run` (or restart) in its own session, so the test can kill its whole group.
     ``prefix``: a command that execs the rest (``sh -c '... && exec "$@"' sh``), to start the
@@ -105,6 +117,7 @@ class Run:
     def __init__(self, *args, cwd: Path, env: dict | None = None, python: str = sys.executable, prefix: tuple = ()):
         self.cwd = cwd
         self.python = python
+        STARTED.append(self)
         self.proc = subprocess.Popen(
             [*prefix, *_gpusnap_command(python, args)],
             cwd=cwd,
