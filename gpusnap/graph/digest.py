@@ -28,6 +28,7 @@ from gpusnap.rawmem import strided_extent, view_at
 MAX_NODES = 100_000
 _OPAQUE = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, type,
            types.GeneratorType, types.CodeType, types.FrameType)
+_NAMED = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type)  # ``by_name``
 
 
 class _Undigestible(Exception):
@@ -40,7 +41,8 @@ def _type_name(obj) -> bytes:
 
 
 class _Walk:
-    def __init__(self, read, max_bytes: int, host_copy=None):
+    def __init__(self, read, max_bytes: int, host_copy=None, by_name: bool = False):
+        self.by_name = by_name  # functions, classes and modules count by their names
         self.h = xxhash.xxh3_128()
         self.read = read or view_at
         self.host_copy = host_copy
@@ -112,6 +114,9 @@ class _Walk:
         if isinstance(x, dict):
             self.tag(_type_name(x), len(x))
             return [part for pair in x.items() for part in pair]
+        if self.by_name and isinstance(x, _NAMED):
+            self.tag(_type_name(x), getattr(x, "__module__", None) or "", getattr(x, "__qualname__", None) or getattr(x, "__name__", ""))
+            return []
         if isinstance(x, _OPAQUE) or isinstance(x, (set, frozenset)):
             raise _Undigestible(f"a {type(x).__name__}")
         return self.fields(x)
@@ -171,10 +176,12 @@ class _Walk:
 _UNSET = object()  # stands for a __slots__ entry that holds nothing
 
 
-def digest(obj, read=None, max_bytes: int | None = None, host_copy=None) -> tuple[str | None, str | None]:
+def digest(obj, read=None, max_bytes: int | None = None, host_copy=None, by_name: bool = False) -> tuple[str | None, str | None]:
     """(xxh3-128 hex, None), or (None, why it cannot be digested). ``host_copy(tensor)``: a CPU
-    copy of a device tensor (the trainee's witness; the writer cannot run torch operators)."""
-    walk = _Walk(read, knobs.FF_DIGEST_MAX_BYTES if max_bytes is None else max_bytes, host_copy)
+    copy of a device tensor (the trainee's witness; the writer cannot run torch operators).
+    ``by_name``: functions, classes and modules count by their names (a dataset's transforms),
+    where an item's digest cannot be taken over one."""
+    walk = _Walk(read, knobs.FF_DIGEST_MAX_BYTES if max_bytes is None else max_bytes, host_copy, by_name)
     try:
         walk.run(obj)
     except _Undigestible as exc:

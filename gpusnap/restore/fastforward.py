@@ -216,6 +216,8 @@ def _call_at(call: _DeferredCall, skip: int, note: dict | None, ctx: Context, at
     for j, (arg, arg_note) in enumerate(zip(args, notes)):
         ctx.touched.append(arg)
         sub = at + ((1,) if func is builtins.enumerate else (j,))
+        if arg_note and isinstance(_adapter(type(arg)), DataLoaderAdapter):
+            _check_workers_copy(arg, arg_note)
         if _by_sampler(arg, arg_note):
             remake = _remake_of(arg, arg_note)
             it = _dataloader_at(arg, skip, arg_note, restore_torch=not restored, start=False)
@@ -281,11 +283,15 @@ class DataLoaderAdapter:
                 note["sampler"] = sampler  # replay: is its sampler the run's when the loop starts?
         if loader.num_workers > 0:
             note["workers"] = loader.num_workers  # the writer digests the last batch: replay may take the skipped ones
+            dataset, _ = digest(loader.dataset, by_name=True)
+            if dataset is not None:
+                note["dataset"] = dataset  # what the workers copy as the loop starts (``_check_workers_copy``)
         if loader.persistent_workers and loader.num_workers > 0 and loader._iterator is not None:
             note["reuses_workers"] = True  # this iter() draws no base seed: it only resets the iterator
         return note
 
     def position(self, loader, skip, note, ctx, at):
+        _check_workers_copy(loader, note)
         if _by_sampler(loader, note):
             remake = _remake_of(loader, note)
             it = _dataloader_at(loader, skip, note, start=False)
@@ -299,6 +305,27 @@ class DataLoaderAdapter:
         if loader.num_workers > 0 and workers.seen():
             how += " (its workers draw random numbers)"
         return it, how
+
+
+def _check_workers_copy(loader, note: dict) -> None:
+    """A loader's workers copy its dataset when its iterator is made, here before the merge: a
+    dataset the replay made otherwise than the run (a self-training script relabels it at each
+    epoch's end, and the replay skipped those ends) would be loaded from the replay's copy while
+    the main process holds the run's after the merge. A restart said "verified" over the one
+    iteration its witness held, and ended with other bytes. Refused, where the run's digest of
+    the dataset as the loop started differs from the replay's; without a digest (too large, a
+    set), the witness judges."""
+    want = note.get("dataset")
+    if not want or loader.num_workers == 0:
+        return
+    have, _ = digest(loader.dataset, by_name=True)
+    if have is not None and have != want:
+        raise FastForwardError(
+            f"its DataLoader's {loader.num_workers} workers would load from a dataset other than the run's as the loop "
+            "started (state that iterations the replay skips changed), copied before the merge",
+            "a dataset that each epoch changes restarts exactly with num_workers=0, or from a snapshot in its first "
+            "epoch: restart from another snapshot with --snapshot ID, or start fresh with --resume never",
+        )
 
 
 def _persistent_at(loader, skip: int, note: dict, ctx: Context, at: tuple):

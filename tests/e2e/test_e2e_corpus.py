@@ -53,7 +53,8 @@ CORPUS = {
     "bucketed_batches": ("bucketed_batches.py", []),
     "scripted": ("scripted.py", []),
     # past the unlabeled loader's first pass (4 batches): cycle() gives its saved batches again
-    "cycle_unlabeled": ("cycle_unlabeled.py", [], 6, "gpusnap: fast-forward "),
+    # (5 epochs: in 3, a loaded machine saw the snapshot commit only at the program's last step)
+    "cycle_unlabeled": ("cycle_unlabeled.py", ["--epochs", "5"], 6, "gpusnap: fast-forward "),
     # past the first epoch (12 batches): each epoch's WeightedRandomSampler weighs the losses of
     # epochs the replay skips; its order is drawn again once the merge has put its weights back
     "hard_mining": ("hard_mining.py", [], 12, "hard_mining.py:50 (in main) again from its merged sampler"),
@@ -73,6 +74,9 @@ CORPUS = {
                                  "persistent workers' generators put back"),
 }
 MORE = {
+    # past the first epoch: a dataset whose pseudo-labels each epoch's end rewrites, loaded in the
+    # main process after the merge (hard_mining's loop shape; with workers: test_e2e_refusals.py)
+    "self_training": ("self_training.py", [], 12, "gpusnap: fast-forward "),
     # a process group of one made by the script itself (no torchrun), DDP and a DistributedSampler
     "ddp_one_process": ("ddp_one_process.py", []),
     # validation every few steps over a shuffled loader: imagenet_style's and furniture's draws, between steps

@@ -125,6 +125,23 @@ def test_a_cycle_over_a_dataloader_in_its_first_pass_is_refused_naming_where_its
     assert not (out / "final.pt").exists()
 
 
+def test_workers_that_would_copy_a_dataset_the_epochs_changed_are_refused_before_the_merge(tmp_path):
+    """self_training.py relabels its dataset at each epoch's end, and two workers load it. The
+    replay skips those ends, and the workers fast-forward starts copy setup's labels before the
+    merge gives the main process the run's. The witness caught that only where the first
+    iterations after the snapshot drew a relabelled sample: with one iteration in its witness,
+    a restart said "verified" and ended with other bytes. The loop's note holds a digest of the
+    dataset as it started: a replay whose dataset differs is refused at fast-forward. (Without
+    workers it restarts exactly: test_e2e_corpus.py's self_training.)"""
+    _, out, snap = _snapshot_then_kill(tmp_path, "corpus/self_training.py", ("--workers", "2"), at=14, step_sleep_s="0.04")
+    assert snap["iteration"] > 12, "the first epoch (12 batches) was not over"
+    refused = gpusnap("restart", "snaps", cwd=tmp_path, env=ENV)
+    assert refused.returncode == 6, refused.stderr
+    assert ("its DataLoader's 2 workers would load from a dataset other than the run's as the loop started") in refused.stderr
+    assert "hint: a dataset that each epoch changes restarts exactly with num_workers=0" in refused.stderr
+    assert not (out / "final.pt").exists()
+
+
 def test_a_lambda_made_mid_run_that_the_program_calls_later_is_a_refusal(tmp_path):
     """late_hook.py makes a Hooks object holding a lambda at step 3 and applies it every tenth
     step. The restart gives the object back whole, with a placeholder for the lambda: calling it,

@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from gpusnap.capture.safepoints import steploop
 from gpusnap.capture.trainee import loopnotes
+from gpusnap.errors import FastForwardError
 from gpusnap.graph import digest, rng
 from gpusnap.instrument import loops
 from gpusnap.instrument.loops import _DeferredCall
@@ -623,6 +624,33 @@ def test_samplers_the_replay_makes_as_the_run_did_need_no_new_order(tmp_path):
         ctx = fastforward.Context()
         fastforward.iterator_at(make(), 2, note, ctx)
         assert ctx.remakes == []
+
+
+class Relabelled(Dataset):
+    """A dataset whose labels the epochs rewrite, with a transform that is a lambda."""
+
+    def __init__(self, labels):
+        self.x, self.labels, self.transform = torch.arange(12.0), torch.tensor(labels), lambda v: v * 2
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        return self.transform(self.x[i]), self.labels[i]
+
+
+def test_workers_are_refused_a_dataset_that_differs_from_the_runs_as_its_loop_started():
+    """Workers copy the dataset when fast-forward makes the iterator, before the merge: the note
+    holds its digest (functions by name), and a replay whose dataset differs is refused."""
+    run = DataLoader(Relabelled([i % 2 for i in range(12)]), batch_size=4, num_workers=2)
+    note = json.loads(json.dumps(loopnotes.note_json(fastforward.describe(run))))
+    assert note.get("dataset")
+    same = DataLoader(Relabelled([i % 2 for i in range(12)]), batch_size=4, num_workers=2)
+    fastforward._check_workers_copy(same, note)  # a lambda made again counts by its name
+    other = DataLoader(Relabelled([1] * 12), batch_size=4, num_workers=2)
+    with pytest.raises(FastForwardError, match="its DataLoader's 2 workers would load from a dataset other than the run's"):
+        fastforward.iterator_at(other, 1, note)
+    fastforward._check_workers_copy(DataLoader(Relabelled([1] * 12), batch_size=4), note)  # no workers: loaded after the merge
 
 
 def test_loops_started_inside_a_running_step_loop_take_no_note(monkeypatch):
