@@ -11,24 +11,29 @@ import sys
 from gpusnap.capture.writer.watchdog import read_report
 
 
-def _child(code: str):
+def _watched(code: str, timeout_s: float, before=None, on_line=None):
+    """Run ``code`` as a writer (argv[1]: its report pipe), let ``read_report`` watch it:
+    (report, why it was killed, its exit status, its pid). ``before(pid)`` runs first."""
     read_fd, write_fd = os.pipe()
     proc = subprocess.Popen([sys.executable, "-c", code, str(write_fd)], pass_fds=[write_fd])
     os.close(write_fd)
-    return proc, read_fd
+    try:
+        if before is not None:
+            before(proc.pid)
+        report, hung = read_report(read_fd, proc.pid, timeout_s=timeout_s, on_line=on_line)
+    except BaseException:
+        proc.kill()
+        raise
+    finally:
+        os.close(read_fd)
+        proc.wait()  # the pipe's end came: killed, or done
+    return report, hung, proc.returncode, proc.pid
 
 
 def test_a_stopped_writer_is_killed_after_the_timeout():
-    proc, read_fd = _child("import time; time.sleep(60)")
-    try:
-        os.kill(proc.pid, signal.SIGSTOP)
-        report, hung = read_report(read_fd, proc.pid, timeout_s=1.0)
-    finally:
-        os.close(read_fd)
-        proc.kill()
-        proc.wait()
-    assert report == b"" and proc.returncode == -signal.SIGKILL
-    assert hung.startswith(f"the writer (pid {proc.pid}) made no progress for 1 s (stopped) and was killed"), hung
+    report, hung, status, pid = _watched("import time; time.sleep(60)", 1.0, before=lambda pid: os.kill(pid, signal.SIGSTOP))
+    assert report == b"" and status == -signal.SIGKILL
+    assert hung.startswith(f"the writer (pid {pid}) made no progress for 1 s (stopped) and was killed"), hung
 
 
 def test_a_writer_that_waits_forever_while_a_helper_thread_ticks_is_killed():
@@ -39,25 +44,13 @@ def test_a_writer_that_waits_forever_while_a_helper_thread_ticks_is_killed():
             "def tick():\n    while True:\n        t = time.perf_counter()\n"
             "        while time.perf_counter() - t < 0.0005: pass\n        time.sleep(0.025)\n"
             "threading.Thread(target=tick, daemon=True).start()\nthreading.Event().wait(20)")  # then it ends: not killed
-    proc, read_fd = _child(code)
-    try:
-        report, hung = read_report(read_fd, proc.pid, timeout_s=2.0)
-    finally:
-        os.close(read_fd)
-        proc.kill()
-        proc.wait()
-    assert report == b"" and proc.returncode == -signal.SIGKILL
-    assert hung.startswith(f"the writer (pid {proc.pid}) made no progress for 2 s (blocked) and was killed"), hung
+    report, hung, status, pid = _watched(code, 2.0)
+    assert report == b"" and status == -signal.SIGKILL
+    assert hung.startswith(f"the writer (pid {pid}) made no progress for 2 s (blocked) and was killed"), hung
 
 
 def test_a_writer_that_computes_and_reports_is_left_alone():
     code = ("import os, sys, time\nfd = int(sys.argv[1])\nend = time.monotonic() + 2.5\n"
             "while time.monotonic() < end: pass\nos.write(fd, b'progress\\nreport')")
-    proc, read_fd = _child(code)
     lines = []
-    try:
-        report, hung = read_report(read_fd, proc.pid, timeout_s=1.0, on_line=lines.append)
-    finally:
-        os.close(read_fd)
-        proc.wait()
-    assert (report, hung, lines, proc.returncode) == (b"report", None, [b"progress"], 0)
+    assert _watched(code, 1.0, on_line=lines.append)[:3] == (b"report", None, 0) and lines == [b"progress"]
