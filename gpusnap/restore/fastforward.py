@@ -314,10 +314,10 @@ def _check_workers_copy(loader, note: dict) -> None:
     the main process holds the run's after the merge. A restart said "verified" over the one
     iteration its witness held, and ended with other bytes. Refused, where the run's digest of
     the dataset as the loop started differs from the replay's; without a digest (too large, a
-    set), the witness judges."""
+    set), or for persistent workers the run made in an earlier epoch, the witness judges."""
     want = note.get("dataset")
-    if not want or loader.num_workers == 0:
-        return
+    if not want or loader.num_workers == 0 or note.get("reuses_workers"):
+        return  # persistent workers made in an earlier epoch hold that epoch's copy, not this one's
     have, _ = digest(loader.dataset, by_name=True)
     if have is not None and have != want:
         raise FastForwardError(

@@ -58,6 +58,9 @@ CORPUS = {
     # past the first epoch (12 batches): each epoch's WeightedRandomSampler weighs the losses of
     # epochs the replay skips; its order is drawn again once the merge has put its weights back
     "hard_mining": ("hard_mining.py", [], 12, "hard_mining.py:50 (in main) again from its merged sampler"),
+    # past the first epoch: persistent workers hold the first epoch's copy of a dataset each epoch
+    # relabels (as the replay's fresh ones do: not refused, unlike new workers each epoch)
+    "self_training-persistent": ("self_training.py", ["--workers", "2", "--persistent"], 12, "gpusnap: fast-forward "),
     # past the first epoch (12 batches): the iterator was made again in an iteration replay skips
     "next_batch-reiter": ("next_batch.py", ["--variant", "reiter"], 12, "made the DataLoader iterator at frame[1].locals.train_iter again"),
     # past the first pass: replay runs the program's cycle() generator again to its place

@@ -3,8 +3,8 @@ and at the end of every epoch the model relabels the whole unlabeled set into it
 (`dataset.relabel(...)`), so each epoch trains on the labels the epoch before it made. The
 DataLoader, made once before the epochs, shuffles, and with --workers N its workers load the
 samples (each epoch's workers are forked when its iterator is made, with the labels as they are
-then). SGD with momentum, a StepLR.
-usage: self_training.py OUT [--epochs N] [--workers N]"""
+then; --persistent workers, once, with the first epoch's). SGD with momentum, a StepLR.
+usage: self_training.py OUT [--epochs N] [--workers N] [--persistent]"""
 import argparse
 
 import torch
@@ -37,11 +37,12 @@ def main():
     parser.add_argument("out")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--persistent", action="store_true")
     args = parser.parse_args()
 
     torch.manual_seed(41)
     dataset = PseudoLabeled(120, seed=42)
-    loader = DataLoader(dataset, batch_size=10, shuffle=True, num_workers=args.workers)
+    loader = DataLoader(dataset, batch_size=10, shuffle=True, num_workers=args.workers, persistent_workers=args.persistent)
     model = nn.Sequential(nn.Linear(5, 24), nn.Tanh(), nn.Linear(24, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
