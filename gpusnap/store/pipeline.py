@@ -281,13 +281,13 @@ class Pipeline:
                 return None
             self._ready.wait()
 
-    def _wait(self, timeout: float | None = None) -> None:
+    def _wait(self) -> None:
         """Wait on the condition, held by a thread at the caller's priority; but first place an
         entry a lowered encoder left, when the window being filled or a free one has room for it
         (placing never waits here: the flusher, which frees windows, calls this too)."""
         entry = self._encoded[0] if self._encoded else None
         if entry is None or not self._room_for(len(entry.stored)):
-            self._cond.wait(timeout)
+            self._cond.wait()
             return
         self._encoded.popleft()
         try:
@@ -345,6 +345,8 @@ class Pipeline:
                 self._cond.notify_all()
 
     def _encode(self, task: _Task) -> _Encoded:
+        """The chunk's entry, in the encoding the chooser picks for it (pure: two threads may
+        encode one chunk, and the first copy placed wins)."""
         started = time.perf_counter()
         choice = self.chooser.pick(task.piece, task.dtype, task.typesize)
         if choice is None:
