@@ -8,6 +8,7 @@ interpreter to run the program and gpusnap under (default: this one).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import random
@@ -197,11 +198,38 @@ def snapshot_now(run: Run, run_dir: Path, cwd: Path) -> dict:
 LAST_STEPS = 8  # the steps before a program's end that ``interrupt`` leaves it, at least
 
 
+def _forks(run_dir: Path) -> int:
+    """Snapshots forked so far, by the run log."""
+    try:
+        text = (run_dir / "log.jsonl").read_text()
+    except FileNotFoundError:
+        return 0
+    return sum('"event":"forked"' in line.replace(" ", "") for line in text.splitlines())
+
+
+def _snapshot_holding(run: Run, run_dir: Path, out: Path) -> str:
+    """``request_snapshot``, with the program held at its next step from the snapshot's fork to
+    its commit (OUT/hold, locked here; programs/notorch/pace.py waits for the lock): on a loaded
+    machine the commit came after the program's last step, and there was nothing left to kill.
+    Not before the fork: the snapshot waits for the program's next safe point."""
+    before, forks = committed_ids(run_dir), _forks(run_dir)
+    run.signal(signal.SIGUSR1)
+    wait_for(lambda: _forks(run_dir) > forks or committed_ids(run_dir) - before, "the snapshot's fork", proc=run)
+    locked = out / "hold.locked"
+    with open(locked, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        os.replace(locked, out / "hold")  # a program that finds it finds it locked
+        try:
+            return max(wait_for(lambda: committed_ids(run_dir) - before, "a committed snapshot", proc=run))
+        finally:
+            (out / "hold").unlink(missing_ok=True)
+
+
 def interrupt(run: Run, out: Path, run_dir: Path, cwd: Path, rnd: random.Random, total: int, floor: int = 0) -> dict:
     """Snapshot at a random step, then kill -9 the whole group a few steps later."""
     snap_at = rnd.randint(floor + 3, floor + (total - floor) // 2)
     wait_for(lambda: progress(out) >= snap_at, f"step {snap_at}", proc=run)
-    snap_id = request_snapshot(run, run_dir)
+    snap_id = _snapshot_holding(run, run_dir, out)
     seen_at = progress(out)
     # Killed no later than LAST_STEPS before the end: a few paced steps are a few tenths of a
     # second, which a loaded machine can keep this process waiting.
