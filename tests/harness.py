@@ -178,11 +178,37 @@ def committed_ids(run_dir: Path) -> set[str]:
     return {p.stem for p in (run_dir / "snapshots").glob("*.json")}
 
 
-def request_snapshot(run: Run, run_dir: Path) -> str:
-    """SIGUSR1 to the supervisor; returns the id of the snapshot once committed."""
+def run_log(run_dir: Path) -> list[dict]:
+    """The run log's records (DIR/log.jsonl); none before it exists, and not a last line still
+    being written."""
+    try:
+        lines = (run_dir / "log.jsonl").read_text().split("\n")
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def request_snapshot(run: Run, run_dir: Path, hold: Path | None = None) -> str:
+    """SIGUSR1 to the supervisor; returns the id of the snapshot once committed. ``hold``: a
+    file locked here from the snapshot's fork to its commit, which programs/notorch/pace.py
+    waits for after each step (on a loaded machine the commit came after the program's last
+    step, and there was nothing left to kill). Not before the fork: the snapshot waits for the
+    program's next safe point."""
     before = committed_ids(run_dir)
+    forked = sum(e.get("event") == "forked" for e in run_log(run_dir))
     run.signal(signal.SIGUSR1)
-    return max(wait_for(lambda: committed_ids(run_dir) - before, "a committed snapshot", proc=run))
+    if hold is None:
+        return max(wait_for(lambda: committed_ids(run_dir) - before, "a committed snapshot", proc=run))
+    wait_for(lambda: sum(e.get("event") == "forked" for e in run_log(run_dir)) > forked or committed_ids(run_dir) - before,
+             "the snapshot's fork", proc=run)
+    locked = hold.with_name(hold.name + ".locked")
+    with open(locked, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        os.replace(locked, hold)  # a program that finds it finds it locked
+        try:
+            return max(wait_for(lambda: committed_ids(run_dir) - before, "a committed snapshot", proc=run))
+        finally:
+            hold.unlink(missing_ok=True)
 
 
 def listed(run_dir: Path, cwd: Path, snap_id: str, python: str = sys.executable) -> dict:
@@ -198,38 +224,11 @@ def snapshot_now(run: Run, run_dir: Path, cwd: Path) -> dict:
 LAST_STEPS = 8  # the steps before a program's end that ``interrupt`` leaves it, at least
 
 
-def _forks(run_dir: Path) -> int:
-    """Snapshots forked so far, by the run log."""
-    try:
-        text = (run_dir / "log.jsonl").read_text()
-    except FileNotFoundError:
-        return 0
-    return sum('"event":"forked"' in line.replace(" ", "") for line in text.splitlines())
-
-
-def _snapshot_holding(run: Run, run_dir: Path, out: Path) -> str:
-    """``request_snapshot``, with the program held at its next step from the snapshot's fork to
-    its commit (OUT/hold, locked here; programs/notorch/pace.py waits for the lock): on a loaded
-    machine the commit came after the program's last step, and there was nothing left to kill.
-    Not before the fork: the snapshot waits for the program's next safe point."""
-    before, forks = committed_ids(run_dir), _forks(run_dir)
-    run.signal(signal.SIGUSR1)
-    wait_for(lambda: _forks(run_dir) > forks or committed_ids(run_dir) - before, "the snapshot's fork", proc=run)
-    locked = out / "hold.locked"
-    with open(locked, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        os.replace(locked, out / "hold")  # a program that finds it finds it locked
-        try:
-            return max(wait_for(lambda: committed_ids(run_dir) - before, "a committed snapshot", proc=run))
-        finally:
-            (out / "hold").unlink(missing_ok=True)
-
-
 def interrupt(run: Run, out: Path, run_dir: Path, cwd: Path, rnd: random.Random, total: int, floor: int = 0) -> dict:
     """Snapshot at a random step, then kill -9 the whole group a few steps later."""
     snap_at = rnd.randint(floor + 3, floor + (total - floor) // 2)
     wait_for(lambda: progress(out) >= snap_at, f"step {snap_at}", proc=run)
-    snap_id = _snapshot_holding(run, run_dir, out)
+    snap_id = request_snapshot(run, run_dir, hold=out / "hold")
     seen_at = progress(out)
     # Killed no later than LAST_STEPS before the end: a few paced steps are a few tenths of a
     # second, which a loaded machine can keep this process waiting.

@@ -216,9 +216,8 @@ def _call_at(call: _DeferredCall, skip: int, note: dict | None, ctx: Context, at
     for j, (arg, arg_note) in enumerate(zip(args, notes)):
         ctx.touched.append(arg)
         sub = at + ((1,) if func is builtins.enumerate else (j,))
-        if arg_note and isinstance(_adapter(type(arg)), DataLoaderAdapter):
+        if _by_sampler(arg, arg_note):  # (any other loader is checked by its adapter's ``position``)
             _check_workers_copy(arg, arg_note)
-        if _by_sampler(arg, arg_note):
             remake = _remake_of(arg, arg_note)
             it = _dataloader_at(arg, skip, arg_note, restore_torch=not restored, start=False)
             restored = True
@@ -283,11 +282,12 @@ class DataLoaderAdapter:
                 note["sampler"] = sampler  # replay: is its sampler the run's when the loop starts?
         if loader.num_workers > 0:
             note["workers"] = loader.num_workers  # the writer digests the last batch: replay may take the skipped ones
+        if loader.persistent_workers and loader.num_workers > 0 and loader._iterator is not None:
+            note["reuses_workers"] = True  # this iter() draws no base seed: it only resets the iterator
+        elif loader.num_workers > 0:
             dataset, _ = digest(loader.dataset, by_name=True)
             if dataset is not None:
                 note["dataset"] = dataset  # what the workers copy as the loop starts (``_check_workers_copy``)
-        if loader.persistent_workers and loader.num_workers > 0 and loader._iterator is not None:
-            note["reuses_workers"] = True  # this iter() draws no base seed: it only resets the iterator
         return note
 
     def position(self, loader, skip, note, ctx, at):
@@ -317,7 +317,7 @@ def _check_workers_copy(loader, note: dict) -> None:
     set), or for persistent workers the run made in an earlier epoch, the witness judges."""
     want = note.get("dataset")
     if not want or loader.num_workers == 0 or note.get("reuses_workers"):
-        return  # persistent workers made in an earlier epoch hold that epoch's copy, not this one's
+        return  # persistent workers made in an earlier epoch hold that epoch's copy (the run notes none now)
     have, _ = digest(loader.dataset, by_name=True)
     if have is not None and have != want:
         raise FastForwardError(
@@ -558,10 +558,11 @@ def start_skipping(it, ctx: Context | None = None, at: tuple = (), remake_of: tu
 
 def sampler_digest(loader) -> tuple[str | None, str | None]:
     """(digest, None) of what the loader's index sampler draws its order from, other than its
-    random number generators: the samplers' attributes (a WeightedRandomSampler's weights, a
-    DistributedSampler's epoch), each dataset by its type and length only; or (None, why)."""
+    random number generators: the attributes of each sampler in ``_samplers`` (a
+    WeightedRandomSampler's weights, a DistributedSampler's epoch), each dataset by its type and
+    length only; or (None, why)."""
     try:
-        state = _sampler_state(loader._index_sampler, 0)
+        state = [_sampler_state(sampler) for sampler in _samplers(loader._index_sampler)]
     except Exception as exc:  # noqa: BLE001 - a property that raises: nothing proven
         return None, f"{type(exc).__name__} while reading its sampler"
     return digest(state)
@@ -570,7 +571,20 @@ def sampler_digest(loader) -> tuple[str | None, str | None]:
 _DATA_ATTRS = ("data_source", "dataset")
 
 
-def _sampler_state(sampler, depth: int) -> list:
+def _samplers(index_sampler) -> list:
+    """The index sampler and the samplers it holds, theirs in turn, four levels down at most (a
+    BatchSampler's sampler, a wrapper's)."""
+    from torch.utils.data import Sampler
+
+    found, level = [], [index_sampler]
+    for _ in range(5):
+        found += level
+        level = [value for sampler in level for value in (getattr(sampler, "__dict__", None) or {}).values()
+                 if isinstance(value, Sampler) and not any(value is seen for seen in found)]
+    return found
+
+
+def _sampler_state(sampler) -> list:
     import torch
     from torch.utils.data import Dataset, Sampler
 
@@ -580,8 +594,8 @@ def _sampler_state(sampler, depth: int) -> list:
             value = "a torch.Generator"  # its state is the draws' business: restored, or compared by the witness
         elif isinstance(value, Dataset) or name in _DATA_ATTRS:
             value = [f"{type(value).__module__}.{type(value).__qualname__}", _length(value)]
-        elif isinstance(value, Sampler) and depth < 4:
-            value = _sampler_state(value, depth + 1)
+        elif isinstance(value, Sampler):
+            value = f"the sampler {type(value).__qualname__}"  # its own state is its entry in ``_samplers``
         state.append([name, value])
     return state
 
@@ -600,24 +614,12 @@ def _remake_of(loader, note: dict) -> tuple | None:
     return (loader, want) if want and sampler_digest(loader)[0] != want else None
 
 
-def _generator_states(sampler) -> dict:
-    """{generator: state} of every torch.Generator the index sampler (and the samplers inside
-    it) holds."""
+def _generator_states(index_sampler) -> dict:
+    """{generator: state} of every torch.Generator the samplers of ``_samplers`` hold."""
     from torch import Generator
-    from torch.utils.data import Sampler
 
-    found, stack, seen = {}, [sampler], set()
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen or len(seen) > 16:
-            continue
-        seen.add(id(obj))
-        for value in (getattr(obj, "__dict__", None) or {}).values():
-            if isinstance(value, Generator):
-                found[value] = None
-            elif isinstance(value, Sampler):
-                stack.append(value)
-    return {gen: gen.get_state() for gen in found}
+    return {value: value.get_state() for sampler in _samplers(index_sampler)
+            for value in (getattr(sampler, "__dict__", None) or {}).values() if isinstance(value, Generator)}
 
 
 class Remake:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import Run, _env, as_host, assert_same, committed_ids, copy_programs, gpusnap, start_plain, wait_for
+from harness import Run, _env, as_host, assert_same, committed_ids, copy_programs, gpusnap, run_log, start_plain, wait_for
 
 pytestmark = [pytest.mark.skipif(not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
                                  reason="torch.distributed with gloo is not available"),
@@ -244,10 +244,6 @@ def test_two_nodes_sigterm_exits_75_on_each_and_both_restart(tmp_path):
     compare(ref, out, 2)
 
 
-def _log(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
-
-
 def test_every_auto_goes_on_taking_global_snapshots_timed_by_their_measured_cost(tmp_path):
     """--every auto in a distributed run: each global snapshot's cost is measured on the node's
     lowest rank, and the timer asks for the next one (it waited forever for the first cost)."""
@@ -257,7 +253,7 @@ def test_every_auto_goes_on_taking_global_snapshots_timed_by_their_measured_cost
     done = gpusnap("run", "--nproc-per-node", 2, "--every", "auto", "--overhead", "20%", "--dir", run_dir, "ddp.py", out, "13",
                    cwd=progs, timeout=300, env=fast)
     assert done.returncode == 0, done.stderr[-3000:]
-    log = _log(run_dir)
+    log = run_log(run_dir)
     costs = [e for e in log if e.get("event") == "cost" and e.get("source") != "supervisor"]
     assert len(committed_ids(run_dir)) >= 3 and len(costs) >= 2, [e.get("event") for e in log]
     assert [e["every"] for e in log if e.get("event") == "schedule"][-1:] == ["auto"]
@@ -278,7 +274,7 @@ def test_a_failing_writer_on_one_rank_fails_the_snapshot_for_all_and_training_go
         run.signal(signal.SIGUSR1)
         writer = wait_for(lambda: rank1.children(), "rank 1's writer", proc=run, timeout=60)[0]
         writer.suspend()
-        failed = wait_for(lambda: [e for e in _log(run_dir) if e["event"] == "failed" and e.get("rank") == 0],
+        failed = wait_for(lambda: [e for e in run_log(run_dir) if e["event"] == "failed" and e.get("rank") == 0],
                           "the global snapshot to fail", proc=run, timeout=120)[0]
         assert failed["message"].startswith(f"rank 1: the writer (pid {writer.pid}) made no progress for 3 s"), failed
         assert committed_ids(run_dir) == set()
@@ -321,7 +317,7 @@ def test_a_store_that_stops_answering_abandons_the_snapshot_and_training_goes_on
         agent.suspend()
         try:
             run.signal(signal.SIGUSR1)
-            failed = wait_for(lambda: [e for e in _log(run_dir) if e["event"] == "failed"], "the snapshot to be abandoned",
+            failed = wait_for(lambda: [e for e in run_log(run_dir) if e["event"] == "failed"], "the snapshot to be abandoned",
                               proc=run, timeout=120)[0]
             reached = least_progress(out, 2)
             wait_for(lambda: least_progress(out, 2) > reached + 5, "training to go on", proc=run)

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 import harness
-from harness import Run, committed_ids, copy_programs, gpusnap, plain, progress, request_snapshot
+from harness import Run, committed_ids, copy_programs, gpusnap, plain, progress, request_snapshot, run_log
 
 from gpusnap.errors import EXIT_PREEMPTED
 
@@ -25,14 +25,6 @@ def _counters(tmp_path):
     return programs / "notorch" / "counters.py", out
 
 
-def _log(tmp_path) -> list[dict]:
-    """The run log's records (DIR/log.jsonl)."""
-    try:
-        return [json.loads(line) for line in (tmp_path / "snaps" / "log.jsonl").read_text().splitlines()]
-    except FileNotFoundError:
-        return []
-
-
 def test_a_retention_failure_after_the_commit_is_a_warning_and_sigterm_still_exits_75(tmp_path):
     """--keep prunes after each commit. When pruning fails (here: an older manifest that no
     longer parses, so gc cannot tell what that snapshot needs), the new snapshot is still
@@ -43,7 +35,7 @@ def test_a_retention_failure_after_the_commit_is_a_warning_and_sigterm_still_exi
     wait_for(lambda: progress(out) >= 5, "step 5", proc=run)
     first = request_snapshot(run, tmp_path / "snaps")
     # The manifest is there before its writer has pruned and reported: wait for the report.
-    wait_for(lambda: any(e.get("id") == first and e["event"] in ("committed", "failed") for e in _log(tmp_path)),
+    wait_for(lambda: any(e.get("id") == first and e["event"] in ("committed", "failed") for e in run_log(tmp_path / "snaps")),
              "the first writer's report", proc=run)
     damaged = tmp_path / "snaps" / "snapshots" / f"{first}.json"
     damaged.write_bytes(damaged.read_bytes()[:100])  # bit rot in an older snapshot
@@ -58,7 +50,7 @@ def test_a_retention_failure_after_the_commit_is_a_warning_and_sigterm_still_exi
         f"{first} is damaged: "), err
     assert lines[committed + 2] == f"hint: move {damaged} out of the directory, then run gc again", err
     assert "failed:" not in err.replace("failed after the commit", "")
-    assert [e["event"] for e in _log(tmp_path) if e.get("id") == "000002" and e["event"] in ("committed", "failed")][-1] == "committed"
+    assert [e["event"] for e in run_log(tmp_path / "snaps") if e.get("id") == "000002" and e["event"] in ("committed", "failed")][-1] == "committed"
 
     # Requeued: the same command continues from the committed snapshot, to the same end.
     again = gpusnap("run", "--keep", "2", "--dir", "snaps", counters, out, steps, cwd=tmp_path)
@@ -205,7 +197,7 @@ def test_a_hung_writer_is_killed_after_the_timeout_and_training_goes_on(tmp_path
         if action == "stop":
             writer.suspend()
         hung_at = time.time()
-        failed = wait_for(lambda: [e for e in _log(tmp_path) if e["event"] == "failed"], "the snapshot to fail",
+        failed = wait_for(lambda: [e for e in run_log(tmp_path / "snaps") if e["event"] == "failed"], "the snapshot to fail",
                           timeout=60, proc=run)[0]
         assert failed["id"] == "000001"
         assert failed["message"] == (

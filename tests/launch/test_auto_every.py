@@ -4,24 +4,19 @@ show the interval and the measured overhead."""
 
 from __future__ import annotations
 
-import json
 import statistics
 
 import pytest
 
 from gpusnap.capture.trainee.costs import measure
 from gpusnap.launch.schedule import COSTS_KEPT, INTERVAL_PER_WINDOW, Schedule
-from harness import copy_programs, gpusnap, ref_and_out, snapshots
+from harness import copy_programs, gpusnap, ref_and_out, run_log, snapshots
 
 pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
 
 STEP_S, SLOW_S, SLOW_ITERATIONS = 0.02, 0.05, 4
 BUDGET = 0.1
 FAST = {"GPUSNAP_AUTO_FIRST_S": "2", "GPUSNAP_AUTO_MIN_INTERVAL_S": "0.5", "TEST_STEP_SLEEP_S": "0"}
-
-
-def _log(run_dir) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
 
 
 def test_auto_measures_each_snapshots_cost_and_keeps_the_budget(tmp_path):
@@ -35,7 +30,7 @@ def test_auto_measures_each_snapshots_cost_and_keeps_the_budget(tmp_path):
     done = gpusnap("run", "--every", "auto", "--overhead", f"{BUDGET * 100:g}%", "--dir", "snaps", program, out,
                    700, STEP_S, SLOW_S, SLOW_ITERATIONS, cwd=tmp_path, env=FAST)
     assert done.returncode == 0, done.stderr
-    log = _log(tmp_path / "snaps")
+    log = run_log(tmp_path / "snaps")
     costs = [e for e in log if e["event"] == "cost"]
     forks = [e for e in log if e["event"] == "forked"]
     retunes = [e for e in log if e["event"] == "schedule"]
@@ -84,7 +79,7 @@ def test_without_iteration_times_the_cost_is_the_stall_and_the_writers_cpu(tmp_p
     env = {**FAST, "GPUSNAP_AUTO_FIRST_S": "0.5", "TEST_STEP_SLEEP_S": "0.01"}
     done = gpusnap("run", "--every", "auto", "--dir", "snaps", program, out, 400, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr
-    log = _log(tmp_path / "snaps")
+    log = run_log(tmp_path / "snaps")
     costs = [e for e in log if e["event"] == "cost"]
     assert costs and all(c["how"] == "writer_cpu" and c["cost_s"] >= c["stall_s"] + c["writer_cpu_s"] - 1e-6 for c in costs), costs
     connected = next(e["t"] for e in log if e["event"] == "connected")
