@@ -7,7 +7,8 @@ hundred of them on two cores. So each pytest worker keeps a server process that 
 once and forks a child per reference; the child takes the request's working directory,
 environment, argv and standard streams, runs the program as ``__main__`` (``runpy.run_path``)
 and leaves the interpreter as `python program.py` would: atexit handlers, non-daemon threads,
-the exit status of an uncaught exception or ``SystemExit``.
+the exit status of an uncaught exception or ``SystemExit``. One thing more: faulthandler is
+enabled, so that a reference a test finds hung writes its stacks on SIGABRT.
 
 What a fork cannot give the child is what the interpreter reads at its start: sys.path and
 the flags (``PYTHON*``), and what torch reads when imported (thread counts, ``TORCH_*``). A
@@ -41,6 +42,7 @@ import time
 # Environment variables read when the interpreter starts or torch is imported: a request that
 # sets them otherwise than the worker's own environment runs as a plain subprocess.
 _AT_START = ("PYTHON", "OMP_", "MKL_", "KMP_", "TORCH", "PYTORCH", "CUDA", "LD_", "NVIDIA")
+_READ_LATER = ("TORCHELASTIC_",)  # read when a process group starts (torchrun's environment for its ranks)
 
 _SERVER = r"""
 import json, os, select, sys
@@ -86,7 +88,8 @@ if request is not None:
     program = request["argv"][0]
     sys.argv = list(request["argv"])
     sys.path[0] = os.path.dirname(os.path.abspath(program))
-    import runpy
+    import faulthandler, runpy
+    faulthandler.enable()  # a test that finds a reference hung sends SIGABRT for its stacks
     runpy.run_path(program, run_name="__main__")
 """
 
@@ -204,7 +207,8 @@ def server_environment() -> dict:
 
 
 def _at_start(env: dict) -> tuple:
-    return tuple(sorted((key, value) for key, value in env.items() if key.startswith(_AT_START)))
+    return tuple(sorted((key, value) for key, value in env.items()
+                        if key.startswith(_AT_START) and not key.startswith(_READ_LATER)))
 
 
 def _subprocess(argv, cwd, env, python) -> subprocess.Popen:

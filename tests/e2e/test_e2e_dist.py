@@ -9,6 +9,7 @@ the reference's. Seeds are logged.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -34,28 +35,58 @@ pytestmark = [pytest.mark.skipif(not torch.distributed.is_available() or not tor
 STEP_SLEEP = {"TEST_STEP_SLEEP_S": "0.05", "GPUSNAP_WRITER_PRIORITY": "0"}
 
 
-def reference_job(program: str, *args, ranks: int, cwd: Path) -> list:
+@dataclasses.dataclass
+class Job:
+    """A reference job: its ranks' processes, and the rendezvous store they join."""
+    ranks: list
+    store: torch.distributed.TCPStore
+
+
+def reference_job(program: str, *args, ranks: int, cwd: Path) -> Job:
     """The job run uninterrupted on one node, its ranks started as by ``torchrun --standalone``
-    (the environment its agent gives each: a rendezvous on a free local port) but forked from an
-    interpreter that has imported torch (tests/forkserver.py), without the agent: a rank's torch
-    import was most of a reference job's CPU. ``finish_job`` waits for it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    (the environment its agent gives each) but forked from an interpreter that has imported
+    torch (tests/forkserver.py), without the agent: a rank's torch import was most of a
+    reference job's CPU. As torchrun's agent does, the test holds the job's store, on a port it
+    bound itself, and every rank joins it as a client: a port found free and handed to rank 0
+    to bind could be taken in between by any other job on the machine. ``finish_job`` waits
+    for the job."""
+    store = torch.distributed.TCPStore("127.0.0.1", 0, world_size=ranks, is_master=True, wait_for_workers=False)
     job = {"WORLD_SIZE": str(ranks), "LOCAL_WORLD_SIZE": str(ranks), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port)}
-    return [start_plain(cwd / program, *args, cwd=cwd, env={**job, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(ranks)]
+           "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    return Job([start_plain(cwd / program, *args, cwd=cwd, env={**job, "RANK": str(r), "LOCAL_RANK": str(r)})
+                for r in range(ranks)], store)
 
 
-def finish_job(ranks: list, timeout: float = 300) -> None:
+def finish_job(job: Job, timeout: float = 150) -> None:
+    """Wait for every rank to end with status 0. A rank still running after ``timeout`` seconds
+    (a reference ends in seconds) fails the test before pytest's own timeout would, with each
+    running rank's Python stacks (a forked reference's faulthandler writes them on SIGABRT)."""
+    deadline = time.monotonic() + timeout
     try:
-        for rank, reference in enumerate(ranks):
-            _, err = reference.communicate(timeout=timeout)
+        for rank, reference in enumerate(job.ranks):
+            while reference.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if reference.poll() is None:
+                pytest.fail(f"reference rank {rank} still runs after {timeout} s:\n{_stacks(job.ranks)}")
+            _, err = reference.communicate()
             assert reference.returncode == 0, f"reference rank {rank}: {err[-3000:]}"
     finally:
-        for reference in ranks:
+        for reference in job.ranks:
             if reference.poll() is None:
                 reference.kill()
+
+
+def _stacks(ranks: list) -> str:
+    for reference in ranks:
+        if reference.poll() is None:
+            os.kill(reference.pid, signal.SIGABRT)
+    said = []
+    for rank, reference in enumerate(ranks):
+        try:
+            said.append(f"--- rank {rank}:\n{reference.communicate(timeout=10)[1][-3000:]}")
+        except subprocess.TimeoutExpired:
+            said.append(f"--- rank {rank}: no stacks (still running after SIGABRT)")
+    return "\n".join(said)
 
 
 def rank_progress(out: Path, rank: int) -> int:
