@@ -44,6 +44,7 @@ from collections import deque
 from gpusnap.errors import FastForwardError
 from gpusnap.graph import rng, workers
 from gpusnap.graph.digest import digest
+from gpusnap.graph.iterators import put_sampler_generators, sampler_generators, samplers_of
 from gpusnap.instrument.loops import _DeferredCall
 
 _POSITIONED = (range, list, tuple)
@@ -280,6 +281,9 @@ class DataLoaderAdapter:
             sampler, _ = sampler_digest(loader)
             if sampler is not None:
                 note["sampler"] = sampler  # replay: is its sampler the run's when the loop starts?
+            own = sampler_generators(loader)
+            if own:
+                note["sampler_rngs"] = own  # a sampler's generator of its own: put back with the loader's
         if loader.num_workers > 0:
             note["workers"] = loader.num_workers  # the writer digests the last batch: replay may take the skipped ones
         if loader.persistent_workers and loader.num_workers > 0 and loader._iterator is not None:
@@ -468,6 +472,7 @@ def _restore_rng(loader, note: dict, restore_torch: bool = True) -> None:
     state = note.get("generator_rng")
     if state is not None and loader.generator is not None:
         loader.generator.set_state(rng.tensor_b64(state) if isinstance(state, str) else state)
+    put_sampler_generators(loader, note.get("sampler_rngs") or [])
 
 
 def _dataloader_at(loader, skip: int, note: dict, restore_torch: bool = True, start: bool = True):
@@ -558,30 +563,17 @@ def start_skipping(it, ctx: Context | None = None, at: tuple = (), remake_of: tu
 
 def sampler_digest(loader) -> tuple[str | None, str | None]:
     """(digest, None) of what the loader's index sampler draws its order from, other than its
-    random number generators: the attributes of each sampler in ``_samplers`` (a
+    random number generators: the attributes of each sampler in ``samplers_of`` (a
     WeightedRandomSampler's weights, a DistributedSampler's epoch), each dataset by its type and
     length only; or (None, why)."""
     try:
-        state = [_sampler_state(sampler) for sampler in _samplers(loader._index_sampler)]
+        state = [_sampler_state(sampler) for sampler in samplers_of(loader._index_sampler)]
     except Exception as exc:  # noqa: BLE001 - a property that raises: nothing proven
         return None, f"{type(exc).__name__} while reading its sampler"
     return digest(state)
 
 
 _DATA_ATTRS = ("data_source", "dataset")
-
-
-def _samplers(index_sampler) -> list:
-    """The index sampler and the samplers it holds, theirs in turn, four levels down at most (a
-    BatchSampler's sampler, a wrapper's)."""
-    from torch.utils.data import Sampler
-
-    found, level = [], [index_sampler]
-    for _ in range(5):
-        found += level
-        level = [value for sampler in level for value in (getattr(sampler, "__dict__", None) or {}).values()
-                 if isinstance(value, Sampler) and not any(value is seen for seen in found)]
-    return found
 
 
 def _sampler_state(sampler) -> list:
@@ -595,7 +587,7 @@ def _sampler_state(sampler) -> list:
         elif isinstance(value, Dataset) or name in _DATA_ATTRS:
             value = [f"{type(value).__module__}.{type(value).__qualname__}", _length(value)]
         elif isinstance(value, Sampler):
-            value = f"the sampler {type(value).__qualname__}"  # its own state is its entry in ``_samplers``
+            value = f"the sampler {type(value).__qualname__}"  # its own state is its entry in ``samplers_of``
         state.append([name, value])
     return state
 
@@ -615,10 +607,10 @@ def _remake_of(loader, note: dict) -> tuple | None:
 
 
 def _generator_states(index_sampler) -> dict:
-    """{generator: state} of every torch.Generator the samplers of ``_samplers`` hold."""
+    """{generator: state} of every torch.Generator the samplers of ``samplers_of`` hold."""
     from torch import Generator
 
-    return {value: value.get_state() for sampler in _samplers(index_sampler)
+    return {value: value.get_state() for sampler in samplers_of(index_sampler)
             for value in (getattr(sampler, "__dict__", None) or {}).values() if isinstance(value, Generator)}
 
 

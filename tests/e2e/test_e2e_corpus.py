@@ -9,7 +9,9 @@ subclass, complex and bfloat16 weights, pruning, a GradScaler); a DQN agent writ
 buffer in place and its target network by hand; a script that checkpoints and resumes itself,
 whose replay finds the checkpoint it saved before the snapshot; a TorchScript model under the
 torch profiler; validation every few steps over a shuffled loader; pseudo-labels from an
-itertools.cycle over the unlabeled loader; a DDP script run as one plain process) continue with the same bytes
+itertools.cycle over the unlabeled loader; a DDP script run as one plain process; K-fold
+cross-validation with a model made per fold; a pipeline of chained generators over JSON-lines
+shards; distillation; an EMA over a checkpointed, autocast model) continue with the same bytes
 after a kill: each is run uninterrupted, and again under `gpusnap run` with SIGUSR1 at a random
 step, kill -9 of the whole process group a few steps later, then `gpusnap restart`. One seed per
 program by default (printed; pytest shows it on failure); GPUSNAP_TEST_SEEDS=1,2,3 runs more.
@@ -61,8 +63,10 @@ CORPUS = {
     # past the first epoch: persistent workers hold the first epoch's copy of a dataset each epoch
     # relabels (as the replay's fresh ones do: not refused, unlike new workers each epoch)
     "self_training-persistent": ("self_training.py", ["--workers", "2", "--persistent"], 12, "gpusnap: fast-forward "),
-    # past the first epoch (12 batches): the iterator was made again in an iteration replay skips
-    "next_batch-reiter": ("next_batch.py", ["--variant", "reiter"], 12, "made the DataLoader iterator at frame[1].locals.train_iter again"),
+    # past the first epoch (12 batches): the iterator was made again in an iteration replay skips,
+    # from a sampler whose order a generator of the script's own draws
+    "next_batch-reiter-own-generator": ("next_batch.py", ["--variant", "reiter", "--own-generator"], 12,
+                                        "made the DataLoader iterator at frame[1].locals.train_iter again"),
     # past the first pass: replay runs the program's cycle() generator again to its place
     "next_batch-cycle": ("next_batch.py", ["--variant", "cycle"], 12, "ran the generator at frame[1].locals.train_iter to item"),
     # workers draw a random flip per sample: fast-forward must take the skipped batches
@@ -75,6 +79,11 @@ CORPUS = {
     # the generators the original's started the epoch with
     "collate_draws-persistent": ("collate_draws.py", ["--workers", "2", "--persistent", "--epochs", "5"], 10,
                                  "persistent workers' generators put back"),
+    # past the first epoch (8 batches): each fold's SubsetRandomSampler draws from a generator of
+    # its own, whose state at the epoch's start the loop's note keeps
+    "kfold_cv": ("kfold_cv.py", [], 8, "by batch sampler"),
+    # a chain of generators consumed through islice: the ones inside it move with it
+    "shard_pipeline": ("shard_pipeline.py", [], 0, "by consuming"),
 }
 MORE = {
     # past the first epoch: a dataset whose pseudo-labels each epoch's end rewrites, loaded in the
@@ -95,12 +104,17 @@ MORE = {
     "imagenet_style": ("imagenet_style.py", []),
     "vae": ("vae.py", []),
     "next_batch-fresh": ("next_batch.py", ["--variant", "fresh"]),
+    "next_batch-reiter": ("next_batch.py", ["--variant", "reiter"], 12, "made the DataLoader iterator at frame[1].locals.train_iter again"),
     "reinforce": ("reinforce.py", []),
     "semi_supervised": ("semi_supervised.py", []),
     "char_rnn": ("char_rnn.py", []),
     "stream_workers": ("stream_workers.py", []),
     "collate_draws-workers": ("collate_draws.py", ["--workers", "2"], 0, "by consuming"),
     "augment_rng-persistent": ("augment_rng.py", ["--persistent"], 12, "persistent workers' generators put back"),
+    # a teacher's loop, then a student's: a snapshot in either (a straight-through autograd.Function)
+    "distill": ("distill.py", []),
+    # activation checkpointing with dropout, bf16 autocast, accumulation, an AveragedModel EMA
+    "ema_checkpointed": ("ema_checkpointed.py", ["--epochs", "3"]),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)

@@ -71,7 +71,8 @@ def _note_loader_iters(module) -> None:
         witness.loader_made()
         if self.persistent_workers and self.num_workers > 0:
             workers.make_state_dir()  # before its workers fork: they leave their RNG states there
-        made_with = rng.compact(), (self.generator.get_state() if self.generator is not None else None)
+        made_with = (rng.compact(), self.generator.get_state() if self.generator is not None else None,
+                     iterators.sampler_generators(self))
         it = loader_iter(self)
         try:
             iterators.LOADER_ITERS[it] = (weakref.ref(self), made_with)

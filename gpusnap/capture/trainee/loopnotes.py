@@ -20,6 +20,7 @@ memory, no torch operator runs.
 
 from __future__ import annotations
 
+import gc
 import inspect
 import io
 import types
@@ -44,6 +45,8 @@ def note_json(note, read=None):
             value = rng.to_json(value, read)
         elif key == "generator_rng" and value is not None and not isinstance(value, str):
             value = rng.to_json((b"", None, None, value, None), read)["torch"]
+        elif key == "sampler_rngs":
+            value = [[i, name, state if isinstance(state, str) else rng.tensor_json(state, read)] for i, name, state in value]
         elif key == "args":
             value = [note_json(arg, read) for arg in value]
         elif key == "owned":
@@ -109,6 +112,31 @@ def _source(loop):
     return frame.f_locals.get("it") if frame is not None else None
 
 
+def held_by_sources(active_loops) -> set[int]:
+    """ids of the iterators that the running loops' sources hold, transitively: the generators a
+    pipeline of generators keeps in its suspended frames (``batched(decode(shuffle(read())))``),
+    the iterators an islice, zip, map or chain wraps. Fast-forward moves them with the source it
+    consumes, whose last item it checks; one that no path reaches otherwise has no other place
+    to be put back from (the writer describes it for no check)."""
+    found: set[int] = set()
+    stack = [source for loop in active_loops if (source := _source(loop)) is not None]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in found:
+            continue
+        found.add(id(obj))
+        if isinstance(obj, types.GeneratorType):
+            held = list(obj.gi_frame.f_locals.values()) if obj.gi_frame is not None else []
+        else:
+            held = gc.get_referents(obj)  # a C iterator's: what it wraps
+        stack += [value for value in held if _is_iterator(value)]
+    return found
+
+
+def _is_iterator(value) -> bool:
+    return hasattr(type(value), "__next__") and not isinstance(value, (io.IOBase, *_PROXIES))
+
+
 def fetched_ahead(loop):
     """The loop's source when it is a library generator that fetches ahead of what it yielded
     (``pickler.FETCHED_AHEAD``): the snapshot keeps what it fetched; None otherwise."""
@@ -170,8 +198,9 @@ def _describe(obj, read, active_loops=()):
             info["worker_rng"] = states
         made = LOADER_ITERS.get(obj)
         if made is not None:
-            states, generator = made[1]
-            info["made_with"] = {"rng": rng.to_json(states, read), "generator": rng.tensor_json(generator, read) if generator is not None else None}
+            states, generator, samplers = made[1]
+            info["made_with"] = {"rng": rng.to_json(states, read), "generator": rng.tensor_json(generator, read) if generator is not None else None,
+                                 "samplers": [[i, name, rng.tensor_json(state, read)] for i, name, state in samplers]}
         return info
     if hasattr(type(obj), "__next__") and not isinstance(obj, io.IOBase):
         return {"kind": "iterator"}

@@ -113,7 +113,7 @@ def write_snapshot(job: WriteJob, report_progress=None) -> dict:
         sources = {id(obj) for obj in (payload.get("ahead") or {}).values()}  # positioned by fast-forward, not livecheck
         iterators = {id(obj): info for obj, _ in pickler.live_only
                      if id(obj) not in sources and (info := loopnotes.describe(obj, read, job.active_loops))}
-        manifest = _manifest(job, payload, pickler, graph, stall_s, iterators)
+        manifest = _manifest(job, payload, pickler, graph, stall_s, iterators, loopnotes.held_by_sources(job.active_loops))
         if job.files is not None:
             from gpusnap import files
 
@@ -212,7 +212,8 @@ def _apply_retention(rundir, keep: int, when: str = "after the commit") -> dict:
     return {"pruned_first": report["removed_snapshots"]} if when != "after the commit" else {}
 
 
-def _manifest(job: WriteJob, payload: dict, pickler: GraphPickler, graph: dict, stall_s: float, iterators: dict) -> dict:
+def _manifest(job: WriteJob, payload: dict, pickler: GraphPickler, graph: dict, stall_s: float, iterators: dict,
+              in_sources: set[int]) -> dict:
     torch = sys.modules.get("torch")
     named = roots.named_roots(payload)
     wanted = {id(obj) for obj, _ in pickler.live_only} | {id(t) for t, _ in pickler.tensors}
@@ -256,8 +257,10 @@ def _manifest(job: WriteJob, payload: dict, pickler: GraphPickler, graph: dict, 
     }
     live_only = [{"path": where.get(id(obj), "?"), "type": name} for obj, name in pickler.live_only]
     for entry, (obj, _) in zip(live_only, pickler.live_only):
-        if id(obj) in iterators:
-            entry["iterator"] = iterators[id(obj)]  # where it stood: replay checks its own (livecheck)
+        # where it stood: replay checks its own (livecheck); one that only a loop's source
+        # reaches moves with the source, which fast-forward positions and checks
+        if id(obj) in iterators and not (entry["path"] == "?" and id(obj) in in_sources):
+            entry["iterator"] = iterators[id(obj)]
     return {
         "iteration": job.iteration,
         "reason": job.reason,

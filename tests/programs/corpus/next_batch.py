@@ -4,14 +4,15 @@ iterator kept in a variable and made again when it runs out (--variant reiter: `
 next(it) except StopIteration: it = iter(loader)`), or an endless generator over the loader,
 `def cycle(dl): while True: for x in dl: yield x` (counting its passes), made once and advanced
 with next() (--variant cycle). A cosine LR schedule with warmup, gradient clipping, an eval every --eval-every steps.
-usage: next_batch.py OUT [--variant fresh|reiter|cycle] [--steps N]"""
+--own-generator: the loader's RandomSampler is made by the script with a generator of its own.
+usage: next_batch.py OUT [--variant fresh|reiter|cycle] [--steps N] [--own-generator]"""
 import argparse
 import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 from common import finish, progress
 
@@ -40,12 +41,18 @@ def main():
     parser.add_argument('--variant', choices=['fresh', 'reiter', 'cycle'], default='fresh')
     parser.add_argument('--steps', type=int, default=80)
     parser.add_argument('--eval-every', type=int, default=20)
+    parser.add_argument('--own-generator', action='store_true')
     args = parser.parse_args()
 
     torch.manual_seed(0)
     x = torch.randn(200, 10)
     y = (x[:, :3].sum(1, keepdim=True) > 0).float()
-    loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True, drop_last=True)
+    data = TensorDataset(x, y)
+    if args.own_generator:
+        sampler = RandomSampler(data, generator=torch.Generator().manual_seed(1))
+        loader = DataLoader(data, batch_size=16, sampler=sampler, drop_last=True)
+    else:
+        loader = DataLoader(data, batch_size=16, shuffle=True, drop_last=True)
     val = (torch.randn(64, 10), None)
     val = (val[0], (val[0][:, :3].sum(1, keepdim=True) > 0).float())
 
