@@ -6,6 +6,7 @@ with the replayed program by path::
 
     {"frames":  [{"file", "function", "firstlineno", "line", "locals": {name: value}}, ...],
      "globals": {module name: {name: value}},
+     "statics": {module name: {class or function name: {attribute: value}}},
      "rng":     {"random": ..., "numpy": ..., "torch": ..., "torch.cuda": ...},
      "loops":   [{"frame": index into frames, "loop_id": "LINE:COL", "index": n,
                   "kind": "for"|"while", "resume": {...} | None,
@@ -13,6 +14,12 @@ with the replayed program by path::
 
 Frames run from the ``__main__`` module frame (whose locals are its globals, so they are stored
 once, under ``globals``) down to the frame of the loop whose boundary is the safe point.
+
+``statics`` is the state a program keeps on the classes and functions its modules define, which
+pickle by name and so hold nothing of it: a class attribute the loop counts up (``Net.steps +=
+1``), an attribute set on a function (``log.calls``), a mutable default argument used as a cache
+or running statistic (``def weigh(x, stats={})``). Methods, nested classes, descriptors and
+dunder names are definitions, not state.
 """
 
 from __future__ import annotations
@@ -54,6 +61,52 @@ def _keep_global(name: str, value) -> bool:
     if name.startswith("__") or "__gpusnap_" in name:
         return False
     return not isinstance(value, _DEFINITIONS)
+
+
+def _statics(module: str, namespace: dict) -> dict:
+    """{name: {attribute: value}} of the state on the classes and functions ``module`` defines."""
+    found = {}
+    for name, value in list(namespace.items()):
+        if name.startswith("__") or getattr(value, "__module__", None) != module:
+            continue
+        if isinstance(value, type):
+            state = _class_state(value)
+        elif isinstance(value, types.FunctionType):
+            state = _function_state(value)
+        else:
+            continue
+        if state:
+            found[name] = state
+    return found
+
+
+def _class_state(cls: type) -> dict:
+    import enum
+
+    if issubclass(cls, enum.Enum):
+        return {}  # its members are definitions, pickled by name
+    return {name: value for name, value in vars(cls).items()
+            if not name.startswith("__") and "__gpusnap_" not in name and not _definition(value)}
+
+
+def _function_state(func) -> dict:
+    state = {name: value for name, value in vars(func).items() if not name.startswith("__")}
+    if func.__defaults__ and not all(map(_immutable, func.__defaults__)):
+        state["__defaults__"] = func.__defaults__
+    if func.__kwdefaults__ and not all(map(_immutable, func.__kwdefaults__.values())):
+        state["__kwdefaults__"] = func.__kwdefaults__
+    return state
+
+
+def _definition(value) -> bool:
+    """A method, property or other descriptor (its type has ``__get__``), a class, a module."""
+    return isinstance(value, (type, types.ModuleType)) or hasattr(type(value), "__get__")
+
+
+def _immutable(value) -> bool:
+    return value is None or isinstance(value, (bool, int, float, complex, str, bytes, frozenset, range, type,
+                                               types.FunctionType, types.BuiltinFunctionType, types.ModuleType)) \
+        or (isinstance(value, tuple) and all(map(_immutable, value)))
 
 
 def instrumented_modules() -> dict[str, dict]:
@@ -114,7 +167,8 @@ def collect(innermost_frame, active_loops: list, rng_states: dict, loop_record=N
         if loop_ahead is not None and (source := loop_ahead(loop)) is not None:
             ahead[len(loop_entries)] = source
         loop_entries.append(entry)
-    payload = {"frames": frame_entries, "globals": module_globals, "rng": rng_states, "loops": loop_entries}
+    statics = {name: found for name, namespace in instrumented_modules().items() if (found := _statics(name, namespace))}
+    payload = {"frames": frame_entries, "globals": module_globals, "statics": statics, "rng": rng_states, "loops": loop_entries}
     if ahead:
         payload["ahead"] = ahead
     return payload
@@ -125,6 +179,8 @@ def named_roots(roots: dict) -> list[tuple[str, object]]:
     named: list[tuple[str, object]] = []
     for module, values in roots["globals"].items():
         named += [(f"globals[{module}].{k}", v) for k, v in values.items()]
+    for module, owners in (roots.get("statics") or {}).items():
+        named += [(f"statics[{module}].{owner}.{k}", v) for owner, values in owners.items() for k, v in values.items()]
     for i, frame in enumerate(roots["frames"]):
         named += [(f"frame[{i}].locals.{k}", v) for k, v in frame["locals"].items()]
     named += [(f"loops[{i}].source", v) for i, v in (roots.get("ahead") or {}).items()]

@@ -22,6 +22,7 @@ import gc
 import os
 import sys
 import time
+import types
 
 from gpusnap import files, knobs
 from gpusnap.console import Console
@@ -241,6 +242,8 @@ class Replay:
             if live is None:
                 raise ReplayDiverged(f"module {module} held state in the snapshot but is not imported at the resume point")
             merged_globals.append((live, _merge_all(merger, live, values, f"globals[{module}]")))
+        merged_statics = [(owner, _merge_all(merger, _attributes(owner), values, f"statics[{module}].{name}"))
+                          for module, name, owner, values in _statics_of(payload, live_modules)]
         merged_locals = []
         for i, (frame, saved) in enumerate(zip(live_frames, saved_frames)):
             if saved["locals"]:
@@ -252,6 +255,9 @@ class Replay:
         merger.finish()
         for live, values in merged_globals:
             live.update({name: merger.settled(value) for name, value in values.items()})
+        for owner, values in merged_statics:
+            for name, value in values.items():
+                setattr(owner, name, merger.settled(value))
         for frame, values in merged_locals:
             write_locals(frame, {name: merger.settled(value) for name, value in values.items()})
         self._stage = "drawing again the order of DataLoaders whose samplers the replay made otherwise"
@@ -365,6 +371,26 @@ class Replay:
         want = self.expected[min(self.cursor, len(self.expected) - 1)]
         line = want["loop_id"].split(":")[0]
         return f"{_short(want['file'])}:{line} (in {want['function']})"
+
+
+def _statics_of(payload: dict, live_modules: dict):
+    """(module, name, the replay's class or function, the snapshot's attributes) for the state
+    the snapshot holds on the classes and functions of the program's modules (``roots``)."""
+    for module, owners in (payload.get("statics") or {}).items():
+        namespace = live_modules.get(module) or {}
+        for name, values in owners.items():
+            owner = namespace.get(name)
+            if owner is None:
+                raise ReplayDiverged(f"{module}.{name} held state in the snapshot but the replay does not define it")
+            yield module, name, owner, values
+
+
+def _attributes(owner) -> dict:
+    """A class's or function's attributes, a function's default arguments among them."""
+    found = dict(vars(owner))
+    if isinstance(owner, types.FunctionType):
+        found.update(__defaults__=owner.__defaults__, __kwdefaults__=owner.__kwdefaults__)
+    return found
 
 
 def _merge_all(merger: Merger, live: dict, saved: dict, path: str) -> dict:

@@ -115,6 +115,10 @@ MORE = {
     "distill": ("distill.py", []),
     # activation checkpointing with dropout, bf16 autocast, accumulation, an AveragedModel EMA
     "ema_checkpointed": ("ema_checkpointed.py", ["--epochs", "3"]),
+    "nanogpt_style": ("nanogpt_style.py", []),
+    "ppo": ("ppo.py", []),
+    "wgan_gp": ("wgan_gp.py", []),
+    "class_state": ("class_state.py", []),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)

@@ -1,0 +1,74 @@
+"""What a snapshot keeps of the state on the classes and functions a program's module defines
+(``graph.roots``): class attributes, function attributes and mutable default arguments, and no
+definition (methods, properties, nested classes, enum members) and nothing the module imported.
+tests/e2e/test_e2e_corpus.py restarts a program that keeps its state so (class_state)."""
+
+from gpusnap.graph import roots
+
+SOURCE = '''
+import collections
+import enum
+import functools
+from collections import OrderedDict
+
+
+class Net:
+    steps = 3
+    table = {"a": 1}
+    __private_by_convention = 5
+
+    def forward(self):
+        return self.steps
+
+    @property
+    def doubled(self):
+        return 2 * self.steps
+
+    @staticmethod
+    def helper():
+        return 1
+
+    class Inner:
+        pass
+
+
+class Color(enum.Enum):
+    RED = 1
+
+
+def weigh(x, stats={}, scale=2.0):
+    return x
+
+
+weigh.calls = 4
+
+
+def plain(x, y=1, z=(1, "a"), *, name="n"):
+    return x
+
+
+def keyed(x, *, seen=[]):
+    return x
+
+
+@functools.lru_cache
+def cached(x):
+    return x
+'''
+
+
+def test_the_state_on_a_modules_classes_and_functions_is_kept_and_their_definitions_are_not():
+    namespace = {"__name__": "prog"}
+    exec(SOURCE, namespace)
+    found = roots._statics("prog", namespace)
+    assert found == {
+        "Net": {"steps": 3, "table": {"a": 1}, "_Net__private_by_convention": 5},
+        "weigh": {"calls": 4, "__defaults__": ({}, 2.0)},
+        "keyed": {"__kwdefaults__": {"seen": []}},
+    }
+    assert found["weigh"]["__defaults__"][0] is namespace["weigh"].__defaults__[0]  # the live dict, merged in place
+
+
+def test_a_snapshots_named_roots_give_that_state_a_path():
+    payload = {"frames": [], "globals": {}, "statics": {"prog": {"Net": {"steps": 3}}}}
+    assert roots.named_roots(payload) == [("statics[prog].Net.steps", 3)]
