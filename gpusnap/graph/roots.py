@@ -19,7 +19,8 @@ once, under ``globals``) down to the frame of the loop whose boundary is the saf
 pickle by name and so hold nothing of it: a class attribute the loop counts up (``Net.steps +=
 1``), an attribute set on a function (``log.calls``), a mutable default argument used as a cache
 or running statistic (``def weigh(x, stats={})``). Methods, nested classes, descriptors and
-dunder names are definitions, not state.
+dunder names are definitions, not state. A closure the program's code made and bound to a global
+(``tick = make_counter()``, its count in a cell) is kept with the globals: its cells are state.
 """
 
 from __future__ import annotations
@@ -55,11 +56,13 @@ def _keep_local(name: str) -> bool:
     return "__gpusnap_" not in name
 
 
-def _keep_global(name: str, value) -> bool:
+def _keep_global(name: str, value, own_files) -> bool:
     # Dunder names are the module's own; other names with a leading "__" are installed by tools
     # (torch.compile's `__builtins_dict___0`, `__compiled_fn_3`), which refuse to find them taken.
     if name.startswith("__") or "__gpusnap_" in name:
         return False
+    if isinstance(value, types.FunctionType) and value.__closure__ and value.__code__.co_filename in own_files:
+        return True  # a closure the program made (`tick = make_counter()`): its cells are state
     return not isinstance(value, _DEFINITIONS)
 
 
@@ -109,16 +112,22 @@ def _immutable(value) -> bool:
         or (isinstance(value, tuple) and all(map(_immutable, value)))
 
 
+def _instrumented_sources() -> dict:
+    """{absolute path: digest} of the program's own sources, the main script's among them."""
+    try:
+        from gpusnap.instrument.importer import SOURCES
+    except ImportError:
+        return {}
+    return SOURCES
+
+
 def instrumented_modules() -> dict[str, dict]:
     """{module name: globals dict} for ``__main__`` and every instrumented user module."""
     found: dict[str, dict] = {}
     main_globals = getattr(loops, "MAIN_GLOBALS", None)
     if main_globals is not None:
         found["__main__"] = main_globals
-    try:
-        from gpusnap.instrument.importer import SOURCES
-    except ImportError:
-        SOURCES = {}
+    SOURCES = _instrumented_sources()
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
         if path in SOURCES and name != "__main__" and isinstance(getattr(module, "__dict__", None), dict):
@@ -146,8 +155,9 @@ def collect(innermost_frame, active_loops: list, rng_states: dict, loop_record=N
                 "locals": local_vars,
             }
         )
+    own_files = _instrumented_sources()
     module_globals = {
-        name: {k: v for k, v in list(g.items()) if _keep_global(k, v)} for name, g in instrumented_modules().items()
+        name: {k: v for k, v in list(g.items()) if _keep_global(k, v, own_files)} for name, g in instrumented_modules().items()
     }
     index_of = {id(f): i for i, f in enumerate(frames)}
     loop_entries = []

@@ -11,7 +11,8 @@ whose replay finds the checkpoint it saved before the snapshot; a TorchScript mo
 torch profiler; validation every few steps over a shuffled loader; pseudo-labels from an
 itertools.cycle over the unlabeled loader; a DDP script run as one plain process; K-fold
 cross-validation with a model made per fold; a pipeline of chained generators over JSON-lines
-shards; distillation; an EMA over a checkpointed, autocast model) continue with the same bytes
+shards; distillation; an EMA over a checkpointed, autocast model; state on a script's classes and
+functions, and in closures bound to its globals) continue with the same bytes
 after a kill: each is run uninterrupted, and again under `gpusnap run` with SIGUSR1 at a random
 step, kill -9 of the whole process group a few steps later, then `gpusnap restart`. One seed per
 program by default (printed; pytest shows it on failure); GPUSNAP_TEST_SEEDS=1,2,3 runs more.
@@ -84,6 +85,10 @@ CORPUS = {
     "kfold_cv": ("kfold_cv.py", [], 8, "by batch sampler"),
     # a chain of generators consumed through islice: the ones inside it move with it
     "shard_pipeline": ("shard_pipeline.py", [], 0, "by consuming"),
+    # state on the program's classes and functions, and in closures bound to module globals:
+    # both decide steps past the witness's first iterations (a restart once said verified)
+    "class_state": ("class_state.py", []),
+    "module_closures": ("module_closures.py", []),
 }
 MORE = {
     # past the first epoch: a dataset whose pseudo-labels each epoch's end rewrites, loaded in the
@@ -118,7 +123,6 @@ MORE = {
     "nanogpt_style": ("nanogpt_style.py", []),
     "ppo": ("ppo.py", []),
     "wgan_gp": ("wgan_gp.py", []),
-    "class_state": ("class_state.py", []),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)

@@ -72,3 +72,17 @@ def test_the_state_on_a_modules_classes_and_functions_is_kept_and_their_definiti
 def test_a_snapshots_named_roots_give_that_state_a_path():
     payload = {"frames": [], "globals": {}, "statics": {"prog": {"Net": {"steps": 3}}}}
     assert roots.named_roots(payload) == [("statics[prog].Net.steps", 3)]
+
+
+def test_a_closure_the_programs_code_made_is_kept_with_the_globals_and_a_librarys_is_not():
+    namespace = {"__name__": "prog"}
+    exec(compile("def make_counter():\n    n = 0\n    def tick():\n        nonlocal n\n        n += 1\n        return n\n"
+                 "    return tick\ntick = make_counter()\n", "/program/train.py", "exec"), namespace)
+    import torch
+
+    wrapped = torch.no_grad()(namespace["make_counter"])  # a closure whose code is torch's
+    own = {"/program/train.py": "digest"}
+    assert roots._keep_global("tick", namespace["tick"], own)
+    assert not roots._keep_global("make_counter", namespace["make_counter"], own)  # a definition, by name
+    assert not roots._keep_global("wrapped", wrapped, own)
+    assert not roots._keep_global("tick", namespace["tick"], {})  # another file's closure
