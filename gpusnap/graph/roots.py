@@ -19,7 +19,7 @@ once, under ``globals``) down to the frame of the loop whose boundary is the saf
 pickle by name and so hold nothing of it: a class attribute the loop counts up (``Net.steps +=
 1``), an attribute set on a function (``log.calls``), a mutable default argument used as a cache
 or running statistic (``def weigh(x, stats={})``). Methods, nested classes, descriptors and
-dunder names are definitions, not state. A closure the program's code made and bound to a global
+dunder names are definitions, not state (so is an ABC's registry, ``_abc_impl``). A closure the program's code made and bound to a global
 (``tick = make_counter()``, its count in a cell) is kept with the globals: its cells are state.
 """
 
@@ -89,7 +89,7 @@ def _class_state(cls: type) -> dict:
     if issubclass(cls, enum.Enum):
         return {}  # its members are definitions, pickled by name
     return {name: value for name, value in vars(cls).items()
-            if not name.startswith("__") and "__gpusnap_" not in name and not _definition(value)}
+            if not name.startswith("__") and "__gpusnap_" not in name and name != "_abc_impl" and not _definition(value)}
 
 
 def _function_state(func) -> dict:

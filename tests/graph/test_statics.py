@@ -1,11 +1,13 @@
 """What a snapshot keeps of the state on the classes and functions a program's module defines
 (``graph.roots``): class attributes, function attributes and mutable default arguments, and no
-definition (methods, properties, nested classes, enum members) and nothing the module imported.
+definition (methods, properties, nested classes, enum members, an ABC's registry) and nothing
+the module imported.
 tests/e2e/test_e2e_corpus.py restarts a program that keeps its state so (class_state)."""
 
 from gpusnap.graph import roots
 
 SOURCE = '''
+import abc
 import collections
 import enum
 import functools
@@ -36,6 +38,10 @@ class Color(enum.Enum):
     RED = 1
 
 
+class Callback(abc.ABC):
+    fired = 0
+
+
 def weigh(x, stats={}, scale=2.0):
     return x
 
@@ -63,6 +69,7 @@ def test_the_state_on_a_modules_classes_and_functions_is_kept_and_their_definiti
     found = roots._statics("prog", namespace)
     assert found == {
         "Net": {"steps": 3, "table": {"a": 1}, "_Net__private_by_convention": 5},
+        "Callback": {"fired": 0},
         "weigh": {"calls": 4, "__defaults__": ({}, 2.0)},
         "keyed": {"__kwdefaults__": {"seen": []}},
     }
