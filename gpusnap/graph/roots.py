@@ -18,9 +18,10 @@ once, under ``globals``) down to the frame of the loop whose boundary is the saf
 ``statics`` is the state a program keeps on the classes and functions its modules define, which
 pickle by name and so hold nothing of it: a class attribute the loop counts up (``Net.steps +=
 1``), an attribute set on a function (``log.calls``), a mutable default argument used as a cache
-or running statistic (``def weigh(x, stats={})``). Methods, nested classes, descriptors and
-dunder names are definitions, not state (so is an ABC's registry, ``_abc_impl``). A closure the program's code made and bound to a global
-(``tick = make_counter()``, its count in a cell) is kept with the globals: its cells are state.
+or running statistic (``def weigh(x, stats={})``). Methods, nested classes, descriptors, dunder
+names and an ABC's registry (``_abc_impl``) are definitions, not state. A closure the program's
+code made and bound to a global (``tick = make_counter()``, its count in a cell) is kept with
+the globals: its cells are state.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def _immutable(value) -> bool:
         or (isinstance(value, tuple) and all(map(_immutable, value)))
 
 
-def _instrumented_sources() -> dict:
+def instrumented_sources() -> dict:
     """{absolute path: digest} of the program's own sources, the main script's among them."""
     try:
         from gpusnap.instrument.importer import SOURCES
@@ -127,7 +128,7 @@ def instrumented_modules() -> dict[str, dict]:
     main_globals = getattr(loops, "MAIN_GLOBALS", None)
     if main_globals is not None:
         found["__main__"] = main_globals
-    SOURCES = _instrumented_sources()
+    SOURCES = instrumented_sources()
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
         if path in SOURCES and name != "__main__" and isinstance(getattr(module, "__dict__", None), dict):
@@ -155,10 +156,8 @@ def collect(innermost_frame, active_loops: list, rng_states: dict, loop_record=N
                 "locals": local_vars,
             }
         )
-    own_files = _instrumented_sources()
-    module_globals = {
-        name: {k: v for k, v in list(g.items()) if _keep_global(k, v, own_files)} for name, g in instrumented_modules().items()
-    }
+    own_files, modules = instrumented_sources(), instrumented_modules()
+    module_globals = {name: {k: v for k, v in list(g.items()) if _keep_global(k, v, own_files)} for name, g in modules.items()}
     index_of = {id(f): i for i, f in enumerate(frames)}
     loop_entries = []
     ahead = {}
@@ -177,7 +176,7 @@ def collect(innermost_frame, active_loops: list, rng_states: dict, loop_record=N
         if loop_ahead is not None and (source := loop_ahead(loop)) is not None:
             ahead[len(loop_entries)] = source
         loop_entries.append(entry)
-    statics = {name: found for name, namespace in instrumented_modules().items() if (found := _statics(name, namespace))}
+    statics = {name: found for name, namespace in modules.items() if (found := _statics(name, namespace))}
     payload = {"frames": frame_entries, "globals": module_globals, "statics": statics, "rng": rng_states, "loops": loop_entries}
     if ahead:
         payload["ahead"] = ahead

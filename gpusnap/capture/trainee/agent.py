@@ -229,7 +229,7 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         keep=session.config.get("keep") if coordinator is None else None,  # a shard's retention is global
         prune_first=session.disk_full,
         steps=session.steps,
-        sources=_sources(),
+        sources=dict(roots.instrumented_sources()),
         device=device,
         unforked=unforked,
         arena_fd=stage.arena_fd(),
@@ -283,14 +283,6 @@ def _written(snap_id: str) -> frozenset | None:
 # What boot hands the replay, so that restore reaches the device side without importing stage.
 restore_device = stage.restore_allocations
 write_device = stage.write_device_memory
-
-
-def _sources() -> dict:
-    try:
-        from gpusnap.instrument.importer import SOURCES
-    except ImportError:
-        return {}
-    return dict(SOURCES)
 
 
 def _headroom_refusal(root: str = "/") -> str | None:

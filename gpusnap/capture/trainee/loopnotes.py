@@ -199,8 +199,11 @@ def _describe(obj, read, active_loops=()):
         made = LOADER_ITERS.get(obj)
         if made is not None:
             states, generator, samplers = made[1]
-            info["made_with"] = {"rng": rng.to_json(states, read), "generator": rng.tensor_json(generator, read) if generator is not None else None,
-                                 "samplers": [[i, name, rng.tensor_json(state, read)] for i, name, state in samplers]}
+            info["made_with"] = {
+                "rng": rng.to_json(states, read),
+                "generator": rng.tensor_json(generator, read) if generator is not None else None,
+                "samplers": [[i, name, rng.tensor_json(state, read)] for i, name, state in samplers],
+            }
         return info
     if hasattr(type(obj), "__next__") and not isinstance(obj, io.IOBase):
         return {"kind": "iterator"}
