@@ -18,7 +18,8 @@ once, under ``globals``) down to the frame of the loop whose boundary is the saf
 ``statics`` is the state a program keeps on the classes and functions its modules define, which
 pickle by name and so hold nothing of it: a class attribute the loop counts up (``Net.steps +=
 1``), an attribute set on a function (``log.calls``), a mutable default argument used as a cache
-or running statistic (``def weigh(x, stats={})``). Methods, nested classes, descriptors, dunder
+or running statistic (``def weigh(x, stats={})``, a method's ``def smooth(self, x, seen=[])``,
+keyed ``Class.method``). Methods, nested classes, descriptors, dunder
 names and an ABC's registry (``_abc_impl``) are definitions, not state. A closure the program's
 code made and bound to a global (``tick = make_counter()``, its count in a cell) is kept with
 the globals: its cells are state.
@@ -74,14 +75,34 @@ def _statics(module: str, namespace: dict) -> dict:
         if name.startswith("__") or getattr(value, "__module__", None) != module:
             continue
         if isinstance(value, type):
-            state = _class_state(value)
+            owners = [(name, value, _class_state(value))]
+            owners += [(f"{name}.{method}", func, _function_state(func)) for method, func in _methods(value)]
         elif isinstance(value, types.FunctionType):
-            state = _function_state(value)
+            owners = [(name, value, _function_state(value))]
         else:
             continue
-        if state:
-            found[name] = state
+        found.update({owner: state for owner, _, state in owners if state})
     return found
+
+
+def _methods(cls: type) -> list:
+    """(name, function) of the class's own methods, static and class methods unwrapped."""
+    found = []
+    for name, value in vars(cls).items():
+        func = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+        if isinstance(func, types.FunctionType):
+            found.append((name, func))
+    return found
+
+
+def owner_at(namespace: dict, name: str):
+    """The class or function a ``statics`` entry names (``Net``, ``Net.update``), or None."""
+    first, _, method = name.partition(".")
+    owner = namespace.get(first)
+    if method and owner is not None:
+        owner = vars(owner).get(method) if isinstance(owner, type) else None
+        owner = owner.__func__ if isinstance(owner, (staticmethod, classmethod)) else owner
+    return owner
 
 
 def _class_state(cls: type) -> dict:

@@ -379,7 +379,7 @@ def _statics_of(payload: dict, live_modules: dict):
     for module, owners in (payload.get("statics") or {}).items():
         namespace = live_modules.get(module) or {}
         for name, values in owners.items():
-            owner = namespace.get(name)
+            owner = roots.owner_at(namespace, name)
             if owner is None:
                 raise ReplayDiverged(f"{module}.{name} held state in the snapshot but the replay does not define it")
             yield module, name, owner, values

@@ -1,5 +1,6 @@
 """What a snapshot keeps of the state on the classes and functions a program's module defines
-(``graph.roots``): class attributes, function attributes and mutable default arguments, and no
+(``graph.roots``): class attributes, function attributes and mutable default arguments (of
+methods too), and no
 definition (methods, properties, nested classes, enum members, an ABC's registry) and nothing
 the module imported.
 tests/e2e/test_e2e_corpus.py restarts a program that keeps its state so (class_state)."""
@@ -21,6 +22,14 @@ class Net:
 
     def forward(self):
         return self.steps
+
+    def smooth(self, x, seen=[]):
+        seen.append(x)
+        return sum(seen) / len(seen)
+
+    @staticmethod
+    def counted(x, calls={"n": 0}):
+        return x
 
     @property
     def doubled(self):
@@ -69,11 +78,16 @@ def test_the_state_on_a_modules_classes_and_functions_is_kept_and_their_definiti
     found = roots._statics("prog", namespace)
     assert found == {
         "Net": {"steps": 3, "table": {"a": 1}, "_Net__private_by_convention": 5},
+        "Net.smooth": {"__defaults__": ([],)},
+        "Net.counted": {"__defaults__": ({"n": 0},)},
         "Callback": {"fired": 0},
         "weigh": {"calls": 4, "__defaults__": ({}, 2.0)},
         "keyed": {"__kwdefaults__": {"seen": []}},
     }
     assert found["weigh"]["__defaults__"][0] is namespace["weigh"].__defaults__[0]  # the live dict, merged in place
+    assert roots.owner_at(namespace, "Net.smooth") is namespace["Net"].smooth
+    assert roots.owner_at(namespace, "Net.counted") is namespace["Net"].counted
+    assert roots.owner_at(namespace, "weigh.calls") is None  # only a class's methods are named so
 
 
 def test_a_snapshots_named_roots_give_that_state_a_path():

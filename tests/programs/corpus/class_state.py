@@ -1,8 +1,9 @@
 """State kept where scripts keep it without thinking of it as state: a class attribute that every
 instance shares and the loop changes (the steps the model class has seen, which freeze its first
-layer at step 30), an attribute set on a function (the number of times it has logged), and a
-mutable default argument used as a running statistic (the per-class loss averages a reweighting
-helper keeps in its `stats={}`, every 7th call). Each decides what later steps compute, past
+layer at step 30), an attribute set on a function (the number of times it has logged), and
+mutable default arguments used as running statistics (the per-class loss averages a reweighting
+helper keeps in its `stats={}`, every 7th call; the last losses a model method keeps in its
+`recent=[]`, which set each epoch's learning rate). Each decides what later steps compute, past
 what a restart's first iterations show.
 usage: class_state.py OUT [--epochs N]"""
 import argparse
@@ -25,6 +26,11 @@ class Net(nn.Module):
 
     def forward(self, x):
         return self.fc2(F.relu(self.fc1(x)))
+
+    def smoothed(self, loss, recent=[]):  # noqa: B006 - the last losses live here
+        recent.append(loss)
+        del recent[:-5]
+        return sum(recent) / len(recent)
 
 
 def log_every(loss, every=5):
@@ -68,10 +74,13 @@ def main():
             calls = log_every(losses.mean().item())
             if calls % 7 == 0:
                 weights = class_weights(losses.detach(), yb)
+            smoothed = model.smoothed(losses.mean().item())
             step += 1
             progress(step)
+        for group in optimizer.param_groups:  # each epoch's rate from the smoothed loss
+            group["lr"] = 0.05 + 0.05 * min(smoothed, 1.0)
     finish(model=model.state_dict(), weights=weights, calls=calls, seen=Net.steps_seen,
-           stats=dict(class_weights.__defaults__[0]))
+           stats=dict(class_weights.__defaults__[0]), recent=list(Net.smoothed.__defaults__[0]))
 
 
 if __name__ == "__main__":
