@@ -7,6 +7,8 @@ importable by both sides: restore must never import capture. Placeholders:
   DataLoader iterator, a module): restore keeps the object the replayed program built there;
 - ``LiveFunction``, a ``LiveOnly`` for a local function (a closure): restore keeps the replayed
   function, and merges what the snapshot's cells held into its cells;
+- ``LiveClass``, a ``LiveOnly`` for a class of the program's defined inside a function:
+  restore keeps the replayed class, and sets the snapshot's class attributes on it;
 - ``LiveObject``, a ``LiveOnly`` for an instance of a class that cannot be found by name (one
   defined inside a function, or made at run time as torch's parametrizations make
   ``ParametrizedLinear``): restore keeps the replayed object and merges the snapshot's
@@ -196,6 +198,21 @@ class LiveFunction(LiveOnly):
         self.qualname, self.cells = state
 
 
+class LiveClass(LiveOnly):
+    """Stands where the snapshot held a class of the program's that cannot be found by name (one
+    defined inside a function): the class is the replay's, its attributes the snapshot's
+    (``graph.roots.class_state``: a count the loop keeps on it)."""
+
+    __slots__ = ("qualname", "attrs")
+
+    def __init__(self, serial: int, type_name: str):
+        super().__init__(serial, type_name)
+        self.qualname, self.attrs = "", {}
+
+    def __setstate__(self, state) -> None:
+        self.qualname, self.attrs = state
+
+
 class LiveObject(LiveOnly):
     """Stands where the snapshot held an instance of a class that cannot be found by name: the
     object is the replay's, its state the snapshot's. ``attrs``: its ``__dict__``; ``slots``:
@@ -234,6 +251,10 @@ def _live_only(serial, name):
 
 def _live_function(serial, name):
     return LiveFunction(serial, name)
+
+
+def _live_class(serial, name):
+    return LiveClass(serial, name)
 
 
 def _live_object(serial, name):

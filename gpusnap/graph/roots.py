@@ -75,7 +75,7 @@ def _statics(module: str, namespace: dict) -> dict:
         if name.startswith("__") or getattr(value, "__module__", None) != module:
             continue
         if isinstance(value, type):
-            owners = [(name, value, _class_state(value))]
+            owners = [(name, value, class_state(value))]
             owners += [(f"{name}.{method}", func, _function_state(func)) for method, func in _methods(value)]
         elif isinstance(value, types.FunctionType):
             owners = [(name, value, _function_state(value))]
@@ -86,11 +86,12 @@ def _statics(module: str, namespace: dict) -> dict:
 
 
 def _methods(cls: type) -> list:
-    """(name, function) of the class's own methods, static and class methods unwrapped."""
+    """(name, function) of the methods the class's own module defined in it, static and class
+    methods unwrapped (an Enum's ``__new__`` is the enum module's, with a library's marks on it)."""
     found = []
     for name, value in vars(cls).items():
         func = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
-        if isinstance(func, types.FunctionType):
+        if isinstance(func, types.FunctionType) and func.__module__ == cls.__module__:
             found.append((name, func))
     return found
 
@@ -105,7 +106,8 @@ def owner_at(namespace: dict, name: str):
     return owner
 
 
-def _class_state(cls: type) -> dict:
+def class_state(cls: type) -> dict:
+    """{attribute: value} of what a class holds that is no definition."""
     import enum
 
     if issubclass(cls, enum.Enum):

@@ -17,7 +17,7 @@ import sys
 import types
 
 from gpusnap.errors import StateMismatch
-from gpusnap.graph.load import LiveFunction, LiveGenerator, LiveOnly, ShardedState, Unbuilt, dtensor_layout
+from gpusnap.graph.load import LiveClass, LiveFunction, LiveGenerator, LiveOnly, ShardedState, Unbuilt, dtensor_layout
 from gpusnap.graph.walk import ATOMS as _ATOMS
 from gpusnap.graph.walk import Path
 from gpusnap.graph.walk import key_text as _key_text
@@ -233,6 +233,14 @@ class KindMerges:
             except ValueError:  # not bound in the replay yet
                 current = None
             self._store(_Cell(cell), None, (yield (current, value, path + f".__closure__[{i}].cell_contents")))
+        return live
+
+    def _merge_class(self, live, snap: LiveClass, path: Path):
+        if not isinstance(live, type) or live.__qualname__ != snap.qualname:
+            found = live.__qualname__ if isinstance(live, type) else type(live).__name__
+            raise StateMismatch(f"{path}: the snapshot holds class {snap.qualname} here, the replayed program {found}")
+        for name, value in snap.attrs.items():
+            self._store(_Attr(live), name, (yield (vars(live).get(name), value, path + f".{name}")))
         return live
 
     def _merge_unbuilt(self, live, snap: Unbuilt, path: Path):

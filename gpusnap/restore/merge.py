@@ -21,7 +21,8 @@
   ``StateMismatch``); one the replay lacks is built on its device mesh of the same layout;
 - a local function keeps the live one, and what the snapshot's closure cells held is merged
   into the live function's cells, by free variable name (a function of another name there is a
-  ``StateMismatch``); an object of a class pickle cannot name (defined inside a function, made at
+  ``StateMismatch``); a class of the program's defined inside a function keeps the live one,
+  with the snapshot's class attributes set on it; an object of a class pickle cannot name (defined inside a function, made at
   run time) keeps the live one, and its attributes are merged as above (another class there is
   a ``StateMismatch``);
 - anything without a live counterpart of the same type waits: the same snapshot object may
@@ -49,6 +50,7 @@ from gpusnap.errors import StateMismatch
 from gpusnap.graph.load import (
     ADDED_BY_SETSTATE,
     CoreBuffer,
+    LiveClass,
     LiveFunction,
     LiveGenerator,
     LiveObject,
@@ -63,6 +65,9 @@ from gpusnap.restore import corebuffers
 from gpusnap.restore.frames import write_locals
 from gpusnap.restore.kinds import KindMerges
 from gpusnap.traverse import walk
+
+
+_WITH_STATE = (LiveFunction, LiveObject, LiveGenerator, LiveClass)  # placeholders whose state goes into the live object
 
 
 class _Steps:
@@ -197,10 +202,12 @@ class Merger(KindMerges):
             if isinstance(snap, Unbuilt) and live is not None and id(snap) not in self._state_merged:
                 self._state_merged.add(id(snap))
                 return _Steps(self._merge_unbuilt(live, snap, path))
-            if isinstance(snap, (LiveFunction, LiveObject, LiveGenerator)) and live is not None and id(snap) not in self._state_merged:
+            if isinstance(snap, _WITH_STATE) and live is not None and id(snap) not in self._state_merged:
                 self._state_merged.add(id(snap))
                 if isinstance(snap, LiveFunction):
                     return _Steps(self._merge_cells(live, snap, path))
+                if isinstance(snap, LiveClass):
+                    return _Steps(self._merge_class(live, snap, path))
                 if isinstance(snap, LiveGenerator):
                     return _Steps(self._merge_generator(live, snap, path))
                 if type(live).__qualname__ != snap.qualname:

@@ -22,6 +22,7 @@ from gpusnap.capture.pickling.pickler import GraphPickler
 from gpusnap.errors import StateMismatch
 from gpusnap.graph.iterpickle import IterativePickler
 from gpusnap.graph.load import NotCaptured, Unbuilt
+from gpusnap.instrument import importer
 from gpusnap.restore.merge import Merger
 from gpusnap.store import RunDir
 
@@ -465,3 +466,37 @@ def test_an_object_of_another_unnamed_class_at_its_place_refuses(tmp_path):
     live.counter = make_closures  # anything else there
     with pytest.raises(StateMismatch, match=r"root\['model'\]\.counter: the snapshot holds a make_local_model.<locals>.Counter here"):
         merge_into({"model": live}, snap)
+
+
+def make_local_schedule(done: int):
+    """A class defined inside a function, as a script's main() defines one, that keeps its
+    state on the class itself."""
+
+    class Schedule:
+        epochs_done = 0
+        history: list = []
+
+        def decay(self):
+            return 0.8 ** self.epochs_done
+
+    Schedule.epochs_done = done
+    Schedule.history.extend(range(done))
+    return Schedule
+
+
+@pytest.mark.parametrize("iterative", [False, True], ids=["c-pickler", "iterative-pickler"])
+def test_a_local_class_of_the_programs_gets_its_class_attributes_back(tmp_path, iterative, monkeypatch):
+    monkeypatch.setitem(importer.SOURCES, __file__, "this module stands for the program's code")
+    snap, _ = snapshot_and_load(tmp_path, {"schedule": make_local_schedule(3)}, iterative)
+    live = make_local_schedule(0)
+    history = live.history
+    merge_into({"schedule": live}, snap)
+    assert live.epochs_done == 3 and live.history == [0, 1, 2] and live.history is history
+    assert live().decay() == 0.8 ** 3
+
+
+def test_a_local_class_of_a_library_stays_the_replays(tmp_path):
+    snap, _ = snapshot_and_load(tmp_path, {"schedule": make_local_schedule(3)})
+    live = make_local_schedule(0)
+    merge_into({"schedule": live}, snap)
+    assert live.epochs_done == 0  # not the program's code (no instrumented source): live-only, as before

@@ -16,6 +16,9 @@ intercepts, through ``reducer_override``:
 - local functions with a closure -> ``_live_function(serial, type)`` with what their cells hold
   as its state: restore keeps the replayed function and merges the cells' contents into its
   cells (an optimizer that only a ``train_step`` closure refers to).
+- classes of the program's that cannot be found by name (defined inside a function) ->
+  ``_live_class(serial, type)`` with their class attributes (``graph.roots.class_state``) as
+  its state: restore keeps the replayed class and sets them on it.
 - instances of classes that cannot be found by name (defined inside a function, or made at run
   time: torch's ``ParametrizedLinear``) -> ``_live_object(serial, type)`` with their attributes as
   its state: restore keeps the replayed object and merges the attributes into it.
@@ -44,10 +47,12 @@ import weakref
 
 from gpusnap.capture.pickling.reducers import BufferReducers, HostMemory, _is_named
 from gpusnap.capture.safepoints import returnable as safepoints
+from gpusnap.graph import roots
 from gpusnap.graph.iterpickle import IterativePickler
 from gpusnap.graph.load import (
     _construct,
     _device_pointer,
+    _live_class,
     _live_function,
     _live_generator,
     _live_object,
@@ -140,6 +145,12 @@ def _findable(obj) -> bool:
     return found is obj
 
 
+def _programs(cls: type) -> bool:
+    """Is the class defined in one of the program's own sources (the main script, its modules)?"""
+    module = sys.modules.get(cls.__module__)
+    return getattr(module, "__file__", None) in roots.instrumented_sources() or cls.__module__ == "__main__"
+
+
 class GraphPickler(BufferReducers, pickle.Pickler):
     """Pickles roots; writes buffers to ``sink.put_buffer(view, dtype=, typesize=)``.
 
@@ -229,6 +240,8 @@ class GraphPickler(BufferReducers, pickle.Pickler):
             return self._reduce_method(obj)
         if type(obj) is types.FunctionType and obj.__closure__:
             return self._live_function(obj)
+        if isinstance(obj, type) and _programs(obj) and (state := roots.class_state(obj)):
+            return self._live_class(obj, state)
         if isinstance(obj, (type, types.FunctionType)):
             return self._live(obj)
         if type(obj) in _SEQUENCE_ITERATORS:
@@ -291,6 +304,12 @@ class GraphPickler(BufferReducers, pickle.Pickler):
             except ValueError:  # a variable not bound yet
                 continue
         return _live_function, args, (obj.__code__.co_qualname, cells)
+
+    def _live_class(self, cls, state: dict):
+        """A class of the program's defined inside a function: live-only, with its class
+        attributes as the placeholder's state (restore sets them on the replay's class)."""
+        _, args = self._live(cls)
+        return _live_class, args, (cls.__qualname__, state)
 
     def _live_object(self, obj):
         """An object whose class pickle cannot name: live-only, with its ``__dict__`` and slots as

@@ -3,8 +3,9 @@ instance shares and the loop changes (the steps the model class has seen, which 
 layer at step 30), an attribute set on a function (the number of times it has logged), and
 mutable default arguments used as running statistics (the per-class loss averages a reweighting
 helper keeps in its `stats={}`, every 7th call; the last losses a model method keeps in its
-`recent=[]`, which set each epoch's learning rate). Each decides what later steps compute, past
-what a restart's first iterations show.
+`recent=[]`, which set each epoch's learning rate), and a class defined inside main() that
+counts the epochs done (the rate's decay). Each decides what later steps compute, past what a
+restart's first iterations show.
 usage: class_state.py OUT [--epochs N]"""
 import argparse
 
@@ -59,6 +60,9 @@ def main():
     x = torch.randn(160, 6)
     y = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
     loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
+    class Schedule:  # defined where it is used; the epochs count up on the class
+        epochs_done = 0
+
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     weights, calls, step = torch.ones(3), 0, 0
@@ -77,8 +81,9 @@ def main():
             smoothed = model.smoothed(losses.mean().item())
             step += 1
             progress(step)
-        for group in optimizer.param_groups:  # each epoch's rate from the smoothed loss
-            group["lr"] = 0.05 + 0.05 * min(smoothed, 1.0)
+        Schedule.epochs_done += 1
+        for group in optimizer.param_groups:  # each epoch's rate from the smoothed loss, decayed
+            group["lr"] = (0.05 + 0.05 * min(smoothed, 1.0)) * 0.8 ** Schedule.epochs_done
     finish(model=model.state_dict(), weights=weights, calls=calls, seen=Net.steps_seen,
            stats=dict(class_weights.__defaults__[0]), recent=list(Net.smoothed.__defaults__[0]))
 
