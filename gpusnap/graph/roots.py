@@ -19,10 +19,10 @@ once, under ``globals``) down to the frame of the loop whose boundary is the saf
 pickle by name and so hold nothing of it: a class attribute the loop counts up (``Net.steps +=
 1``), an attribute set on a function (``log.calls``), a mutable default argument used as a cache
 or running statistic (``def weigh(x, stats={})``, a method's ``def smooth(self, x, seen=[])``,
-keyed ``Class.method``). Methods, nested classes, descriptors, dunder
-names and an ABC's registry (``_abc_impl``) are definitions, not state. A closure the program's
-code made and bound to a global (``tick = make_counter()``, its count in a cell) is kept with
-the globals: its cells are state.
+keyed ``Class.method``). Methods, nested classes, descriptors, dunder names and an ABC's
+registry (``_abc_impl``) are definitions, not state. A closure the program's code made and bound
+to a global (``tick = make_counter()``, its count in a cell) is kept with the globals: its cells
+are state.
 """
 
 from __future__ import annotations
@@ -75,13 +75,13 @@ def _statics(module: str, namespace: dict) -> dict:
         if name.startswith("__") or getattr(value, "__module__", None) != module:
             continue
         if isinstance(value, type):
-            owners = [(name, value, class_state(value))]
-            owners += [(f"{name}.{method}", func, _function_state(func)) for method, func in _methods(value)]
+            owners = [(name, class_state(value))]
+            owners += [(f"{name}.{method}", _function_state(func)) for method, func in _methods(value)]
         elif isinstance(value, types.FunctionType):
-            owners = [(name, value, _function_state(value))]
+            owners = [(name, _function_state(value))]
         else:
             continue
-        found.update({owner: state for owner, _, state in owners if state})
+        found.update({owner: state for owner, state in owners if state})
     return found
 
 

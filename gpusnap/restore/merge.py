@@ -22,9 +22,9 @@
 - a local function keeps the live one, and what the snapshot's closure cells held is merged
   into the live function's cells, by free variable name (a function of another name there is a
   ``StateMismatch``); a class of the program's defined inside a function keeps the live one,
-  with the snapshot's class attributes set on it; an object of a class pickle cannot name (defined inside a function, made at
-  run time) keeps the live one, and its attributes are merged as above (another class there is
-  a ``StateMismatch``);
+  with the snapshot's class attributes set on it; an object of a class pickle cannot name
+  (defined inside a function, made at run time) keeps the live one, and its attributes are
+  merged as above (another class there is a ``StateMismatch``);
 - anything without a live counterpart of the same type waits: the same snapshot object may
   still be met at a place that has one (``best = model`` found before ``model``). ``finish``
   settles each such place with the live counterpart found meanwhile, or *adopts* the snapshot's
