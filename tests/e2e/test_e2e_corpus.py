@@ -124,6 +124,8 @@ MORE = {
     "nanogpt_style": ("nanogpt_style.py", []),
     "ppo": ("ppo.py", []),
     "wgan_gp": ("wgan_gp.py", []),
+    # state in a helper module of the script's folder (a global step bumped through `global`)
+    "module_helpers": ("module_helpers.py", []),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)
