@@ -11,7 +11,7 @@ whose replay finds the checkpoint it saved before the snapshot; a TorchScript mo
 torch profiler; validation every few steps over a shuffled loader; pseudo-labels from an
 itertools.cycle over the unlabeled loader; a DDP script run as one plain process; K-fold
 cross-validation with a model made per fold; a pipeline of chained generators over JSON-lines
-shards; distillation; an EMA over a checkpointed, autocast model; state on a script's classes and
+shards; an EMA over a checkpointed, autocast model; state on a script's classes and
 functions, and in closures bound to its globals) continue with the same bytes
 after a kill: each is run uninterrupted, and again under `gpusnap run` with SIGUSR1 at a random
 step, kill -9 of the whole process group a few steps later, then `gpusnap restart`. One seed per
@@ -117,8 +117,6 @@ MORE = {
     "stream_workers": ("stream_workers.py", []),
     "collate_draws-workers": ("collate_draws.py", ["--workers", "2"], 0, "by consuming"),
     "augment_rng-persistent": ("augment_rng.py", ["--persistent"], 12, "persistent workers' generators put back"),
-    # a teacher's loop, then a student's: a snapshot in either (a straight-through autograd.Function)
-    "distill": ("distill.py", []),
     # activation checkpointing with dropout, bf16 autocast, accumulation, an AveragedModel EMA
     "ema_checkpointed": ("ema_checkpointed.py", ["--epochs", "3"]),
     "nanogpt_style": ("nanogpt_style.py", []),
@@ -126,6 +124,8 @@ MORE = {
     "wgan_gp": ("wgan_gp.py", []),
     # state in a helper module of the script's folder (a global step bumped through `global`)
     "module_helpers": ("module_helpers.py", []),
+    # a DataLoader made each epoch over a growing Subset, a dropout rate raised mid-run
+    "curriculum_subsets": ("curriculum_subsets.py", []),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)
