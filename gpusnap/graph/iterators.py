@@ -55,33 +55,45 @@ def samplers_of(index_sampler) -> list:
     return found
 
 
-def sampler_generators(loader) -> list:
-    """[[i, name, state]]: each torch.Generator at attribute ``name`` of the i-th of the loader's
-    samplers (``samplers_of``) other than the loader's own generator, with its state (a tensor).
-    Runs in the program's ``iter(loader)``: a loader whose samplers cannot be read gives none."""
+def _generators_in(index_sampler) -> list:
+    """(i, name, generator): each torch.Generator at attribute ``name`` of the i-th of
+    ``samplers_of(index_sampler)``."""
     from torch import Generator
 
+    return [(i, name, value) for i, sampler in enumerate(samplers_of(index_sampler))
+            for name, value in sorted((getattr(sampler, "__dict__", None) or {}).items()) if isinstance(value, Generator)]
+
+
+def generator_states(index_sampler) -> dict:
+    """{generator: state} of every torch.Generator the samplers of ``samplers_of`` hold."""
+    return {generator: generator.get_state() for _, _, generator in _generators_in(index_sampler)}
+
+
+def sampler_generators(loader) -> list:
+    """[[i, name, state]]: each generator of ``_generators_in`` other than the loader's own, with
+    its state (a tensor). Runs in the program's ``iter(loader)``: a loader whose samplers cannot
+    be read gives none."""
     try:
-        samplers = samplers_of(loader._index_sampler)
+        found = _generators_in(loader._index_sampler)
     except Exception:  # noqa: BLE001 - a subclass's property that raises: nothing to put back
         return []
-    return [[i, name, value.get_state()] for i, sampler in enumerate(samplers)
-            for name, value in sorted((getattr(sampler, "__dict__", None) or {}).items())
-            if isinstance(value, Generator) and value is not loader.generator]
+    return [[i, name, generator.get_state()] for i, name, generator in found if generator is not loader.generator]
 
 
-def put_sampler_generators(loader, saved: list) -> None:
-    """``sampler_generators``'s states (tensors, or base64 as a note holds them) back into the
-    generators at the same places of the loader's samplers; a place the replay's samplers lack
-    is left (the witness compares the order drawn)."""
-    from torch import Generator
-
+def put_generators(loader, own, samplers: list) -> None:
+    """The loader's own generator back to state ``own`` and its samplers' to ``samplers``
+    (``sampler_generators``'s); states as tensors, or base64 as notes hold them. None, or a
+    place the replay's samplers lack, is left (the witness compares the order drawn)."""
     from gpusnap.graph import rng
 
-    if not saved:
-        return
-    samplers = samplers_of(loader._index_sampler)
-    for i, name, state in saved:
-        generator = getattr(samplers[i], name, None) if i < len(samplers) else None
-        if isinstance(generator, Generator) and generator is not loader.generator:
-            generator.set_state(rng.tensor_b64(state) if isinstance(state, str) else state)
+    def tensor(state):
+        return rng.tensor_b64(state) if isinstance(state, str) else state
+
+    if own is not None and loader.generator is not None:
+        loader.generator.set_state(tensor(own))
+    if samplers:
+        places = {(i, name): generator for i, name, generator in _generators_in(loader._index_sampler)}
+        for i, name, state in samplers:
+            generator = places.get((i, name))
+            if generator is not None and generator is not loader.generator:
+                generator.set_state(tensor(state))

@@ -44,7 +44,7 @@ from collections import deque
 from gpusnap.errors import FastForwardError
 from gpusnap.graph import rng, workers
 from gpusnap.graph.digest import digest
-from gpusnap.graph.iterators import put_sampler_generators, sampler_generators, samplers_of
+from gpusnap.graph.iterators import generator_states, put_generators, sampler_generators, samplers_of
 from gpusnap.instrument.loops import _DeferredCall
 
 _POSITIONED = (range, list, tuple)
@@ -447,7 +447,7 @@ class _SkipIter:
                 import torch
 
                 torch.set_rng_state(self._rng)  # undo the base-seed draw a reused iterator never made
-            self.drawn_from = (rng.capture(), _generator_states(self._sampler))
+            self.drawn_from = (rng.capture(), generator_states(self._sampler))
             self._it = iter(self._sampler)
             skipped = sum(1 for _ in itertools.islice(self._it, min(self._skip, 1)))
             before = rng.compact()
@@ -469,10 +469,7 @@ def _restore_rng(loader, note: dict, restore_torch: bool = True) -> None:
 
     if restore_torch and note.get("torch_rng"):  # notes written before "rng" existed
         torch.set_rng_state(rng.tensor_b64(note["torch_rng"]))
-    state = note.get("generator_rng")
-    if state is not None and loader.generator is not None:
-        loader.generator.set_state(rng.tensor_b64(state) if isinstance(state, str) else state)
-    put_sampler_generators(loader, note.get("sampler_rngs") or [])
+    put_generators(loader, note.get("generator_rng"), note.get("sampler_rngs") or [])
 
 
 def _dataloader_at(loader, skip: int, note: dict, restore_torch: bool = True, start: bool = True):
@@ -604,14 +601,6 @@ def _remake_of(loader, note: dict) -> tuple | None:
     another digest than the run's had; else None."""
     want = note.get("sampler")
     return (loader, want) if want and sampler_digest(loader)[0] != want else None
-
-
-def _generator_states(index_sampler) -> dict:
-    """{generator: state} of every torch.Generator the samplers of ``samplers_of`` hold."""
-    from torch import Generator
-
-    return {value: value.get_state() for sampler in samplers_of(index_sampler)
-            for value in (getattr(sampler, "__dict__", None) or {}).values() if isinstance(value, Generator)}
 
 
 class Remake:

@@ -45,7 +45,7 @@ import types
 
 from gpusnap.graph.digest import MISSING as _MISSING
 from gpusnap.graph.digest import fingerprint, loader_iter_class
-from gpusnap.graph.iterators import adapter_of_kind, put_sampler_generators
+from gpusnap.graph.iterators import adapter_of_kind, put_generators
 from gpusnap.restore.frames import write_locals
 
 HINT = (
@@ -178,9 +178,7 @@ def _made_again(live, info: dict, path: str, scene: Scene):
         return None, f"cannot make the DataLoader iterator at {path} again where the run that took the snapshot had made it: its DataLoader is unknown"
     saved = info["made_with"]
     rng.restore_json(saved["rng"])
-    if saved.get("generator") and loader.generator is not None:
-        loader.generator.set_state(rng.tensor_b64(saved["generator"]))
-    put_sampler_generators(loader, saved.get("samplers") or [])
+    put_generators(loader, saved.get("generator"), saved.get("samplers") or [])
     by_sampler = fastforward.skips_by_sampler(loader)
     new = fastforward.loader_iterator_at(loader, info["yielded"]) if by_sampler else iter(loader)
     if new._base_seed != info["base_seed"]:

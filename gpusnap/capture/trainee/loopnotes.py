@@ -205,6 +205,6 @@ def _describe(obj, read, active_loops=()):
                 "samplers": [[i, name, rng.tensor_json(state, read)] for i, name, state in samplers],
             }
         return info
-    if hasattr(type(obj), "__next__") and not isinstance(obj, io.IOBase):
+    if _is_iterator(obj):
         return {"kind": "iterator"}
     return None
