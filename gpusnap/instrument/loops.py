@@ -34,6 +34,7 @@ import inspect
 import itertools
 import sys
 import threading
+import time
 import weakref
 
 _MAIN_THREAD = threading.main_thread().ident
@@ -43,9 +44,13 @@ _IN_GENERATOR = inspect.CO_GENERATOR  # a generator's loop: its last item is dig
 pending = False
 # on_boundary(loop: ActiveLoop) -> None; installed by capture.trainee.agent.install().
 on_boundary = None
-# on_loop_start(loop: ActiveLoop, iterable) -> iterator | None; installed by restore (replay):
-# returns a replacement iterator that resumes the loop at its saved position, or None.
+# on_loop_start(loop: ActiveLoop, iterable) -> iterator | SKIP | None; installed by restore
+# (replay): returns a replacement iterator that resumes the loop at its saved position, SKIP for
+# a loop that ran its course before the snapshot (it runs no iteration), or None.
 on_loop_start = None
+SKIP = object()
+# on_loop_end(loop: ActiveLoop) -> None; installed by the capture agent: a loop ended.
+on_loop_end = None
 # describe_source(loop, iterable) -> dict | None; installed by the capture agent: what fast-forward
 # will need later, taken before iter() runs (the RNG states at the moment iter() is called).
 describe_source = None
@@ -66,8 +71,11 @@ class ActiveLoop:
     """One execution of one loop statement."""
 
     # Unset until used: ``gen`` (weak reference to the _iterate generator, loops with a note),
-    # ``rng_at`` (RNG states at the current iteration's start, EnclosingLoop only).
-    __slots__ = ("loop_id", "frame", "index", "kind", "resume", "gen", "rng_at", "__weakref__")
+    # ``rng_at`` and ``locals_at`` (the global RNG states and the frame's scalar locals at the
+    # current iteration's start, EnclosingLoop only), ``stepped``
+    # (an optimizer stepped while this execution of the loop ran, set by the capture agent).
+    __slots__ = ("loop_id", "frame", "index", "kind", "resume", "started_s", "gen", "rng_at", "locals_at", "stepped",
+                 "__weakref__")
 
     def __init__(self, loop_id: str, frame, kind: str):
         self.loop_id = loop_id  # "LINE:COL" of the statement inside frame.f_code
@@ -75,6 +83,7 @@ class ActiveLoop:
         self.index = 0  # completed iterations == items handed to the body so far
         self.kind = kind  # "for" | "while"
         self.resume = None  # describe_source()'s note, kept in snapshots for fast-forward
+        self.started_s = time.perf_counter()  # its pace, for a program that never steps an optimizer
 
     @property
     def code(self):
@@ -95,15 +104,31 @@ def _set_index(loop, value: int) -> None:
     _index_slot.__set__(loop, value)
     if capture_rng is not None:
         loop.rng_at = capture_rng()
+        if not loop.frame.f_code.co_flags & _IN_GENERATOR:
+            loop.locals_at = scalar_locals(loop.frame)
 
 
 class EnclosingLoop(ActiveLoop):
     """A loop that encloses a step loop: each iteration start (every ``index`` step, which
-    follows the fetch of the item) records the global RNG states, so that replay can give the
-    body prefix that it reruns once the state it ran with."""
+    follows the fetch of the item) records the global RNG states and the scalar locals of its
+    frame, so that replay can give the body prefix that it reruns once the state it ran with:
+    ``while True: sampler.set_epoch(epoch)`` reads an epoch that the skipped bodies counted."""
 
     __slots__ = ()
     index = property(_index_slot.__get__, _set_index)
+
+
+_SCALARS = (int, float, bool, type(None))
+
+
+def scalar_locals(frame) -> dict:
+    """The numbers, flags and short strings among ``frame``'s locals (its globals, at module
+    level): what a loop's body counts and tests across iterations."""
+    return {
+        name: value
+        for name, value in frame.f_locals.items()
+        if (type(value) in _SCALARS or (type(value) is str and len(value) <= 256)) and not name.startswith("__")
+    }
 
 
 def _unregister(loop: ActiveLoop) -> None:
@@ -111,7 +136,9 @@ def _unregister(loop: ActiveLoop) -> None:
     for i in range(len(ACTIVE) - 1, -1, -1):
         if ACTIVE[i] is loop:
             del ACTIVE[i]
-            return
+            break
+    if on_loop_end is not None:
+        on_loop_end(loop)
 
 
 def _iterate(loop: ActiveLoop, it):
@@ -139,7 +166,9 @@ def _start_for(loop_id: str, iterable, frame):
     it = None
     if on_loop_start is not None:
         it = on_loop_start(loop, iterable)
-    if it is None:
+    if it is SKIP:
+        it = iter(())
+    elif it is None:
         it = iter(iterable)
     ACTIVE.append(loop)
     gen = _iterate(loop, it)
@@ -184,16 +213,17 @@ class _DeferredCall:
 
 
 class _WhileLoop:
-    __slots__ = ("loop",)
+    __slots__ = ("loop", "skipped")
 
     def __init__(self, loop: ActiveLoop | None):
         self.loop = loop
+        self.skipped = False
 
     def __enter__(self):
         if self.loop is not None:
             ACTIVE.append(self.loop)
             if on_loop_start is not None:
-                on_loop_start(self.loop, None)
+                self.skipped = on_loop_start(self.loop, None) is SKIP
         return self
 
     def __exit__(self, *exc):
@@ -202,6 +232,8 @@ class _WhileLoop:
         return False
 
     def boundary(self) -> bool:
+        if self.skipped:
+            return False
         loop = self.loop
         if loop is not None:
             if pending and on_boundary is not None:
@@ -222,10 +254,11 @@ def while_loop(loop_id: str) -> _WhileLoop:
 
 def reset_after_fork_in_child() -> None:
     """A forked child (DataLoader worker, writer) must never take a snapshot of its own."""
-    global pending, on_boundary, on_loop_start, describe_source, capture_rng
+    global pending, on_boundary, on_loop_start, on_loop_end, describe_source, capture_rng
     pending = False
     on_boundary = None
     on_loop_start = None
+    on_loop_end = None
     describe_source = None
     capture_rng = None
     ACTIVE.clear()

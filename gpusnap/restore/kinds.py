@@ -85,6 +85,7 @@ class KindMerges:
             return snap
         with torch.no_grad():
             live.copy_(snap)
+            _set_requires_grad(live, snap.requires_grad)
             if snap.grad is None:
                 live.grad = None
             elif live.grad is not None and live.grad.shape == snap.grad.shape:
@@ -109,6 +110,7 @@ class KindMerges:
         torch = self._torch
         with torch.no_grad():
             local.copy_(snap.local)
+            _set_requires_grad(live, snap.requires_grad)
             live.grad = None if snap.grad is None else self._built_dtensor(snap.grad, path + ".grad")
         self.tensors += 1
         self.nbytes += snap.local.numel() * snap.local.element_size()
@@ -287,3 +289,11 @@ def _picklable(value) -> bool:
     except Exception:  # noqa: BLE001 - whatever it raises, it is no data the snapshot holds
         return False
     return True
+
+
+def _set_requires_grad(live, requires_grad: bool) -> None:
+    """Whether a leaf trains is state the program sets mid-run (a backbone unfrozen at an epoch,
+    a layer frozen for the last one), which the replay's setup does not repeat. The snapshot
+    notes it for leaves only: a tensor computed from others takes it from its graph."""
+    if live.is_leaf and live.requires_grad != requires_grad:
+        live.requires_grad_(requires_grad)

@@ -2,7 +2,8 @@
 
 ``Merger.value(live, snap, path)`` returns what the place at ``path`` must hold afterwards:
 
-- tensors: the snapshot's bytes copied into the live tensor (and its ``.grad``); a Parameter or
+- tensors: the snapshot's bytes copied into the live tensor (and its ``.grad``, whether it
+  requires grad, and the attributes the program set on it); a Parameter or
   module buffer whose shape or dtype differs is a ``StateMismatch``, never a silent rebind;
 - ``nn.Module`` and other objects with a ``__dict__`` of the same type: their ``__dict__`` merged
   in place, so whatever wraps them (hooks, torch.compile, optimizers) sees restored state;
@@ -236,7 +237,10 @@ class Merger(KindMerges):
         if torch is not None and isinstance(snap, torch.Tensor):
             if not isinstance(live, torch.Tensor):
                 return self._wait(snap, path)
-            return self._align(snap, self._merge_tensor(live, snap, path), path)
+            merged = self._align(snap, self._merge_tensor(live, snap, path), path)
+            if merged is live and snap.__dict__:  # what the program set on it (p.lr_scale = 0.1)
+                return _Steps(self._merge_attrs(live, snap.__dict__, path))
+            return merged
         if live is None or type(live) is not type(snap):
             return self._wait(snap, path)
         if isinstance(snap, list):

@@ -53,6 +53,10 @@ class Replay:
         frames = self.manifest["roots"]["frames"]
         self.expected = [dict(loop, **frames[loop["frame"]]) for loop in self.manifest["loops"]]
         self.cursor = 0
+        # Loops that stepped an optimizer and ran their course before the snapshot (a teacher's
+        # training, a learning-rate range test): passed over in this order, zero iterations each.
+        self.finished = list(self.manifest.get("finished") or ())
+        self.passed_over = 0
         self.merged = False
         self.merged_at = None  # (loop, its index) at the merge
         self.started_s = time.perf_counter()
@@ -66,11 +70,15 @@ class Replay:
 
     # -- replay ----------------------------------------------------------------------------
     def on_loop_start(self, loop, iterable):
+        if self.passed_over < len(self.finished) and _is(loop, self.finished[self.passed_over]):
+            done = self.finished[self.passed_over]
+            self.passed_over += 1
+            _say(f"passed over {_short(loop.where())}: it ran its course ({done['ran']} iterations) before the snapshot", level=1)
+            return loops.SKIP
         if self.cursor >= len(self.expected):
             return None
         want = self.expected[self.cursor]
-        code = loop.frame.f_code
-        if loop.loop_id != want["loop_id"] or code.co_qualname != want["function"] or code.co_filename != want["file"]:
+        if not _is(loop, want):
             return None
         self.cursor += 1
         innermost = self.cursor == len(self.expected)
@@ -98,6 +106,8 @@ class Replay:
             loop.index = skip
             if rng_at is not None:  # nothing runs between here and the iteration's start
                 self._restore_rng_at(loop, rng_at)
+            if not innermost:
+                _restore_locals_at(loop, want)
             if innermost:
                 self._check_live_iterators(loop)
                 self._boundary_hook = loops.on_boundary
@@ -114,7 +124,7 @@ class Replay:
             self._judge(want, itemcheck.verify(ctx.consumed, want.get("check")))
             self._check_live_iterators(loop)
             return self._merge_first(it, loop), how
-        if ctx.consumed or rng_at is not None:
+        if ctx.consumed or rng_at is not None or want.get("locals_at"):
             it = self._enclosing_first(it, loop, want, ctx, rng_at)
         return it, how
 
@@ -130,6 +140,7 @@ class Replay:
         self._judge(want, itemcheck.verify(ctx.consumed, want.get("check"), item))
         if rng_at is not None:
             self._restore_rng_at(loop, rng_at)
+        _restore_locals_at(loop, want)
         yield item
         yield from it
 
@@ -463,6 +474,27 @@ def install(rundir, snap_id: str, config: dict, emit, on_merged, restore_device=
 def _no_device(records: list, read_buffer) -> dict:
     raise ReplayDiverged(f"the snapshot holds {len(records)} raw device allocations, and this run restores none",
                          hint="restart with gpusnap, which tracks cuda-python allocations")
+
+
+def _restore_locals_at(loop, want: dict) -> None:
+    """The scalar locals an enclosing loop's saved iteration started with, before its body
+    prefix runs again: the replay skipped the bodies that counted them (``epoch += 1`` at the
+    end of a ``while True``), so the prefix would read setup's values. The loop's own target
+    is assigned from its item after this."""
+    values = want.get("locals_at")
+    if not values:
+        return
+    frame = loop.frame
+    if frame.f_code.co_name == "<module>":
+        frame.f_globals.update(values)
+    else:
+        write_locals(frame, values)
+
+
+def _is(loop, entry: dict) -> bool:
+    """Is the running ``loop`` the statement a snapshot's loop ``entry`` names?"""
+    code = loop.frame.f_code
+    return loop.loop_id == entry["loop_id"] and code.co_qualname == entry["function"] and code.co_filename == entry["file"]
 
 
 def diverged_by_step() -> None:

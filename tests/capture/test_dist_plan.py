@@ -36,6 +36,20 @@ def test_ranks_that_posted_from_different_loops_meet_at_a_boundary_of_the_loops_
     assert not reached(post(0, [*OUTER, 13], [*INNER, 0]), at)  # only at that loop's own boundary
 
 
+def test_without_steps_the_target_lies_as_far_ahead_as_the_fastest_rank_runs_that_loop_in_the_lead_time():
+    # A program without torch.optim posts no seconds per step: the target lay 2 iterations
+    # ahead whatever its pace, and a rank whose thread learned it late on a loaded machine (50 ms
+    # iterations) took its shard past it, one iteration after the others: no global snapshot.
+    posts = [post(0, [*OUTER, 8], [*INNER, 1]), post(0, [*OUTER, 8])]
+    posts[0]["paces"], posts[1]["paces"] = [0.05, 0.001], [0.04]
+    assert target(posts, margin=2, lead_s=0.5) == {"steps": 2, "loops": [OUTER], "index": [8 + 13]}  # 0.5 s / 0.04 s
+    assert target(posts, margin=2) == {"steps": 2, "loops": [OUTER], "index": [10]}
+    posts[1]["paces"] = [None]  # no iteration done yet: the other rank's pace sets it
+    assert target(posts, margin=2, lead_s=0.5)["index"] == [8 + 10]
+    posts[0]["paces"] = [None, None]
+    assert target(posts, margin=30, lead_s=0.5)["index"] == [38]  # no pace known: the margin
+
+
 def test_ranks_that_share_no_loop_meet_by_steps_alone():
     at = target([post(0, ["a.py", "f", "1:0", 3]), post(0, ["b.py", "g", "2:0", 3])], margin=2)
     assert at == {"steps": 2}
@@ -103,3 +117,12 @@ def test_the_target_lies_a_lead_time_of_the_fastest_ranks_steps_ahead():
     assert margin([{"steps": 9, "path": [], "step_s": None}, {"steps": 9, "path": []}], least=2, lead_s=1.0) == 2
     assert margin([fast], least=2, lead_s=0) == 2
     assert target([fast, slow], margin([fast, slow], 2, 1.0)) == {"steps": 29}
+
+
+def test_a_position_must_be_one():
+    pos = {"steps": 0, "path": [[*OUTER, 3]], "stop": False, "reason": "signal", "next": "000002", "step_s": None, "paces": [0.05]}
+    assert distcheck.post(pos) is None
+    assert distcheck.post({k: v for k, v in pos.items() if k != "paces"}) is None  # a rank of an earlier gpusnap
+    for bad in ({**pos, "paces": [0.05, 0.1]}, {**pos, "paces": [-1]}, {**pos, "paces": [True]}, {**pos, "paces": "fast"},
+                {**pos, "step_s": -0.5}, {**pos, "path": [[*OUTER, -1]]}, {**pos, "next": "../x"}, {**pos, "reason": "why"}):
+        assert distcheck.post(bad) is not None, bad

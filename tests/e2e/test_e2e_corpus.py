@@ -90,6 +90,15 @@ CORPUS = {
     # past the first epoch (10 batches), which a class defined in main() counts
     "class_state": ("class_state.py", [], 10, "gpusnap: fast-forward "),
     "module_closures": ("module_closures.py", []),
+    # Training phases in turn, from a snapshot in the second: the replay runs the first phase's
+    # loop zero times (it once stepped there, and was refused). A teacher's loop, then a
+    # student's, in two functions (past the teacher's 30 steps)...
+    "distill": ("distill.py", [], 31, "gpusnap: passed over "),
+    # ...one train() called twice, pretraining then fine-tuning (past the first call's 24)...
+    "pretrain_finetune": ("pretrain_finetune.py", [], 26, "gpusnap: passed over "),
+    # ...a learning-rate range test on a deepcopy, then `while True` over epochs it counts itself
+    # (`data.set_epoch(epoch)`: the replay's prefix reads the epoch its iteration started with)
+    "epoch_stream": ("epoch_stream.py", [], 0, "gpusnap: passed over "),
 }
 MORE = {
     # past the first epoch: a dataset whose pseudo-labels each epoch's end rewrites, loaded in the
@@ -126,6 +135,9 @@ MORE = {
     "module_helpers": ("module_helpers.py", []),
     # a DataLoader made each epoch over a growing Subset, a dropout rate raised mid-run
     "curriculum_subsets": ("curriculum_subsets.py", []),
+    # a backbone unfrozen at an epoch, a layer frozen for the last one: past both (refused by its
+    # witness while a merge left the replay's requires_grad; tests/graph/test_graph.py checks it in CI)
+    "finetune_unfreeze": ("finetune_unfreeze.py", ["--epochs", "5"], 25, "gpusnap: fast-forward "),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)

@@ -180,13 +180,6 @@ EXACT_OR_REFUSED = {
     # and the witness refuses ("consumed another batch": past the first epoch). From the first
     # epoch, where setup's losses are the run's, it restarts exactly.
     "hard_mining-online": ("hard_mining.py", ["--online"], ("consumed another batch than in the run that took it",)),
-    # Two training phases in turn: a teacher's loop, then a student's (distill.py), or a learning
-    # rate range test on a copy of the model before the real loop (epoch_stream.py). The replay
-    # runs the program's code up to the saved loop, and a phase that ended before it steps an
-    # optimizer there: restart refuses ("took an optimizer step before reaching the saved
-    # position"). A snapshot in the first phase restarts exactly.
-    "distill": ("distill.py", [], ("took an optimizer step before reaching the saved position",)),
-    "epoch_stream": ("epoch_stream.py", [], ("took an optimizer step before reaching the saved position",)),
 }
 
 

@@ -331,6 +331,23 @@ def test_an_object_born_mid_run_at_a_root_place_follows_the_live_objects(tmp_pat
     assert values["tracker"].weights is live_w
 
 
+def test_which_leaves_train_and_what_the_program_set_on_them_merge_into_the_replayed_tensors(tmp_path):
+    """A backbone unfrozen mid-run, a layer frozen for the last epoch, a tag set on a parameter:
+    the replay's setup made them as they were before, and copying the bytes alone left them so
+    (a fine-tuning run restarted past its unfreezing trained only its head, refused by its witness)."""
+    unfrozen, frozen = torch.nn.Parameter(torch.ones(3), requires_grad=True), torch.nn.Parameter(torch.ones(2), requires_grad=False)
+    unfrozen.unfrozen_at = 4
+    snap, _ = snapshot_and_load(tmp_path, {"backbone": unfrozen, "last": frozen})
+    live = {"backbone": torch.nn.Parameter(torch.zeros(3), requires_grad=False), "last": torch.nn.Parameter(torch.zeros(2))}
+    merger = Merger()
+    values = {name: merger.value(live[name], value, f"locals.{name}") for name, value in snap.items()}
+    merger.finish()
+    values = {name: merger.settled(value) for name, value in values.items()}
+    assert values["backbone"] is live["backbone"] and values["last"] is live["last"]
+    assert live["backbone"].requires_grad and not live["last"].requires_grad
+    assert live["backbone"].unfrozen_at == 4 and torch.equal(live["backbone"], unfrozen)
+
+
 class Reducer:
     def reduce(self, value):
         return value

@@ -472,15 +472,18 @@ def test_rng_states_round_trip_with_the_cached_gaussians():
     assert draws() == first
 
 
-def test_an_enclosing_loop_records_the_rng_states_at_each_iteration_start(monkeypatch):
+def test_an_enclosing_loop_records_the_rng_states_and_scalar_locals_at_each_iteration_start(monkeypatch):
     monkeypatch.setattr(loops, "capture_rng", rng.compact)
-    loop = loops.ActiveLoop("1:0", None, "for")
+    loop = loops.ActiveLoop("1:0", sys._getframe(), "for")
     loop.index += 1
     assert getattr(loop, "rng_at", None) is None
     loop.__class__ = loops.EnclosingLoop
     torch.manual_seed(9)
+    epoch, phase, model = 3, "warmup", torch.nn.Linear(2, 2)  # noqa: F841 - what the frame holds
     loop.index += 1
     assert loop.index == 2 and rng.same(loop.rng_at, rng.compact())
+    assert loop.locals_at["epoch"] == 3 and loop.locals_at["phase"] == "warmup"
+    assert "model" not in loop.locals_at and "loop" not in loop.locals_at
 
 
 def test_a_dataloader_iterator_advanced_by_hand_is_put_back(tmp_path):

@@ -43,6 +43,10 @@ def _count(value, least: int = 0) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
+def _duration(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 <= value < 1e9
+
+
 def post(value) -> str | None:
     """A rank's position (``pos/g/<rank>``)."""
     if not isinstance(value, dict) or not _count(value.get("steps")):
@@ -54,8 +58,11 @@ def post(value) -> str | None:
     if not isinstance(value.get("stop"), bool) or value.get("reason") not in _REASONS:
         return "a position without a stop flag and a reason"
     pace = value.get("step_s")
-    if pace is not None and (isinstance(pace, bool) or not isinstance(pace, (int, float)) or not 0 <= pace < 1e9):
+    if pace is not None and not _duration(pace):
         return f"a position whose seconds per step {pace!r:.40} are no duration"
+    paces = value.get("paces", [None] * len(path))
+    if not isinstance(paces, list) or len(paces) != len(path) or not all(p is None or _duration(p) for p in paces):
+        return f"a position whose seconds per iteration of its loops {paces!r:.60} are damaged"
     if not is_snapshot_id(value.get("next")):
         return f"a position whose next id {value.get('next')!r:.40} is no snapshot id"
     return None

@@ -63,6 +63,7 @@ coordinator: "Coordinator | None" = None
 _FOREVER = datetime.timedelta(days=3650)
 _POLL_S = 0.002  # how often a rank asks the store while a snapshot is being agreed and written
 _WATCH_POLL_S = 0.2  # how often it asks whether a peer wants one: the only traffic at rest
+_REFUSED_POLL_S = 0.05  # how often while the store holds a value that is refused (forged, stale)
 
 
 def install(config: dict):
@@ -119,16 +120,19 @@ def _refuse(message: str, hint: str, code: int) -> None:
 def position(loop) -> dict:
     """Where this rank stands at a safe point: its optimizer steps, the loops on its path (for
     programs without torch.optim, whose step count stays 0), and its recent seconds per
-    iteration (None before it has a measure), which set how far ahead the target lies."""
-    path = []
+    iteration (None before it has a measure), which set how far ahead the target lies; for a
+    program without steps, each loop's seconds per iteration so far (``paces``)."""
+    path, paces = [], []
+    now = time.perf_counter()
     for active in loops.ACTIVE:
         code = active.frame.f_code
         path.append([code.co_filename, code.co_qualname, active.loop_id, active.index])
+        paces.append((now - active.started_s) / active.index if active.index else None)
         if active is loop:
             break
     from gpusnap.capture.trainee import costs
 
-    return {"steps": session.steps, "path": path, "step_s": costs.step_s()}
+    return {"steps": session.steps, "path": path, "step_s": costs.step_s(), "paces": paces}
 
 
 class Coordinator:
@@ -421,7 +425,7 @@ class Coordinator:
         return client
 
     def _plan(self, posts: list[dict]) -> dict:
-        at = planning.target(posts, planning.margin(posts, knobs.DIST_MARGIN, knobs.DIST_LEAD_S))
+        at = planning.target(posts, planning.margin(posts, knobs.DIST_MARGIN, knobs.DIST_LEAD_S), knobs.DIST_LEAD_S)
         stop = any(p.get("stop") for p in posts)
         requested = [p.get("reason") for p in posts if p.get("reason") not in (None, "peer")]
         top_ids = [int(s) for s in self.top.snapshot_ids()]
@@ -531,7 +535,9 @@ def _poll(client, keys: list[str], every_s: float, deadline: float | None, closi
     with ``wait``: a thread blocked inside a store call when the interpreter finalizes (a program
     that ends while a snapshot is being agreed) aborts the process as it returns (pthread_exit
     through C++), so the threads stay in short calls and sleeps. A refused value is waited past:
-    the rank that owns the key replaces it."""
+    the rank that owns the key replaces it. While one is refused the polls slow down, to
+    _REFUSED_POLL_S: each reads every value again, and a forged one may be megabytes (read 500
+    times a second, it kept the cores from the ranks that would replace it)."""
     refused = None
     while deadline is None or time.monotonic() < deadline:
         if closing is not None and closing.is_set():
@@ -552,7 +558,7 @@ def _poll(client, keys: list[str], every_s: float, deadline: float | None, closi
                 values.append(value)
             else:
                 return values
-        time.sleep(every_s)
+        time.sleep(every_s if refused is None else max(every_s, _REFUSED_POLL_S))
     raise TimeoutError("timed out" + (f"; refused what the store held: {refused}" if refused else ""))
 
 

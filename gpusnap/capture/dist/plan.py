@@ -3,7 +3,8 @@ pure functions of the positions the ranks posted (``coordinator.position``), wit
 thread and no process of their own, so that they are tested alone (tests/capture/test_dist_plan.py).
 
 A position is ``{"steps": optimizer steps, "path": [[file, qualname, loop id, index], ...],
-"step_s": seconds per iteration or None}``, the loops on the rank's path from the outermost in;
+"step_s": seconds per iteration or None, "paces": [seconds per iteration of each loop on the
+path so far, or None]}``, the loops on the rank's path from the outermost in;
 a target is ``{"steps": N}``, with ``"loops"`` and ``"index"`` before any rank has stepped."""
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ def margin(posts: list[dict], least: int, lead_s: float) -> int:
     return max(least, min(_MOST, math.ceil(lead_s / min(paces))))
 
 
-def target(posts: list[dict], margin: int) -> dict:
+def target(posts: list[dict], margin: int, lead_s: float = 0.0) -> dict:
     """The position every rank snapshots at: ``margin`` optimizer steps past the furthest rank.
     Before any rank has stepped (setup, or a program without torch.optim), also ``margin``
-    iterations past the furthest rank of the innermost loop they all stand in, whichever comes
-    first. Ranks may post from different boundaries (without a step loop, any loop's boundary is
-    a safe point: one rank stands in the inner loop of an iteration, another at the end of it):
-    the target is then a boundary of the loops their paths share, which every rank reaches."""
+    iterations past the furthest rank of the innermost loop they all stand in, or as many as the
+    fastest rank runs of that loop in ``lead_s`` (by the ``paces`` posted), whichever is more;
+    the first of the two reached is the target. Ranks may post from different boundaries
+    (without a step loop, any loop's boundary is a safe point: one rank stands in the inner loop
+    of an iteration, another at the end of it): the target is then a boundary of the loops their
+    paths share, which every rank reaches."""
     at: dict = {"steps": max(p["steps"] for p in posts) + margin}
     if any(p["steps"] for p in posts):
         return at
@@ -41,7 +44,10 @@ def target(posts: list[dict], margin: int) -> dict:
         common.append(list(level[0][:3]))
     if common:
         furthest = max(tuple(entry[3] for entry in p["path"][: len(common)]) for p in posts)
-        at.update(loops=common, index=[*furthest[:-1], furthest[-1] + margin])
+        level = len(common) - 1
+        paces = [p["paces"][level] for p in posts if len(p.get("paces") or ()) > level and p["paces"][level]]
+        ahead = max(margin, min(_MOST, math.ceil(lead_s / min(paces)))) if paces and lead_s > 0 else margin
+        at.update(loops=common, index=[*furthest[:-1], furthest[-1] + ahead])
     return at
 
 

@@ -36,6 +36,10 @@ _note_source = None  # restore's fastforward.describe, handed over by boot throu
 _stepper_checked = False  # the first optimizer step looked for a step loop gpusnap cannot reach
 _GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
 _in_child = False  # a forked child of the trainee (the program's own processes, DataLoader workers)
+# Loops that stepped an optimizer and ended, each with the running loops it ran inside and their
+# iterations then: (entry, ((weak ActiveLoop, index), ...)). Those whose enclosing loops are all
+# still in the same iteration are the training phases a replay must not run again.
+_finished: list = []
 
 
 def install(note_source) -> None:
@@ -43,6 +47,7 @@ def install(note_source) -> None:
     _note_source = note_source
     os.register_at_fork(after_in_child=_forked)
     loops.describe_source = describe_source
+    loops.on_loop_end = loop_ended
     loops.capture_rng = rng.compact
     after_import("torch.optim.optimizer", _hook_optimizers)
     after_import("torch.utils.data.dataloader", _note_loader_iters)
@@ -138,6 +143,8 @@ def _before_optimizer_step(optimizer, *_):
             code = loop.frame.f_code
             _step_loops[(id(code), loop.loop_id)] = code
             mark_enclosing(i)
+            for running in loops.ACTIVE[: i + 1]:
+                running.stepped = True
             if _last_stepping[0]() is not loop or _last_stepping[1] != loop.index:
                 session.iterations += 1  # the GAN's second optimizer in the same iteration does not count
                 costs.iteration()
@@ -158,6 +165,36 @@ def _after_optimizer_step(optimizer, *_):
     if not session.prepared and session.writer is None and session.config.get("run_dir") and knobs.DRAIN != "off":
         session.prepared = True  # until a new optimizer steps or a writer has finished
         stage.prepare(list(session.optimizers), session.windows_nbytes)
+
+
+def loop_ended(loop) -> None:
+    """``loops.on_loop_end``: a loop that stepped an optimizer ran its course (a teacher's
+    training before the student's, a learning-rate range test before the real loop, last
+    epoch's batches). Noted with where it ran, so that a snapshot can name the finished phases
+    that its replay must pass over."""
+    if _in_child or not getattr(loop, "stepped", False):
+        return
+    code = loop.frame.f_code
+    if code.co_flags & _GENERATOR_FLAGS:
+        return  # a generator's loop ends when the generator is done with, not where it stands
+    within = tuple((weakref.ref(other), other.index) for other in loops.ACTIVE if other.frame.f_back is not None)
+    _finished[:] = [done for done in _finished if _still_within(done[1])]
+    _finished.append(({"file": code.co_filename, "function": code.co_qualname, "loop_id": loop.loop_id, "ran": loop.index}, within))
+
+
+def finished_loops() -> list:
+    """The loops that stepped and ended within the current iterations of the loops running now,
+    in the order they ended: a replay runs each of them zero times (the merge brings what they
+    made). One that ended in an earlier iteration of a running loop is passed over with it."""
+    return [entry for entry, within in _finished if _still_within(within)]
+
+
+def _still_within(within) -> bool:
+    for ref, index in within:
+        loop = ref()
+        if loop is None or loop.index != index or not any(running is loop for running in loops.ACTIVE):
+            return False
+    return True
 
 
 def mark_enclosing(i: int) -> None:

@@ -221,6 +221,7 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         snap_id=snap_id,
         frame=loop.frame,
         active_loops=list(loops.ACTIVE),
+        finished_loops=steploop.finished_loops(),
         rng_states=rng.capture(),
         requested_s=requested_s,
         iteration=iteration,

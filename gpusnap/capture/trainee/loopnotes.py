@@ -5,7 +5,7 @@ replay can position them or refuse (restore's ``fastforward``, ``itemcheck``, ``
 
 - ``resume``: its fast-forward note, taken when the loop started, JSON (``note_json``);
 - ``rng_at``: the global RNG states at the start of its current iteration (loops that enclose
-  a step loop: ``loops.EnclosingLoop``);
+  a step loop: ``loops.EnclosingLoop``), and ``locals_at``: its frame's scalar locals then;
 - ``check``: ``{"index": n, "items": [{"at": [..], "digest": hex | null, "why": ...}]}``: for
   each part of the source that fast-forward will consume (``consumed_paths``), the digest of that
   part of the last item the loop handed to its body (item n - 1), read from the loop's
@@ -86,6 +86,9 @@ def record(loop, read=None) -> dict:
     rng_at = getattr(loop, "rng_at", None)
     if rng_at is not None:
         out["rng_at"] = rng.to_json(rng_at, read)
+    locals_at = getattr(loop, "locals_at", None)
+    if locals_at:
+        out["locals_at"] = locals_at
     paths = consumed_paths(loop.resume)
     if paths and loop.index > 0:
         ref = getattr(loop, "gen", None)

@@ -58,6 +58,7 @@ class WriteJob:
     lock_token: str | None = None  # of the run directory's lock this writer writes under (store.lock.check_token)
     files: object = None  # files.record.FilesJob: the program's files, as the stall found them
     witness_token: str | None = None  # this snapshot's own, in its manifest and in its witness
+    finished_loops: list = field(default_factory=list)  # training phases that ended before it (steploop.finished_loops)
 
 
 def write_snapshot(job: WriteJob, report_progress=None) -> dict:
@@ -273,6 +274,7 @@ def _manifest(job: WriteJob, payload: dict, pickler: GraphPickler, graph: dict, 
             "rng": sorted(payload["rng"]),
         },
         "loops": payload["loops"],
+        "finished": job.finished_loops,
         "workers_draw": workers.seen(),
         "steps": job.steps,
         "sources": job.sources,
