@@ -74,6 +74,8 @@ class Replay:
             done = self.finished[self.passed_over]
             self.passed_over += 1
             _say(f"passed over {_short(loop.where())}: it ran its course ({done['ran']} iterations) before the snapshot", level=1)
+            # Finished here too, as it ran in the run: a snapshot this process takes names it.
+            loop.index, loop.stepped = done["ran"], True
             return loops.SKIP
         if self.cursor >= len(self.expected):
             return None

@@ -171,6 +171,21 @@ def test_corpus_program_restarts_to_the_same_bytes(tmp_path, name, seed):
     print(f"{name}: {time.monotonic() - started:.1f} s")
 
 
+def test_a_phase_one_restart_passed_over_is_passed_over_by_the_next_one_too(tmp_path):
+    """distill.py snapshotted in its student's phase, restarted (the teacher's loop passed over),
+    snapshotted again further on and killed, then restarted once more: the second snapshot,
+    taken by a process whose teacher's loop never ran, must name it as finished all the same."""
+    rnd = random.Random("distill-twice")
+    script = copy_programs(tmp_path) / "corpus" / "distill.py"
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    ref.mkdir()
+    out.mkdir()
+    plain(script, ref, cwd=tmp_path, env=ENV)
+    restarted = kill_and_restart(script, [], tmp_path, out, rnd, progress(ref), ENV, SLOW, floors=(31, 42))
+    assert "gpusnap: passed over " in restarted.stderr
+    assert_same(load_final(ref), load_final(out))
+
+
 def test_a_program_that_follows_the_string_hash_restarts_to_the_same_bytes(tmp_path):
     """hashed_features.py puts each token in bucket ``hash(token) % 257`` and sums its losses in
     the order of a set of strings: Python seeds that hash at random in each process, so the
