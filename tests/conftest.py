@@ -30,6 +30,22 @@ def pytest_report_header(config):
     return f"fake GPU stream order: {_replay()}"
 
 
+ALL = os.environ.get("GPUSNAP_TEST_CORPUS") == "all"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``more`` repeat, in another shape, what a test of the default run covers:
+    left out of it (CI's 12 minutes), run with GPUSNAP_TEST_CORPUS=all."""
+    if ALL:
+        return
+    kept, left = [], []
+    for item in items:
+        (left if item.get_closest_marker("more") else kept).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

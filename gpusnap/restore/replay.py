@@ -517,7 +517,16 @@ def _check_reached(replay: Replay) -> None:
         how = f"stopped with {_one_line(escaped)}"
     else:
         how = "ended"
-    fail(ReplayDiverged(f"the program {how} before reaching the saved position at {replay.not_reached()}"))
+    hint = None
+    if replay.passed_over:
+        # What the code after a passed-over loop met in its place: a best model only the loop
+        # kept (best = None before it), a variable only the loop assigned.
+        done = replay.finished[replay.passed_over - 1]
+        hint = (f"the replay passed over the loop at {_short(done['file'])}:{done['loop_id'].split(':')[0]} (in "
+                f"{done['function']}), which had run its course before the snapshot, and the code after it needs what "
+                "that loop made; restart from a snapshot taken while it ran with --snapshot ID, or start fresh with "
+                "--resume never")
+    fail(ReplayDiverged(f"the program {how} before reaching the saved position at {replay.not_reached()}", hint))
 
 
 def _check_not_captured(replay: Replay, escaped) -> None:

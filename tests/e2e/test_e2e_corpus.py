@@ -42,18 +42,12 @@ SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")]
 CORPUS = {
     "word_lm": ("word_lm.py", []),
     "dcgan": ("dcgan.py", []),
-    "mnist_cnn": ("mnist_cnn.py", []),
     "lbfgs_series": ("lbfgs_series.py", []),
-    "tqdm_loop-pbar": ("tqdm_loop.py", ["--variant", "pbar"]),
     "furniture": ("furniture.py", []),
     "compiled": ("compiled.py", []),  # torch.compile builds C++ kernels: ~5 s warm, ~20 s cold, per run
     "closures": ("closures.py", []),
-    "swa_hooks": ("swa_hooks.py", []),
-    "config_trainer": ("config_trainer.py", []),
     "tensor_kinds": ("tensor_kinds.py", []),
     "resumes_itself": ("resumes_itself.py", []),
-    "line_stream": ("line_stream.py", []),
-    "bucketed_batches": ("bucketed_batches.py", []),
     "scripted": ("scripted.py", []),
     # past the unlabeled loader's first pass (4 batches): cycle() gives its saved batches again
     # (5 epochs: in 3, a loaded machine saw the snapshot commit only at the program's last step)
@@ -61,25 +55,12 @@ CORPUS = {
     # past the first epoch (12 batches): each epoch's WeightedRandomSampler weighs the losses of
     # epochs the replay skips; its order is drawn again once the merge has put its weights back
     "hard_mining": ("hard_mining.py", [], 12, "hard_mining.py:50 (in main) again from its merged sampler"),
-    # past the first epoch: persistent workers hold the first epoch's copy of a dataset each epoch
-    # relabels (as the replay's fresh ones do: not refused, unlike new workers each epoch)
-    "self_training-persistent": ("self_training.py", ["--workers", "2", "--persistent"], 12, "gpusnap: fast-forward "),
     # past the first epoch (12 batches): the iterator was made again in an iteration replay skips,
     # from a sampler whose order a generator of the script's own draws
     "next_batch-reiter-own-generator": ("next_batch.py", ["--variant", "reiter", "--own-generator"], 12,
                                         "made the DataLoader iterator at frame[1].locals.train_iter again"),
-    # past the first pass: replay runs the program's cycle() generator again to its place
-    "next_batch-cycle": ("next_batch.py", ["--variant", "cycle"], 12, "ran the generator at frame[1].locals.train_iter to item"),
-    # workers draw a random flip per sample: fast-forward must take the skipped batches
-    "imagenet_style-workers": ("imagenet_style.py", ["--workers", "2"], 0, "by consuming"),
-    # workers draw from a generator the dataset holds: the same, though no global state moves
-    "augment_rng": ("augment_rng.py", [], 0, "by consuming"),
     # spawned workers run nothing of gpusnap's: their loader counts as drawing
     "augment_rng-spawn": ("augment_rng.py", ["--context", "spawn", "--epochs", "1"], 0, "by consuming"),
-    # the same in 2 persistent workers, past the first epoch: the replay's fresh workers are given
-    # the generators the original's started the epoch with
-    "collate_draws-persistent": ("collate_draws.py", ["--workers", "2", "--persistent", "--epochs", "5"], 10,
-                                 "persistent workers' generators put back"),
     # past the first epoch (8 batches): each fold's SubsetRandomSampler draws from a generator of
     # its own, whose state at the epoch's start the loop's note keeps
     "kfold_cv": ("kfold_cv.py", [], 8, "by batch sampler"),
@@ -92,12 +73,10 @@ CORPUS = {
     "module_closures": ("module_closures.py", []),
     # Training phases in turn, from a snapshot in the second: the replay runs the first phase's
     # loop zero times (it once stepped there, and was refused). A teacher's loop, then a
-    # student's, in two functions (past the teacher's 30 steps)...
+    # student's, in two functions (past the teacher's 30 steps), ...
     "distill": ("distill.py", [], 31, "gpusnap: passed over "),
-    # ...one train() called twice, pretraining then fine-tuning (past the first call's 24)...
-    "pretrain_finetune": ("pretrain_finetune.py", [], 26, "gpusnap: passed over "),
-    # ...a learning-rate range test on a deepcopy, then `while True` over epochs it counts itself
-    # (`data.set_epoch(epoch)`: the replay's prefix reads the epoch its iteration started with)
+    # ...and a learning-rate range test on a deepcopy, then `while True` over epochs it counts
+    # itself (`data.set_epoch(epoch)`: the replay's prefix reads the epoch its iteration started with)
     "epoch_stream": ("epoch_stream.py", [], 0, "gpusnap: passed over "),
 }
 MORE = {
@@ -138,6 +117,40 @@ MORE = {
     # a backbone unfrozen at an epoch, a layer frozen for the last one: past both (refused by its
     # witness while a merge left the replay's requires_grad; tests/graph/test_graph.py checks it in CI)
     "finetune_unfreeze": ("finetune_unfreeze.py", ["--epochs", "5"], 25, "gpusnap: fast-forward "),
+    # Out of the default run for CI's time (2026-11-30); where the default run covers each shape:
+    # (a CNN under StepLR over a shuffled DataLoader: word_lm, furniture, dcgan)
+    "mnist_cnn": ("mnist_cnn.py", []),
+    # (a progress bar updated by hand: test_e2e_fastforward.py's tqdm wrappers and its bar in a local)
+    "tqdm_loop-pbar": ("tqdm_loop.py", ["--variant", "pbar"]),
+    # (SWA and module hooks: furniture's EMA, ema_checkpointed (MORE) and tensor_kinds' parametrizations)
+    "swa_hooks": ("swa_hooks.py", []),
+    # (a home-made trainer class with callbacks: test_e2e_restart.py's trainer-fit (MORE too) and class_state)
+    "config_trainer": ("config_trainer.py", []),
+    # (an IterableDataset streaming lines: shard_pipeline, epoch_stream)
+    "line_stream": ("line_stream.py", []),
+    # (a batch sampler of its own: kfold_cv's sampler, hard_mining)
+    "bucketed_batches": ("bucketed_batches.py", []),
+    # past the first epoch: persistent workers hold the first epoch's copy of a dataset each epoch
+    # relabels (as the replay's fresh ones do: not refused, unlike new workers each epoch)
+    # (its refusal with new workers each epoch: test_e2e_refusals.py)
+    "self_training-persistent": ("self_training.py", ["--workers", "2", "--persistent"], 12, "gpusnap: fast-forward "),
+    # past the first pass: replay runs the program's cycle() generator again to its place
+    # (a cycle() generator run again to its place: cycle_unlabeled; test_e2e_fastforward.py's generators advanced by hand)
+    "next_batch-cycle": ("next_batch.py", ["--variant", "cycle"], 12, "ran the generator at frame[1].locals.train_iter to item"),
+    # workers draw a random flip per sample: fast-forward must take the skipped batches
+    # (workers that draw, whose skipped batches are taken again: augment_rng-spawn, shard_pipeline)
+    "imagenet_style-workers": ("imagenet_style.py", ["--workers", "2"], 0, "by consuming"),
+    # workers draw from a generator the dataset holds: the same, though no global state moves
+    # (workers drawing from a generator the dataset holds: augment_rng-spawn (spawned workers), and persistent (MORE))
+    "augment_rng": ("augment_rng.py", [], 0, "by consuming"),
+    # the same in 2 persistent workers, past the first epoch: the replay's fresh workers are given
+    # the generators the original's started the epoch with
+    # (persistent workers' generators put back: test_e2e_frameworks.py's Lightning datamodule-persistent-workers)
+    "collate_draws-persistent": ("collate_draws.py", ["--workers", "2", "--persistent", "--epochs", "5"], 10,
+                                 "persistent workers' generators put back"),
+    # one train() called twice, pretraining then fine-tuning, past the first call's 24 steps
+    # (a finished phase passed over: distill, epoch_stream; test_a_phase_one_restart_passed_over...)
+    "pretrain_finetune": ("pretrain_finetune.py", [], 26, "gpusnap: passed over "),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)

@@ -143,6 +143,7 @@ def test_a_periodic_snapshot_commits_while_training_and_its_workers_keep_every_c
     assert listed.returncode == 0 and "DURABLE" in listed.stdout.splitlines()[0]
 
 
+@pytest.mark.more  # the stop snapshot's test below covers windows allocated ahead: GPUSNAP_TEST_CORPUS=all
 def test_a_periodic_snapshot_after_one_that_filled_more_than_a_pack_writes_from_windows_allocated_ahead(tmp_path):
     """A periodic writer that maps its own pack windows allocates and frees them on every
     snapshot; once a snapshot has filled more than one pack, the trainee keeps the next writer's

@@ -68,8 +68,14 @@ TRAINERS = {
 }
 
 
+# Shapes the default run covers elsewhere (GPUSNAP_TEST_CORPUS=all runs them): two restarts in
+# one run (test_e2e_corpus's distill twice), a hand-written loop over a transformers model (the
+# corpus's nanogpt_style, word_lm), a collator that draws one batch ahead (transformers-mlm).
+MORE_TRAINERS = ("transformers-auto-batch", "transformers-loop", "accelerate-noisy")
+
+
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("name", TRAINERS)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.more) if n in MORE_TRAINERS else n for n in TRAINERS])
 def test_a_framework_trainer_restarts_to_the_same_bytes(tmp_path, name, seed):
     module, program, args, floors, pause_s, how = TRAINERS[name]
     pytest.importorskip(module)

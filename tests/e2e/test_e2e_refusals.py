@@ -180,6 +180,12 @@ EXACT_OR_REFUSED = {
     # and the witness refuses ("consumed another batch": past the first epoch). From the first
     # epoch, where setup's losses are the run's, it restarts exactly.
     "hard_mining-online": ("hard_mining.py", ["--online"], ("consumed another batch than in the run that took it",)),
+    # A teacher's loop keeps its best weights (best = None before it, a deepcopy at each better
+    # epoch) and puts them back after it, then pseudo-labels for a student's loop. From a snapshot
+    # in the student's loop the replay passes over the teacher's, and the code after it loads
+    # None: refused, naming that loop ("passed over the loop at ... the code after it needs what
+    # that loop made"). From one in the teacher's loop it restarts exactly.
+    "noisy_student": ("noisy_student.py", [], ("the code after it needs what that loop made",)),
 }
 
 

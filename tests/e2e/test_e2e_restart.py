@@ -52,8 +52,17 @@ def run_dir(tmp_path, request):
         shutil.rmtree(where, ignore_errors=True)
 
 
+# A trainer class's fit() and manual SGD on a global rate: shapes the corpus covers (class_state,
+# closures, lbfgs_series), run with GPUSNAP_TEST_CORPUS=all.
+MORE_STYLES = ("d-trainer-fit", "f-manual-sgd-global-lr")
+
+
+def _marks(style: str) -> list:
+    return [] if style == QUICK else [pytest.mark.slow] + ([pytest.mark.more] if style in MORE_STYLES else [])
+
+
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("style", [s if s == QUICK else pytest.param(s, marks=pytest.mark.slow) for s in STYLES])
+@pytest.mark.parametrize("style", [pytest.param(s, marks=_marks(s)) for s in STYLES])
 def test_killed_run_restarts_to_the_same_bytes(tmp_path, run_dir, style, seed):
     program, args, total = STYLES[style]
     rnd = random.Random(f"{style}/{seed}")

@@ -136,8 +136,8 @@ def test_auto_watches_the_service_that_answers_and_says_when_none_does(monkeypat
     server.shutdown()
 
 
-@pytest.mark.parametrize("provider", [p if p == notices.PROVIDERS[0] else pytest.param(p, marks=pytest.mark.slow)
-                                      for p in notices.PROVIDERS])  # the quick loop runs one provider
+@pytest.mark.parametrize("provider", [p if p == notices.PROVIDERS[0] else pytest.param(p, marks=[pytest.mark.slow, pytest.mark.more])
+                                      for p in notices.PROVIDERS])  # one provider by default; each parses its own (test_notices' unit tests)
 def test_a_notice_snapshots_and_stops_with_75_and_the_run_continues_after_requeue(tmp_path, metadata, provider):
     program = copy_programs(tmp_path) / "notorch" / "counters.py"
     ref, out = ref_and_out(tmp_path)

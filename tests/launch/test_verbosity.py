@@ -83,6 +83,7 @@ def _on_a_terminal(args, cwd, env, signal_at_step=None, out=None, timeout=120) -
 
 
 @pytest.mark.slow
+@pytest.mark.more  # 50 s of writes long enough to draw the line: GPUSNAP_TEST_CORPUS=all
 def test_long_writes_and_restores_show_a_status_line_on_a_terminal_only(tmp_path):
     program = copy_programs(tmp_path) / "big_state.py"
     _, out = ref_and_out(tmp_path)
