@@ -5,6 +5,7 @@ GPUSNAP_TEST_SEEDS=1,2,3 to run more."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import random
@@ -105,6 +106,29 @@ def test_a_forked_reference_ends_with_the_bytes_of_a_fresh_interpreters(tmp_path
 
 
 @pytest.mark.slow
+def test_a_snapshot_taken_while_the_program_evaluates_restarts_past_that_epochs_training(tmp_path):
+    """A snapshot asked for during an evaluation that follows each epoch's training (each in a
+    function of its own) lands at a boundary of the evaluation's loop. Its replay runs the epoch
+    again up to there, and the epoch's training loop, which had run its course, stepped an
+    optimizer on the way: the restart was refused. It is passed over now, by the manifest's
+    ``finished``."""
+    from harness import request_snapshot, wait_for
+
+    programs = copy_programs(tmp_path)
+    ref, out = ref_and_out(tmp_path)
+    plain(programs / "eval_between.py", ref, cwd=tmp_path)
+    run = Run("run", "--dir", "snaps", programs / "eval_between.py", out, cwd=tmp_path)
+    wait_for(lambda: (out / "phase").exists() and (out / "phase").read_text() == "eval 1", "the second evaluation", proc=run)
+    snap = request_snapshot(run, tmp_path / "snaps")
+    run.kill_group()
+    manifest = json.loads((tmp_path / "snaps" / "snapshots" / f"{snap}.json").read_text())
+    assert [(f["function"], f["ran"]) for f in manifest["finished"]] == [("train_one_epoch", 6)], manifest["finished"]
+    restarted = gpusnap("restart", "snaps", cwd=tmp_path)
+    assert restarted.returncode == 0, restarted.stderr
+    assert "passed over " in restarted.stderr and "in train_one_epoch: it ran its course (6 iterations)" in restarted.stderr
+    assert_same(load_final(ref), load_final(out))
+
+
 def test_restart_twice_in_a_row(tmp_path):
     rnd = random.Random("twice")
     programs = copy_programs(tmp_path)
