@@ -16,7 +16,19 @@ import tempfile
 
 import forkserver
 import pytest
-from harness import Run, assert_same, copy_programs, gpusnap, interrupt, load_final, plain, progress, ref_and_out
+from harness import (
+    Run,
+    assert_same,
+    copy_programs,
+    gpusnap,
+    interrupt,
+    load_final,
+    plain,
+    progress,
+    ref_and_out,
+    request_snapshot,
+    wait_for,
+)
 
 SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")]  # CI time: one seed a style
 
@@ -112,8 +124,6 @@ def test_a_snapshot_taken_while_the_program_evaluates_restarts_past_that_epochs_
     again up to there, and the epoch's training loop, which had run its course, stepped an
     optimizer on the way: the restart was refused. It is passed over now, by the manifest's
     ``finished``."""
-    from harness import request_snapshot, wait_for
-
     programs = copy_programs(tmp_path)
     ref, out = ref_and_out(tmp_path)
     plain(programs / "eval_between.py", ref, cwd=tmp_path)
