@@ -151,6 +151,11 @@ MORE = {
     # one train() called twice, pretraining then fine-tuning, past the first call's 24 steps
     # (a finished phase passed over: distill, epoch_stream; test_a_phase_one_restart_passed_over...)
     "pretrain_finetune": ("pretrain_finetune.py", [], 26, "gpusnap: passed over "),
+    # the teacher's last weights (no best kept: test_e2e_refusals.py's noisy_student), then a
+    # student over pseudo-labels that 2 persistent workers load, past the teacher's 18 steps: the
+    # replay labels with its own, untrained teacher, and the workers, started after the merge
+    # (the loader is positioned by its batch sampler), load the run's labels
+    "noisy_student-last-workers": ("noisy_student.py", ["--last", "--workers", "2"], 20, "gpusnap: passed over "),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)

@@ -2,8 +2,9 @@
 the labeled set with early stopping (its best weights kept by deepcopy and put back after the
 loop), the unlabeled set labeled by it once (confident predictions only), then a student trained
 on the labeled and pseudo-labeled sets together with input noise, through a DataLoader made
-over a ConcatDataset (--workers N: with that many persistent workers).
-usage: noisy_student.py OUT [--epochs N] [--workers N]"""
+over a ConcatDataset (--workers N: with that many persistent workers; --last: the teacher's last
+weights, no best kept).
+usage: noisy_student.py OUT [--epochs N] [--workers N] [--last]"""
 import argparse
 import copy
 
@@ -32,6 +33,7 @@ def main():
     parser.add_argument("out")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--last", action="store_true")
     args = parser.parse_args()
 
     torch.manual_seed(41)
@@ -54,7 +56,8 @@ def main():
         acc = evaluate(teacher, x_val, y_val)
         if acc > best_acc:
             best, best_acc = copy.deepcopy(teacher.state_dict()), acc
-    teacher.load_state_dict(best)
+    if not args.last:
+        teacher.load_state_dict(best)
 
     teacher.eval()
     with torch.no_grad():
