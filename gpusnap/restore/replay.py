@@ -106,15 +106,15 @@ class Replay:
         rng_at = want.get("rng_at") if not innermost else None
         if loop.kind == "while":
             loop.index = skip
-            if rng_at is not None:  # nothing runs between here and the iteration's start
-                self._restore_rng_at(loop, rng_at)
-            if not innermost:
-                _restore_locals_at(loop, want)
             if innermost:
                 self._check_live_iterators(loop)
                 self._boundary_hook = loops.on_boundary
                 loops.on_boundary = self._while_boundary
                 loops.pending = True
+            else:  # nothing runs between here and the iteration's start
+                if rng_at is not None:
+                    self._restore_rng_at(loop, rng_at)
+                _restore_locals_at(loop, want)
             return None, "by skipping bodies"
         ctx = fastforward.Context()
         it, how = fastforward.iterator_at(iterable, skip, loop.resume, ctx)

@@ -135,21 +135,21 @@ MORE = {
     # (its refusal with new workers each epoch: test_e2e_refusals.py)
     "self_training-persistent": ("self_training.py", ["--workers", "2", "--persistent"], 12, "gpusnap: fast-forward "),
     # past the first pass: replay runs the program's cycle() generator again to its place
-    # (a cycle() generator run again to its place: cycle_unlabeled; test_e2e_fastforward.py's generators advanced by hand)
+    # (covered by cycle_unlabeled and test_e2e_fastforward.py's generators advanced by hand)
     "next_batch-cycle": ("next_batch.py", ["--variant", "cycle"], 12, "ran the generator at frame[1].locals.train_iter to item"),
     # workers draw a random flip per sample: fast-forward must take the skipped batches
-    # (workers that draw, whose skipped batches are taken again: augment_rng-spawn, shard_pipeline)
+    # (covered by augment_rng-spawn and shard_pipeline)
     "imagenet_style-workers": ("imagenet_style.py", ["--workers", "2"], 0, "by consuming"),
     # workers draw from a generator the dataset holds: the same, though no global state moves
-    # (workers drawing from a generator the dataset holds: augment_rng-spawn (spawned workers), and persistent (MORE))
+    # (covered by augment_rng-spawn, the same program with spawned workers)
     "augment_rng": ("augment_rng.py", [], 0, "by consuming"),
     # the same in 2 persistent workers, past the first epoch: the replay's fresh workers are given
-    # the generators the original's started the epoch with
-    # (persistent workers' generators put back: test_e2e_frameworks.py's Lightning datamodule-persistent-workers)
+    # the generators the original's started the epoch with (covered by test_e2e_frameworks.py's
+    # Lightning datamodule-persistent-workers)
     "collate_draws-persistent": ("collate_draws.py", ["--workers", "2", "--persistent", "--epochs", "5"], 10,
                                  "persistent workers' generators put back"),
     # one train() called twice, pretraining then fine-tuning, past the first call's 24 steps
-    # (a finished phase passed over: distill, epoch_stream; test_a_phase_one_restart_passed_over...)
+    # (a finished phase passed over: covered by distill and epoch_stream)
     "pretrain_finetune": ("pretrain_finetune.py", [], 26, "gpusnap: passed over "),
     # the teacher's last weights (no best kept: test_e2e_refusals.py's noisy_student), then a
     # student over pseudo-labels that 2 persistent workers load, past the teacher's 18 steps: the

@@ -19,7 +19,12 @@ def margin(posts: list[dict], least: int, lead_s: float) -> int:
     fastest rank takes in ``lead_s`` (by the seconds per iteration it posted), whichever is
     more. Each rank learns the target from a thread that talks to the job's store; fast steps
     on a busy machine passed two steps before it did."""
-    paces = [p["step_s"] for p in posts if isinstance(p.get("step_s"), (int, float)) and p["step_s"] > 0]
+    return _lead(least, lead_s, [p["step_s"] for p in posts if isinstance(p.get("step_s"), (int, float)) and p["step_s"] > 0])
+
+
+def _lead(least: int, lead_s: float, paces: list) -> int:
+    """``least``, or as many iterations as the fastest of ``paces`` (seconds each) runs in
+    ``lead_s``, whichever is more (at most _MOST)."""
     if not paces or lead_s <= 0:
         return least
     return max(least, min(_MOST, math.ceil(lead_s / min(paces))))
@@ -46,8 +51,7 @@ def target(posts: list[dict], margin: int, lead_s: float = 0.0) -> dict:
         furthest = max(tuple(entry[3] for entry in p["path"][: len(common)]) for p in posts)
         level = len(common) - 1
         paces = [p["paces"][level] for p in posts if len(p.get("paces") or ()) > level and p["paces"][level]]
-        ahead = max(margin, min(_MOST, math.ceil(lead_s / min(paces)))) if paces and lead_s > 0 else margin
-        at.update(loops=common, index=[*furthest[:-1], furthest[-1] + ahead])
+        at.update(loops=common, index=[*furthest[:-1], furthest[-1] + _lead(margin, lead_s, paces)])
     return at
 
 
