@@ -1,9 +1,9 @@
 """The writer process: fork, the child's life, and the parent's wait for its report.
 
 The child runs ``writer.write_snapshot`` on its copy-on-write image of the trainee and reports
-one JSON object on a pipe; a waiter thread in the parent reads it, reaps the child, releases the
-child's generation of staging-arena regions (only a reaped child is sure to read them no more),
-and reports to the supervisor. A child that dies without a report (killed, out of memory) is reported as
+one JSON object on a pipe, its last act; a waiter thread in the parent reads it, reports to the
+supervisor, releases the child's generation of staging-arena regions and its slot (the next
+snapshot need not wait until the child has ended), then reaps it. A child that dies without a report (killed, out of memory) is reported as
 failed, unless its manifest was committed; one that makes no progress for too long is killed
 by the waiter (``watchdog``) and reported as failed. Earlier snapshots are intact, and training
 goes on.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import sys
 import threading
@@ -41,39 +42,45 @@ class Writer:
             result = json.loads(report or b"{}")
         except ValueError:
             result = {}
-        # A commit is said at once: reaping the writer can take seconds more, for its encoders at
-        # idle priority must be scheduled to end, and where training kept every core busy they
-        # were not until training ended (tools/results/writer-priority-inversion-cpu-2026-11-29.txt).
-        said = result.get("event") == "committed" and session.dist is None
-        if said:
-            self._settle(result)
-            self._say(result)
+        if result:
+            # The report is the child's last act: all of it is done once it comes. Reaping can take
+            # seconds more, for a process ends only when each of its threads has run to its end,
+            # and its encoders at idle priority were not scheduled while training and other jobs
+            # kept every core busy (tools/results/writer-priority-inversion-cpu-2026-11-29.txt).
+            # Held until then, the next snapshot waited, and a program that ended meanwhile never
+            # took it. So the outcome, the regions and the writer's slot go now, and the reaping
+            # after. A starved encoder may still hold a chunk another thread wrote for it: what it
+            # reads now goes nowhere.
+            self._finish(result, result.get("writer_cpu_s"))
+            os.wait4(self.pid, 0)
+            return
         _, status, usage = os.wait4(self.pid, 0)
-        cpu_s = usage.ru_utime + usage.ru_stime
-        if not result:
-            why = hung or _died(self.pid, status)
-            result = _committed_anyway(self.snap_id)
-            if result is not None:  # it ended in retention, after the commit
-                result.update(warning=f"after the commit, {why}", hint="`gpusnap gc DIR` removes what it left")
-            else:
-                result = {"event": "failed", "message": why}
-        if not said:
-            result["writer_cpu_s"] = round(cpu_s, 3)
-            self._settle(result)
+        why = hung or _died(self.pid, status)
+        result = _committed_anyway(self.snap_id)
+        if result is not None:  # it ended in retention, after the commit
+            result.update(warning=f"after the commit, {why}", hint="`gpusnap gc DIR` removes what it left")
+        else:
+            result = {"event": "failed", "message": why}
+        result["writer_cpu_s"] = round(usage.ru_utime + usage.ru_stime, 3)
+        self._finish(result, result["writer_cpu_s"])
+
+    def _finish(self, result: dict, cpu_s: float | None) -> None:
+        """The writer's work is over (its report came, or it was reaped without one): its outcome
+        to the supervisor, its regions and its slot to the next snapshot."""
+        self._settle(result)
         if result.get("no_space"):
             session.disk_full = True
         if result.get("drain_wanted_bytes") is not None:
             stage.drained(result["drain_wanted_bytes"])  # the size of the next drain region
             session.windows_nbytes = _windows_ahead(int(result.get("bytes_written") or 0))
-        stage.writer_done(self.generation)  # the child is reaped: nothing reads its regions now
+        stage.writer_done(self.generation)  # nothing the snapshot needs is read from its regions now
         session.writer = None
         session.prepared = False  # the next optimizer step readies memory for the next snapshot
         if session.dist is not None:  # a shard: the coordinator reports the global snapshot
             costs.writer_done(self.snap_id, cpu_s)  # a rank's cost too: --every auto times the job by it
             session.dist.shard_finished(result)
             return
-        if not said:
-            self._say(result)
+        self._say(result)
         costs.writer_done(self.snap_id, cpu_s)  # its cost follows once measured (after the result: the supervisor's order)
 
     def _settle(self, result: dict) -> None:
@@ -190,6 +197,8 @@ def _child(job, trainee: int, read_fd: int, write_fd: int, mask) -> None:
                 result["hint"] = exc.hint
             if isinstance(exc, NoSpace):
                 result["no_space"] = True  # the next writers prune first (agent.take)
+        usage = resource.getrusage(resource.RUSAGE_SELF)  # every thread's, to its report
+        result["writer_cpu_s"] = round(usage.ru_utime + usage.ru_stime, 3)
         os.write(write_fd, json.dumps(result, default=str).encode())
         os.close(write_fd)  # the report's end: the trainee need not wait for every thread of this one to end
     finally:
