@@ -2,11 +2,12 @@
 
 The child runs ``writer.write_snapshot`` on its copy-on-write image of the trainee and reports
 one JSON object on a pipe, its last act; a waiter thread in the parent reads it, reports to the
-supervisor, releases the child's generation of staging-arena regions and its slot (the next
-snapshot need not wait until the child has ended), then reaps it. A child that dies without a report (killed, out of memory) is reported as
-failed, unless its manifest was committed; one that makes no progress for too long is killed
-by the waiter (``watchdog``) and reported as failed. Earlier snapshots are intact, and training
-goes on.
+supervisor and releases the child's generation of staging-arena regions and its slot. A commit
+goes before the child is reaped (the next snapshot need not wait until it has ended), a failure
+after (no copy of the program is left when it is said). A child that dies without a report
+(killed, out of memory) is reported as failed, unless its manifest was committed; one that makes
+no progress for too long is killed by the waiter (``watchdog``) and reported as failed. Earlier
+snapshots are intact, and training goes on.
 """
 
 from __future__ import annotations
@@ -42,25 +43,28 @@ class Writer:
             result = json.loads(report or b"{}")
         except ValueError:
             result = {}
-        if result:
-            # The report is the child's last act: all of it is done once it comes. Reaping can take
-            # seconds more, for a process ends only when each of its threads has run to its end,
-            # and its encoders at idle priority were not scheduled while training and other jobs
-            # kept every core busy (tools/results/writer-priority-inversion-cpu-2026-11-29.txt).
+        if result.get("event") == "committed":
+            # The report is the child's last act: the snapshot is whole once it comes. Reaping can
+            # take seconds more, for a process ends only when each of its threads has run to its
+            # end, and its encoders at idle priority were not scheduled while training and other
+            # jobs kept every core busy (tools/results/writer-priority-inversion-cpu-2026-11-29.txt).
             # Held until then, the next snapshot waited, and a program that ended meanwhile never
-            # took it. So the outcome, the regions and the writer's slot go now, and the reaping
-            # after. A starved encoder may still hold a chunk another thread wrote for it: what it
-            # reads now goes nowhere.
+            # took it (tools/results/writer-reaped-after-cpu-2026-11-30.txt). So the commit, the
+            # regions and the writer's slot go now, and the reaping after. A starved encoder may
+            # still hold a chunk another thread wrote for it: what it reads now goes nowhere.
             self._finish(result, result.get("writer_cpu_s"))
             os.wait4(self.pid, 0)
             return
+        # A failure is said once its writer is gone: no second copy of the program is left then,
+        # whatever the child met (an error in the fork window once returned into the program's loop).
         _, status, usage = os.wait4(self.pid, 0)
-        why = hung or _died(self.pid, status)
-        result = _committed_anyway(self.snap_id)
-        if result is not None:  # it ended in retention, after the commit
-            result.update(warning=f"after the commit, {why}", hint="`gpusnap gc DIR` removes what it left")
-        else:
-            result = {"event": "failed", "message": why}
+        if not result:
+            why = hung or _died(self.pid, status)
+            result = _committed_anyway(self.snap_id)
+            if result is not None:  # it ended in retention, after the commit
+                result.update(warning=f"after the commit, {why}", hint="`gpusnap gc DIR` removes what it left")
+            else:
+                result = {"event": "failed", "message": why}
         result["writer_cpu_s"] = round(usage.ru_utime + usage.ru_stime, 3)
         self._finish(result, result["writer_cpu_s"])
 
