@@ -155,6 +155,10 @@ MORE = {
     # student over pseudo-labels that 2 persistent workers load, past the teacher's 18 steps: the
     # replay labels with its own, untrained teacher, and the workers, started after the merge
     # (the loader is positioned by its batch sampler), load the run's labels
+    # each epoch seeded from its number, shards in an order `random` draws and rows in one NumPy
+    # draws, early stopping from `best = float("inf")` (the epoch loop's recorded locals: a snapshot
+    # in the first epoch failed; test_fastforward.py's infinite locals test, in the default run)
+    "reseed_epochs": ("reseed_epochs.py", []),
     "noisy_student-last-workers": ("noisy_student.py", ["--last", "--workers", "2"], 20, "gpusnap: passed over "),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":

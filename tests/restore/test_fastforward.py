@@ -16,6 +16,7 @@ import builtins
 import io
 import itertools
 import json
+import math
 import os
 import random
 import sys
@@ -32,7 +33,7 @@ from gpusnap.errors import FastForwardError
 from gpusnap.graph import digest, rng
 from gpusnap.instrument import loops
 from gpusnap.instrument.loops import _DeferredCall
-from gpusnap.restore import fastforward, itemcheck, livecheck
+from gpusnap.restore import fastforward, itemcheck, livecheck, replay
 
 N_ITEMS = 22  # 6 batches of 4, the last one short; 11 items (3 batches) per distributed rank
 PREFETCH_FACTOR = 2
@@ -703,3 +704,26 @@ def test_a_replaced_iterator_that_another_generator_wraps_is_refused():
     next(outer)  # suspended: its frame holds the old iterator
     problem = _replace_in_caller("frame[0].locals.it", it, batches())
     assert problem == "cannot replace the iterator at frame[0].locals.it: the replayed program holds it in another place too"
+
+
+def test_infinite_and_nan_scalar_locals_reach_the_manifest_and_come_back(monkeypatch):
+    """`best = float("inf")` before an early-stopping loop: JSON has no infinity, and every
+    snapshot of such a program failed ("Out of range float values are not JSON compliant")."""
+    monkeypatch.setattr(loops, "capture_rng", rng.compact)
+
+    def epoch_start():
+        best, worst, unknown, epoch = float("inf"), float("-inf"), float("nan"), 2  # noqa: F841 - what the frame holds
+        loop = loops.ActiveLoop("1:0", sys._getframe(), "for")
+        loop.__class__ = loops.EnclosingLoop
+        loop.index += 1
+        return loopnotes.record(loop)
+
+    want = json.loads(json.dumps(epoch_start(), allow_nan=False))  # as the manifest is written
+
+    def replayed():
+        best = worst = unknown = epoch = 0.0
+        replay._restore_locals_at(loops.ActiveLoop("1:0", sys._getframe(), "for"), want)
+        return best, worst, unknown, epoch
+
+    best, worst, unknown, epoch = replayed()
+    assert (best, worst, epoch) == (float("inf"), float("-inf"), 2) and math.isnan(unknown)
