@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import random
+import resource
 import sys
+import time
 
 import pytest
 
@@ -52,6 +54,28 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.failed:
         report.sections.append(("fake GPU stream order", f"replay with {_replay()}"))
+
+
+CPU_LOG = os.environ.get("GPUSNAP_TEST_CPU_LOG")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With GPUSNAP_TEST_CPU_LOG=FILE, each test's CPU seconds (its own and its reaped processes':
+    not the reference runs the forkserver starts) and wall seconds, a line each in FILE: CI's
+    minutes are the two cores', and what a test costs them is its CPU (tools/suite_cpu.py sums them)."""
+    if not CPU_LOG:
+        yield
+        return
+    before, wall = _cpu_s(), time.monotonic()
+    yield
+    with open(CPU_LOG, "a") as log:
+        log.write(f"{_cpu_s() - before:.2f} {time.monotonic() - wall:.2f} {item.nodeid}\n")
+
+
+def _cpu_s() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 @pytest.fixture(autouse=True)
