@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
+import inspect
 import os
 import sys
 import time
@@ -502,8 +503,31 @@ def _is(loop, entry: dict) -> bool:
 
 def diverged_by_step() -> None:
     """An optimizer step ran before the merge: the replay is redoing training."""
-    if active is not None:
-        fail(ReplayDiverged(f"the program took an optimizer step before reaching the saved position at {active.not_reached()}"))
+    if active is None:
+        return
+    trainer = _training_generator(sys._getframe(1))
+    if trainer is not None:
+        # `for step, loss in enumerate(train_steps()):` with the step inside the generator: the
+        # loop's fast-forward consumes items, each one a step. Every snapshot of such a program
+        # meets this; another snapshot would not help.
+        code = trainer.f_code
+        fail(ReplayDiverged(
+            f"the program took an optimizer step in the generator {code.co_qualname} ({_short(code.co_filename)}:"
+            f"{trainer.f_lineno}) before reaching the saved position at {active.not_reached()}: a loop whose items "
+            "come from a generator that trains cannot be brought to its place without training again",
+            hint="no snapshot of this program restarts while it trains inside a generator; start fresh with --resume "
+                 "never (a loop that steps in its own body, over a generator that yields batches, restarts)"))
+    fail(ReplayDiverged(f"the program took an optimizer step before reaching the saved position at {active.not_reached()}"))
+
+
+def _training_generator(frame):
+    """The innermost frame of the program's own code on ``frame``'s stack, if it is a generator's."""
+    sources = roots.instrumented_sources()
+    while frame is not None:
+        if frame.f_code.co_filename in sources:
+            return frame if frame.f_code.co_flags & inspect.CO_GENERATOR else None
+        frame = frame.f_back
+    return None
 
 
 def _check_reached(replay: Replay) -> None:

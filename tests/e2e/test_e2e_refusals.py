@@ -186,6 +186,10 @@ EXACT_OR_REFUSED = {
     # None: refused, naming that loop ("passed over the loop at ... the code after it needs what
     # that loop made"). From one in the teacher's loop it restarts exactly.
     "noisy_student": ("noisy_student.py", [], ("the code after it needs what that loop made",)),
+    # The training loop is a generator yielding each step's loss to the script's `for`: bringing
+    # that loop to its place consumes the generator, which trains. Refused by name, from any
+    # snapshot (3 of 3 here); before, with a hint to try another snapshot, which fails the same way.
+    "yielded_steps": ("yielded_steps.py", [], ("in the generator training_steps (programs/corpus/yielded_steps.py:",)),
 }
 
 
