@@ -22,11 +22,16 @@ by a 64-bit sum of their words computed on the device. Parameters are compared o
 runs are bitwise reproducible (``exact``: no device parameters, or deterministic algorithms) and
 do their arithmetic alike (``arithmetic``: the same torch, CPU kernels, threads and devices).
 
+A program that steps no torch.optim optimizer (functional training, an update written by hand)
+has no ``params``: instead, at the first record, ``locals`` digests the host tensors that the
+step loop's frame holds in each local (``locals_digests``), compared by name.
+
 The witness file (``witness/<id>.json``, docs/FORMAT.md)::
 
     {"format": 1, "snapshot": id, "loops": [[file, function, "LINE:COL"], ...],
      "iterations": [record, ...],
      "params": {"iteration": n, "digest": hex, "exact": bool, "arithmetic": {...}} | None,
+     "locals": {"iteration": n, "digests": {name: hex}, "arithmetic": {...}},   # only without params
      "epoch": record | None}
 
 Both sides run in the trainee, driven by capture's hooks (``at_boundary``, ``fetched``,
@@ -133,9 +138,13 @@ class Recorder(_Watch):
         if token is not None:
             self.doc["token"] = token
 
-    def at_boundary(self, item, iteration: int) -> None:
+    def at_boundary(self, item, iteration: int, frame=None) -> None:
         record = self.record(item, iteration)
         if self.window > 0:
+            if not self.doc["iterations"] and self.doc["params"] is None and frame is not None:
+                digests = locals_digests(frame)
+                if digests:  # (none without torch)
+                    self.doc["locals"] = {"iteration": iteration, "digests": digests, "arithmetic": arithmetic()}
             self.doc["iterations"].append(record)
             self.window -= 1
             self.epoch_armed = self.window == 0
@@ -164,6 +173,7 @@ class Checker(_Watch):
         expected = list(doc.get("iterations") or [])
         super().__init__(str(doc.get("snapshot")), len(expected), doc.get("loops") or [])
         self.expected, self.epoch, self.expected_params = expected, doc.get("epoch"), doc.get("params")
+        self.expected_locals = doc.get("locals") if isinstance(doc.get("locals"), dict) else None
         self.fail, self.warn, self.verified, self.force = fail, warn, verified, force
         self.compared = 0
         self.differences = 0
@@ -175,7 +185,7 @@ class Checker(_Watch):
         """A run not yet proven writes no snapshot: a wrong one would be restored next time."""
         return self.window > 0
 
-    def at_boundary(self, item, iteration: int) -> None:
+    def at_boundary(self, item, iteration: int, frame=None) -> None:
         record = self.record(item, iteration)
         if self.window > 0:
             want = self.expected[self.compared]
@@ -183,6 +193,8 @@ class Checker(_Watch):
             self.window -= 1
             self._compare(record, want, f"iteration {want.get('iteration')} (the {_nth(self.compared)} after the snapshot)")
             self._compare_params()
+            if self.compared == 1 and self.expected_locals is not None and frame is not None:
+                self._compare_locals(iteration, frame)
             if self.window == 0:
                 self.epoch_armed = self.epoch is not None
                 self.verified(self.compared, self.differences)
@@ -215,6 +227,16 @@ class Checker(_Watch):
             return  # other threads, kernels or devices sum in another order: other last bits
         if found["iteration"] != want.get("iteration") or found["digest"] != want["digest"]:
             self._differs(f"after the optimizer step of iteration {want.get('iteration')}, the parameters differ from the run that took it")
+
+    def _compare_locals(self, iteration: int, frame) -> None:
+        want = self.expected_locals
+        if "torch" not in sys.modules or want.get("iteration") != iteration or want.get("arithmetic") != arithmetic():
+            return  # another iteration is reported by _compare; other arithmetic, other last bits
+        theirs, mine = want.get("digests") or {}, locals_digests(frame)
+        differ = [name for name in mine if name in theirs and mine[name] != theirs[name]]
+        if differ:
+            self._differs(f"after the first iteration after the snapshot, the tensors in {', '.join(differ[:5])}"
+                          f"{' ...' if len(differ) > 5 else ''} differ from the run that took it (no optimizer to compare)")
 
     def _compare(self, record: dict, want: dict, when: str) -> None:
         if record["iteration"] != want.get("iteration"):
@@ -293,6 +315,57 @@ def arithmetic() -> dict:
     if torch.cuda.is_initialized():
         out["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return out
+
+
+# A local's tensors above this are left out of its digest (both runs alike): a dataset the frame
+# holds would cost the training process its hashing time once per snapshot.
+LOCALS_MAX_BYTES = 256 << 20
+
+
+def locals_digests(frame) -> dict[str, str]:
+    """{name: xxh3-64} for each local of ``frame`` (its globals, at module level) that holds host
+    tensors: a tensor, a module's state dict, or a list, tuple or dict of tensors. A program
+    without a torch.optim optimizer has no ``params`` to compare (functional training, a
+    DP-SGD by hand, a step written as ``p -= lr * p.grad``): this is where its state is."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    out = {}
+    names = frame.f_locals
+    for name in sorted(names):
+        if name.startswith("__"):
+            continue
+        try:
+            tensors = _held_tensors(torch, names[name])
+            if not tensors:
+                continue
+            h = xxhash.xxh3_64()
+            for key, t in tensors:
+                h.update(f"{key} {t.dtype} {tuple(t.shape)};".encode())
+                if t.numel() and t.numel() * t.element_size() <= LOCALS_MAX_BYTES:
+                    h.update(t.contiguous().view(-1).view(torch.uint8).numpy())
+        except Exception:  # noqa: BLE001 - a tensor without plain bytes (quantized, a state-dict hook that raises): left out
+            continue
+        out[name] = h.hexdigest()
+    return out
+
+
+def _held_tensors(torch, value) -> list:
+    """(key, plain host tensor) pairs: the value itself, a module's state dict, a container's
+    tensors one level down. Device tensors are left out: their bytes are not read here."""
+    if isinstance(value, torch.nn.Module):
+        items = list(value.state_dict(keep_vars=True).items())
+    elif isinstance(value, dict):
+        items = [(str(k), v) for k, v in value.items()]
+    elif isinstance(value, (list, tuple)):
+        items = list(enumerate(value))
+    else:
+        items = [("", value)]
+    found = []
+    for key, t in items:
+        if type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu" and t.layout == torch.strided:
+            found.append((key, t.detach()))
+    return found
 
 
 def params_digest(optimizer) -> tuple[str | None, bool]:

@@ -84,6 +84,7 @@ class KindMerges:
                 )
             return snap
         with torch.no_grad():
+            self._part_if_apart(live, snap)
             live.copy_(snap)
             _set_requires_grad(live, snap.requires_grad)
             if snap.grad is None:
@@ -95,6 +96,31 @@ class KindMerges:
         self.tensors += 1
         self.nbytes += snap.numel() * snap.element_size()
         return live
+
+    def _part_if_apart(self, live, snap) -> None:
+        """Move a live tensor to memory of its own where the replay made it share memory with
+        another merged place that the run held apart: `params = {k: v.detach() ...}` in setup
+        shares the parameters' memory, and the run's steps rebound it (functional training,
+        torch.func). Copying the snapshot's bytes into both wrote one over the other. The first
+        tensor merged into a live storage keeps it; a later one whose snapshot tensor lies in
+        another snapshot storage moves, with the others of that storage, to one copy of it at the
+        same offsets: sharing the run had (views of one tensor) stays shared. Host tensors only:
+        a device snapshot's views can be loaded as storages of their own."""
+        if live.device.type != "cpu" or snap.device.type != "cpu":
+            return
+        storage = live.untyped_storage()
+        if storage.nbytes() == 0:
+            return
+        theirs = snap.untyped_storage().data_ptr()
+        owner = self._storage_owner.setdefault(storage.data_ptr(), theirs)  # live storage -> snapshot storage
+        if owner == theirs:
+            return
+        moved = self._storage_moved.get((storage.data_ptr(), theirs))
+        if moved is None:
+            moved = self._storage_moved[(storage.data_ptr(), theirs)] = storage.clone()
+            self._storage_owner[moved.data_ptr()] = theirs
+            self.parted += 1
+        live.set_(moved, live.storage_offset(), live.size(), live.stride())
 
     # -- DTensors: this rank's shard ------------------------------------------------------
     def _merge_sharded(self, live, snap: ShardedState, path: Path):

@@ -112,6 +112,11 @@ class Merger(KindMerges):
         self._torch = sys.modules.get("torch")
         self._np = sys.modules.get("numpy")
         self._meshes: dict = {}  # DTensor layout (device type, ranks, names) -> the replay's device mesh
+        # kinds._part_if_apart: live storage -> the snapshot storage merged into it first, and
+        # (live storage, another snapshot storage) -> the copy the tensors of that one moved to
+        self._storage_owner: dict[int, int] = {}
+        self._storage_moved: dict[tuple[int, int], object] = {}
+        self.parted = 0  # live storages the merge parted
 
     def value(self, live, snap, path: str | Path):
         return self._drive(self._place(live, snap, Path(path) if isinstance(path, str) else path))

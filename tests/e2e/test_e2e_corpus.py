@@ -12,10 +12,11 @@ torch profiler; validation every few steps over a shuffled loader; pseudo-labels
 itertools.cycle over the unlabeled loader; a DDP script run as one plain process; K-fold
 cross-validation with a model made per fold; a pipeline of chained generators over JSON-lines
 shards; an EMA over a checkpointed, autocast model; state on a script's classes and
-functions, and in closures bound to its globals) continue with the same bytes
-after a kill: each is run uninterrupted, and again under `gpusnap run` with SIGUSR1 at a random
-step, kill -9 of the whole process group a few steps later, then `gpusnap restart`. One seed per
-program by default (printed; pytest shows it on failure); GPUSNAP_TEST_SEEDS=1,2,3 runs more.
+functions, and in closures bound to its globals; a DP-SGD by hand with torch.func) continue
+with the same bytes after a kill: each is run uninterrupted, and again under `gpusnap run` with
+SIGUSR1 at a random step, kill -9 of the whole process group a few steps later, then `gpusnap
+restart`. One seed per program by default (printed; pytest shows it on failure);
+GPUSNAP_TEST_SEEDS=1,2,3 runs more.
 The programs in ``MORE`` pass in shapes the others already cover; GPUSNAP_TEST_CORPUS=all runs
 them too."""
 
@@ -78,6 +79,11 @@ CORPUS = {
     # ...and a learning-rate range test on a deepcopy, then `while True` over epochs it counts
     # itself (`data.set_epoch(epoch)`: the replay's prefix reads the epoch its iteration started with)
     "epoch_stream": ("epoch_stream.py", [], 0, "gpusnap: passed over "),
+    # No torch.optim: per-example gradients with torch.func over `params = {k: v.detach() ...}`,
+    # rebound each step. The replay's dict shares the parameters' memory, the run's had parted:
+    # the merge once wrote the model's first weights over it, and the witness, with no optimizer
+    # to compare, said verified (3 of 3 silently wrong; now it digests the loop's tensors)
+    "dp_sgd": ("dp_sgd.py", []),
 }
 MORE = {
     # past the first epoch: a dataset whose pseudo-labels each epoch's end rewrites, loaded in the
@@ -159,6 +165,9 @@ MORE = {
     # draws, early stopping from `best = float("inf")` (the epoch loop's recorded locals: a snapshot
     # in the first epoch failed; test_fastforward.py's infinite locals test, in the default run)
     "reseed_epochs": ("reseed_epochs.py", []),
+    # (an iterator class of the script's own: stream_workers, shard_pipeline; hard examples kept
+    # from the last batch: dqn_replay's buffer)
+    "custom_stream": ("custom_stream.py", []),
     "noisy_student-last-workers": ("noisy_student.py", ["--last", "--workers", "2"], 20, "gpusnap: passed over "),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":

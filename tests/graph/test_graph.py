@@ -348,6 +348,31 @@ def test_which_leaves_train_and_what_the_program_set_on_them_merge_into_the_repl
     assert live["backbone"].unfrozen_at == 4 and torch.equal(live["backbone"], unfrozen)
 
 
+@pytest.mark.parametrize("order", [("model", "params", "view"), ("params", "view", "model")])
+def test_places_the_replay_made_share_memory_that_the_run_held_apart_get_the_run_s_bytes_each(tmp_path, order):
+    """`params = {k: v.detach() for k, v in model.named_parameters()}`, then each step rebinds
+    `params[k]` (functional training, torch.func): in the run the dict's tensors and the model's
+    parameters part at the first step; in the replay, stopped before it, they still share memory.
+    Copying the snapshot's bytes into both wrote the model's first weights over the dict's: a
+    DP-SGD program restarted to other bytes, and its witness, which saw no optimizer, said verified."""
+    weight = torch.nn.Parameter(torch.zeros(4))
+    trained = torch.arange(4.0)
+    snap, _ = snapshot_and_load(tmp_path, {"model": weight, "params": {"w": trained}, "view": weight[1:3]})
+    live_weight = torch.nn.Parameter(torch.full((4,), 7.0))
+    live = {"model": live_weight, "params": {"w": live_weight.detach()}, "view": live_weight[1:3]}
+    merger = Merger()
+    values = {name: merger.value(live[name], snap[name], f"locals.{name}") for name in order}
+    merger.finish()
+    values = {name: merger.settled(value) for name, value in values.items()}
+    assert merger.parted == 1
+    assert values["model"] is live_weight and values["params"]["w"] is live["params"]["w"]
+    assert torch.equal(live_weight, torch.zeros(4)) and torch.equal(live["params"]["w"], trained)
+    # sharing both runs have stays shared
+    assert live["view"].untyped_storage().data_ptr() == live_weight.untyped_storage().data_ptr()
+    live_weight.data.add_(1)
+    assert torch.equal(live["view"], torch.ones(2)) and torch.equal(live["params"]["w"], trained)
+
+
 class Reducer:
     def reduce(self, value):
         return value

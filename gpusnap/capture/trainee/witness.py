@@ -52,7 +52,7 @@ def at_boundary(loop) -> bool:
     if w is None:
         return False
     if w.wants_boundary() and w.watches(loop):
-        w.at_boundary(loop_item(), session.iterations)
+        w.at_boundary(loop_item(), session.iterations, loop.frame)
     return bool(w.holds_snapshots)
 
 

@@ -1,0 +1,54 @@
+"""The witness's record of a program that steps no torch.optim optimizer: the host tensors its
+step loop's frame holds, compared by name (graph/witness.py's ``locals``)."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from gpusnap.graph import witness
+
+
+def _record(frame) -> dict:
+    docs = []
+    recorder = witness.Recorder("000001", docs.append, [["f", "g", "1:0"]], window=1)
+    recorder.at_boundary(witness.NO_ITEM, 0, frame)
+    return docs[-1]
+
+
+def _check(doc: dict, frame) -> list[str]:
+    failed = []
+    checker = witness.Checker(doc, failed.append, lambda message: None, lambda *counts: None)
+    checker.at_boundary(witness.NO_ITEM, 0, frame)
+    return failed
+
+
+def test_a_program_without_an_optimizer_is_judged_by_the_tensors_its_loop_holds():
+    """A DP-SGD by hand restarted with its parameter dict's bytes overwritten said verified: its
+    witness compared batches and random states only. Now a difference names the local."""
+    def loop_frame(weights, step):
+        torch.manual_seed(0)  # the random states after the iteration are compared too
+        model = torch.nn.Linear(2, 1)  # noqa: F841 - what the frame holds
+        with torch.no_grad():
+            model.weight.fill_(0.5)
+            model.bias.fill_(0.0)
+        params = {"w": weights, "b": torch.zeros(1)}  # noqa: F841
+        history = [0.5, 0.25]  # noqa: F841 - no tensors: no digest
+        return sys._getframe()
+
+    doc = _record(loop_frame(torch.arange(4.0), 3))
+    assert doc["params"] is None and set(doc["locals"]["digests"]) == {"model", "params", "weights"}
+    assert _check(doc, loop_frame(torch.arange(4.0), 3)) == []
+    failed = _check(doc, loop_frame(torch.zeros(4), 3))
+    assert len(failed) == 1 and "the tensors in params, weights differ" in failed[0], failed
+
+
+def test_a_program_with_an_optimizer_keeps_its_params_record_alone():
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    docs = []
+    recorder = witness.Recorder("000001", docs.append, [["f", "g", "1:0"]], window=1)
+    recorder.stepped(optimizer, 1)
+    recorder.at_boundary(witness.NO_ITEM, 1, sys._getframe())
+    assert docs[-1]["params"] is not None and "locals" not in docs[-1]
