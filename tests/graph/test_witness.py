@@ -52,3 +52,22 @@ def test_a_program_with_an_optimizer_keeps_its_params_record_alone():
     recorder.stepped(optimizer, 1)
     recorder.at_boundary(witness.NO_ITEM, 1, sys._getframe())
     assert docs[-1]["params"] is not None and "locals" not in docs[-1]
+
+
+def test_a_fault_of_the_witness_stops_it_and_never_reaches_the_program(monkeypatch, capsys):
+    """The witness records inside the program's loop: an exception there once ended the program
+    (`arithmetic()` without torch imported). Now the witness stops, saying so."""
+    from gpusnap.capture.trainee import witness as witnessing
+    from gpusnap.instrument import loops
+
+    def broken(frame):
+        raise RuntimeError("a record it could not take")
+
+    monkeypatch.setattr(witness, "locals_digests", broken)  # the fault, injected
+    loop = loops.ActiveLoop("1:0", sys._getframe(), "for")
+    loop.index = 1
+    recorder = witness.Recorder("000007", lambda doc: None, [witness.loop_key(loop)], window=2)
+    monkeypatch.setattr(witness, "active", recorder)
+    assert witnessing.at_boundary(loop) is False
+    assert witness.active is None
+    assert "gpusnap: warning: the witness of snapshot 000007 stops at what it recorded (RuntimeError" in capsys.readouterr().err

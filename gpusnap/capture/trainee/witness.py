@@ -52,8 +52,24 @@ def at_boundary(loop) -> bool:
     if w is None:
         return False
     if w.wants_boundary() and w.watches(loop):
-        w.at_boundary(loop_item(), session.iterations, loop.frame)
+        try:
+            w.at_boundary(loop_item(), session.iterations, loop.frame)
+        except Exception as exc:  # noqa: BLE001 - a fault of the witness never reaches the program's loop
+            _drop(w, exc)
+            return False
     return bool(w.holds_snapshots)
+
+
+def _drop(w, exc: Exception) -> None:
+    """The witness itself failed (a record it could not take): it stops, saying so. A run that
+    took a snapshot keeps what it recorded so far (as a run killed early does); a restart goes on
+    unverified."""
+    witness.stop_watching(w)
+    if isinstance(w, witness.Checker):
+        what = f"checking snapshot {w.snap_id} against its witness stopped: this restart is unverified"
+    else:
+        what = f"the witness of snapshot {w.snap_id} stops at what it recorded"
+    print(f"gpusnap: warning: {what} ({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
 
 
 def wants_boundaries() -> bool:
@@ -78,7 +94,10 @@ def fetched(batch) -> None:
     """A DataLoader iterator returned ``batch`` (every batch: one global lookup when idle)."""
     w = witness.active
     if w is not None:
-        w.fetched(batch)
+        try:
+            w.fetched(batch)
+        except Exception as exc:  # noqa: BLE001 - as at_boundary
+            _drop(w, exc)
 
 
 def loader_made() -> None:
@@ -90,7 +109,10 @@ def loader_made() -> None:
 def stepped(optimizer) -> None:
     w = witness.active
     if w is not None:
-        w.stepped(optimizer, session.iterations)
+        try:
+            w.stepped(optimizer, session.iterations)
+        except Exception as exc:  # noqa: BLE001 - as at_boundary
+            _drop(w, exc)
 
 
 def stop_due() -> bool:
