@@ -32,6 +32,7 @@ from __future__ import annotations
 import builtins
 import inspect
 import itertools
+import math
 import sys
 import threading
 import time
@@ -129,6 +130,17 @@ def scalar_locals(frame) -> dict:
         for name, value in frame.f_locals.items()
         if (type(value) in _SCALARS or (type(value) is str and len(value) <= 256)) and not name.startswith("__")
     }
+
+
+def scalars_to_json(values: dict) -> dict:
+    """``scalar_locals`` as a manifest holds them (``scalars_from_json`` reads them back): JSON
+    has no infinity or NaN, and `best = float("inf")` before an early-stopping loop is common
+    (it failed every snapshot of such a program), so such a float is ``{"float": "inf"}``."""
+    return {name: {"float": repr(v)} if type(v) is float and not math.isfinite(v) else v for name, v in values.items()}
+
+
+def scalars_from_json(values: dict) -> dict:
+    return {name: float(v["float"]) if type(v) is dict else v for name, v in values.items()}
 
 
 def _unregister(loop: ActiveLoop) -> None:

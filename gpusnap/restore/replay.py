@@ -487,7 +487,7 @@ def _restore_locals_at(loop, want: dict) -> None:
     values = want.get("locals_at")
     if not values:
         return
-    values = {name: float(v["float"]) if type(v) is dict else v for name, v in values.items()}  # loopnotes._json_scalar
+    values = loops.scalars_from_json(values)
     frame = loop.frame
     if frame.f_code.co_name == "<module>":
         frame.f_globals.update(values)

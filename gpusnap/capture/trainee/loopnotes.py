@@ -23,7 +23,6 @@ from __future__ import annotations
 import gc
 import inspect
 import io
-import math
 import types
 import weakref
 
@@ -78,14 +77,6 @@ def consumed_paths(note, at: tuple = ()) -> list[tuple]:
     return []
 
 
-def _json_scalar(value):
-    """A scalar local as the manifest holds it: JSON has no infinity or NaN, and `best = float("inf")`
-    before an early-stopping loop is common (it failed every snapshot of such a program)."""
-    if type(value) is float and not math.isfinite(value):
-        return {"float": repr(value)}  # 'inf', '-inf', 'nan': float() reads them back
-    return value
-
-
 def record(loop, read=None) -> dict:
     out = {"resume": note_json(loop.resume, read)}
     source = _source(loop)
@@ -97,7 +88,7 @@ def record(loop, read=None) -> dict:
         out["rng_at"] = rng.to_json(rng_at, read)
     locals_at = getattr(loop, "locals_at", None)
     if locals_at:
-        out["locals_at"] = {name: _json_scalar(value) for name, value in locals_at.items()}
+        out["locals_at"] = loops.scalars_to_json(locals_at)
     paths = consumed_paths(loop.resume)
     if paths and loop.index > 0:
         ref = getattr(loop, "gen", None)
