@@ -2,7 +2,9 @@
 
 The supervisor listens on ``<private temp dir>/control.sock`` (directory 0700, socket 0600): a
 socket path may hold only 107 bytes, so it cannot live inside an arbitrary run directory; the
-run directory's ``supervisor.json`` says where it is. Every message is one JSON object on one
+run directory's ``supervisor.json`` says where it is. A supervisor killed outright (SIGKILL, the
+OOM killer, a node's end) leaves that directory behind; the next supervisor of the same user
+removes such directories (``sweep_stale``). Every message is one JSON object on one
 line with an ``"op"`` key. The messages are ``gpusnap.protocol``'s, checked by the reader.
 """
 
@@ -13,6 +15,7 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 
 from gpusnap import protocol
 
@@ -20,6 +23,10 @@ from gpusnap import protocol
 MAX_SOCKET_PATH = 107
 # A peer that sends a line longer than this is broken; drop it rather than buffer without end.
 MAX_LINE_BYTES = 1 << 20
+_PREFIX = "gpusnap-"
+# A socket file younger than this may belong to a supervisor between bind() and listen(), whose
+# socket refuses connections for that instant: never taken for a dead one.
+_STALE_AFTER_S = 30.0
 
 
 def encode(msg: dict) -> bytes:
@@ -106,7 +113,8 @@ class ControlServer:
         base = tempfile.gettempdir()
         if len(os.path.join(base, "gpusnap-XXXXXXXX", "control.sock")) > MAX_SOCKET_PATH:
             base = "/tmp"  # a long $TMPDIR (some clusters) would not fit a socket path
-        self.dir = tempfile.mkdtemp(prefix="gpusnap-", dir=base)  # mode 0700
+        sweep_stale(base)
+        self.dir = tempfile.mkdtemp(prefix=_PREFIX, dir=base)  # mode 0700
         self.path = os.path.join(self.dir, "control.sock")
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)  # socket file created 0600
@@ -133,6 +141,54 @@ class ControlServer:
             self.sock.close()
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def sweep_stale(base: str) -> int:
+    """Remove the socket directories that killed supervisors of this user left in ``base``: a
+    directory whose socket refuses connections (nothing listens on it), or that never got one,
+    once older than ``_STALE_AFTER_S``. Returns how many went. Never raises: what cannot be
+    read or removed stays."""
+    removed = 0
+    now = time.time()
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return 0
+    for entry in entries:
+        suffix = entry.name[len(_PREFIX):]
+        if not (entry.name.startswith(_PREFIX) and len(suffix) == 8 and "-" not in suffix):
+            continue  # tempfile.mkdtemp's names: the prefix and 8 of [a-z0-9_]
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+            names = os.listdir(entry.path)
+            sock_path = os.path.join(entry.path, "control.sock")
+            aged = now - os.lstat(sock_path if names == ["control.sock"] else entry.path).st_mtime > _STALE_AFTER_S
+            if names not in ([], ["control.sock"]) or not aged:
+                continue  # not only what a ControlServer makes, or too young to judge
+            if names and not _refused(sock_path):
+                continue
+            shutil.rmtree(entry.path)
+            removed += 1
+        except OSError:
+            continue
+    return removed
+
+
+def _refused(path: str) -> bool:
+    """Whether nothing listens on the unix socket at ``path``. A full backlog (EAGAIN) or any
+    other answer counts as a listener."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.setblocking(False)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return False
 
 
 def connect(path: str, timeout_s: float | None = 5.0) -> socket.socket:
