@@ -76,16 +76,29 @@ class KindMerges:
     # -- tensors -------------------------------------------------------------------------
     def _merge_tensor(self, live, snap, path: Path):
         torch = self._torch
-        if live.shape != snap.shape or live.dtype != snap.dtype:
-            if isinstance(live, torch.nn.Parameter) or any(s in ("._buffers", ".state") for s in path.suffixes()):
-                raise StateMismatch(
-                    f"{path}: the snapshot holds {tuple(snap.shape)} {snap.dtype}, "
-                    f"the program built {tuple(live.shape)} {live.dtype}"
-                )
-            return snap
+        lazy = isinstance(live, torch.nn.parameter.UninitializedTensorMixin)
+        if lazy and isinstance(snap, torch.nn.parameter.UninitializedTensorMixin):
+            return live  # neither has memory yet
+        # A lazy module's parameter that the run materialized in its first forward (the replay
+        # skipped it) has no shape to compare: it takes the snapshot's, and becomes what
+        # materializing makes it (a Parameter, or a plain tensor for a buffer).
+        reshaped = lazy or live.shape != snap.shape or live.dtype != snap.dtype
+        if reshaped:
+            if not (isinstance(live, torch.nn.Parameter) or any(s in ("._buffers", ".state") for s in path.suffixes())):
+                return snap  # a plain tensor: the place takes the snapshot's
+            if not self._takes_shape(live, snap):
+                built = "a lazy module's uninitialized tensor" if lazy else f"{tuple(live.shape)} {live.dtype}"
+                raise StateMismatch(f"{path}: the snapshot holds {tuple(snap.shape)} {snap.dtype}, the program built {built}")
         with torch.no_grad():
-            self._part_if_apart(live, snap)
-            live.copy_(snap)
+            if reshaped:
+                if lazy:
+                    live.__class__ = live.cls_to_become
+                live.data = snap  # the same object (optimizers and hooks hold it), the snapshot's memory
+                self._storage_owner[live.untyped_storage().data_ptr()] = snap.untyped_storage().data_ptr()
+                self.reshaped += 1
+            else:
+                self._part_if_apart(live, snap)
+                live.copy_(snap)
             _set_requires_grad(live, snap.requires_grad)
             if snap.grad is None:
                 live.grad = None
@@ -96,6 +109,17 @@ class KindMerges:
         self.tensors += 1
         self.nbytes += snap.numel() * snap.element_size()
         return live
+
+    def _takes_shape(self, live, snap) -> bool:
+        """Whether a parameter or buffer may take the snapshot's shape and dtype in place. The
+        run's steps change them where the replay, which skips the steps, does not: fake-quantize
+        and per-channel observers resize their buffers at their first forward, `param.data = `
+        and `module.half()` swap what a parameter holds. Host tensors of the snapshot's own
+        source only: a forced, changed source may have built the place otherwise (refused, with
+        the path), and a device tensor's memory is placed by the device restore."""
+        torch = self._torch
+        return (self.same_sources and live.device.type == "cpu" and snap.device.type == "cpu"
+                and live.layout == torch.strided and snap.layout == torch.strided)
 
     def _part_if_apart(self, live, snap) -> None:
         """Move a live tensor to memory of its own where the replay made it share memory with

@@ -93,8 +93,12 @@ class Merger(KindMerges):
     """``write_device(address, data, host)`` copies bytes into the program's device or pinned
     memory (``stage.device.write_device_memory``, which boot hands down): cuda.core Buffers need it."""
 
-    def __init__(self, write_device=None):
+    def __init__(self, write_device=None, same_sources: bool = True):
         self.write_device = write_device or _no_device_writes
+        # The replay runs the snapshot's own source: a host parameter or buffer whose shape or dtype
+        # differs from the replay's took it in the run's steps (kinds._take_shape). A changed
+        # source, forced, may have built it otherwise: then such a place is refused.
+        self.same_sources = same_sources
         self.aligned: dict[int, object] = {}  # id(snapshot object) -> what stands for it now
         self._keep: list = []  # snapshot objects stay alive so their ids stay unique
         self._first_path: dict[int, str] = {}
@@ -117,6 +121,7 @@ class Merger(KindMerges):
         self._storage_owner: dict[int, int] = {}
         self._storage_moved: dict[tuple[int, int], object] = {}
         self.parted = 0  # live storages the merge parted
+        self.reshaped = 0  # live parameters and buffers that took the snapshot's shape or dtype
 
     def value(self, live, snap, path: str | Path):
         return self._drive(self._place(live, snap, Path(path) if isinstance(path, str) else path))

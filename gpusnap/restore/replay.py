@@ -224,7 +224,7 @@ class Replay:
         self._stage = "agreeing with the other ranks"
         self.before_merge()
         self._stage = f"loading snapshot {self.snap_id}"
-        check_sources(self.manifest, self.force)
+        same_sources = check_sources(self.manifest, self.force)
         records = self.manifest.get("allocations") or []
         device_tensors: list = []
         loading = time.perf_counter()
@@ -245,7 +245,7 @@ class Replay:
             for f in saved_frames:
                 f["file"] = rebase(f["file"], knobs.MOVED_FROM, os.getcwd())
         _check_frames(live_frames, saved_frames)
-        merger = Merger(self.write_device)
+        merger = Merger(self.write_device, same_sources=same_sources)
         self._stage = "merging"
         self._merger = merger
         live_modules = roots.instrumented_modules()
@@ -430,13 +430,19 @@ def _check_frames(live_frames, saved_frames) -> None:
         raise ReplayDiverged(f"replay reached the loop {len(live)} calls deep, the snapshot {len(saved)}")
 
 
-def check_sources(manifest: dict, force: bool) -> None:
+def check_sources(manifest: dict, force: bool) -> bool:
+    """Refuses a program whose source changed since the snapshot unless ``force``; says whether
+    it runs the snapshot's sources."""
     from gpusnap.instrument.importer import SOURCES
 
+    same = True
     for path, digest in (manifest.get("sources") or {}).items():
         now = SOURCES.get(path)
-        if now is not None and now != digest and not force:
-            raise ProgramChanged(f"{path} changed since snapshot {manifest['id']} was taken")
+        if now is not None and now != digest:
+            if not force:
+                raise ProgramChanged(f"{path} changed since snapshot {manifest['id']} was taken")
+            same = False
+    return same
 
 
 def install(rundir, snap_id: str, config: dict, emit, on_merged, restore_device=None, before_merge=None,

@@ -145,8 +145,8 @@ def snapshot_and_load(tmp_path, root, iterative: bool = False):
     return payload["root"], pickler
 
 
-def merge_into(live, snap):
-    merger = Merger()
+def merge_into(live, snap, same_sources=True):
+    merger = Merger(same_sources=same_sources)
     result = merger.value(live, snap, "root")
     merger.finish()
     return merger.settled(result)
@@ -201,14 +201,41 @@ def test_a_chain_100000_deep_round_trips_and_merges(tmp_path, iterative):
     assert count == 100_000 and live[0].next.value == -1 and live[0].next.next.value == 99_997
 
 
-def test_a_shape_mismatch_deep_inside_names_its_path(tmp_path):
+def test_a_shape_mismatch_deep_inside_names_its_path_when_the_source_changed(tmp_path):
     trained = {"model": Obj()}
     trained["model"].state = {"w": torch.nn.Parameter(torch.zeros(3))}
     snap, _ = snapshot_and_load(tmp_path, trained)
     live = {"model": Obj()}
     live["model"].state = {"w": torch.nn.Parameter(torch.zeros(4))}
     with pytest.raises(StateMismatch, match=r"root\['model'\]\.state\['w'\]: the snapshot holds \(3,\)"):
-        merge_into(live, snap)
+        merge_into(live, snap, same_sources=False)
+
+
+def test_parameters_and_buffers_the_run_resized_or_recast_take_the_snapshot_s_in_place(tmp_path):
+    """The run's steps resized a buffer (fake-quantize's scale at its first forward) and recast a
+    parameter (`param.data = ...half()`); the replay, which skips them, built the first shapes.
+    Each keeps its identity, which the optimizer and the module hold, with the snapshot's
+    bytes, shape, dtype, gradient and sharing."""
+    module = torch.nn.Linear(4, 3)
+    module.register_buffer("scale", torch.ones(1))
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    module.scale.resize_(3).copy_(torch.tensor([0.5, 0.25, 0.125]))
+    module.weight.data = (module.weight.data * 3).half()
+    module.weight.grad = torch.full((3, 4), 2.0, dtype=torch.half)
+    trained = {"module": module, "optimizer": optimizer, "view": module.scale[1:]}
+    snap, _ = snapshot_and_load(tmp_path, trained)
+
+    replayed = torch.nn.Linear(4, 3)
+    replayed.register_buffer("scale", torch.ones(1))
+    live = {"module": replayed, "optimizer": torch.optim.SGD(replayed.parameters(), lr=0.1), "view": None}
+    weight, scale = replayed.weight, replayed.scale
+    merge_into(live, snap)
+    assert replayed.weight is weight and replayed.scale is scale
+    assert live["optimizer"].param_groups[0]["params"][0] is weight
+    assert torch.equal(weight, module.weight) and weight.dtype == torch.half and torch.equal(weight.grad, module.weight.grad)
+    assert torch.equal(scale, module.scale)
+    scale[2] = 7.0  # the view shares the buffer's memory, as in the run
+    assert live["view"][1].item() == 7.0
 
 
 def test_an_object_that_cannot_be_rebuilt_keeps_the_live_one_or_refuses(tmp_path):
@@ -542,3 +569,23 @@ def test_a_local_class_of_a_library_stays_the_replays(tmp_path):
     live = make_local_schedule(0)
     merge_into({"schedule": live}, snap)
     assert live.epochs_done == 0  # not the program's code (no instrumented source): live-only, as before
+
+
+def test_a_lazy_module_the_run_materialized_is_materialized_in_place(tmp_path):
+    """The optimizer was made before the first forward, which materialized the lazy parameters
+    and made the LazyLinear a Linear; the replay skipped that forward."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.LazyLinear(3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.ones(2, 5)).sum().backward()
+    optimizer.step()
+    snap, _ = snapshot_and_load(tmp_path, {"model": model, "optimizer": optimizer})
+
+    replayed = torch.nn.Sequential(torch.nn.LazyLinear(3))
+    live = {"model": replayed, "optimizer": torch.optim.SGD(replayed.parameters(), lr=0.1)}
+    merge_into(live, snap)
+    layer = replayed[0]
+    assert type(layer) is torch.nn.Linear and type(layer.weight) is torch.nn.Parameter
+    assert live["optimizer"].param_groups[0]["params"][0] is layer.weight
+    assert torch.equal(layer.weight, model[0].weight) and torch.equal(layer.bias.grad, model[0].bias.grad)
+    assert layer(torch.ones(1, 5)).shape == (1, 3) and not layer._forward_pre_hooks
