@@ -26,12 +26,18 @@ A program that steps no torch.optim optimizer (functional training, an update wr
 has no ``params``: instead, at the first record, ``locals`` digests the host tensors that the
 step loop's frame holds in each local (``locals_digests``), compared by name.
 
+At the first record too, ``shared`` lists which tensors the step loop's frame holds share
+memory with another it holds (``shared_places``: `best_state = model.state_dict()` without a
+copy shares the parameters'). A restore that held them apart would compute the same first
+iterations and end elsewhere: the parameters' steps no longer reach the other place.
+
 The witness file (``witness/<id>.json``, docs/FORMAT.md)::
 
     {"format": 1, "snapshot": id, "loops": [[file, function, "LINE:COL"], ...],
      "iterations": [record, ...],
      "params": {"iteration": n, "digest": hex, "exact": bool, "arithmetic": {...}} | None,
      "locals": {"iteration": n, "digests": {name: hex}, "arithmetic": {...}},   # only without params
+     "shared": {"iteration": n, "pairs": [[place, first place sharing its memory], ...]},
      "epoch": record | None}
 
 Both sides run in the trainee, driven by capture's hooks (``at_boundary``, ``fetched``,
@@ -141,8 +147,9 @@ class Recorder(_Watch):
     def at_boundary(self, item, iteration: int, frame=None) -> None:
         record = self.record(item, iteration)
         if self.window > 0:
-            if not self.doc["iterations"] and self.doc["params"] is None and frame is not None:
-                digests = locals_digests(frame)
+            if not self.doc["iterations"] and frame is not None:
+                self.doc["shared"] = {"iteration": iteration, "pairs": shared_places(frame)}
+                digests = locals_digests(frame) if self.doc["params"] is None else None
                 if digests:  # (none without torch)
                     self.doc["locals"] = {"iteration": iteration, "digests": digests, "arithmetic": arithmetic()}
             self.doc["iterations"].append(record)
@@ -174,6 +181,7 @@ class Checker(_Watch):
         super().__init__(str(doc.get("snapshot")), len(expected), doc.get("loops") or [])
         self.expected, self.epoch, self.expected_params = expected, doc.get("epoch"), doc.get("params")
         self.expected_locals = doc.get("locals") if isinstance(doc.get("locals"), dict) else None
+        self.expected_shared = doc.get("shared") if isinstance(doc.get("shared"), dict) else None
         self.fail, self.warn, self.verified, self.force = fail, warn, verified, force
         self.compared = 0
         self.differences = 0
@@ -195,6 +203,8 @@ class Checker(_Watch):
             self._compare_params()
             if self.compared == 1 and self.expected_locals is not None and frame is not None:
                 self._compare_locals(iteration, frame)
+            if self.compared == 1 and self.expected_shared is not None and frame is not None:
+                self._compare_shared(iteration, frame)
             if self.window == 0:
                 self.epoch_armed = self.epoch is not None
                 self.verified(self.compared, self.differences)
@@ -237,6 +247,18 @@ class Checker(_Watch):
         if differ:
             self._differs(f"after the first iteration after the snapshot, the tensors in {', '.join(differ[:5])}"
                           f"{' ...' if len(differ) > 5 else ''} differ from the run that took it (no optimizer to compare)")
+
+    def _compare_shared(self, iteration: int, frame) -> None:
+        want = self.expected_shared
+        if want.get("iteration") != iteration:
+            return  # another iteration is reported by _compare
+        theirs = {tuple(pair) for pair in want.get("pairs") or []}
+        mine = {tuple(pair) for pair in shared_places(frame)}
+        if theirs != mine:
+            place, other = sorted(theirs ^ mine)[0]
+            how = ("shared memory in the run that took it, and here they do not" if (place, other) in theirs
+                   else "share memory here, and in the run that took it they did not")
+            self._differs(f"after the first iteration after the snapshot, {place} and {other} {how}")
 
     def _compare(self, record: dict, want: dict, when: str) -> None:
         if record["iteration"] != want.get("iteration"):
@@ -350,9 +372,38 @@ def locals_digests(frame) -> dict[str, str]:
     return out
 
 
-def _held_tensors(torch, value) -> list:
-    """(key, plain host tensor) pairs: the value itself, a module's state dict, a container's
-    tensors one level down. Device tensors are left out: their bytes are not read here."""
+def shared_places(frame) -> list[list[str]]:
+    """[[place, the first place in name order whose tensor shares its memory], ...] over the
+    tensors ``frame``'s locals hold, as ``locals_digests`` finds them, device tensors included
+    (no byte is read). Places are `name` or `name[key]`."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return []
+    first: dict = {}
+    pairs = []
+    names = frame.f_locals
+    for name in sorted(names):
+        if name.startswith("__"):
+            continue
+        try:
+            tensors = _held_tensors(torch, names[name], host_only=False)
+        except Exception:  # noqa: BLE001 - a state-dict hook that raises: left out, in both runs alike
+            continue
+        for key, t in tensors:
+            storage = t.untyped_storage()
+            if storage.nbytes() == 0:
+                continue
+            place = f"{name}[{key}]" if key != "" else name
+            found = first.setdefault((str(t.device), storage.data_ptr()), place)
+            if found != place:
+                pairs.append([place, found])
+    return pairs
+
+
+def _held_tensors(torch, value, host_only: bool = True) -> list:
+    """(key, plain tensor) pairs: the value itself, a module's state dict, a container's tensors
+    one level down. Device tensors are left out unless ``host_only`` is false: their bytes are
+    not read here."""
     if isinstance(value, torch.nn.Module):
         items = list(value.state_dict(keep_vars=True).items())
     elif isinstance(value, dict):
@@ -363,7 +414,8 @@ def _held_tensors(torch, value) -> list:
         items = [("", value)]
     found = []
     for key, t in items:
-        if type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu" and t.layout == torch.strided:
+        if (type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided
+                and (t.device.type == "cpu" or not host_only)):
             found.append((key, t.detach()))
     return found
 

@@ -146,6 +146,51 @@ class KindMerges:
             self.parted += 1
         live.set_(moved, live.storage_offset(), live.size(), live.stride())
 
+    def _join_shared(self) -> None:
+        """Make the tensors that shared one storage in the snapshot share one again. The replay
+        can hold them apart: `best_state = model.state_dict()` (no copy) in a step shares the
+        parameters' memory, where the replay's setup left a deep copy, or nothing, and the
+        snapshot's tensor was adopted. Merged or adopted apart, the parameters' later steps no
+        longer reach the best state, and `model.load_state_dict(best_state)` loaded stale
+        weights. Of the places of one snapshot storage, the live one that holds a storage of the
+        snapshot's size at the snapshot's offset keeps it (a parameter first), and the others
+        move onto it at their offsets (``set_``: identity and views stay). Host tensors only,
+        as ``_part_if_apart``; a place with no such storage stays as merged."""
+        torch = self._torch
+        if torch is None:
+            return
+        groups: dict[int, list] = {}
+        for snap in self._keep:
+            if not isinstance(snap, torch.Tensor) or snap.device.type != "cpu" or snap.layout != torch.strided:
+                continue
+            placed = self.aligned.get(id(snap))
+            if (not isinstance(placed, torch.Tensor) or placed.device.type != "cpu" or placed.layout != torch.strided
+                    or isinstance(placed, torch.nn.parameter.UninitializedTensorMixin)):
+                continue
+            groups.setdefault(snap.untyped_storage().data_ptr(), []).append((snap, placed))
+        for places in groups.values():
+            if len({placed.untyped_storage().data_ptr() for _, placed in places}) < 2:
+                continue  # shared already, or one place
+
+            def fits(pair):
+                snap, placed = pair
+                return (placed.untyped_storage().nbytes() == snap.untyped_storage().nbytes()
+                        and placed.storage_offset() * placed.element_size() == snap.storage_offset() * snap.element_size())
+
+            owners = sorted((pair for pair in places if fits(pair)),
+                            key=lambda pair: (pair[1] is pair[0], not isinstance(pair[1], torch.nn.Parameter)))
+            if not owners:
+                continue
+            storage = owners[0][1].untyped_storage()
+            with torch.no_grad():
+                for snap, placed in places:
+                    if placed.untyped_storage().data_ptr() == storage.data_ptr() or placed.dtype != snap.dtype:
+                        continue
+                    offset = snap.storage_offset()
+                    placed.new_empty(0).set_(storage, offset, snap.size(), snap.stride()).copy_(placed)
+                    placed.set_(storage, offset, snap.size(), snap.stride())
+                    self.joined += 1
+
     # -- DTensors: this rank's shard ------------------------------------------------------
     def _merge_sharded(self, live, snap: ShardedState, path: Path):
         layout = dtensor_layout(live)

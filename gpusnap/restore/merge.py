@@ -122,6 +122,7 @@ class Merger(KindMerges):
         self._storage_moved: dict[tuple[int, int], object] = {}
         self.parted = 0  # live storages the merge parted
         self.reshaped = 0  # live parameters and buffers that took the snapshot's shape or dtype
+        self.joined = 0  # tensors moved onto the memory they shared in the run (kinds._join_shared)
 
     def value(self, live, snap, path: str | Path):
         return self._drive(self._place(live, snap, Path(path) if isinstance(path, str) else path))
@@ -132,8 +133,8 @@ class Merger(KindMerges):
 
     def finish(self) -> None:
         """Merge the object-keyed dicts whose keys were not aligned when first met, settle the
-        places that waited, then point adopted objects at the live counterparts of what they
-        refer to."""
+        places that waited, point adopted objects at the live counterparts of what they refer
+        to, then make the tensors that shared memory in the run share it again."""
         self._merge_deferred()
         while self._fixups:
             fixups, self._fixups = self._fixups, []
@@ -143,6 +144,7 @@ class Merger(KindMerges):
         for pending in self._pending.values():  # root places (a frame's locals) settle here too
             self._settle(pending)
         self._remap_adopted()
+        self._join_shared()
         for frame, values in self._generator_locals:
             write_locals(frame, {name: self.settled(value) for name, value in values.items()})
 
@@ -303,11 +305,9 @@ class Merger(KindMerges):
             self.path = path
             if type(obj) is list:
                 obj[:] = [resolve(item, path + f"[{i}]") for i, item in enumerate(obj)]
-            elif type(obj) is dict:
-                items = [(resolve(k, path), resolve(v, path + f"[{_key_text(k)}]")) for k, v in obj.items()]
-                obj.clear()
-                obj.update(items)
-            elif isinstance(getattr(obj, "__dict__", None), dict) and not self._is_tensor(obj):
+            elif isinstance(obj, dict):
+                _resolve_items(obj, resolve, path)
+            if isinstance(getattr(obj, "__dict__", None), dict) and not self._is_tensor(obj):
                 attrs = obj.__dict__
                 for name, value in list(attrs.items()):
                     attrs[name] = resolve(value, path + f".{name}")
@@ -345,6 +345,20 @@ class Merger(KindMerges):
 
 
 _MISSING = object()
+
+
+def _resolve_items(obj: dict, resolve, path: Path) -> None:
+    """An adopted dict's keys and values, resolved in place. A subclass (a state dict's
+    OrderedDict, a defaultdict, a framework's output class that forbids ``update``) is written
+    through dict's own methods, and only where something changed."""
+    items = [(k, v, resolve(k, path), resolve(v, path + f"[{_key_text(k)}]")) for k, v in obj.items()]
+    if any(new_key is not key for key, _, new_key, _ in items):
+        dict.clear(obj)
+        dict.update(obj, [(new_key, new) for _, _, new_key, new in items])
+        return
+    for key, value, _, new in items:
+        if new is not value:
+            dict.__setitem__(obj, key, new)
 
 
 def _name_place(placeholder: LiveOnly, path: Path) -> None:

@@ -6,6 +6,7 @@ a freshly built ("replayed") copy and checks the live copy's values and identity
 from __future__ import annotations
 
 import collections
+import copy
 import functools
 import io
 import itertools
@@ -589,3 +590,25 @@ def test_a_lazy_module_the_run_materialized_is_materialized_in_place(tmp_path):
     assert live["optimizer"].param_groups[0]["params"][0] is layer.weight
     assert torch.equal(layer.weight, model[0].weight) and torch.equal(layer.bias.grad, model[0].bias.grad)
     assert layer(torch.ones(1, 5)).shape == (1, 3) and not layer._forward_pre_hooks
+
+
+@pytest.mark.parametrize("replayed_best", ["deep-copy", "none"])
+def test_places_the_run_held_on_one_memory_share_it_again_after_the_merge(tmp_path, replayed_best):
+    """`best_state = model.state_dict()` in a step shares the parameters' memory. The replay's
+    setup held a deep copy there, or nothing (the snapshot's state dict is adopted): merged
+    apart, the parameters' later steps missed the best state, and a restart ended with stale
+    weights (tests/programs/corpus/best_state_alias.py, 6 of 6, verified)."""
+    model = torch.nn.Linear(3, 2)
+    snap, _ = snapshot_and_load(tmp_path, {"model": model, "best": model.state_dict(), "view": model.weight[0]})
+
+    replayed = torch.nn.Linear(3, 2)
+    live = {"model": replayed, "best": copy.deepcopy(replayed.state_dict()) if replayed_best == "deep-copy" else None,
+            "view": None}
+    weight = replayed.weight
+    merge_into(live, snap)
+    assert replayed.weight is weight and torch.equal(weight, model.weight)
+    with torch.no_grad():
+        weight.add_(1.0)  # a later step
+        replayed.bias.mul_(2.0)
+    assert torch.equal(live["best"]["weight"], weight) and torch.equal(live["best"]["bias"], replayed.bias)
+    assert torch.equal(live["view"], weight[0])

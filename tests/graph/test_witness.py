@@ -1,5 +1,6 @@
-"""The witness's record of a program that steps no torch.optim optimizer: the host tensors its
-step loop's frame holds, compared by name (graph/witness.py's ``locals``)."""
+"""The witness's records of the step loop's frame: for a program that steps no torch.optim
+optimizer, the host tensors it holds, compared by name (graph/witness.py's ``locals``); for
+every program, which of them share memory (``shared``)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,26 @@ def test_a_program_with_an_optimizer_keeps_its_params_record_alone():
     recorder.stepped(optimizer, 1)
     recorder.at_boundary(witness.NO_ITEM, 1, sys._getframe())
     assert docs[-1]["params"] is not None and "locals" not in docs[-1]
+
+
+def test_tensors_that_shared_memory_in_the_run_and_not_in_the_restart_are_a_difference():
+    """`best_state = model.state_dict()` without a copy: the restart once held it apart from the
+    parameters, computed the same first iterations, and ended with stale weights, verified."""
+    def loop_frame(aliased):
+        torch.manual_seed(0)  # the same weights and random states each time
+        model = torch.nn.Linear(3, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # noqa: F841 - what the frame holds
+        best_state = model.state_dict() if aliased else {k: v.clone() for k, v in model.state_dict().items()}  # noqa: F841
+        return sys._getframe()
+
+    doc = _record(loop_frame(aliased=True))
+    assert sorted(doc["shared"]["pairs"]) == [["model[bias]", "best_state[bias]"], ["model[weight]", "best_state[weight]"]]
+    assert _check(doc, loop_frame(aliased=True)) == []
+    failed = _check(doc, loop_frame(aliased=False))
+    assert failed == ["after the first iteration after the snapshot, model[bias] and best_state[bias] shared memory in the "
+                      "run that took it, and here they do not"]
+    failed = _check(_record(loop_frame(aliased=False)), loop_frame(aliased=True))
+    assert len(failed) == 1 and "share memory here, and in the run that took it they did not" in failed[0]
 
 
 def test_a_fault_of_the_witness_stops_it_and_never_reaches_the_program(monkeypatch, capsys):
