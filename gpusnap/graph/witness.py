@@ -390,7 +390,10 @@ def shared_places(frame) -> list[list[str]]:
         except Exception:  # noqa: BLE001 - a state-dict hook that raises: left out, in both runs alike
             continue
         for key, t in tensors:
-            storage = t.untyped_storage()
+            try:
+                storage = t.untyped_storage()
+            except (RuntimeError, NotImplementedError):  # a nested tensor's: none to share
+                continue
             if storage.nbytes() == 0:
                 continue
             place = f"{name}[{key}]" if key != "" else name

@@ -161,13 +161,10 @@ class KindMerges:
             return
         groups: dict[int, list] = {}
         for snap in self._keep:
-            if not isinstance(snap, torch.Tensor) or snap.device.type != "cpu" or snap.layout != torch.strided:
-                continue
             placed = self.aligned.get(id(snap))
-            if (not isinstance(placed, torch.Tensor) or placed.device.type != "cpu" or placed.layout != torch.strided
-                    or isinstance(placed, torch.nn.parameter.UninitializedTensorMixin)):
-                continue
-            groups.setdefault(snap.untyped_storage().data_ptr(), []).append((snap, placed))
+            theirs = _host_storage(torch, snap)
+            if theirs is not None and _host_storage(torch, placed) is not None:
+                groups.setdefault(theirs, []).append((snap, placed))
         for places in groups.values():
             if len({placed.untyped_storage().data_ptr() for _, placed in places}) < 2:
                 continue  # shared already, or one place
@@ -384,6 +381,19 @@ def _picklable(value) -> bool:
     except Exception:  # noqa: BLE001 - whatever it raises, it is no data the snapshot holds
         return False
     return True
+
+
+def _host_storage(torch, t) -> int | None:
+    """The address of a plain strided host tensor's storage; None for anything else, an empty
+    storage (all have address 0) or a tensor without one (a nested tensor's)."""
+    if (not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.layout != torch.strided or t.is_nested
+            or isinstance(t, torch.nn.parameter.UninitializedTensorMixin)):
+        return None
+    try:
+        storage = t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+    return storage.data_ptr() if storage.nbytes() else None
 
 
 def _set_requires_grad(live, requires_grad: bool) -> None:
