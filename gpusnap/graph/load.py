@@ -186,16 +186,17 @@ def _core_buffer(name, offset, nbytes, device, kind):
 class LiveFunction(LiveOnly):
     """Stands where the snapshot held a local function: the function is the replay's, but its
     closure cells hold state the program goes on with (an optimizer a factory made and only a
-    ``train_step`` closure refers to). ``cells``: {free variable name: what the cell held}."""
+    ``train_step`` closure refers to). ``cells``: {free variable name: what the cell held};
+    ``line``: its code's first line (None in snapshots made before it was kept)."""
 
-    __slots__ = ("qualname", "cells")
+    __slots__ = ("qualname", "cells", "line")
 
     def __init__(self, serial: int, type_name: str):
         super().__init__(serial, type_name)
-        self.qualname, self.cells = "", {}
+        self.qualname, self.cells, self.line = "", {}, None
 
     def __setstate__(self, state) -> None:  # after the placeholder is memoized: cells may hold it
-        self.qualname, self.cells = state
+        self.qualname, self.cells, self.line = (*state, None)[:3]
 
 
 class LiveClass(LiveOnly):

@@ -317,6 +317,15 @@ class KindMerges:
         if type(live) is not types.FunctionType or code.co_qualname != snap.qualname:
             found = code.co_qualname if type(live) is types.FunctionType else type(live).__name__
             raise StateMismatch(f"{path}: the snapshot holds function {snap.qualname} here, the replayed program {found}")
+        if snap.line is not None and self.same_sources and code.co_firstlineno != snap.line:
+            # Another function of the same name: a lambda the loop made after setup where the
+            # replay holds setup's. Its cells went into the wrong code, or, without cells, the
+            # replay's code went on in its place.
+            raise StateMismatch(
+                f"{path}: the snapshot holds {snap.qualname} of line {snap.line} here, the replayed program the "
+                f"one of line {code.co_firstlineno}: a function made inside the training loop is not made again",
+                hint="make it before the loop, or at module level (functools.partial for its values), "
+                     "or restart from a snapshot taken before the loop made it")
         cells = {name: (i, cell) for i, (name, cell) in enumerate(zip(code.co_freevars, live.__closure__ or ()))}
         for name, value in snap.cells.items():
             if name not in cells:

@@ -190,6 +190,12 @@ EXACT_OR_REFUSED = {
     # that loop to its place consumes the generator, which trains. Refused by name, from any
     # snapshot (3 of 3 here); before, with a hint to try another snapshot, which fails the same way.
     "yielded_steps": ("yielded_steps.py", [], ("in the generator training_steps (programs/corpus/yielded_steps.py:",)),
+    # A LambdaLR made again at a phase change in the epoch loop, its lambda over a local of main():
+    # the replay runs the resumed epoch's prefix, so from the epoch that made it the restart is
+    # exact; from a later epoch the replay holds setup's lambda there. The merge once put the
+    # snapshot's cells into it, or, for a lambda without cells, kept setup's code (refused as
+    # "no variable start in its closure", or not at all). Now refused by the lambdas' lines
+    "phase_schedules": ("phase_schedules.py", [], ("a function made inside the training loop is not made again",)),
 }
 
 

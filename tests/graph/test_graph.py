@@ -612,3 +612,21 @@ def test_places_the_run_held_on_one_memory_share_it_again_after_the_merge(tmp_pa
         replayed.bias.mul_(2.0)
     assert torch.equal(live["best"]["weight"], weight) and torch.equal(live["best"]["bias"], replayed.bias)
     assert torch.equal(live["view"], weight[0])
+
+
+def test_a_function_the_loop_made_is_told_from_setup_s_of_the_same_name_by_its_line(tmp_path):
+    """Two lambdas of one function share a qualified name: the one the loop made after setup
+    (the snapshot's) is not the replay's, and merging it kept setup's code in its place."""
+    setup_made = lambda step: 1.0  # noqa: E731 - what the replay holds
+    loop_made = lambda step: 0.5 ** step  # noqa: E731 - what the run held at the snapshot
+    snap, _ = snapshot_and_load(tmp_path, {"schedule": [loop_made]})
+    with pytest.raises(StateMismatch, match=r"root\['schedule'\]\[0\]: the snapshot holds test_a_function_the_loop_made_is_"
+                       r"told_from_setup_s_of_the_same_name_by_its_line.<locals>.<lambda> of line \d+ here, the replayed "
+                       r"program the one of line \d+: a function made inside the training loop is not made again"):
+        merge_into({"schedule": [setup_made]}, snap)
+    live = {"schedule": [loop_made]}
+    merge_into(live, snap)
+    assert live["schedule"][0] is loop_made
+    live = {"schedule": [setup_made]}
+    merge_into(live, snap, same_sources=False)  # a forced, changed source: lines move, the names are compared
+    assert live["schedule"][0] is setup_made

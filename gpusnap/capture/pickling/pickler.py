@@ -13,7 +13,7 @@ intercepts, through ``reducer_override``:
   generators, DataLoaders and their iterators, functions that cannot be found by name, anything
   whose ``__reduce_ex__`` raises) -> ``_live_only(serial, type)``: restore keeps the object the
   replayed program built at that place.
-- local functions with a closure -> ``_live_function(serial, type)`` with what their cells hold
+- local functions -> ``_live_function(serial, type)`` with their first line and what their cells hold
   as its state: restore keeps the replayed function and merges the cells' contents into its
   cells (an optimizer that only a ``train_step`` closure refers to).
 - classes of the program's that cannot be found by name (defined inside a function) ->
@@ -238,7 +238,7 @@ class GraphPickler(BufferReducers, pickle.Pickler):
             return NotImplemented
         if type(obj) in (types.MethodType, types.BuiltinFunctionType):
             return self._reduce_method(obj)
-        if type(obj) is types.FunctionType and obj.__closure__:
+        if type(obj) is types.FunctionType:
             return self._live_function(obj)
         if isinstance(obj, type) and _programs(obj) and (state := roots.class_state(obj)):
             return self._live_class(obj, state)
@@ -292,18 +292,20 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         return _live_generator, args, (gen.gi_code.co_qualname, local)
 
     def _live_function(self, obj):
-        """A closure: live-only, with its cells' contents as the placeholder's state (pickled after
-        the placeholder is memoized, so a cell that refers back to the function is no cycle)."""
+        """A local function: live-only, with its qualified name, its code's first line (the
+        merge tells it from another function of the same name: the lambdas of one function) and
+        its cells' contents (a closure's) as the placeholder's state, pickled after the
+        placeholder is memoized, so a cell that refers back to the function is no cycle."""
         _, args = self._live(obj)
         cells = {}
-        for name, cell in zip(obj.__code__.co_freevars, obj.__closure__):
+        for name, cell in zip(obj.__code__.co_freevars, obj.__closure__ or ()):
             if name == "__class__":  # zero-argument super()'s: the class, which replay defines anew
                 continue
             try:
                 cells[name] = cell.cell_contents
             except ValueError:  # a variable not bound yet
                 continue
-        return _live_function, args, (obj.__code__.co_qualname, cells)
+        return _live_function, args, (obj.__code__.co_qualname, cells, obj.__code__.co_firstlineno)
 
     def _live_class(self, cls, state: dict):
         """A class of the program's defined inside a function: live-only, with its class
