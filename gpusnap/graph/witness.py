@@ -375,7 +375,8 @@ def locals_digests(frame) -> dict[str, str]:
 def shared_places(frame) -> list[list[str]]:
     """[[place, the first place in name order whose tensor shares its memory], ...] over the
     tensors ``frame``'s locals hold, as ``locals_digests`` finds them, device tensors included
-    (no byte is read). Places are `name` or `name[key]`."""
+    (no byte is read), a module's by its named parameters and buffers: its state-dict hooks may
+    communicate (FSDP gathers a full state dict). Places are `name` or `name[key]`."""
     torch = sys.modules.get("torch")
     if torch is None:
         return []
@@ -386,8 +387,8 @@ def shared_places(frame) -> list[list[str]]:
         if name.startswith("__"):
             continue
         try:
-            tensors = _held_tensors(torch, names[name], host_only=False)
-        except Exception:  # noqa: BLE001 - a state-dict hook that raises: left out, in both runs alike
+            tensors = _held_tensors(torch, names[name], host_only=False, state_dict=False)
+        except Exception:  # noqa: BLE001 - left out, in both runs alike
             continue
         for key, t in tensors:
             try:
@@ -403,12 +404,13 @@ def shared_places(frame) -> list[list[str]]:
     return pairs
 
 
-def _held_tensors(torch, value, host_only: bool = True) -> list:
-    """(key, plain tensor) pairs: the value itself, a module's state dict, a container's tensors
-    one level down. Device tensors are left out unless ``host_only`` is false: their bytes are
-    not read here."""
+def _held_tensors(torch, value, host_only: bool = True, state_dict: bool = True) -> list:
+    """(key, plain tensor) pairs: the value itself, a module's state dict (or, without
+    ``state_dict``, its named parameters and buffers), a container's tensors one level down.
+    Device tensors are left out unless ``host_only`` is false: their bytes are not read here."""
     if isinstance(value, torch.nn.Module):
-        items = list(value.state_dict(keep_vars=True).items())
+        items = (list(value.state_dict(keep_vars=True).items()) if state_dict
+                 else [*value.named_parameters(), *value.named_buffers()])
     elif isinstance(value, dict):
         items = [(str(k), v) for k, v in value.items()]
     elif isinstance(value, (list, tuple)):

@@ -96,7 +96,7 @@ class Merger(KindMerges):
     def __init__(self, write_device=None, same_sources: bool = True):
         self.write_device = write_device or _no_device_writes
         # The replay runs the snapshot's own source: a host parameter or buffer whose shape or dtype
-        # differs from the replay's took it in the run's steps (kinds._take_shape). A changed
+        # differs from the replay's took it in the run's steps (kinds._takes_shape). A changed
         # source, forced, may have built it otherwise: then such a place is refused.
         self.same_sources = same_sources
         self.aligned: dict[int, object] = {}  # id(snapshot object) -> what stands for it now
