@@ -350,23 +350,15 @@ def locals_digests(frame) -> dict[str, str]:
     without a torch.optim optimizer has no ``params`` to compare (functional training, a
     DP-SGD by hand, a step written as ``p -= lr * p.grad``): this is where its state is."""
     torch = sys.modules.get("torch")
-    if torch is None:
-        return {}
     out = {}
-    names = frame.f_locals
-    for name in sorted(names):
-        if name.startswith("__"):
-            continue
+    for name, tensors in _frame_tensors(torch, frame):
         try:
-            tensors = _held_tensors(torch, names[name])
-            if not tensors:
-                continue
             h = xxhash.xxh3_64()
             for key, t in tensors:
                 h.update(f"{key} {t.dtype} {tuple(t.shape)};".encode())
                 if t.numel() and t.numel() * t.element_size() <= LOCALS_MAX_BYTES:
                     h.update(t.contiguous().view(-1).view(torch.uint8).numpy())
-        except Exception:  # noqa: BLE001 - a tensor without plain bytes (quantized, a state-dict hook that raises): left out
+        except Exception:  # noqa: BLE001 - a tensor without plain bytes (quantized): left out
             continue
         out[name] = h.hexdigest()
     return out
@@ -377,19 +369,9 @@ def shared_places(frame) -> list[list[str]]:
     tensors ``frame``'s locals hold, as ``locals_digests`` finds them, device tensors included
     (no byte is read), a module's by its named parameters and buffers: its state-dict hooks may
     communicate (FSDP gathers a full state dict). Places are `name` or `name[key]`."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return []
     first: dict = {}
     pairs = []
-    names = frame.f_locals
-    for name in sorted(names):
-        if name.startswith("__"):
-            continue
-        try:
-            tensors = _held_tensors(torch, names[name], host_only=False, state_dict=False)
-        except Exception:  # noqa: BLE001 - left out, in both runs alike
-            continue
+    for name, tensors in _frame_tensors(sys.modules.get("torch"), frame, host_only=False, state_dict=False):
         for key, t in tensors:
             try:
                 storage = t.untyped_storage()
@@ -402,6 +384,24 @@ def shared_places(frame) -> list[list[str]]:
             if found != place:
                 pairs.append([place, found])
     return pairs
+
+
+def _frame_tensors(torch, frame, **which):
+    """(name, ``_held_tensors``) for each local of ``frame`` in name order that holds tensors; a
+    local whose tensors cannot be listed (a state-dict hook that raises) is left out, in both
+    runs alike."""
+    if torch is None:
+        return
+    names = frame.f_locals
+    for name in sorted(names):
+        if name.startswith("__"):
+            continue
+        try:
+            tensors = _held_tensors(torch, names[name], **which)
+        except Exception:  # noqa: BLE001
+            continue
+        if tensors:
+            yield name, tensors
 
 
 def _held_tensors(torch, value, host_only: bool = True, state_dict: bool = True) -> list:
