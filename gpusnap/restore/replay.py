@@ -560,6 +560,10 @@ def _check_reached(replay: Replay) -> None:
     fail(ReplayDiverged(f"the program {how} before reaching the saved position at {replay.not_reached()}", hint))
 
 
+# The placeholders a program may reach: LiveOnly and its kinds (a function made mid-run is a LiveFunction)
+_PLACEHOLDERS = (LiveOnly, *LiveOnly.__subclasses__())
+
+
 def _check_not_captured(replay: Replay, escaped) -> None:
     """The program ended on a placeholder it reached (``NotCaptured``; or a TypeError where it
     called or iterated one, which a placeholder must not allow: ``LiveOnly``), however long after
@@ -567,7 +571,7 @@ def _check_not_captured(replay: Replay, escaped) -> None:
     applied every tenth step): the restore's failure, exit 6, not the program's."""
     seen = set()
     while escaped is not None and id(escaped) not in seen:
-        called = isinstance(escaped, TypeError) and f"'{LiveOnly.__name__}'" in str(escaped)
+        called = isinstance(escaped, TypeError) and any(f"'{kind.__name__}'" in str(escaped) for kind in _PLACEHOLDERS)
         if isinstance(escaped, NotCaptured) or called:
             what = f"{_one_line(escaped)}: it called or iterated an object the snapshot could not hold" if called else escaped
             fail(RestoreError(

@@ -151,7 +151,7 @@ def test_a_lambda_made_mid_run_that_the_program_calls_later_is_a_refusal(tmp_pat
     assert 11 <= snap["iteration"] < 18, "the hooks run at step 19: the call must come after the first iteration after the merge"
     refused = gpusnap("restart", "snaps", cwd=tmp_path, env=ENV)
     assert refused.returncode == 6, refused.stderr
-    assert ("gpusnap: restore refused: the program stopped on TypeError: 'LiveOnly' object is not callable: it called or "
+    assert ("gpusnap: restore refused: the program stopped on TypeError: 'LiveFunction' object is not callable: it called or "
             "iterated an object the snapshot could not hold") in refused.stderr
     assert not (out / "final.pt").exists()
 
