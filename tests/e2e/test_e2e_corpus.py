@@ -13,7 +13,7 @@ itertools.cycle over the unlabeled loader; a DDP script run as one plain process
 cross-validation with a model made per fold; a pipeline of chained generators over JSON-lines
 shards; an EMA over a checkpointed, autocast model; state on a script's classes and
 functions, and in closures bound to its globals; a DP-SGD by hand with torch.func; lazy modules
-materialized in the first step; a best state that shares the parameters' memory) continue
+materialized in the first step; a best state that shares the parameters' memory; losses summed over an accumulation window) continue
 with the same bytes after a kill: each is run uninterrupted, and again under `gpusnap run` with
 SIGUSR1 at a random step, kill -9 of the whole process group a few steps later, then `gpusnap
 restart`. One seed per program by default (printed; pytest shows it on failure);
@@ -95,6 +95,11 @@ CORPUS = {
     # 3; with the best starting as a deep copy, 3 of 3 more). The merge joins them again, and
     # the witness compares which tensors share memory
     "best_state_alias": ("best_state_alias.py", [], 51, "gpusnap: merging "),
+    # Gradient accumulation by summing the losses (`window = window + loss / 4`, one backward per
+    # 4 iterations): a snapshot inside the window lost the graph of its losses, and the witness
+    # refused the restart (the full set, seed 1: snapshot at the 29th iteration). A snapshot now
+    # waits for the window's step
+    "summed_losses": ("summed_losses.py", []),
 }
 MORE = {
     # past the first epoch: a dataset whose pseudo-labels each epoch's end rewrites, loaded in the
@@ -187,9 +192,6 @@ MORE = {
     # word_lm's schedulers; pruning: tensor_kinds, here applied and removed mid-run)
     "cyclic_momentum": ("cyclic_momentum.py", []),
     "prune_midrun": ("prune_midrun.py", []),
-    # (gradient accumulation: nanogpt_style and others; a snapshot's safe point follows the
-    # step, where the summed losses' autograd graph is gone)
-    "summed_losses": ("summed_losses.py", []),
     # best_state_alias with the best starting as a deep copy: the merge copied into it (its shape
     # is the default run's; the join is the same)
     "best_state_alias-start-copied": ("best_state_alias.py", ["--start-copied"], 51, "gpusnap: merging "),

@@ -32,6 +32,10 @@ from gpusnap.onimport import after_import
 # 1 us) at every lookup; holding the code keeps its id its own.
 _step_loops: dict = {}
 _last_stepping = (lambda: None, -1)  # (weak ActiveLoop, index) of the last iteration counted
+# The most iterations of one step loop seen from one stepping iteration to the next: above 1, the
+# program accumulates gradients (or losses) over several iterations per step (``in_accumulation``).
+_widest_gap = 1
+_ACCUMULATION_MAX = 16  # a snapshot waits for at most this many iterations to the next step
 _note_source = None  # restore's fastforward.describe, handed over by boot through the agent
 _stepper_checked = False  # the first optimizer step looked for a step loop gpusnap cannot reach
 _GENERATOR_FLAGS = inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
@@ -132,7 +136,7 @@ def _note_worker_draws(module) -> None:
 def _before_optimizer_step(optimizer, *_):
     """Before the step runs (LBFGS's closure calls the model from inside it): know the step loop,
     so that no boundary inside the step is taken for a safe point."""
-    global _last_stepping
+    global _last_stepping, _widest_gap
     if _in_child:
         return  # a process the program forked (Hogwild's trainers): none of gpusnap's business
     if loops.replaying is not None:
@@ -148,6 +152,8 @@ def _before_optimizer_step(optimizer, *_):
             if _last_stepping[0]() is not loop or _last_stepping[1] != loop.index:
                 session.iterations += 1  # the GAN's second optimizer in the same iteration does not count
                 costs.iteration()
+                if _last_stepping[0]() is loop:
+                    _widest_gap = max(_widest_gap, min(loop.index - _last_stepping[1], _ACCUMULATION_MAX))
                 _last_stepping = (weakref.ref(loop), loop.index)  # never keeps a frame alive
             break
     if not _stepper_checked:
@@ -264,6 +270,17 @@ def step_loop_keys() -> list:
 
 def is_step_loop(loop) -> bool:
     return (id(loop.frame.f_code), loop.loop_id) in _step_loops or _at_matches(loop)
+
+
+def in_accumulation(loop) -> bool:
+    """Whether the step loop's iteration that just ended took no optimizer step inside a window of
+    iterations that ends with one, as the program's steps so far came (gradient accumulation).
+    Its state then may hold what a snapshot cannot: a sum of losses whose autograd graph the
+    window's step will backward through (``window = window + loss``). A restart from there
+    lost those iterations' gradients, and its witness refused it. A snapshot waits for the
+    window's step, at most ``_ACCUMULATION_MAX`` iterations."""
+    ref, last = _last_stepping
+    return _widest_gap > 1 and ref() is loop and 0 < loop.index - last < _widest_gap
 
 
 def is_safe_point(loop) -> bool:

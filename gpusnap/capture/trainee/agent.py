@@ -142,7 +142,7 @@ def _on_boundary(loop) -> None:
             _coalesced_said = True
             control.emit("coalesced", id=running.snap_id, reason=requests[0][0] if requests else "?")
         return
-    if not steploop.is_safe_point(loop):
+    if not steploop.is_safe_point(loop) or steploop.in_accumulation(loop):
         return
     _snapshot(loop)
 
