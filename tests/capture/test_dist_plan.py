@@ -50,6 +50,21 @@ def test_without_steps_the_target_lies_as_far_ahead_as_the_fastest_rank_runs_tha
     assert target(posts, margin=30, lead_s=0.5)["index"] == [38]  # no pace known: the margin
 
 
+def test_an_inner_loop_shorter_than_the_target_leaves_it_to_the_loop_around_it():
+    # allreduce.py all-reduces each gradient in `for p in (w, b)` inside the step loop: a SIGTERM
+    # that found both ranks there targeted that loop 2 iterations past them, which its 2
+    # iterations never reach; each rank left it first, and the stop snapshot failed (CI).
+    posts = [post(0, [*OUTER, 20], [*INNER, 1]), post(0, [*OUTER, 20], [*INNER, 2])]
+    assert target(posts, margin=2) == {"steps": 2, "loops": [OUTER, INNER], "index": [20, 4]}  # no length known yet
+    for p in posts:
+        p["lengths"] = [None, 2]
+    at = target(posts, margin=2)
+    assert at == {"steps": 2, "loops": [OUTER], "index": [22]}
+    assert reached(post(0, [*OUTER, 22]), at) and not left_before(post(0, [*OUTER, 20], [*INNER, 2]), post(0, [*OUTER, 21]), at)
+    posts[0]["lengths"] = posts[1]["lengths"] = [None, 8]  # long enough: the inner loop stays the target
+    assert target(posts, margin=2)["loops"] == [OUTER, INNER]
+
+
 def test_ranks_that_share_no_loop_meet_by_steps_alone():
     at = target([post(0, ["a.py", "f", "1:0", 3]), post(0, ["b.py", "g", "2:0", 3])], margin=2)
     assert at == {"steps": 2}

@@ -63,6 +63,9 @@ def post(value) -> str | None:
     paces = value.get("paces", [None] * len(path))
     if not isinstance(paces, list) or len(paces) != len(path) or not all(p is None or _duration(p) for p in paces):
         return f"a position whose seconds per iteration of its loops {paces!r:.60} are damaged"
+    lengths = value.get("lengths", [None] * len(path))
+    if not isinstance(lengths, list) or len(lengths) != len(path) or not all(n is None or _count(n) for n in lengths):
+        return f"a position whose loop lengths {lengths!r:.60} are damaged"
     if not is_snapshot_id(value.get("next")):
         return f"a position whose next id {value.get('next')!r:.40} is no snapshot id"
     return None

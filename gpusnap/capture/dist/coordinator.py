@@ -122,17 +122,18 @@ def position(loop) -> dict:
     programs without torch.optim, whose step count stays 0), and its recent seconds per
     iteration (None before it has a measure), which set how far ahead the target lies; for a
     program without steps, each loop's seconds per iteration so far (``paces``)."""
-    path, paces = [], []
+    path, paces, lengths = [], [], []
     now = time.perf_counter()
     for active in loops.ACTIVE:
         code = active.frame.f_code
         path.append([code.co_filename, code.co_qualname, active.loop_id, active.index])
         paces.append((now - active.started_s) / active.index if active.index else None)
+        lengths.append(steploop.last_length(active))
         if active is loop:
             break
     from gpusnap.capture.trainee import costs
 
-    return {"steps": session.steps, "path": path, "step_s": costs.step_s(), "paces": paces}
+    return {"steps": session.steps, "path": path, "step_s": costs.step_s(), "paces": paces, "lengths": lengths}
 
 
 class Coordinator:

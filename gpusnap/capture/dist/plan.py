@@ -4,7 +4,8 @@ thread and no process of their own, so that they are tested alone (tests/capture
 
 A position is ``{"steps": optimizer steps, "path": [[file, qualname, loop id, index], ...],
 "step_s": seconds per iteration or None, "paces": [seconds per iteration of each loop on the
-path so far, or None]}``, the loops on the rank's path from the outermost in;
+path so far, or None], "lengths": [iterations of each loop's last complete run, or None]}``, the
+loops on the rank's path from the outermost in;
 a target is ``{"steps": N}``, with ``"loops"`` and ``"index"`` before any rank has stepped."""
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ def target(posts: list[dict], margin: int, lead_s: float = 0.0) -> dict:
     the first of the two reached is the target. Ranks may post from different boundaries
     (without a step loop, any loop's boundary is a safe point: one rank stands in the inner loop
     of an iteration, another at the end of it): the target is then a boundary of the loops their
-    paths share, which every rank reaches."""
+    paths share, which every rank reaches. An inner loop whose last complete run (``lengths``)
+    ended before the target's index is left for the loop around it: `for p in (w, b)` inside the
+    step loop runs 2 iterations, and a target 3 past the furthest rank's there was never
+    reached; each rank left the loop first, and the stop snapshot failed."""
     at: dict = {"steps": max(p["steps"] for p in posts) + margin}
     if any(p["steps"] for p in posts):
         return at
@@ -47,11 +51,17 @@ def target(posts: list[dict], margin: int, lead_s: float = 0.0) -> dict:
         if any(entry[:3] != level[0][:3] for entry in level):
             break
         common.append(list(level[0][:3]))
-    if common:
+    while common:
         furthest = max(tuple(entry[3] for entry in p["path"][: len(common)]) for p in posts)
         level = len(common) - 1
         paces = [p["paces"][level] for p in posts if len(p.get("paces") or ()) > level and p["paces"][level]]
-        at.update(loops=common, index=[*furthest[:-1], furthest[-1] + _lead(margin, lead_s, paces)])
+        index = furthest[-1] + _lead(margin, lead_s, paces)
+        lengths = [p["lengths"][level] for p in posts if len(p.get("lengths") or ()) > level and p["lengths"][level] is not None]
+        if level and lengths and index > min(lengths):
+            common.pop()  # a short inner loop: its run ends before the target
+            continue
+        at.update(loops=common, index=[*furthest[:-1], index])
+        break
     return at
 
 

@@ -44,6 +44,8 @@ _in_child = False  # a forked child of the trainee (the program's own processes,
 # iterations then: (entry, ((weak ActiveLoop, index), ...)). Those whose enclosing loops are all
 # still in the same iteration are the training phases a replay must not run again.
 _finished: list = []
+# (id(code), loop_id) -> (code, iterations of its last complete run): the code is held so that its id stays its own
+_lengths: dict = {}
 
 
 def install(note_source) -> None:
@@ -174,18 +176,28 @@ def _after_optimizer_step(optimizer, *_):
 
 
 def loop_ended(loop) -> None:
-    """``loops.on_loop_end``: a loop that stepped an optimizer ran its course (a teacher's
-    training before the student's, a learning-rate range test before the real loop, last
-    epoch's batches). Noted with where it ran, so that a snapshot can name the finished phases
-    that its replay must pass over."""
-    if _in_child or not getattr(loop, "stepped", False):
+    """``loops.on_loop_end``: every loop's length is noted (``last_length``). A loop that stepped
+    an optimizer ran its course (a teacher's training before the student's, a learning-rate
+    range test before the real loop, last epoch's batches): noted with where it ran, so that a
+    snapshot can name the finished phases that its replay must pass over."""
+    if _in_child:
         return
     code = loop.frame.f_code
+    _lengths[(id(code), loop.loop_id)] = (code, loop.index)
+    if not getattr(loop, "stepped", False):
+        return
     if code.co_flags & _GENERATOR_FLAGS:
         return  # a generator's loop ends when the generator is done with, not where it stands
     within = tuple((weakref.ref(other), other.index) for other in loops.ACTIVE if other.frame.f_back is not None)
     _finished[:] = [done for done in _finished if _still_within(done[1])]
     _finished.append(({"file": code.co_filename, "function": code.co_qualname, "loop_id": loop.loop_id, "ran": loop.index}, within))
+
+
+def last_length(loop) -> int | None:
+    """The iterations of ``loop``'s statement's last complete run in this process, None before
+    one ended (a distributed plan does not target an index that such a short loop never reaches)."""
+    noted = _lengths.get((id(loop.frame.f_code), loop.loop_id))
+    return None if noted is None else noted[1]
 
 
 def finished_loops() -> list:
