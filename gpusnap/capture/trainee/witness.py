@@ -52,12 +52,21 @@ def at_boundary(loop) -> bool:
     if w is None:
         return False
     if w.wants_boundary() and w.watches(loop):
-        try:
-            w.at_boundary(loop_item(), session.iterations, loop.frame)
-        except Exception as exc:  # noqa: BLE001 - a fault of the witness never reaches the program's loop
-            _drop(w, exc)
+        item = loop_item()  # here: it looks a few frames up for the loop's own
+        if not _guarded(w, w.at_boundary, item, session.iterations, loop.frame):
             return False
     return bool(w.holds_snapshots)
+
+
+def _guarded(w, hook, *args) -> bool:
+    """``hook(*args)``, one of the witness's hooks, inside the program's loop: a fault of the
+    witness itself never reaches the program (``_drop``). False when it failed."""
+    try:
+        hook(*args)
+    except Exception as exc:  # noqa: BLE001 - whatever the witness raised
+        _drop(w, exc)
+        return False
+    return True
 
 
 def _drop(w, exc: Exception) -> None:
@@ -94,10 +103,7 @@ def fetched(batch) -> None:
     """A DataLoader iterator returned ``batch`` (every batch: one global lookup when idle)."""
     w = witness.active
     if w is not None:
-        try:
-            w.fetched(batch)
-        except Exception as exc:  # noqa: BLE001 - as at_boundary
-            _drop(w, exc)
+        _guarded(w, w.fetched, batch)
 
 
 def loader_made() -> None:
@@ -109,10 +115,7 @@ def loader_made() -> None:
 def stepped(optimizer) -> None:
     w = witness.active
     if w is not None:
-        try:
-            w.stepped(optimizer, session.iterations)
-        except Exception as exc:  # noqa: BLE001 - as at_boundary
-            _drop(w, exc)
+        _guarded(w, w.stepped, optimizer, session.iterations)
 
 
 def stop_due() -> bool:
