@@ -201,10 +201,11 @@ class Checker(_Watch):
             self.window -= 1
             self._compare(record, want, f"iteration {want.get('iteration')} (the {_nth(self.compared)} after the snapshot)")
             self._compare_params()
-            if self.compared == 1 and self.expected_locals is not None and frame is not None:
-                self._compare_locals(iteration, frame)
-            if self.compared == 1 and self.expected_shared is not None and frame is not None:
-                self._compare_shared(iteration, frame)
+            if self.compared == 1 and frame is not None:  # what the first record alone holds
+                if self.expected_locals is not None:
+                    self._compare_locals(iteration, frame)
+                if self.expected_shared is not None:
+                    self._compare_shared(iteration, frame)
             if self.window == 0:
                 self.epoch_armed = self.epoch is not None
                 self.verified(self.compared, self.differences)
