@@ -242,7 +242,7 @@ class GraphPickler(BufferReducers, pickle.Pickler):
             return self._live_function(obj)
         if isinstance(obj, type) and _programs(obj) and (state := roots.class_state(obj)):
             return self._live_class(obj, state)
-        if isinstance(obj, (type, types.FunctionType)):
+        if isinstance(obj, type):
             return self._live(obj)
         if type(obj) in _SEQUENCE_ITERATORS:
             return _guarded(obj, obj.__reduce_ex__(PROTOCOL))
