@@ -94,7 +94,6 @@ class KindMerges:
                 if lazy:
                     live.__class__ = live.cls_to_become
                 live.data = snap  # the same object (optimizers and hooks hold it), the snapshot's memory
-                self._storage_owner[live.untyped_storage().data_ptr()] = snap.untyped_storage().data_ptr()
                 self.reshaped += 1
             else:
                 self._part_if_apart(live, snap)
