@@ -36,6 +36,34 @@ def adapter_of_kind(kind):
     return next((adapter for adapter in ADAPTERS.values() if adapter.kind == kind), None)
 
 
+# -- the DataLoaders a loop iterates -----------------------------------------------------------------
+# A loop's source can be chosen by state that the iterations a replay skips changed (federated
+# averaging: ``for xb, yb in loaders[c]`` for a client ``c`` drawn each round): the replay then
+# positions another DataLoader than the run's. The run's loop keeps the DataLoaders its source
+# iterates (``ActiveLoop.loaders``), the snapshot holds them with the loop, and the merge tells
+# whether the replay's are their counterparts (``restore.fastforward.Remake.rebase``).
+
+_LOADER = "torch.utils.data.dataloader.DataLoader"
+_TQDM = "tqdm.std.tqdm"
+
+
+def loaders_in(source) -> list:
+    """The DataLoaders a loop over ``source`` iterates, in the order fast-forward positions them:
+    the source itself, the sources of an ``enumerate``/``zip``/``islice`` the loop statement calls
+    (the first argument but for zip's), or a tqdm bar's iterable."""
+    from gpusnap.instrument.loops import _DeferredCall
+
+    if isinstance(source, _DeferredCall):
+        args = source.args if source.func is zip else source.args[:1]
+        return [loader for arg in args for loader in loaders_in(arg)]
+    names = {f"{cls.__module__}.{cls.__qualname__}" for cls in type(source).__mro__}
+    if _LOADER in names:
+        return [source]
+    if _TQDM in names:
+        return loaders_in(getattr(source, "iterable", None))
+    return []
+
+
 # -- the generators a DataLoader's samplers hold ----------------------------------------------------
 # A sampler given a generator of its own (``SubsetRandomSampler(indices, generator=g)``, a
 # ``RandomSampler`` made by the program) draws each epoch's order from it: neither the global

@@ -162,7 +162,9 @@ def instrumented_modules() -> dict[str, dict]:
 def collect(innermost_frame, active_loops: list, rng_states: dict, loop_record=None, loop_ahead=None) -> dict:
     """The payload; ``loop_record(loop)`` adds to each loop's entry, ``loop_ahead(loop)`` gives
     what the loop's source fetched ahead of the item the loop holds (payload ``"ahead"``, by
-    loop index: the pickler keeps its data, restore writes it into the replay's source)."""
+    loop index: the pickler keeps its data, restore writes it into the replay's source). The
+    DataLoaders each loop iterates (``ActiveLoop.loaders``) go in payload ``"loaders"``, by loop
+    index: restore tells whether the replay's loop iterates their counterparts."""
     frames = frames_on_path(innermost_frame)
     main_code = getattr(loops, "MAIN_CODE", None)
     frame_entries = []
@@ -183,7 +185,7 @@ def collect(innermost_frame, active_loops: list, rng_states: dict, loop_record=N
     module_globals = {name: {k: v for k, v in list(g.items()) if _keep_global(k, v, own_files)} for name, g in modules.items()}
     index_of = {id(f): i for i, f in enumerate(frames)}
     loop_entries = []
-    ahead = {}
+    ahead, loaders = {}, {}
     for loop in active_loops:
         if id(loop.frame) not in index_of:
             continue
@@ -198,11 +200,15 @@ def collect(innermost_frame, active_loops: list, rng_states: dict, loop_record=N
             entry.update(loop_record(loop))
         if loop_ahead is not None and (source := loop_ahead(loop)) is not None:
             ahead[len(loop_entries)] = source
+        if getattr(loop, "loaders", None):
+            loaders[len(loop_entries)] = loop.loaders
         loop_entries.append(entry)
     statics = {name: found for name, namespace in modules.items() if (found := _statics(name, namespace))}
     payload = {"frames": frame_entries, "globals": module_globals, "statics": statics, "rng": rng_states, "loops": loop_entries}
     if ahead:
         payload["ahead"] = ahead
+    if loaders:
+        payload["loaders"] = loaders
     return payload
 
 
@@ -216,4 +222,5 @@ def named_roots(roots: dict) -> list[tuple[str, object]]:
     for i, frame in enumerate(roots["frames"]):
         named += [(f"frame[{i}].locals.{k}", v) for k, v in frame["locals"].items()]
     named += [(f"loops[{i}].source", v) for i, v in (roots.get("ahead") or {}).items()]
+    named += [(f"loops[{i}].loaders", v) for i, v in (roots.get("loaders") or {}).items()]
     return named

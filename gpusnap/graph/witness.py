@@ -56,6 +56,9 @@ from gpusnap.graph import rng
 from gpusnap.graph.digest import digest
 
 FORMAT = 1
+# A restart whose steps run this many times the optimizers it steps without ending an iteration
+# of the witness's loop is somewhere else than the run that took the snapshot.
+STEPS_PER_OPTIMIZER = 16
 active = None  # the Recorder or Checker of this process, if any
 
 
@@ -186,7 +189,8 @@ class Checker(_Watch):
         self.compared = 0
         self.differences = 0
         self.params_found = None  # after the first optimizer step: compared at the boundary that follows
-        self.steps = 0  # optimizer steps since the merge, while the window is open
+        self.steps = 0  # optimizer steps since the last boundary, while the window is open
+        self.stepping: set[int] = set()  # ids of the optimizers that stepped since the merge
 
     @property
     def holds_snapshots(self) -> bool:
@@ -195,6 +199,7 @@ class Checker(_Watch):
 
     def at_boundary(self, item, iteration: int, frame=None) -> None:
         record = self.record(item, iteration)
+        self.steps = 0
         if self.window > 0:
             want = self.expected[self.compared]
             self.compared += 1
@@ -221,7 +226,10 @@ class Checker(_Watch):
             self.params_found = self.params(optimizer, iteration)
         if self.window > 0:
             self.steps += 1
-            if self.steps > 4 * len(self.expected) + 4:  # (a GAN steps twice an iteration)
+            self.stepping.add(id(optimizer))
+            # An iteration steps each optimizer a few times at most (a WGAN's critic five); the
+            # optimizer step fused into backward steps one optimizer per parameter, once each.
+            if self.steps > STEPS_PER_OPTIMIZER * len(self.stepping):
                 self._differs(f"the run took {self.steps} optimizer steps after the snapshot without ending an iteration "
                               f"of the loop where the run that took it recorded its witness ({_where(self.loops)})")
                 self.window = 0  # --force: stop looking

@@ -74,9 +74,10 @@ class ActiveLoop:
     # Unset until used: ``gen`` (weak reference to the _iterate generator, loops with a note),
     # ``rng_at`` and ``locals_at`` (the global RNG states and the frame's scalar locals at the
     # current iteration's start, EnclosingLoop only), ``stepped``
-    # (an optimizer stepped while this execution of the loop ran, set by the capture agent).
+    # (an optimizer stepped while this execution of the loop ran, set by the capture agent),
+    # ``loaders`` (the DataLoaders its source iterates, ``graph.iterators.loaders_in``).
     __slots__ = ("loop_id", "frame", "index", "kind", "resume", "started_s", "gen", "rng_at", "locals_at", "stepped",
-                 "__weakref__")
+                 "loaders", "__weakref__")
 
     def __init__(self, loop_id: str, frame, kind: str):
         self.loop_id = loop_id  # "LINE:COL" of the statement inside frame.f_code

@@ -219,7 +219,7 @@ def _call_at(call: _DeferredCall, skip: int, note: dict | None, ctx: Context, at
         sub = at + ((1,) if func is builtins.enumerate else (j,))
         if _by_sampler(arg, arg_note):  # (any other loader is checked by its adapter's ``position``)
             _check_workers_copy(arg, arg_note)
-            remake = _remake_of(arg, arg_note)
+            remake = _remake_of(arg, arg_note, rng.capture())
             it = _dataloader_at(arg, skip, arg_note, restore_torch=not restored, start=False)
             restored = True
             loaders.append((it, sub, remake))
@@ -297,7 +297,7 @@ class DataLoaderAdapter:
     def position(self, loader, skip, note, ctx, at):
         _check_workers_copy(loader, note)
         if _by_sampler(loader, note):
-            remake = _remake_of(loader, note)
+            remake = _remake_of(loader, note, rng.capture())
             it = _dataloader_at(loader, skip, note, start=False)
             start_skipping(it, ctx, at, remake)
             return it, "by batch sampler"
@@ -534,9 +534,7 @@ def start(it):
 
 
 def start_skipping(it, ctx: Context | None = None, at: tuple = (), remake_of: tuple | None = None) -> None:
-    """``remake_of``: (the loader, the run's sampler digest), where the replay's sampler is
-    not the run's as the loop starts: the order drawn now is drawn again after the merge
-    (``Context.remakes``)."""
+    """``remake_of``: ``_remake_of``'s, for the merge to settle (``Context.remakes``)."""
     sampler_iter = getattr(it, "_sampler_iter", None)
     if isinstance(sampler_iter, _SkipIter):
         sampler_iter.start()
@@ -596,22 +594,25 @@ def _length(data) -> int | None:
         return None
 
 
-def _remake_of(loader, note: dict) -> tuple | None:
-    """(loader, the run's sampler digest) where the replay's sampler, as its loop starts, has
-    another digest than the run's had; else None."""
+def _remake_of(loader, note: dict, before_iter) -> tuple:
+    """``Remake``'s first fields: the run's sampler digest where the replay's sampler, as its
+    loop starts, has another; else None."""
     want = note.get("sampler")
-    return (loader, want) if want and sampler_digest(loader)[0] != want else None
+    return loader, (want if want and sampler_digest(loader)[0] != want else None), note, before_iter
 
 
 class Remake:
-    """A DataLoader iterator that fast-forward positioned by a sampler the replay made otherwise
-    than the run: its loader, the run's sampler digest, the iterator, the batches it skipped,
-    and the random states before its order was drawn (global, and the samplers' generators)."""
+    """A DataLoader iterator that fast-forward positioned by its batch sampler, settled after the
+    merge (``restore.replay``): its loader, the run's sampler digest where the replay's sampler
+    differed as the loop started (None: the same), the loop's note of the loader, the global
+    random states before ``iter()``, the iterator, the batches it skipped, and the random states
+    before its order was drawn (global, and the samplers' generators)."""
 
-    __slots__ = ("loader", "want", "it", "skip", "drawn_from")
+    __slots__ = ("loader", "want", "note", "before_iter", "it", "skip", "drawn_from")
 
-    def __init__(self, loader, want: str, it, skip: int, drawn_from: tuple):
-        self.loader, self.want, self.it, self.skip, self.drawn_from = loader, want, it, skip, drawn_from
+    def __init__(self, loader, want: str | None, note: dict, before_iter, it, skip: int, drawn_from: tuple):
+        self.loader, self.want, self.note, self.before_iter = loader, want, note, before_iter
+        self.it, self.skip, self.drawn_from = it, skip, drawn_from
 
     def redraw(self) -> str | None:
         """After the merge: the order drawn again, from the merged sampler and the same states,
@@ -623,16 +624,60 @@ class Remake:
         if now != self.want:
             return why or "the sampler of the run that took the snapshot changed after its loop started"
         global_states, generators = self.drawn_from
-        after_merge = rng.capture(), {gen: gen.get_state() for gen in generators}
-        rng.restore(global_states)
-        for gen, state in generators.items():
-            gen.set_state(state)
-        try:
-            redrawn = _SkipIter(self.loader._index_sampler, self.skip).start()
-        finally:
-            rng.restore(after_merge[0])
-            for gen, state in after_merge[1].items():
+        with _states_kept(generators):
+            rng.restore(global_states)
+            for gen, state in generators.items():
                 gen.set_state(state)
+            redrawn = _SkipIter(self.loader._index_sampler, self.skip).start()
         self.it._index_sampler = self.loader._index_sampler
         self.it._sampler_iter = redrawn._it
         return None
+
+    def rebase(self, loader) -> str | None:
+        """After the merge, where the run's loop iterated ``loader`` (the merged counterpart of
+        the run's) and the replay's another, chosen by state that the iterations the replay
+        skipped changed (a client's loader drawn each round): the iterator made again from
+        ``loader`` as the replay's was made (the same random states, the run's generators as
+        its loop started), into the object the loop holds; or why not (it stays, and the
+        witness judges it)."""
+        if self.it._num_workers or loader.num_workers:
+            return "workers load its batches"
+        if not skips_by_sampler(loader):
+            return "the run's cannot be positioned by its batch sampler"
+        want = self.note.get("sampler")
+        if want and sampler_digest(loader)[0] != want:
+            return "the sampler of the run's changed after its loop started"
+        with _states_kept(_generators_of(loader)):
+            rng.restore(self.before_iter)
+            try:
+                new = _dataloader_at(loader, 0, self.note, start=False)
+                rng.restore(self.drawn_from[0])  # zip(a, b) drew a's order after iter(b)
+                skipper = _SkipIter(new._index_sampler, self.skip).start()
+            except FastForwardError as exc:
+                return exc.message
+        if type(new) is not type(self.it):
+            return f"the run's makes a {type(new).__qualname__}, the replay's a {type(self.it).__qualname__}"
+        new._sampler_iter = skipper._it
+        new._num_yielded = self.it._num_yielded
+        vars(self.it).clear()
+        vars(self.it).update(vars(new))
+        return None
+
+
+def _generators_of(loader) -> dict:
+    found = dict.fromkeys(generator_states(loader._index_sampler))
+    if loader.generator is not None:
+        found[loader.generator] = None
+    return found
+
+
+@contextlib.contextmanager
+def _states_kept(generators):
+    """The global random states and ``generators``' as they were on entry, again on exit."""
+    kept = rng.capture(), {gen: gen.get_state() for gen in generators}
+    try:
+        yield
+    finally:
+        rng.restore(kept[0])
+        for gen, state in kept[1].items():
+            gen.set_state(state)

@@ -148,6 +148,14 @@ class Merger(KindMerges):
         for frame, values in self._generator_locals:
             write_locals(frame, {name: self.settled(value) for name, value in values.items()})
 
+    def counterpart(self, snap, default=None):
+        """What stands for the snapshot's object ``snap`` after ``finish()``: the live object
+        aligned with it, or for a live-only one the live object first placed for it."""
+        found = self.aligned.get(id(snap), _MISSING)
+        if found is _MISSING:
+            found = self._live_only.get(id(snap), default) if isinstance(snap, LiveOnly) else default
+        return found
+
     def _settle(self, pending: _Pending):
         found = self.aligned.get(id(pending.snap), _MISSING)
         return found if found is not _MISSING else self._adopt(pending.snap, pending.path)

@@ -28,7 +28,7 @@ import types
 from gpusnap import files, knobs
 from gpusnap.console import Console
 from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, ReplayDiverged, RestoreError
-from gpusnap.graph import rng, roots, witness, workers
+from gpusnap.graph import iterators, rng, roots, witness, workers
 from gpusnap.graph.load import DEVICE_BASES, LiveOnly, NotCaptured
 from gpusnap.instrument import loops
 from gpusnap.restore import devices, fastforward, itemcheck, livecheck, load
@@ -65,7 +65,9 @@ class Replay:
         self.fastforwards: list[dict] = []
         self._positioned: set[int] = set()  # ids of what fast-forward positioned (livecheck)
         self._sources: dict[int, object] = {}  # loop index -> the iterator fast-forward made for it
-        self._remakes: list[tuple[dict, fastforward.Remake]] = []  # orders drawn again after the merge
+        self._remakes: list[tuple[dict, fastforward.Remake]] = []  # DataLoader iterators settled after the merge
+        self._loop_loaders: dict[int, list] = {}  # loop index -> the DataLoaders its source iterates here
+        self._run_loaders: dict[int, object] = {}  # id(one of those) -> what stands for the run's after the merge
         self._boundary_hook = None
         self.write_device = None  # install's: how the merge fills device memory (cuda.core Buffers)
 
@@ -121,6 +123,7 @@ class Replay:
         it, how = fastforward.iterator_at(iterable, skip, loop.resume, ctx)
         self._positioned.update(id(obj) for obj in ctx.touched + [it])
         self._sources[self.cursor - 1] = it
+        self._loop_loaders[self.cursor - 1] = iterators.loaders_in(iterable)
         self._remakes += [(want, remake) for remake in ctx.remakes]
         loop.index = skip
         if innermost:
@@ -266,7 +269,15 @@ class Replay:
             # What a loop's source had fetched ahead (accelerate's shard collates one batch
             # ahead): into the source fast-forward made, which stands at the same batch.
             merger.value(self._sources.get(i), saved, f"loops[{i}].source")
+        loaders = []  # (the replay's DataLoader, the run's): what a loop's source iterates
+        for i, saved in (payload.get("loaders") or {}).items():
+            mine = self._loop_loaders.get(i) or []
+            if len(mine) == len(saved):
+                for k, (live, snap) in enumerate(zip(mine, saved)):
+                    merger.value(live, snap, f"loops[{i}].loaders[{k}]")  # where met first here: the replay's own
+                    loaders.append((live, snap))
         merger.finish()
+        self._run_loaders = {id(live): merger.counterpart(snap, live) for live, snap in loaders}
         for live, values in merged_globals:
             live.update({name: merger.settled(value) for name, value in values.items()})
         for owner, values in merged_statics:
@@ -320,11 +331,25 @@ class Replay:
         )
 
     def _redraw_orders(self) -> None:
-        """A sampler the replay made from other state than the run (inside an epoch, from what
-        skipped epochs computed) holds the run's state now: the order of the iterator that
-        fast-forward made from it is drawn again (``fastforward.Remake``). Where that cannot be
-        proven, the iterator stays, and the witness compares what it yields."""
+        """A loop whose replay iterates another DataLoader than the run's (chosen by state the
+        skipped iterations changed) has its iterator made again from the run's; a sampler the
+        replay made from other state than the run (inside an epoch, from what skipped epochs
+        computed) holds the run's state now: the order of the iterator that fast-forward made
+        from it is drawn again (``fastforward.Remake``). Where that cannot be proven, the
+        iterator stays, and the witness compares what it yields."""
         for want, remake in self._remakes:
+            theirs = self._run_loaders.get(id(remake.loader), remake.loader)
+            if theirs is not remake.loader:
+                why = remake.rebase(theirs)
+                if why is None:
+                    _say(f"made the iterator of loop {self.name(want)} again from the run's DataLoader (the replay's "
+                         "loop took another one, chosen by state the iterations it skipped changed)", level=1)
+                else:
+                    _say(f"kept the DataLoader of loop {self.name(want)}, though the run's loop iterated another: "
+                         f"{why}; the witness compares what it yields", level=1)
+                continue
+            if remake.want is None:
+                continue
             why = remake.redraw()
             if why is None:
                 _say(f"drew the order of the DataLoader of loop {self.name(want)} again from its merged sampler "

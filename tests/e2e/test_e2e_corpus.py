@@ -13,7 +13,8 @@ itertools.cycle over the unlabeled loader; a DDP script run as one plain process
 cross-validation with a model made per fold; a pipeline of chained generators over JSON-lines
 shards; an EMA over a checkpointed, autocast model; state on a script's classes and
 functions, and in closures bound to its globals; a DP-SGD by hand with torch.func; lazy modules
-materialized in the first step; a best state that shares the parameters' memory; losses summed over an accumulation window) continue
+materialized in the first step; a best state that shares the parameters' memory; losses summed over an accumulation window;
+federated averaging over clients drawn each round) continue
 with the same bytes after a kill: each is run uninterrupted, and again under `gpusnap run` with
 SIGUSR1 at a random step, kill -9 of the whole process group a few steps later, then `gpusnap
 restart`. One seed per program by default (printed; pytest shows it on failure);
@@ -100,6 +101,10 @@ CORPUS = {
     # refused the restart (the full set, seed 1: snapshot at the 29th iteration). A snapshot now
     # waits for the window's step
     "summed_losses": ("summed_losses.py", []),
+    # each round's clients drawn with NumPy, each trained over its own loader: the replay's round
+    # prefix draws other clients, so its loop took another loader (refused by the witness, 2 of 6,
+    # until the iterator was made again from the run's after the merge; seed 1 is one of them)
+    "fedavg": ("fedavg.py", []),
 }
 MORE = {
     # past the first epoch: a dataset whose pseudo-labels each epoch's end rewrites, loaded in the
@@ -196,6 +201,15 @@ MORE = {
     # is the default run's; the join is the same)
     "best_state_alias-start-copied": ("best_state_alias.py", ["--start-copied"], 51, "gpusnap: merging "),
     "noisy_student-last-workers": ("noisy_student.py", ["--last", "--workers", "2"], 20, "gpusnap: passed over "),
+    # one Adam per parameter, stepped inside backward by a hook: six optimizer steps an iteration
+    # (its restart was refused by the witness's count of steps, 2 of 3, until it counted per iteration)
+    "optim_in_backward": ("optim_in_backward.py", []),
+    # (blocks joining a ModuleList and the optimizer mid-run: lazy_modules, finetune_unfreeze)
+    "grow_depth": ("grow_depth.py", []),
+    # (meta-parameters in a plain dict, functional inner loops: dp_sgd's torch.func)
+    "maml_sine": ("maml_sine.py", []),
+    # (a heap of deep-copied best states, a deque, lru_cache, ReduceLROnPlateau: best_state_alias)
+    "topk_soup": ("topk_soup.py", []),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)

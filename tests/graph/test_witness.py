@@ -75,6 +75,31 @@ def test_tensors_that_shared_memory_in_the_run_and_not_in_the_restart_are_a_diff
     assert len(failed) == 1 and "share memory here, and in the run that took it they did not" in failed[0]
 
 
+def test_one_optimizer_per_parameter_stepped_in_backward_is_no_runaway_but_a_loop_that_never_ends_one_is():
+    """The optimizer step fused into backward (one Adam per parameter, stepped by a
+    post-accumulate-grad hook) steps six optimizers an iteration: its restart was refused after
+    17 steps, though every iteration ended and matched. Steps are counted per iteration now,
+    and bounded by the optimizers that step."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
+    optimizers = [torch.optim.SGD([p], lr=0.1) for p in model.parameters()]
+    docs = []
+    recorder = witness.Recorder("000001", docs.append, [["f", "g", "1:0"]], window=3)
+    for iteration in (1, 2, 3):
+        recorder.at_boundary(iteration, iteration)
+    failed, verified = [], []
+    checker = witness.Checker(docs[-1], failed.append, lambda message: None, lambda *counts: verified.append(counts))
+    for iteration in (1, 2, 3):
+        for optimizer in optimizers:
+            checker.stepped(optimizer, iteration)
+        checker.at_boundary(iteration, iteration)
+    assert failed == [] and verified == [(3, 0)]
+
+    checker = witness.Checker(docs[-1], failed.append, lambda message: None, lambda *counts: None)
+    for _ in range(witness.STEPS_PER_OPTIMIZER + 1):
+        checker.stepped(optimizers[0], 1)
+    assert len(failed) == 1 and "optimizer steps after the snapshot without ending an iteration" in failed[0], failed
+
+
 def test_a_fault_of_the_witness_stops_it_and_never_reaches_the_program(monkeypatch, capsys):
     """The witness records inside the program's loop: an exception there once ended the program
     (`arithmetic()` without torch imported). Now the witness stops, saying so."""

@@ -24,13 +24,13 @@ import sys
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, WeightedRandomSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, TensorDataset, WeightedRandomSampler
 from tqdm import tqdm
 
 from gpusnap.capture.safepoints import steploop
 from gpusnap.capture.trainee import loopnotes
 from gpusnap.errors import FastForwardError
-from gpusnap.graph import digest, rng
+from gpusnap.graph import digest, iterators, rng
 from gpusnap.instrument import loops
 from gpusnap.instrument.loops import _DeferredCall
 from gpusnap.restore import fastforward, itemcheck, livecheck, replay
@@ -617,6 +617,35 @@ def test_an_order_is_not_drawn_again_unless_the_merged_sampler_is_the_one_the_ru
     assert it._sampler_iter is drawn  # the order stays the one fast-forward drew: the witness judges it
 
 
+@pytest.mark.parametrize("wrap", ["loader", "enumerate", "zip"])
+@pytest.mark.parametrize("lengths", [(24, 24), (16, 28)], ids=["same-length", "other-length"])
+def test_a_loop_whose_replay_took_another_loader_than_the_run_is_made_again_from_the_run_s(wrap, lengths):
+    """Federated averaging: ``for xb, yb in loaders[c]`` for a client ``c`` drawn each round. The
+    replay runs the round's prefix with setup's random states and positions another client's
+    loader; once the merge has put back ``c``, ``rebase`` makes the loop's iterator (the same
+    object) again from the run's loader, from the states the replay's was made from."""
+    clients = [DataLoader(TensorDataset(torch.arange(n) * (c + 1)), batch_size=4, shuffle=True)
+               for c, n in enumerate(lengths)]
+
+    def source(loader):
+        if wrap == "enumerate":
+            return _DeferredCall(builtins.enumerate, (loader,), {})
+        return loader if wrap == "loader" else _DeferredCall(builtins.zip, (range(100), loader), {})
+
+    assert iterators.loaders_in(source(clients[1])) == [clients[1]]
+    note, items = _deferred_original(source(clients[1]))
+    ctx = fastforward.Context()
+    it, _ = fastforward.iterator_at(source(clients[0]), 2, note, ctx)
+    (remake,) = ctx.remakes
+    assert remake.loader is clients[0]
+    torch.manual_seed(99)  # the merge put back other states: kept
+    after_merge = torch.get_rng_state()
+    assert remake.rebase(clients[1]) is None
+    assert torch.equal(torch.get_rng_state(), after_merge)
+    rest = list(it)
+    assert len(rest) == len(items) - 2 and all(_same(a, b) for a, b in zip(rest, items[2:]))
+
+
 def test_samplers_the_replay_makes_as_the_run_did_need_no_new_order(tmp_path):
     """A shuffled loader, a distributed sampler, a sampler over another dataset of the same length:
     datasets count by type and length, generators not at all."""
@@ -627,7 +656,7 @@ def test_samplers_the_replay_makes_as_the_run_did_need_no_new_order(tmp_path):
         assert note.get("sampler")
         ctx = fastforward.Context()
         fastforward.iterator_at(make(), 2, note, ctx)
-        assert ctx.remakes == []
+        assert [remake.want for remake in ctx.remakes] == [None]  # settled after the merge: no new order
 
 
 class Relabelled(Dataset):

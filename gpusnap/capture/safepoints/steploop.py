@@ -231,9 +231,12 @@ def describe_source(loop, source):
     if _inside_step_body(loop):
         return None
     try:
-        return _note_source(source)
+        note = _note_source(source)
     except Exception:  # an adapter that cannot read this source: consumed, and checked, on replay
         return {"kind": "iter", "rng": rng.compact()}
+    if note is not None and (found := iterators.loaders_in(source)):
+        loop.loaders = found  # held while the loop runs: an inline DataLoader(...) lives no longer
+    return note
 
 
 def _inside_step_body(loop) -> bool:
