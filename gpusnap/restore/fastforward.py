@@ -534,15 +534,23 @@ def start(it):
 
 
 def start_skipping(it, ctx: Context | None = None, at: tuple = (), remake_of: tuple | None = None) -> None:
-    """``remake_of``: ``_remake_of``'s, for the merge to settle (``Context.remakes``)."""
+    """``remake_of``: ``_remake_of``'s, for the merge to settle (``Context.remakes``). A loader
+    shorter than the batches to skip is then the merge's to judge too: the run's loop may have
+    iterated another (``Remake.short``)."""
     sampler_iter = getattr(it, "_sampler_iter", None)
     if isinstance(sampler_iter, _SkipIter):
-        sampler_iter.start()
+        short = None
+        try:
+            sampler_iter.start()
+        except FastForwardError as exc:
+            if remake_of is None or ctx is None:
+                raise
+            short = exc.message
         it._sampler_iter = sampler_iter._it  # positioned: the iterator is as if it had taken those batches
         if sampler_iter.draws and ctx is not None:
             ctx.consumed.append(Consumed(at, NO_ITEM, True))
         if remake_of is not None and ctx is not None:
-            ctx.remakes.append(Remake(*remake_of, it, sampler_iter._skip, sampler_iter.drawn_from))
+            ctx.remakes.append(Remake(*remake_of, it, sampler_iter._skip, sampler_iter.drawn_from, short))
 
 
 # -- a sampler the replay made from other state ----------------------------------------------------
@@ -605,14 +613,16 @@ class Remake:
     """A DataLoader iterator that fast-forward positioned by its batch sampler, settled after the
     merge (``restore.replay``): its loader, the run's sampler digest where the replay's sampler
     differed as the loop started (None: the same), the loop's note of the loader, the global
-    random states before ``iter()``, the iterator, the batches it skipped, and the random states
-    before its order was drawn (global, and the samplers' generators)."""
+    random states before ``iter()``, the iterator, the batches it skipped, the random states
+    before its order was drawn (global, and the samplers' generators), and why it could not
+    skip them (None: it did; else a refusal, unless the run's loop iterated another loader)."""
 
-    __slots__ = ("loader", "want", "note", "before_iter", "it", "skip", "drawn_from")
+    __slots__ = ("loader", "want", "note", "before_iter", "it", "skip", "drawn_from", "short")
 
-    def __init__(self, loader, want: str | None, note: dict, before_iter, it, skip: int, drawn_from: tuple):
+    def __init__(self, loader, want: str | None, note: dict, before_iter, it, skip: int, drawn_from: tuple,
+                 short: str | None = None):
         self.loader, self.want, self.note, self.before_iter = loader, want, note, before_iter
-        self.it, self.skip, self.drawn_from = it, skip, drawn_from
+        self.it, self.skip, self.drawn_from, self.short = it, skip, drawn_from, short
 
     def redraw(self) -> str | None:
         """After the merge: the order drawn again, from the merged sampler and the same states,

@@ -12,7 +12,10 @@
 - numpy and CuPy arrays in place; ``random.Random``, numpy ``Generator`` and ``torch.Generator`` by state;
 - a cuda.core Buffer: the snapshot's bytes copied into the live Buffer (another size is a
   ``StateMismatch``); one the replay lacks is made and filled (``restore.corebuffers``);
-- a live-only placeholder keeps the live object; so does an object that could not be rebuilt,
+- a live-only placeholder keeps a live object: where the run held it at several places and the
+  replay holds other objects there (``loader = hard_loader`` made from state the replay skipped),
+  the one live object for all of them, settled in ``finish`` (``_match_live_only``); so does an
+  object that could not be rebuilt,
   with what the snapshot gave it after its constructor merged in (a ``functools.partial``'s
   function, arguments and keywords; a ``defaultdict``'s entries) or a ``StateMismatch`` where
   it held more than that; where the replayed program has no object at that place (inside a
@@ -89,6 +92,17 @@ class _Pending:
         self.snap, self.path = snap, path
 
 
+class _LivePlace(_Pending):
+    """A place of a stateless live-only placeholder, and the live object the replay holds there:
+    what it settles to until ``finish`` has matched the placeholder to one live object."""
+
+    __slots__ = ("live",)
+
+    def __init__(self, snap, path, live):
+        super().__init__(snap, path)
+        self.live = live
+
+
 class Merger(KindMerges):
     """``write_device(address, data, host)`` copies bytes into the program's device or pinned
     memory (``stage.device.write_device_memory``, which boot hands down): cuda.core Buffers need it."""
@@ -108,6 +122,7 @@ class Merger(KindMerges):
         self._fixups: list = []  # (container, key, _Pending): slots that wait for finish()
         self._building: set[int] = set()  # snapshot tuples whose items are being merged
         self._live_only: dict[int, object] = {}  # id(LiveOnly) -> the live object first placed for it
+        self._live_only_at: dict[int, list] = {}  # id(stateless LiveOnly) -> the live objects at its places
         self._state_merged: set[int] = set()  # ids of the LiveFunctions and LiveObjects merged
         self._generator_locals: list = []  # (suspended generator frame, merged locals) for finish()
         self.path: Path | str = ""  # the place being merged, for errors raised outside the merger
@@ -135,6 +150,7 @@ class Merger(KindMerges):
         """Merge the object-keyed dicts whose keys were not aligned when first met, settle the
         places that waited, point adopted objects at the live counterparts of what they refer
         to, then make the tensors that shared memory in the run share it again."""
+        self._match_live_only()
         self._merge_deferred()
         while self._fixups:
             fixups, self._fixups = self._fixups, []
@@ -158,7 +174,23 @@ class Merger(KindMerges):
 
     def _settle(self, pending: _Pending):
         found = self.aligned.get(id(pending.snap), _MISSING)
+        if found is _MISSING and isinstance(pending, _LivePlace):
+            return pending.live  # before finish (a tuple's item cannot wait)
         return found if found is not _MISSING else self._adopt(pending.snap, pending.path)
+
+    def _match_live_only(self) -> None:
+        """Each stateless live-only placeholder stands for one live object at all its places, as
+        the run's object did. Where the replay holds other objects at some of them (the body of
+        a loop it skipped chose ``loader = hard_loader``, the replay's prefix ``easy_loader``),
+        the one the replay holds for this placeholder alone wins: ``easy_loader`` is another
+        placeholder's too. Else the first placed (the replay's own, where it is one object)."""
+        claims: dict[int, set[int]] = {}
+        for sid, lives in self._live_only_at.items():
+            for live in lives:
+                claims.setdefault(id(live), set()).add(sid)
+        for sid, lives in self._live_only_at.items():
+            own = [live for live in lives if claims[id(live)] == {sid}]
+            self.aligned[sid] = own[0] if own else lives[0]
 
     def _merge_deferred(self) -> None:
         while self._deferred:
@@ -213,6 +245,10 @@ class Merger(KindMerges):
                 live = self._live_only.get(id(snap))
             elif isinstance(snap, LiveOnly):
                 self._live_only.setdefault(id(snap), live)
+                if not isinstance(snap, _WITH_STATE):
+                    self._live_only_at.setdefault(id(snap), []).append(live)
+                    self._keep.append(snap)
+                    return _LivePlace(snap, path, live)
             if live is None and isinstance(snap, LiveOnly):
                 _name_place(snap, path)
             if live is None and (isinstance(snap, Unbuilt) or path.depth > 1):

@@ -125,6 +125,9 @@ class Replay:
         self._sources[self.cursor - 1] = it
         self._loop_loaders[self.cursor - 1] = iterators.loaders_in(iterable)
         self._remakes += [(want, remake) for remake in ctx.remakes]
+        short = next((remake.short for remake in ctx.remakes if remake.short), None)
+        if short and not innermost:  # its body would run on an ended iterator before any merge
+            raise FastForwardError(short)
         loop.index = skip
         if innermost:
             self._judge(want, itemcheck.verify(ctx.consumed, want.get("check")))
@@ -344,10 +347,13 @@ class Replay:
                 if why is None:
                     _say(f"made the iterator of loop {self.name(want)} again from the run's DataLoader (the replay's "
                          "loop took another one, chosen by state the iterations it skipped changed)", level=1)
-                else:
+                    continue
+                if not remake.short:
                     _say(f"kept the DataLoader of loop {self.name(want)}, though the run's loop iterated another: "
                          f"{why}; the witness compares what it yields", level=1)
-                continue
+                    continue
+            if remake.short:  # the replay's loader has fewer batches than the run had taken
+                fail(FastForwardError(f"fast-forward of loop {self.name(want)}: {remake.short}"))
             if remake.want is None:
                 continue
             why = remake.redraw()

@@ -14,7 +14,8 @@ cross-validation with a model made per fold; a pipeline of chained generators ov
 shards; an EMA over a checkpointed, autocast model; state on a script's classes and
 functions, and in closures bound to its globals; a DP-SGD by hand with torch.func; lazy modules
 materialized in the first step; a best state that shares the parameters' memory; losses summed over an accumulation window;
-federated averaging over clients drawn each round) continue
+federated averaging over clients drawn each round;
+a curriculum that switches loaders by its accuracies; sharpness-aware minimization) continue
 with the same bytes after a kill: each is run uninterrupted, and again under `gpusnap run` with
 SIGUSR1 at a random step, kill -9 of the whole process group a few steps later, then `gpusnap
 restart`. One seed per program by default (printed; pytest shows it on failure);
@@ -105,6 +106,14 @@ CORPUS = {
     # prefix draws other clients, so its loop took another loader (refused by the witness, 2 of 6,
     # until the iterator was made again from the run's after the merge; seed 1 is one of them)
     "fedavg": ("fedavg.py", []),
+    # the same choice from a list of accuracies, past the switch: the replay's prefix takes the easy
+    # loader, the run's loop the hard one. Once that loop's iterator was made again from the run's
+    # loader, `loader` itself stayed the replay's: "verified", and the epoch's mean over the other
+    # dataset (1 of 3) until a live-only object stood for one live object at all its places
+    "curriculum_switch-by-history": ("curriculum_switch.py", ["--by-history"], 13, "gpusnap: fast-forward "),
+    # SAM: an Optimizer subclass wrapping a base optimizer, whose momentum torch's __getstate__ left
+    # out of the snapshot (refused by its witness, 3 of 3, until an optimizer's own attributes were kept)
+    "sam_optimizer": ("sam_optimizer.py", []),
 }
 MORE = {
     # past the first epoch: a dataset whose pseudo-labels each epoch's end rewrites, loaded in the
@@ -210,6 +219,16 @@ MORE = {
     "maml_sine": ("maml_sine.py", []),
     # (a heap of deep-copied best states, a deque, lru_cache, ReduceLROnPlateau: best_state_alias)
     "topk_soup": ("topk_soup.py", []),
+    # past the switch to the hard loader: the epoch loop's scalar locals give the replay's prefix
+    # the run's accuracy, and it chooses as the run did
+    "curriculum_switch": ("curriculum_switch.py", [], 13, "gpusnap: fast-forward "),
+    # rotating its own checkpoints with glob and os.remove, a metrics CSV reopened each step
+    # (files_loop and resumes_itself cover the file journal)
+    "rotating_checkpoints": ("rotating_checkpoints.py", []),
+    # float16 autocast on the CPU, a GradScaler that skips overflowing steps (tensor_kinds' scaler never skips)
+    "amp_skips": ("amp_skips.py", []),
+    "multitask_iters": ("multitask_iters.py", []),
+    "adaptive_inner": ("adaptive_inner.py", []),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)

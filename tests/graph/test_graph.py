@@ -376,6 +376,65 @@ def test_which_leaves_train_and_what_the_program_set_on_them_merge_into_the_repl
     assert live["backbone"].unfrozen_at == 4 and torch.equal(live["backbone"], unfrozen)
 
 
+class Wrapping(torch.optim.Optimizer):
+    """Sharpness-aware minimization's shape: a base optimizer in an attribute, sharing its groups."""
+
+    def __init__(self, params, **kwargs):
+        super().__init__(params, dict(rho=0.05, **kwargs))
+        self.base_optimizer = torch.optim.SGD(self.param_groups, **kwargs)
+        self.param_groups = self.base_optimizer.param_groups
+
+
+def test_what_an_optimizer_subclass_adds_is_in_the_snapshot_though_torch_s_getstate_leaves_it_out(tmp_path):
+    """Optimizer.__getstate__ keeps defaults, state and param_groups: a SAM optimizer's base
+    optimizer, and its momentum, were not in the snapshot, and a restart stepped from the replay's
+    fresh buffers (refused by its witness, 3 of 3)."""
+    import gpusnap.frameworks.optimizers  # noqa: F401 - registers what the snapshot keeps of optimizers
+
+    def made(seed):
+        torch.manual_seed(seed)
+        layer = torch.nn.Linear(3, 2)
+        return layer, Wrapping(layer.parameters(), lr=0.1, momentum=0.9)
+
+    layer, optimizer = made(0)
+    for _ in range(3):
+        layer(torch.randn(4, 3)).sum().backward()
+        optimizer.base_optimizer.step()
+    snap, _ = snapshot_and_load(tmp_path, {"layer": layer, "optimizer": optimizer})
+    live_layer, live = made(0)
+    merger = Merger()
+    values = {name: merger.value({"layer": live_layer, "optimizer": live}[name], snap[name], f"locals.{name}") for name in snap}
+    merger.finish()
+    assert merger.settled(values["optimizer"]) is live and live.param_groups is live.base_optimizer.param_groups
+    for p, q in zip(layer.parameters(), live_layer.parameters()):
+        assert torch.equal(optimizer.base_optimizer.state[p]["momentum_buffer"], live.base_optimizer.state[q]["momentum_buffer"])
+
+
+@pytest.mark.parametrize("order", [("easy", "hard", "loader"), ("loader", "easy", "hard"), ("easy", "loader", "hard")])
+def test_a_live_only_object_the_run_held_at_two_places_is_one_live_object_after_the_merge(tmp_path, order):
+    """A curriculum chose `loader = hard_loader` in an epoch the replay skipped; the replay's
+    prefix, from setup's accuracies, chose `easy_loader`. DataLoaders are live-only: the merge
+    kept the replay's object at each place, `loader` stayed the easy one, and a restart that said
+    "verified" reported its epoch's mean loss over the other dataset. Whatever the order of the
+    places, the run's sharing is kept: the live object that stands for this placeholder alone."""
+    from torch.utils.data import DataLoader
+
+    from gpusnap.graph.load import LiveOnly
+
+    snap_hard = DataLoader(range(10))
+    snap, _ = snapshot_and_load(tmp_path, {"easy": DataLoader(range(6)), "hard": snap_hard, "loader": snap_hard})
+    assert isinstance(snap["loader"], LiveOnly) and snap["loader"] is snap["hard"]
+    live = {"easy": DataLoader(range(6)), "hard": DataLoader(range(10))}
+    live["loader"] = live["easy"]
+    merger = Merger()
+    values = {name: merger.value(live[name], snap[name], f"locals.{name}") for name in order}
+    merger.finish()
+    values = {name: merger.settled(value) for name, value in values.items()}
+    assert values["easy"] is live["easy"] and values["hard"] is live["hard"]
+    assert values["loader"] is live["hard"]
+    assert merger.counterpart(snap["loader"]) is live["hard"]
+
+
 @pytest.mark.parametrize("order", [("model", "params", "view"), ("params", "view", "model")])
 def test_places_the_replay_made_share_memory_that_the_run_held_apart_get_the_run_s_bytes_each(tmp_path, order):
     """`params = {k: v.detach() for k, v in model.named_parameters()}`, then each step rebinds

@@ -618,12 +618,14 @@ def test_an_order_is_not_drawn_again_unless_the_merged_sampler_is_the_one_the_ru
 
 
 @pytest.mark.parametrize("wrap", ["loader", "enumerate", "zip"])
-@pytest.mark.parametrize("lengths", [(24, 24), (16, 28)], ids=["same-length", "other-length"])
+@pytest.mark.parametrize("lengths", [(24, 24), (16, 28), (8, 28)], ids=["same-length", "other-length", "replay-s-shorter"])
 def test_a_loop_whose_replay_took_another_loader_than_the_run_is_made_again_from_the_run_s(wrap, lengths):
     """Federated averaging: ``for xb, yb in loaders[c]`` for a client ``c`` drawn each round. The
     replay runs the round's prefix with setup's random states and positions another client's
     loader; once the merge has put back ``c``, ``rebase`` makes the loop's iterator (the same
-    object) again from the run's loader, from the states the replay's was made from."""
+    object) again from the run's loader, from the states the replay's was made from. A replay's
+    loader with fewer batches than the run had taken is judged then too (``short``), not refused
+    before the merge."""
     clients = [DataLoader(TensorDataset(torch.arange(n) * (c + 1)), batch_size=4, shuffle=True)
                for c, n in enumerate(lengths)]
 
@@ -635,15 +637,15 @@ def test_a_loop_whose_replay_took_another_loader_than_the_run_is_made_again_from
     assert iterators.loaders_in(source(clients[1])) == [clients[1]]
     note, items = _deferred_original(source(clients[1]))
     ctx = fastforward.Context()
-    it, _ = fastforward.iterator_at(source(clients[0]), 2, note, ctx)
+    it, _ = fastforward.iterator_at(source(clients[0]), 3, note, ctx)
     (remake,) = ctx.remakes
-    assert remake.loader is clients[0]
+    assert remake.loader is clients[0] and bool(remake.short) == (lengths[0] < 3 * 4)
     torch.manual_seed(99)  # the merge put back other states: kept
     after_merge = torch.get_rng_state()
     assert remake.rebase(clients[1]) is None
     assert torch.equal(torch.get_rng_state(), after_merge)
     rest = list(it)
-    assert len(rest) == len(items) - 2 and all(_same(a, b) for a, b in zip(rest, items[2:]))
+    assert len(rest) == len(items) - 3 and all(_same(a, b) for a, b in zip(rest, items[3:]))
 
 
 def test_samplers_the_replay_makes_as_the_run_did_need_no_new_order(tmp_path):

@@ -99,8 +99,10 @@ WHOLE_STATE: set[str] = set()
 # iterations that made some of them, cannot hold alike (accelerate's list of every DataLoader it
 # prepared, the evaluations' included).
 REPLAYED_ATTRS: dict[str, frozenset[str]] = {}
-# "module.Qualname" -> a function of the object giving attributes to save beside its state: what
-# the object knows only through a C++ part its __getstate__ leaves out (DDP's gradient buckets).
+# "module.Qualname" (any class in the MRO) -> a function of the object giving attributes to save
+# beside its state: what the object knows only through a C++ part its __getstate__ leaves out
+# (DDP's gradient buckets), or what a subclass added that its base's __getstate__ leaves out (an
+# optimizer's base optimizer).
 EXTRA_STATE: dict[str, object] = {}
 # "module.Qualname" of a library's generator -> the locals that hold what it fetched ahead of what
 # it yielded (accelerate's DataLoaderShard collates one batch ahead): part of the program's state,
@@ -108,6 +110,7 @@ EXTRA_STATE: dict[str, object] = {}
 # restore writes them into the replay's generator, which livecheck has put at the same place.
 FETCHED_AHEAD: dict[str, tuple[str, ...]] = {}
 _replayed_attrs_of: dict[type, frozenset[str]] = {}
+_extra_state_of: dict[tuple, object] = {}
 
 
 def _replayed_attrs(cls) -> frozenset[str]:
@@ -115,6 +118,15 @@ def _replayed_attrs(cls) -> frozenset[str]:
     if found is None:
         names = (REPLAYED_ATTRS.get(f"{k.__module__}.{k.__qualname__}", ()) for k in cls.__mro__)
         found = _replayed_attrs_of[cls] = frozenset().union(*names)
+    return found
+
+
+def _extra_state(cls):
+    key = (cls, len(EXTRA_STATE))  # a framework registered later is seen
+    found = _extra_state_of.get(key, _extra_state_of)
+    if found is _extra_state_of:
+        names = (f"{k.__module__}.{k.__qualname__}" for k in cls.__mro__)
+        found = _extra_state_of[key] = next((EXTRA_STATE[name] for name in names if name in EXTRA_STATE), None)
     return found
 
 
@@ -253,7 +265,7 @@ class GraphPickler(BufferReducers, pickle.Pickler):
             rv = reducer(obj) if reducer is not None else obj.__reduce_ex__(PROTOCOL)
             if WHOLE_STATE and _is_named(type(obj), WHOLE_STATE) and isinstance(rv, tuple) and len(rv) > 2 and isinstance(rv[2], dict):
                 rv = (*rv[:2], dict(vars(obj)), *rv[3:])
-            extra = EXTRA_STATE.get(f"{type(obj).__module__}.{type(obj).__qualname__}") if EXTRA_STATE else None
+            extra = _extra_state(type(obj)) if EXTRA_STATE else None
             if extra is not None and isinstance(rv, tuple) and len(rv) > 2 and isinstance(rv[2], dict):
                 rv = (*rv[:2], {**rv[2], **extra(obj)}, *rv[3:])
             if REPLAYED_ATTRS and isinstance(rv, tuple) and len(rv) > 2 and isinstance(rv[2], dict) and _replayed_attrs(type(obj)):

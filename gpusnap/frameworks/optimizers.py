@@ -1,0 +1,38 @@
+"""torch.optim optimizers: what their pickled state leaves out.
+
+``Optimizer.__getstate__`` keeps ``defaults``, ``state`` and ``param_groups`` alone, what torch
+needs to send a copy elsewhere, and a subclass that does not write its own inherits it: the
+attributes the subclass added are left out with whatever they hold. Sharpness-aware
+minimization written as people write it wraps a base optimizer in such an attribute
+(``tests/programs/corpus/sam_optimizer.py``): the snapshot held none of the base's momentum, and
+a restart stepped from the replay's fresh buffers (refused by its witness, 3 of 3). The snapshot
+keeps every attribute that a torch optimizer does not set itself, where the class's
+``__getstate__`` is torch's (a framework's optimizer class that writes its own decides for
+itself).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from gpusnap.capture.pickling import pickler
+
+
+def _own_attributes(optimizer) -> dict:
+    import torch
+
+    if type(optimizer).__getstate__ is not torch.optim.Optimizer.__getstate__:
+        return {}
+    torch_sets = _set_by_torch()
+    return {name: value for name, value in vars(optimizer).items() if name not in torch_sets}
+
+
+@functools.cache
+def _set_by_torch() -> frozenset[str]:
+    """The attributes ``Optimizer.__init__`` sets, in this torch (the hook dicts change with it)."""
+    import torch
+
+    return frozenset(vars(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)))
+
+
+pickler.EXTRA_STATE["torch.optim.optimizer.Optimizer"] = _own_attributes
