@@ -16,7 +16,8 @@ ADAPTERS: dict = {}
 
 # A torch DataLoader iterator -> (weak reference to its DataLoader, the global RNG states (raw,
 # ``rng.compact()``), the loader's own generator state and its samplers' (``sampler_generators``)
-# when ``iter()`` made it). The capture
+# when ``iter()`` made it, and a list holding the same states when it took its first index, or
+# None before). The capture
 # agent wraps ``DataLoader.__iter__`` to fill it: a program that makes its iterator again inside
 # its loop (``it = iter(loader)`` when the last one ran out) holds one that the replay, which
 # skips that iteration, never made; restore makes it anew from these (``restore.livecheck``).

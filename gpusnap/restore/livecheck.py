@@ -37,6 +37,7 @@ reported as phrases; replay refuses (``--force``: warns).
 from __future__ import annotations
 
 import ast
+import contextlib
 import gc
 import inspect
 import re
@@ -148,8 +149,9 @@ def position_loader_iter(live, info: dict, path: str, say, scene: Scene | None =
 
         try:
             if live._dataset_kind == _DatasetKind.Map and live._num_workers == 0:
-                for _ in range(behind):
-                    live._next_index()  # indices only: no sample is loaded
+                with _drawing_as_the_run(live, info):
+                    for _ in range(behind):
+                        live._next_index()  # indices only: no sample is loaded
                 live._num_yielded += behind
                 how = "through its index sampler"
             else:
@@ -163,6 +165,32 @@ def position_loader_iter(live, info: dict, path: str, say, scene: Scene | None =
     if saved and fingerprint(live._sampler_iter, strict=False) != saved:
         return f"found the DataLoader iterator at {path} with its sampler elsewhere than in the run that took the snapshot"
     return None
+
+
+@contextlib.contextmanager
+def _drawing_as_the_run(live, info: dict):
+    """While open, a replay's iterator that has not taken an index yet takes its first one from
+    the states the run's took its first from (``first_draw``): an iterator made in setup and
+    advanced by hand (one per task of a multi-task run) drew its sampler's seed in an iteration
+    the replay skipped. The global states are put back on exit; the loader's generators stay
+    where the draws left them, as in the run."""
+    first = info.get("first_draw")
+    if first is None or live._num_yielded:
+        yield
+        return
+    from gpusnap.graph import rng
+    from gpusnap.graph.iterators import LOADER_ITERS
+
+    made = LOADER_ITERS.get(live)
+    loader = made[0]() if made is not None else None
+    kept = rng.capture()
+    rng.restore_json(first["rng"])
+    if loader is not None:
+        put_generators(loader, first.get("generator"), first.get("samplers") or [])
+    try:
+        yield
+    finally:
+        rng.restore(kept)
 
 
 def _made_again(live, info: dict, path: str, scene: Scene):
@@ -184,7 +212,11 @@ def _made_again(live, info: dict, path: str, scene: Scene):
     if new._base_seed != info["base_seed"]:
         return None, f"made the DataLoader iterator at {path} again, and it drew another seed than in the run that took the snapshot"
     if by_sampler:
-        fastforward.start(new)
+        first = info.get("first_draw")
+        if first and info["yielded"]:  # the run took its first batch later than iter(): its order drew from then
+            rng.restore_json(first["rng"])
+            put_generators(loader, first.get("generator"), first.get("samplers") or [])
+        fastforward.start(new)  # (skipping no batch draws nothing)
     else:  # an iterable-style dataset, or workers that draw random numbers: take the batches
         for _ in range(info["yielded"]):
             if next(new, _MISSING) is _MISSING:

@@ -227,7 +227,10 @@ MORE = {
     "rotating_checkpoints": ("rotating_checkpoints.py", []),
     # float16 autocast on the CPU, a GradScaler that skips overflowing steps (tensor_kinds' scaler never skips)
     "amp_skips": ("amp_skips.py", []),
-    "multitask_iters": ("multitask_iters.py", []),
+    # one iterator per task made in setup, advanced by hand for a task drawn each step, and made
+    # again when it runs out, past the first remakes: refused, 3 of 3, until the states of each
+    # iterator's first index were kept
+    "multitask_iters": ("multitask_iters.py", ["--steps", "70"], 30, "gpusnap: fast-forward "),
     "adaptive_inner": ("adaptive_inner.py", []),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":

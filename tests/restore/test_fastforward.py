@@ -510,6 +510,36 @@ def test_a_dataloader_iterator_advanced_by_hand_is_put_back(tmp_path):
     assert livecheck.check(entries, [], {"m": {"it": other}}, {id(other)}, said.append) == []  # a loop's own
 
 
+def test_an_iterator_made_in_setup_and_first_advanced_inside_the_loop_takes_its_order_from_then(tmp_path, monkeypatch):
+    """Multi-task training keeps one iterator per task, made in setup, and advances each by hand
+    when its task is drawn: a RandomSampler draws its order's seed at its first next(), from the
+    states of that iteration, which a replay that skips it never has (refused, 3 of 3: "with its
+    sampler elsewhere"). The run notes the states of each iterator's first index; positioning
+    draws from them."""
+    module = torch.utils.data.dataloader
+    monkeypatch.setattr(module.DataLoader, "__iter__", module.DataLoader.__iter__)  # put back after
+    monkeypatch.setattr(module._BaseDataLoaderIter, "_next_index", module._BaseDataLoaderIter._next_index)
+    monkeypatch.setattr(module._BaseDataLoaderIter, "__next__", module._BaseDataLoaderIter.__next__)
+    steploop._note_loader_iters(module)  # what the capture agent installs
+    log = str(tmp_path / "loads")
+    torch.manual_seed(2)
+    it = iter(_make_loader(log, True, 0, False, 4))  # (the loader gone: the global states alone)
+    torch.rand(5)  # the loop's draws before this task's first turn
+    seen = [next(it) for _ in range(3)]
+    info = json.loads(json.dumps(loopnotes.describe(it)))
+    assert info["first_draw"]["rng"] != info["made_with"]["rng"]
+    rest = list(it)
+    entries = [{"path": "globals[m].it", "type": "x", "iterator": info}]
+
+    torch.manual_seed(2)
+    again = iter(_make_loader(log, True, 0, False, 4))  # the replay's, made in setup: no index taken
+    after_merge = torch.get_rng_state()
+    said = []
+    assert livecheck.check(entries, [], {"m": {"it": again}}, set(), said.append) == []
+    assert torch.equal(torch.get_rng_state(), after_merge)
+    assert all(_same(a, b) for a, b in zip(list(again), rest)) and len(seen) == 3
+
+
 def test_generators_held_in_state_must_stand_where_they_stood():
     def gen():
         yield from range(5)

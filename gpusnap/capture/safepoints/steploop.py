@@ -72,7 +72,8 @@ def _hook_optimizers(module) -> None:
 
 
 def _note_loader_iters(module) -> None:
-    """Every ``iter(loader)`` notes the RNG states it starts from (``iterators.LOADER_ITERS``)."""
+    """Every ``iter(loader)`` notes the RNG states it starts from, and its first index the states
+    its sampler draws its order from (``iterators.LOADER_ITERS``)."""
     loader_iter = module.DataLoader.__iter__
 
     @functools.wraps(loader_iter)
@@ -82,16 +83,25 @@ def _note_loader_iters(module) -> None:
         witness.loader_made()
         if self.persistent_workers and self.num_workers > 0:
             workers.make_state_dir()  # before its workers fork: they leave their RNG states there
-        made_with = (rng.compact(), self.generator.get_state() if self.generator is not None else None,
-                     iterators.sampler_generators(self))
+        made_with = _loader_states(self)
         it = loader_iter(self)
         try:
-            iterators.LOADER_ITERS[it] = (weakref.ref(self), made_with)
+            iterators.LOADER_ITERS[it] = (weakref.ref(self), made_with, [None])
         except TypeError:  # an iterator that takes no weak reference: nothing to make again
             pass
         return it
 
     module.DataLoader.__iter__ = __iter__
+
+    loader_next_index = module._BaseDataLoaderIter._next_index
+
+    @functools.wraps(loader_next_index)
+    def _next_index(self):
+        if not self._num_yielded:  # (a worker iterator's prefetch at iter() too: the same states)
+            _note_first_draw(self)
+        return loader_next_index(self)
+
+    module._BaseDataLoaderIter._next_index = _next_index
 
     loader_next = module._BaseDataLoaderIter.__next__
 
@@ -102,6 +112,22 @@ def _note_loader_iters(module) -> None:
         return batch
 
     module._BaseDataLoaderIter.__next__ = __next__
+
+
+def _loader_states(loader) -> tuple:
+    """The global RNG states, the loader's generator's and its samplers' (``iterators.LOADER_ITERS``)."""
+    return (rng.compact(), loader.generator.get_state() if loader.generator is not None else None,
+            iterators.sampler_generators(loader))
+
+
+def _note_first_draw(it) -> None:
+    """A RandomSampler draws its order's seed at its first ``next()``, not at ``iter()``: an
+    iterator made in setup and advanced by hand inside the loop (one per task of a multi-task
+    run) drew it from the states of that iteration, which a replay that skips it never has."""
+    made = iterators.LOADER_ITERS.get(it)
+    if made is not None and made[2][0] is None:
+        loader = made[0]()  # (an iter(DataLoader(...)) holds no loader: the global states alone)
+        made[2][0] = _loader_states(loader) if loader is not None else (rng.compact(), None, [])
 
 
 def _start_method(loader) -> str:

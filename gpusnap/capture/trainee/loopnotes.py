@@ -164,6 +164,16 @@ def _digest_entry(value, at: tuple, read) -> dict:
     return {"at": list(at), "digest": hexdigest, "why": why}
 
 
+def _states_json(states: tuple, read) -> dict:
+    """``LOADER_ITERS``' states as a note holds them."""
+    global_states, generator, samplers = states
+    return {
+        "rng": rng.to_json(global_states, read),
+        "generator": rng.tensor_json(generator, read) if generator is not None else None,
+        "samplers": [[i, name, rng.tensor_json(state, read)] for i, name, state in samplers],
+    }
+
+
 def describe(obj, read=None, active_loops=()) -> dict | None:
     """Where a live-only iterator stands (None: ``obj`` is no iterator). ``active_loops``: the
     loops that were running (a suspended generator's among them)."""
@@ -201,12 +211,9 @@ def _describe(obj, read, active_loops=()):
             info["worker_rng"] = states
         made = LOADER_ITERS.get(obj)
         if made is not None:
-            states, generator, samplers = made[1]
-            info["made_with"] = {
-                "rng": rng.to_json(states, read),
-                "generator": rng.tensor_json(generator, read) if generator is not None else None,
-                "samplers": [[i, name, rng.tensor_json(state, read)] for i, name, state in samplers],
-            }
+            info["made_with"] = _states_json(made[1], read)
+            if made[2][0] is not None:
+                info["first_draw"] = _states_json(made[2][0], read)
         return info
     if _is_iterator(obj):
         return {"kind": "iterator"}
