@@ -627,9 +627,22 @@ def _check_first_iteration(replay: Replay, escaped) -> None:
         fail(RestoreError(
             f"the program stopped with {_one_line(escaped)} in its first iteration after snapshot {replay.snap_id} "
             f"was merged at {_short(loop.where())}",
+            _STALE_GRAPH_HINT if any(text in str(escaped) for text in _STALE_GRAPH) else
             "the restored state may lack something the program needs (please report this); `gpusnap inspect DIR` "
             "shows what the snapshot holds, --snapshot ID restores an earlier one",
         ))
+
+
+# What torch says when a backward meets a graph that the replay built before the merge: the merge
+# wrote the weights it saved (a loss computed before an inner loop that steps on it,
+# tests/programs/corpus/adaptive_inner.py). A snapshot holds no autograd graph.
+_STALE_GRAPH = ("modified by an inplace operation", "backward through the graph a second time")
+_STALE_GRAPH_HINT = (
+    "the iteration backpropagated a tensor computed before the loop boundary the snapshot was taken at "
+    "(a loss computed before an inner loop that steps on it): a snapshot holds no autograd graph, and the "
+    "replay built this one from the weights before the merge; compute it inside the loop that backpropagates "
+    "it, or restart from another snapshot with --snapshot ID"
+)
 
 
 _VERIFIED = {

@@ -231,7 +231,6 @@ MORE = {
     # again when it runs out, past the first remakes: refused, 3 of 3, until the states of each
     # iterator's first index were kept
     "multitask_iters": ("multitask_iters.py", ["--steps", "70"], 30, "gpusnap: fast-forward "),
-    "adaptive_inner": ("adaptive_inner.py", []),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)

@@ -190,6 +190,12 @@ EXACT_OR_REFUSED = {
     # that loop to its place consumes the generator, which trains. Refused by name, from any
     # snapshot (3 of 3 here); before, with a hint to try another snapshot, which fails the same way.
     "yielded_steps": ("yielded_steps.py", [], ("in the generator training_steps (programs/corpus/yielded_steps.py:",)),
+    # Steps on each batch while its loss is high, in a `while` whose condition and body share
+    # `loss`: at the while's boundary `loss` holds the graph the next iteration backpropagates,
+    # which a snapshot cannot hold; the replay builds it from the weights before the merge, and
+    # backward meets weights the merge wrote. Refused in the first iteration, with a hint (2 of
+    # 3 here; a snapshot taken where the next step recomputes the loss first restarts exactly).
+    "adaptive_inner": ("adaptive_inner.py", [], ("a snapshot holds no autograd graph",)),
     # A LambdaLR made again at a phase change in the epoch loop, its lambda over a local of main():
     # the replay runs the resumed epoch's prefix, so from the epoch that made it the restart is
     # exact; from a later epoch the replay holds setup's lambda there. The merge once put the
