@@ -71,6 +71,34 @@ def test_sigterm_snapshots_then_exits_with_the_preempted_code(tmp_path):
     assert_same(load_final(tmp_path / "ref"), load_final(out))
 
 
+@pytest.mark.parametrize("handler", ["flag", "exit-in-handler"])
+@pytest.mark.parametrize("to", ["job", "supervisor"])
+def test_a_program_s_own_sigterm_handler_runs_after_the_stop_snapshot_and_the_requeue_finishes(tmp_path, handler, to):
+    """A script that handles preemption itself (its SIGTERM handler sets a flag, or exits at
+    once). Sent to the whole job, as a scheduler does, the signal reached the program's handler
+    too, and the flag went into the stop snapshot: the requeued run stopped at the flag again,
+    exit 0, "verified", without finishing. gpusnap's handler stays; the program's runs after the
+    snapshot's fork, and its own stop ends the process with the preempted code."""
+    programs, out = programs_and_out(tmp_path)
+    args = ["--exit-in-handler"] if handler == "exit-in-handler" else []
+    (tmp_path / "ref").mkdir()
+    plain(programs / "corpus" / "graceful_exit.py", tmp_path / "ref", *args, cwd=tmp_path)
+    run = Run("run", "--dir", "snaps", programs / "corpus" / "graceful_exit.py", out, *args, cwd=tmp_path,
+              env={"TEST_STEP_SLEEP_S": "0.04"})
+    wait_for(lambda: progress(out) >= 12, "step 12", proc=run)
+    if to == "job":
+        os.killpg(run.proc.pid, signal.SIGTERM)
+    else:
+        run.signal(signal.SIGTERM)
+    code, _, err = run.wait()
+    assert code == EXIT_PREEMPTED, err
+    assert not (out / "final.pt").exists()
+    again = gpusnap("run", "--dir", "snaps", programs / "corpus" / "graceful_exit.py", out, *args, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "verified" in again.stderr
+    assert_same(load_final(tmp_path / "ref"), load_final(out))
+
+
 def test_a_writer_killed_mid_write_leaves_training_and_earlier_snapshots_alone(tmp_path):
     programs, out = programs_and_out(tmp_path)
     run = Run("run", "--dir", "snaps", programs / "big_state.py", out, 200, 256, cwd=tmp_path,

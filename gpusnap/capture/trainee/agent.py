@@ -30,7 +30,7 @@ import time
 
 from gpusnap import files, knobs, lifeline, stage
 from gpusnap.capture.safepoints import steploop
-from gpusnap.capture.trainee import children, control, pace, session
+from gpusnap.capture.trainee import children, control, handlers, pace, session
 from gpusnap.capture.trainee import witness as witnessing
 from gpusnap.capture.writer import fork
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, ChildRunning, StageError
@@ -70,6 +70,7 @@ def install(config: dict, note_source) -> None:
     from gpusnap.instrument.cache import cache_dir
 
     files.install(session.config, str(session.rundir.path), always_excluded=[d for d in (cache_dir(),) if d])
+    atexit.register(_exit_preempted_if_the_program_stopped)  # first: it runs last
     control.install_signals()
     control.connect(session.config.get("control"))
     steploop.install(note_source)
@@ -116,12 +117,22 @@ def _boundary(loop) -> None:
             coordinator.on_boundary(loop)
     elif control.requests:
         _on_boundary(loop)
+    if handlers.due() and not control.requests:  # the snapshot the signal asked for is forked
+        handlers.deliver(loop.frame, stop=witnessing.stopping())
     if witnessing.wants_boundaries() or (coordinator is not None and coordinator.wants_boundary()):
         loops.pending = True
     elif not control.requests:
         loops.pending = False
         if control.requests:  # a signal between the check and the store
             loops.pending = True
+
+
+def _exit_preempted_if_the_program_stopped() -> None:
+    """At exit, after the writer's wait: a program that stopped through its own SIGTERM handler,
+    given after a stop snapshot, stopped for the preemption, and requeued it goes on from that
+    snapshot (``handlers``)."""
+    if handlers.stopped_by_program:
+        fork.exit_now(EXIT_PREEMPTED if session.last_result.get("event") == "committed" else EXIT_PREEMPTED_UNSAVED)
 
 
 def _exit_after_stop() -> None:

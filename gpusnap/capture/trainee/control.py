@@ -26,7 +26,7 @@ import time
 import warnings
 
 from gpusnap import protocol
-from gpusnap.capture.trainee import session
+from gpusnap.capture.trainee import handlers, session
 from gpusnap.instrument import loops
 
 requests: list[tuple[str, bool]] = []  # (reason, stop) in arrival order
@@ -44,11 +44,23 @@ def connected() -> bool:
 def install_signals() -> None:
     name = session.config.get("signal") or "SIGUSR1"
     signum = getattr(signal, name if name.startswith("SIG") else "SIG" + name)
-    signal.signal(signum, lambda *_: request("signal"))
+    answered = {signum}
+
+    def on_signal(sig, frame):
+        request("signal")
+        handlers.heard(sig, frame)
+
+    signal.signal(signum, on_signal)
     # A rank of a torchrun job hears of SIGTERM from its supervisor; a SIGTERM of its own is
     # torchrun's agent ending the job (another rank died): it must end the rank at once.
     if session.config.get("on_term", "snapshot") == "snapshot" and not session.config.get("dist"):
-        signal.signal(signal.SIGTERM, lambda *_: request("term", stop=True))
+        def on_term(sig, frame):
+            request("term", stop=True)
+            handlers.heard(sig, frame)
+
+        signal.signal(signal.SIGTERM, on_term)
+        answered.add(signal.SIGTERM)
+    handlers.install(answered)  # the program's own handlers for these run after the snapshot
     # The supervisor starts us with both blocked, so that one sent while we booted waited for
     # these handlers (or, with --on-term exit, for SIGTERM's default action) instead of killing us.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum, signal.SIGTERM})
