@@ -123,6 +123,7 @@ class Merger(KindMerges):
         self._building: set[int] = set()  # snapshot tuples whose items are being merged
         self._live_only: dict[int, object] = {}  # id(LiveOnly) -> the live object first placed for it
         self._live_only_at: dict[int, list] = {}  # id(stateless LiveOnly) -> the live objects at its places
+        self._stands_for: dict[int, object] = {}  # id(live object) -> the snapshot object it was aligned with first
         self._state_merged: set[int] = set()  # ids of the LiveFunctions and LiveObjects merged
         self._generator_locals: list = []  # (suspended generator frame, merged locals) for finish()
         self.path: Path | str = ""  # the place being merged, for errors raised outside the merger
@@ -229,6 +230,7 @@ class Merger(KindMerges):
 
     def _align(self, snap, result, path: Path):
         self.aligned[id(snap)] = result
+        self._stands_for.setdefault(id(result), snap)
         self._keep.append(snap)
         self._first_path[id(snap)] = path
         return result
@@ -298,6 +300,11 @@ class Merger(KindMerges):
                 return _Steps(self._merge_attrs(live, snap.__dict__, path))
             return merged
         if live is None or type(live) is not type(snap):
+            return self._wait(snap, path)
+        if not isinstance(snap, tuple) and self._stands_for.get(id(live), snap) is not snap:
+            # The replay holds one object where the run held two: it built `state` from `params`,
+            # and the run's steps made `state.params` anew. Merging both into it would leave it the
+            # second's; this place waits for a counterpart of its own, or takes the snapshot's.
             return self._wait(snap, path)
         if isinstance(snap, list):
             self._align(snap, live, path)

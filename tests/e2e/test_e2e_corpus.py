@@ -231,6 +231,12 @@ MORE = {
     # again when it runs out, past the first remakes: refused, 3 of 3, until the states of each
     # iterator's first index were kept
     "multitask_iters": ("multitask_iters.py", ["--steps", "70"], 30, "gpusnap: fast-forward "),
+    "sampler_own_random": ("sampler_own_random.py", [], 13, "gpusnap: fast-forward "),
+    "growing_vocab": ("growing_vocab.py", [], 9, "gpusnap: fast-forward "),
+    # a frozen dataclass of dicts and a NamedTuple made anew each step from setup's `params`: the
+    # replay's `state.params` is `params`, the run's is not (refused, 3 of 3, until the merge gave
+    # each of the run's two dicts its own object)
+    "functional_state": ("functional_state.py", [], 0, "gpusnap: merging "),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)

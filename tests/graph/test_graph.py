@@ -376,6 +376,28 @@ def test_which_leaves_train_and_what_the_program_set_on_them_merge_into_the_repl
     assert live["backbone"].unfrozen_at == 4 and torch.equal(live["backbone"], unfrozen)
 
 
+@pytest.mark.parametrize("order", [("params", "state"), ("state", "params")])
+def test_a_replay_object_that_stands_where_the_run_held_two_gives_each_place_its_own(tmp_path, order):
+    """Functional training: setup builds `state = TrainState(params=params, ...)`, and each step
+    makes `state.params` anew, so in the run the local `params` keeps the first weights. The
+    replay's `state.params` is `params`: merging both snapshot dicts into that one dict wrote the
+    last weights over the local's, and the witness refused ("the tensors in params differ")."""
+    first, trained = {"w": torch.zeros(3)}, {"w": torch.arange(3.0)}
+    state = Obj()
+    state.params = trained
+    snap, _ = snapshot_and_load(tmp_path, {"params": first, "state": state})
+    live_params = {"w": torch.full((3,), 7.0)}
+    live_state = Obj()
+    live_state.params = live_params
+    live = {"params": live_params, "state": live_state}
+    merger = Merger()
+    values = {name: merger.value(live[name], snap[name], f"locals.{name}") for name in order}
+    merger.finish()
+    values = {name: merger.settled(value) for name, value in values.items()}
+    assert values["state"] is live_state and values["state"].params is not values["params"]
+    assert torch.equal(values["params"]["w"], torch.zeros(3)) and torch.equal(values["state"].params["w"], torch.arange(3.0))
+
+
 class Wrapping(torch.optim.Optimizer):
     """Sharpness-aware minimization's shape: a base optimizer in an attribute, sharing its groups."""
 
