@@ -67,8 +67,11 @@ def loaders_in(source) -> list:
 
 # -- the generators a DataLoader's samplers hold ----------------------------------------------------
 # A sampler given a generator of its own (``SubsetRandomSampler(indices, generator=g)``, a
-# ``RandomSampler`` made by the program) draws each epoch's order from it: neither the global
-# states nor the loader's generator say where it stood when an epoch started.
+# ``RandomSampler`` made by the program, a batch sampler of the script's own that shuffles with a
+# ``random.Random`` or NumPy generator it keeps) draws each epoch's order from it: neither the
+# global states nor the loader's generator say where it stood when an epoch started. A
+# torch.Generator's state is its tensor (base64 in a note), any other's ``rng.owned_state``'s
+# ``(kind, state)`` (``rng.owned_json``'s dict in a note).
 
 
 def samplers_of(index_sampler) -> list:
@@ -85,17 +88,39 @@ def samplers_of(index_sampler) -> list:
 
 
 def _generators_in(index_sampler) -> list:
-    """(i, name, generator): each torch.Generator at attribute ``name`` of the i-th of
-    ``samplers_of(index_sampler)``."""
-    from torch import Generator
+    """(i, name, generator): each generator (``rng.owned_state``'s kinds) at attribute ``name`` of
+    the i-th of ``samplers_of(index_sampler)``."""
+    from gpusnap.graph import rng
 
     return [(i, name, value) for i, sampler in enumerate(samplers_of(index_sampler))
-            for name, value in sorted((getattr(sampler, "__dict__", None) or {}).items()) if isinstance(value, Generator)]
+            for name, value in sorted((getattr(sampler, "__dict__", None) or {}).items()) if rng.owned_state(value) is not None]
+
+
+def state_of(generator):
+    """A sampler generator's state: a torch.Generator's tensor, another's ``(kind, state)``."""
+    from gpusnap.graph import rng
+
+    kind, state = rng.owned_state(generator)
+    return state if kind == "torch.Generator" else (kind, state)
+
+
+def put_state(generator, state) -> None:
+    """``state_of``'s, or a note's (base64 for a torch.Generator, ``rng.owned_json``'s dict)."""
+    from gpusnap.graph import rng
+
+    if isinstance(state, str):
+        generator.set_state(rng.tensor_b64(state))
+    elif isinstance(state, dict):
+        rng.restore_owned(generator, state)
+    elif isinstance(state, tuple):
+        rng.restore_owned_raw(generator, state)
+    else:
+        generator.set_state(state)
 
 
 def generator_states(index_sampler) -> dict:
-    """{generator: state} of every torch.Generator the samplers of ``samplers_of`` hold."""
-    return {generator: generator.get_state() for _, _, generator in _generators_in(index_sampler)}
+    """{generator: state} of every generator the samplers of ``samplers_of`` hold."""
+    return {generator: state_of(generator) for _, _, generator in _generators_in(index_sampler)}
 
 
 def sampler_generators(loader) -> list:
@@ -106,23 +131,18 @@ def sampler_generators(loader) -> list:
         found = _generators_in(loader._index_sampler)
     except Exception:  # noqa: BLE001 - a subclass's property that raises: nothing to put back
         return []
-    return [[i, name, generator.get_state()] for i, name, generator in found if generator is not loader.generator]
+    return [[i, name, state_of(generator)] for i, name, generator in found if generator is not loader.generator]
 
 
 def put_generators(loader, own, samplers: list) -> None:
     """The loader's own generator back to state ``own`` and its samplers' to ``samplers``
-    (``sampler_generators``'s); states as tensors, or base64 as notes hold them. None, or a
+    (``sampler_generators``'s); states raw, or as notes hold them (``put_state``). None, or a
     place the replay's samplers lack, is left (the witness compares the order drawn)."""
-    from gpusnap.graph import rng
-
-    def tensor(state):
-        return rng.tensor_b64(state) if isinstance(state, str) else state
-
     if own is not None and loader.generator is not None:
-        loader.generator.set_state(tensor(own))
+        put_state(loader.generator, own)
     if samplers:
         places = {(i, name): generator for i, name, generator in _generators_in(loader._index_sampler)}
         for i, name, state in samplers:
             generator = places.get((i, name))
             if generator is not None and generator is not loader.generator:
-                generator.set_state(tensor(state))
+                put_state(generator, state)

@@ -348,6 +348,17 @@ def owned_json(raw: tuple, read=None) -> dict:
     return {"kind": kind, "state": _plain_json(state)}
 
 
+def restore_owned_raw(obj, raw: tuple) -> None:
+    """Put ``obj`` back to ``owned_state``'s ``(kind, state)``."""
+    kind, state = raw
+    if kind == "random":
+        obj.setstate(state)
+    elif kind == "numpy.Generator":
+        obj.bit_generator.state = state
+    else:  # numpy.RandomState, torch.Generator
+        obj.set_state(state)
+
+
 def restore_owned(obj, saved: dict) -> bool:
     """Put ``obj`` back to a state ``owned_json`` wrote; False when ``obj`` is not a generator
     of that kind."""

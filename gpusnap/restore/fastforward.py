@@ -44,7 +44,7 @@ from collections import deque
 from gpusnap.errors import FastForwardError
 from gpusnap.graph import rng, workers
 from gpusnap.graph.digest import digest
-from gpusnap.graph.iterators import generator_states, put_generators, sampler_generators, samplers_of
+from gpusnap.graph.iterators import generator_states, put_generators, put_state, sampler_generators, samplers_of, state_of
 from gpusnap.instrument.loops import _DeferredCall
 
 _POSITIONED = (range, list, tuple)
@@ -587,6 +587,8 @@ def _sampler_state(sampler) -> list:
     for name, value in sorted((getattr(sampler, "__dict__", None) or {}).items()):
         if isinstance(value, torch.Generator):
             value = "a torch.Generator"  # its state is the draws' business: restored, or compared by the witness
+        elif (owned := rng.owned_state(value)) is not None:
+            value = f"a {owned[0]}"  # (a random.Random, a NumPy generator: the same)
         elif isinstance(value, Dataset) or name in _DATA_ATTRS:
             value = [f"{type(value).__module__}.{type(value).__qualname__}", _length(value)]
         elif isinstance(value, Sampler):
@@ -637,7 +639,7 @@ class Remake:
         with _states_kept(generators):
             rng.restore(global_states)
             for gen, state in generators.items():
-                gen.set_state(state)
+                put_state(gen, state)
             redrawn = _SkipIter(self.loader._index_sampler, self.skip).start()
         self.it._index_sampler = self.loader._index_sampler
         self.it._sampler_iter = redrawn._it
@@ -684,10 +686,10 @@ def _generators_of(loader) -> dict:
 @contextlib.contextmanager
 def _states_kept(generators):
     """The global random states and ``generators``' as they were on entry, again on exit."""
-    kept = rng.capture(), {gen: gen.get_state() for gen in generators}
+    kept = rng.capture(), {gen: state_of(gen) for gen in generators}
     try:
         yield
     finally:
         rng.restore(kept[0])
         for gen, state in kept[1].items():
-            gen.set_state(state)
+            put_state(gen, state)

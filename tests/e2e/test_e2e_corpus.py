@@ -231,6 +231,8 @@ MORE = {
     # again when it runs out, past the first remakes: refused, 3 of 3, until the states of each
     # iterator's first index were kept
     "multitask_iters": ("multitask_iters.py", ["--steps", "70"], 30, "gpusnap: fast-forward "),
+    # past the first epoch: a bucketing batch sampler that shuffles with a random.Random it owns
+    # (refused, 2 of 3, until the note kept its state with the torch generators')
     "sampler_own_random": ("sampler_own_random.py", [], 13, "gpusnap: fast-forward "),
     "growing_vocab": ("growing_vocab.py", [], 9, "gpusnap: fast-forward "),
     # a frozen dataclass of dicts and a NamedTuple made anew each step from setup's `params`: the

@@ -678,6 +678,47 @@ def test_a_loop_whose_replay_took_another_loader_than_the_run_is_made_again_from
     assert len(rest) == len(items) - 3 and all(_same(a, b) for a, b in zip(rest, items[3:]))
 
 
+class OwnShuffle(torch.utils.data.Sampler):
+    """A batch sampler of the script's own shuffling with a generator it keeps."""
+
+    def __init__(self, rng):
+        self.rng = rng
+
+    def __iter__(self):
+        order = list(range(N_ITEMS))
+        if isinstance(self.rng, random.Random):
+            self.rng.shuffle(order)
+        else:
+            order = [int(i) for i in self.rng.permutation(N_ITEMS)]
+        return iter([order[i:i + 4] for i in range(0, N_ITEMS, 4)])
+
+    def __len__(self):
+        return N_ITEMS // 4
+
+
+@pytest.mark.parametrize("make_rng", [lambda: random.Random(5), lambda: np.random.default_rng(5), lambda: np.random.RandomState(5)],
+                         ids=["random.Random", "numpy.Generator", "numpy.RandomState"])
+def test_a_batch_sampler_s_own_python_or_numpy_generator_is_put_back_where_the_epoch_started_it(tmp_path, make_rng):
+    """A bucketing batch sampler that shuffles with a `random.Random` it owns: past the first
+    epoch the run's generator had moved, the replay's stood at setup's state, and the replay's
+    order was another (refused by the witness, 2 of 3: "consumed another batch"). Its state is
+    in the loop's note now, as a torch.Generator's was."""
+    log = str(tmp_path / "loads")
+
+    def loader():
+        return DataLoader(LoggedDataset(N_ITEMS, log), batch_sampler=OwnShuffle(make_rng()))
+
+    run = loader()
+    list(iter(run))  # an earlier epoch moved the sampler's generator
+    note, items = _deferred_original(run)
+    assert note["sampler_rngs"]
+    ctx = fastforward.Context()
+    it, how = fastforward.iterator_at(loader(), 2, note, ctx)
+    assert how == "by batch sampler" and [r.want for r in ctx.remakes] == [None]
+    rest = list(it)
+    assert len(rest) == len(items) - 2 and all(_same(a, b) for a, b in zip(rest, items[2:]))
+
+
 def test_samplers_the_replay_makes_as_the_run_did_need_no_new_order(tmp_path):
     """A shuffled loader, a distributed sampler, a sampler over another dataset of the same length:
     datasets count by type and length, generators not at all."""

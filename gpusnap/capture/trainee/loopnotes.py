@@ -46,7 +46,7 @@ def note_json(note, read=None):
         elif key == "generator_rng" and value is not None and not isinstance(value, str):
             value = rng.to_json((b"", None, None, value, None), read)["torch"]
         elif key == "sampler_rngs":
-            value = [[i, name, state if isinstance(state, str) else rng.tensor_json(state, read)] for i, name, state in value]
+            value = [[i, name, _sampler_state_json(state, read)] for i, name, state in value]
         elif key == "args":
             value = [note_json(arg, read) for arg in value]
         elif key == "owned":
@@ -164,13 +164,20 @@ def _digest_entry(value, at: tuple, read) -> dict:
     return {"at": list(at), "digest": hexdigest, "why": why}
 
 
+def _sampler_state_json(state, read):
+    """A sampler generator's state (``iterators.state_of``'s) as a note holds it."""
+    if isinstance(state, (str, dict)):
+        return state
+    return rng.owned_json(state, read) if isinstance(state, tuple) else rng.tensor_json(state, read)
+
+
 def _states_json(states: tuple, read) -> dict:
     """``LOADER_ITERS``' states as a note holds them."""
     global_states, generator, samplers = states
     return {
         "rng": rng.to_json(global_states, read),
         "generator": rng.tensor_json(generator, read) if generator is not None else None,
-        "samplers": [[i, name, rng.tensor_json(state, read)] for i, name, state in samplers],
+        "samplers": [[i, name, _sampler_state_json(state, read)] for i, name, state in samplers],
     }
 
 
