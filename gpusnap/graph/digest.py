@@ -210,6 +210,15 @@ def loader_iter_class():
     return getattr(dataloader, "_BaseDataLoaderIter", None)
 
 
+def _generator_state(x):
+    """A random number generator a generator holds (an endless stream's own) counts by its state,
+    ``(kind, state)``: its attributes alone do not hold it. Anything else, as it is."""
+    from gpusnap.graph import rng
+
+    state = rng.owned_state(x)
+    return x if state is None else state
+
+
 def fingerprint(obj, read=None, strict: bool = True) -> str | None:
     """xxh3-128 of a generator's state: its code position and locals, and what it delegates to
     (generators, list/tuple/range iterators), recursively. ``strict``: every local must be
@@ -225,6 +234,7 @@ def fingerprint(obj, read=None, strict: bool = True) -> str | None:
             h.update(repr((type(x).__name__, state)).encode())
             x = args[0]
         if not isinstance(x, types.GeneratorType):
+            x = _generator_state(x)
             value, why = (digest(x, read) if strict or _plain(x) else (None, "opaque"))
             if value is None and strict:
                 return None
@@ -236,6 +246,8 @@ def fingerprint(obj, read=None, strict: bool = True) -> str | None:
             continue
         h.update(f"{x.gi_code.co_qualname} {frame.f_lasti}".encode())
         for name, value in frame.f_locals.items():
+            if name.startswith("__gpusnap_"):
+                continue  # an instrumented `while`'s own state (its loop object): its index is the loop's note
             h.update(name.encode())
             stack.append((value, depth + 1))
         if x.gi_yieldfrom is not None:

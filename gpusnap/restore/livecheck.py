@@ -240,8 +240,43 @@ def _generator(live, info: dict, path: str, say=None) -> str | None:
     if info.get("fingerprint") and fingerprint(live, strict=True) == info["fingerprint"]:
         return None
     if info.get("loops") and state == "GEN_CREATED" and live.gi_code.co_qualname == info.get("function"):
+        if info["loops"][-1]["kind"] == "while":  # (a `for` inside fast-forwards: _run_generator_to)
+            return _consume_generator_to(live, info, path, say)
         return _run_generator_to(live, info, path, say)
     return f"cannot position the generator at {path}: the run that took the snapshot had advanced it by hand"
+
+
+_CONSUME_MAX = 10_000_000  # items a generator is run by, at most, to reach its saved place
+
+
+def _consume_generator_to(gen, info: dict, path: str, say) -> str | None:
+    """Run a replayed generator of instrumented code whose innermost loop is a ``while`` (an
+    endless stream of samples: ``while True: ... yield``), that has not started, item by item until its
+    loops stand at the saved iterations: a ``while`` has no iterator to skip with, its bodies
+    must run. Only the generator's fingerprint (its position and locals, its own generators'
+    states among them) proves that it stands where the saved one stood."""
+    from gpusnap.instrument import loops
+
+    if not info.get("fingerprint"):
+        return (f"cannot position the generator at {path}: it stood in a `while` loop, and a local it held "
+                "could not be digested to prove its place")
+    want = {entry["loop_id"]: entry["index"] for entry in info["loops"]}
+    outermost = info["loops"][0]["loop_id"]
+    frame, taken = gen.gi_frame, 0
+    while True:
+        if next(gen, _MISSING) is _MISSING:
+            return f"cannot position the generator at {path}: it ended after {taken} items, before the place the run that took the snapshot had reached"
+        taken += 1
+        have = {loop.loop_id: loop.index for loop in loops.ACTIVE if loop.frame is frame}
+        if have == want:
+            break
+        if have.get(outermost, 0) > want[outermost] or taken >= _CONSUME_MAX:
+            return f"cannot position the generator at {path}: its loops ran otherwise than in the run that took the snapshot"
+    if fingerprint(gen, strict=True) != info["fingerprint"]:
+        return f"ran the generator at {path} to its saved place by taking {taken} items, and it stands otherwise than in the run that took the snapshot"
+    if say is not None:
+        say(f"ran the generator at {path} to its saved place by taking {taken} items")
+    return None
 
 
 def _run_generator_to(gen, info: dict, path: str, say) -> str | None:

@@ -234,7 +234,10 @@ MORE = {
     # past the first epoch: a bucketing batch sampler that shuffles with a random.Random it owns
     # (refused, 2 of 3, until the note kept its state with the torch generators')
     "sampler_own_random": ("sampler_own_random.py", [], 13, "gpusnap: fast-forward "),
-    "growing_vocab": ("growing_vocab.py", [], 9, "gpusnap: fast-forward "),
+    # an endless generator of sentences advanced by hand (refused, 3 of 3: "it stood in a `while`
+    # loop", until restart ran it to its place), a vocabulary and an embedding that grow, and an
+    # optimizer made again at each growth
+    "growing_vocab": ("growing_vocab.py", [], 9, "ran the generator at frame[1].locals.stream to its saved place"),
     # a frozen dataclass of dicts and a NamedTuple made anew each step from setup's `params`: the
     # replay's `state.params` is `params`, the run's is not (refused, 3 of 3, until the merge gave
     # each of the run's two dicts its own object)

@@ -112,13 +112,24 @@ def test_a_generator_advanced_by_hand_is_run_again_to_its_place(tmp_path):
     assert_same(load_final(ref), load_final(out))
 
 
+def test_an_endless_generator_advanced_by_hand_is_run_again_item_by_item_to_its_place(tmp_path):
+    """`while True: ... yield` over a generator of its own, made in setup and advanced by `next()`:
+    refused before ("it stood in a `while` loop"); a `while` has no iterator to skip with, so
+    restart takes its items until its loops stand where they stood, and its fingerprint proves it."""
+    ref, out, _ = _snapshot_then_stop(tmp_path, "ff_manual_iter.py", ["stream", 4], 12, "manual-stream")
+    restarted = gpusnap("restart", "snaps", cwd=tmp_path)
+    assert restarted.returncode == 0, restarted.stderr
+    assert "ran the generator at globals[__main__].endless to its saved place by taking" in restarted.stderr
+    assert_same(load_final(ref), load_final(out))
+
+
 def test_a_generator_expression_advanced_by_hand_is_refused(tmp_path):
     _, out, _ = _snapshot_then_stop(tmp_path, "ff_manual_iter.py", ["genexpr", 4], 12, "manual-genexpr", reference=False)
     refused = gpusnap("restart", "snaps", cwd=tmp_path)
     assert refused.returncode == 6, refused.stderr
     message, _ = _refusal(refused)
     assert "cannot position the generator at globals[__main__].it" in message
-    assert "programs/ff_manual_iter.py:32 (in <module>)" in message
+    assert "programs/ff_manual_iter.py:44 (in <module>)" in message
     assert not (out / "final.pt").exists()
 
 

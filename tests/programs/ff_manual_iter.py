@@ -3,7 +3,9 @@ transformers Trainer does. usage: ff_manual_iter.py OUT STYLE EPOCHS
 STYLE loader: `it = iter(loader)` over a shuffled DataLoader (the position can be restored);
 generator: `it = batches()`, a generator function of the program's (restart runs it again to
 its place, which its item's digest proves); genexpr: a generator expression, whose loop gpusnap
-does not instrument (it cannot: restart must refuse)."""
+does not instrument (it cannot: restart must refuse); stream: an endless generator made once
+before the epochs, `while True` drawing batches from a torch.Generator it owns (restart runs it
+item by item to its place, which its fingerprint proves)."""
 import sys
 
 import torch
@@ -24,8 +26,18 @@ def batches():
         yield X[i], Y[i]
 
 
+def stream(seed):
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        i = torch.randint(0, 96, (8,), generator=g)
+        yield X[i], Y[i]
+
+
+endless = stream(3) if style == "stream" else None
 for epoch in range(epochs):
-    if style == "genexpr":
+    if style == "stream":
+        it = endless
+    elif style == "genexpr":
         it = ((X[i], Y[i]) for i in torch.randperm(96).split(8))
     else:
         it = iter(loader) if style == "loader" else batches()
