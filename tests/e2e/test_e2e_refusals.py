@@ -186,6 +186,11 @@ EXACT_OR_REFUSED = {
     # None: refused, naming that loop ("passed over the loop at ... the code after it needs what
     # that loop made"). From one in the teacher's loop it restarts exactly.
     "noisy_student": ("noisy_student.py", [], ("the code after it needs what that loop made",)),
+    # A learning-rate range test in a function before training (its losses in the function's
+    # locals, the weights put back after it): from a snapshot in the training loop the replay
+    # passes over the finder's loop, and the slope over its losses meets an empty list. Refused,
+    # naming that loop (1 of 3 here); from a snapshot in the finder's loop it restarts exactly.
+    "lr_finder": ("lr_finder.py", [], ("the code after it needs what that loop made",)),
     # The training loop is a generator yielding each step's loss to the script's `for`: bringing
     # that loop to its place consumes the generator, which trains. Refused by name, from any
     # snapshot (3 of 3 here); before, with a hint to try another snapshot, which fails the same way.
