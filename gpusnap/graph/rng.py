@@ -368,13 +368,10 @@ def restore_owned(obj, saved: dict) -> bool:
     kind, state = saved["kind"], _from_plain_json(saved["state"])
     if kind == "random":
         version, words, gauss = state
-        obj.setstate((version, tuple(words), gauss))
-    elif kind == "numpy.Generator":
-        obj.bit_generator.state = state
-    elif kind == "numpy.RandomState":
-        obj.set_state(state)
-    else:
-        obj.set_state(tensor_b64(state))
+        state = (version, tuple(words), gauss)
+    elif kind == "torch.Generator":
+        state = tensor_b64(state)
+    restore_owned_raw(obj, (kind, state))
     return True
 
 

@@ -207,15 +207,7 @@ def _set_states(dataset, saved: dict) -> None:
         np.random.set_state(saved["numpy"])
     held = _held(dataset)
     for generator, state in zip(held, saved.get("held") or ()):
-        kind, raw = state
-        if kind == "random":
-            generator.setstate(raw)
-        elif kind == "numpy.Generator":
-            generator.bit_generator.state = raw
-        elif kind == "numpy.RandomState":
-            generator.set_state(raw)
-        else:
-            generator.set_state(raw)
+        rng.restore_owned_raw(generator, state)
 
 
 def mark() -> None:
