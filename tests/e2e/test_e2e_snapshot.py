@@ -71,16 +71,17 @@ def test_sigterm_snapshots_then_exits_with_the_preempted_code(tmp_path):
     assert_same(load_final(tmp_path / "ref"), load_final(out))
 
 
-@pytest.mark.parametrize("handler", ["flag", "exit-in-handler"])
+@pytest.mark.parametrize("handler", ["flag", "exit-in-handler", "chain"])
 @pytest.mark.parametrize("to", ["job", "supervisor"])
 def test_a_program_s_own_sigterm_handler_runs_after_the_stop_snapshot_and_the_requeue_finishes(tmp_path, handler, to):
     """A script that handles preemption itself (its SIGTERM handler sets a flag, or exits at
     once). Sent to the whole job, as a scheduler does, the signal reached the program's handler
     too, and the flag went into the stop snapshot: the requeued run stopped at the flag again,
     exit 0, "verified", without finishing. gpusnap's handler stays; the program's runs after the
-    snapshot's fork, and its own stop ends the process with the preempted code."""
+    snapshot's fork, and its own stop ends the process with the preempted code. A handler that
+    calls the one it found (gpusnap's, as Lightning's does) runs once: that call asks for nothing."""
     programs, out = programs_and_out(tmp_path)
-    args = ["--exit-in-handler"] if handler == "exit-in-handler" else []
+    args = {"flag": [], "exit-in-handler": ["--exit-in-handler"], "chain": ["--chain"]}[handler]
     (tmp_path / "ref").mkdir()
     plain(programs / "corpus" / "graceful_exit.py", tmp_path / "ref", *args, cwd=tmp_path)
     run = Run("run", "--dir", "snaps", programs / "corpus" / "graceful_exit.py", out, *args, cwd=tmp_path,
@@ -93,6 +94,9 @@ def test_a_program_s_own_sigterm_handler_runs_after_the_stop_snapshot_and_the_re
     code, _, err = run.wait()
     assert code == EXIT_PREEMPTED, err
     assert not (out / "final.pt").exists()
+    if handler == "chain":
+        handled = (out / "handled.txt").read_text() if to == "job" else ""
+        assert handled == ("SIGTERM\n" if to == "job" else ""), handled
     again = gpusnap("run", "--dir", "snaps", programs / "corpus" / "graceful_exit.py", out, *args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     assert "verified" in again.stderr

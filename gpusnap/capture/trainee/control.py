@@ -47,16 +47,18 @@ def install_signals() -> None:
     answered = {signum}
 
     def on_signal(sig, frame):
-        request("signal")
-        handlers.heard(sig, frame)
+        if not handlers.delivering():
+            request("signal")
+            handlers.heard(sig, frame)
 
     signal.signal(signum, on_signal)
     # A rank of a torchrun job hears of SIGTERM from its supervisor; a SIGTERM of its own is
     # torchrun's agent ending the job (another rank died): it must end the rank at once.
     if session.config.get("on_term", "snapshot") == "snapshot" and not session.config.get("dist"):
         def on_term(sig, frame):
-            request("term", stop=True)
-            handlers.heard(sig, frame)
+            if not handlers.delivering():
+                request("term", stop=True)
+                handlers.heard(sig, frame)
 
         signal.signal(signal.SIGTERM, on_term)
         answered.add(signal.SIGTERM)

@@ -12,7 +12,11 @@ place; ``signal.getsignal`` answers with the program's. gpusnap's handler asks f
 and the agent runs the program's once the snapshot has forked (``deliver``): the state it holds
 saw no signal. Where no loop runs, no safe point will come soon, and the program's runs at once.
 A stop snapshot whose program then stops on its own, through the handler it was given, ends the
-process with EXIT_PREEMPTED all the same (``stopped_by_program``): the run did not finish.
+process with EXIT_PREEMPTED all the same (``stopped_by_program``): the run did not finish. A
+program's handler that calls the one it found installed (Lightning composes its SIGTERM handler
+with the previous one, which is gpusnap's) reaches gpusnap's while it is delivered: that call
+asks for nothing (``delivering``), or each delivery would ask for another snapshot, and another
+delivery.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ _pid: int | None = None
 _real_signal = signal.signal
 _real_getsignal = signal.getsignal
 stopped_by_program = False  # the program's SIGTERM handler ran after a stop snapshot
+_delivering = False  # a program's handler runs now (``deliver``)
 
 
 def install(signums) -> None:
@@ -59,6 +64,11 @@ def _getsignal(signalnum):
     return _real_getsignal(signalnum)
 
 
+def delivering() -> bool:
+    """Whether gpusnap's handler is called by a program's that ``deliver`` runs: it asks for nothing."""
+    return _delivering
+
+
 def heard(signum: int, frame) -> None:
     """In gpusnap's handler, after its request: the program's handler, if any, runs after the
     snapshot, or now where no loop runs."""
@@ -67,7 +77,16 @@ def heard(signum: int, frame) -> None:
     if loops.ACTIVE:
         _due.append(signum)
     else:
+        _run(signum, frame)
+
+
+def _run(signum: int, frame) -> None:
+    global _delivering
+    _delivering = True
+    try:
         _program[signum](signum, frame)
+    finally:
+        _delivering = False
 
 
 def due() -> bool:
@@ -80,7 +99,6 @@ def deliver(frame, stop: bool) -> None:
     global stopped_by_program
     while _due:
         signum = _due.pop(0)
-        handler = _program.get(signum)
-        if callable(handler):
+        if callable(_program.get(signum)):
             stopped_by_program = stopped_by_program or (stop and signum == signal.SIGTERM)
-            handler(signum, frame)
+            _run(signum, frame)

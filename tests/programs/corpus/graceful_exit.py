@@ -1,8 +1,9 @@
 """A script that handles preemption itself, as cluster guides teach: a SIGTERM handler sets a
 flag, and the loop, seeing it, saves a checkpoint and exits 0 (--exit-in-handler: the handler
-exits at once); at start it resumes from that checkpoint when one exists. SGD with momentum over
-a shuffled DataLoader, a StepLR.
-usage: graceful_exit.py OUT [--epochs N] [--exit-in-handler]"""
+exits at once; --chain: it also calls the handler it found installed, as Lightning's does, and
+notes each call in OUT/handled.txt); at start it resumes from that checkpoint when one exists.
+SGD with momentum over a shuffled DataLoader, a StepLR.
+usage: graceful_exit.py OUT [--epochs N] [--exit-in-handler | --chain]"""
 import argparse
 import os
 import signal
@@ -32,8 +33,21 @@ def main():
     parser.add_argument("out")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--exit-in-handler", action="store_true")
+    parser.add_argument("--chain", action="store_true")
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, exit_now if args.exit_in_handler else request_stop)
+    if args.chain:
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def chained(signum, frame):
+            with open(os.path.join(args.out, "handled.txt"), "a") as f:
+                f.write("SIGTERM\n")
+            request_stop(signum, frame)
+            if callable(previous):
+                previous(signum, frame)
+
+        signal.signal(signal.SIGTERM, chained)
+    else:
+        signal.signal(signal.SIGTERM, exit_now if args.exit_in_handler else request_stop)
 
     torch.manual_seed(41)
     x = torch.randn(320, 10)
