@@ -55,8 +55,7 @@ def loaders_in(source) -> list:
     from gpusnap.instrument.loops import _DeferredCall
 
     if isinstance(source, _DeferredCall):
-        args = source.args if source.func is zip else source.args[:1]
-        return [loader for arg in args for loader in loaders_in(arg)]
+        return [loader for arg in source.sources() for loader in loaders_in(arg)]
     names = {f"{cls.__module__}.{cls.__qualname__}" for cls in type(source).__mro__}
     if _LOADER in names:
         return [source]

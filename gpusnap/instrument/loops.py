@@ -224,6 +224,10 @@ class _DeferredCall:
     def __iter__(self):
         return iter(self.func(*self.args, **self.kwargs))
 
+    def sources(self) -> tuple:
+        """The arguments the call iterates: zip's all, enumerate's and islice's first."""
+        return self.args if self.func is builtins.zip else self.args[:1]
+
 
 class _WhileLoop:
     __slots__ = ("loop", "skipped")

@@ -85,7 +85,7 @@ def part(source) -> dict | None:
         return None
     if cls is _DeferredCall:
         func = source.func
-        sources = source.args if func is builtins.zip else source.args[:1]
+        sources = source.sources()
         parts = [part(arg) for arg in sources]
         return {"kind": "call", "func": func.__name__, "args": parts} if any(parts) else None
     adapter = _adapter(cls)

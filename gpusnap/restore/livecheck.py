@@ -179,34 +179,42 @@ def _drawing_as_the_run(live, info: dict):
         yield
         return
     from gpusnap.graph import rng
-    from gpusnap.graph.iterators import LOADER_ITERS
 
-    made = LOADER_ITERS.get(live)
-    loader = made[0]() if made is not None else None
     kept = rng.capture()
-    rng.restore_json(first["rng"])
-    if loader is not None:
-        put_generators(loader, first.get("generator"), first.get("samplers") or [])
+    _put_states(_loader_of(live), first)
     try:
         yield
     finally:
         rng.restore(kept)
 
 
+def _loader_of(it):
+    """The DataLoader that made iterator ``it`` (``LOADER_ITERS``), or None: unknown, or gone."""
+    from gpusnap.graph.iterators import LOADER_ITERS
+
+    made = LOADER_ITERS.get(it)
+    return made[0]() if made is not None else None
+
+
+def _put_states(loader, states: dict) -> None:
+    """The global RNG states, and ``loader``'s generators' (None: gone), as a DataLoader
+    iterator's ``made_with`` or ``first_draw`` holds them."""
+    from gpusnap.graph import rng
+
+    rng.restore_json(states["rng"])
+    if loader is not None:
+        put_generators(loader, states.get("generator"), states.get("samplers") or [])
+
+
 def _made_again(live, info: dict, path: str, scene: Scene):
     """(a new iterator of ``live``'s DataLoader, made from the RNG states the original was made
     from and positioned at its batch count, in ``live``'s place; or None), a problem or None."""
-    from gpusnap.graph import rng
-    from gpusnap.graph.iterators import LOADER_ITERS
     from gpusnap.restore import fastforward
 
-    made = LOADER_ITERS.get(live)
-    loader = made[0]() if made is not None else None
+    loader = _loader_of(live)
     if loader is None:
         return None, f"cannot make the DataLoader iterator at {path} again where the run that took the snapshot had made it: its DataLoader is unknown"
-    saved = info["made_with"]
-    rng.restore_json(saved["rng"])
-    put_generators(loader, saved.get("generator"), saved.get("samplers") or [])
+    _put_states(loader, info["made_with"])
     by_sampler = fastforward.skips_by_sampler(loader)
     new = fastforward.loader_iterator_at(loader, info["yielded"]) if by_sampler else iter(loader)
     if new._base_seed != info["base_seed"]:
@@ -214,8 +222,7 @@ def _made_again(live, info: dict, path: str, scene: Scene):
     if by_sampler:
         first = info.get("first_draw")
         if first and info["yielded"]:  # the run took its first batch later than iter(): its order drew from then
-            rng.restore_json(first["rng"])
-            put_generators(loader, first.get("generator"), first.get("samplers") or [])
+            _put_states(loader, first)
         fastforward.start(new)  # (skipping no batch draws nothing)
     else:  # an iterable-style dataset, or workers that draw random numbers: take the batches
         for _ in range(info["yielded"]):
