@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import time
 
 import pytest
@@ -31,6 +32,8 @@ from harness import (
     start_plain,
     wait_for,
 )
+
+from gpusnap.errors import EXIT_PREEMPTED
 
 pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
 
@@ -180,3 +183,26 @@ def test_a_lightning_fit_restarts_to_the_same_bytes(tmp_path, name, seed):
     assert reference.returncode == 0 and progress(ref) == total, err
     assert_same(load_final(ref), load_final(out))
     print(f"lightning {name}: {time.monotonic() - started:.1f} s")
+
+
+def test_a_lightning_fit_stopped_by_sigterm_to_the_whole_job_finishes_on_requeue(tmp_path):
+    """A scheduler's SIGTERM goes to the whole job: Lightning's own handler (its signal connector,
+    which chains the handler it found: gpusnap's) hears it too, and stops the fit at its next
+    batch. It runs after the stop snapshot's witness, so the requeued `gpusnap run` is verified,
+    and ends with the uninterrupted run's bytes."""
+    pytest.importorskip("lightning")
+    program = copy_programs(tmp_path) / "frameworks" / "lightning_fit.py"
+    ref, out = ref_and_out(tmp_path)
+    reference = start_plain(program, ref, cwd=tmp_path, env=ENV)
+    run = Run("run", "--dir", "snaps", program, out, cwd=tmp_path, env={**ENV, "TEST_STEP_SLEEP_S": "0.05"})
+    wait_for(lambda: progress(out) >= 25, "step 25", proc=run)
+    os.killpg(run.proc.pid, signal.SIGTERM)
+    code, _, err = run.wait()
+    assert code == EXIT_PREEMPTED, err
+    assert "Received SIGTERM" in err  # Lightning's handler ran, after the snapshot
+    again = gpusnap("run", "--dir", "snaps", program, out, cwd=tmp_path, env=ENV)
+    assert again.returncode == 0, again.stderr
+    assert " verified: " in again.stderr, again.stderr
+    _, err = reference.communicate(timeout=240)
+    assert reference.returncode == 0, err
+    assert_same(load_final(ref), load_final(out))

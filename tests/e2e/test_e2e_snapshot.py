@@ -78,8 +78,9 @@ def test_a_program_s_own_sigterm_handler_runs_after_the_stop_snapshot_and_the_re
     once). Sent to the whole job, as a scheduler does, the signal reached the program's handler
     too, and the flag went into the stop snapshot: the requeued run stopped at the flag again,
     exit 0, "verified", without finishing. gpusnap's handler stays; the program's runs after the
-    snapshot's fork, and its own stop ends the process with the preempted code. A handler that
-    calls the one it found (gpusnap's, as Lightning's does) runs once: that call asks for nothing."""
+    snapshot's fork, once the witness is recorded, and its own stop ends the process with the
+    preempted code. A handler that calls the one it found (gpusnap's, as Lightning's does) runs
+    once: that call asks for nothing."""
     programs, out = programs_and_out(tmp_path)
     args = {"flag": [], "exit-in-handler": ["--exit-in-handler"], "chain": ["--chain"]}[handler]
     (tmp_path / "ref").mkdir()
@@ -99,7 +100,41 @@ def test_a_program_s_own_sigterm_handler_runs_after_the_stop_snapshot_and_the_re
         assert handled == ("SIGTERM\n" if to == "job" else ""), handled
     again = gpusnap("run", "--dir", "snaps", programs / "corpus" / "graceful_exit.py", out, *args, cwd=tmp_path)
     assert again.returncode == 0, again.stderr
-    assert "verified" in again.stderr
+    assert " verified: " in again.stderr, again.stderr  # the handler ran after the witness: not "unverified"
+    assert_same(load_final(tmp_path / "ref"), load_final(out))
+
+
+@pytest.mark.parametrize("to", ["job", "supervisor"])
+def test_a_program_s_own_snapshot_signal_handler_runs_after_the_snapshot_which_restarts_without_its_flag(tmp_path, to):
+    """SLURM's `--signal=USR1@90` warns the job before its time limit; a script handles it itself
+    (its SIGUSR1 handler, chained to the one it found, sets a flag; at the epoch's end it saves a
+    checkpoint of its own and exits 0). SIGUSR1 is gpusnap's snapshot signal: the snapshot is
+    taken, the program's handler runs once after its fork, and the program stops as it chose to
+    (sent to the supervisor alone, the program never hears it). The snapshot holds the state before the signal: restarting from it finishes the run, verified."""
+    programs, out = programs_and_out(tmp_path)
+    args = ["--signal", "USR1", "--chain"]
+    (tmp_path / "ref").mkdir()
+    plain(programs / "corpus" / "graceful_exit.py", tmp_path / "ref", *args, cwd=tmp_path)
+    run = Run("run", "--dir", "snaps", programs / "corpus" / "graceful_exit.py", out, *args, cwd=tmp_path,
+              env={"TEST_STEP_SLEEP_S": "0.04"})
+    wait_for(lambda: progress(out) >= 12, "step 12", proc=run)
+    if to == "job":
+        os.killpg(run.proc.pid, signal.SIGUSR1)
+    else:
+        run.signal(signal.SIGUSR1)
+    code, _, err = run.wait()
+    assert code == 0, err
+    assert "committed" in err
+    if to == "supervisor":  # the program never heard it, and finished
+        assert not (out / "handled.txt").exists()
+        assert_same(load_final(tmp_path / "ref"), load_final(out))
+        (out / "final.pt").unlink()
+    else:  # the program's own stop
+        assert (out / "preempted.pt").exists() and not (out / "final.pt").exists()
+        assert (out / "handled.txt").read_text() == "SIGUSR1\n"
+    again = gpusnap("restart", "snaps", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert " verified: " in again.stderr, again.stderr
     assert_same(load_final(tmp_path / "ref"), load_final(out))
 
 

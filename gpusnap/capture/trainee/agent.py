@@ -108,6 +108,9 @@ def _boundary(loop) -> None:
     if witnessing.stopping():
         control.requests.clear()  # the stop snapshot is taken: it answers them all
         if witnessing.stop_due():
+            # The program's handlers run now, after the witness: one that stops the program
+            # (Lightning's, at its next batch) would leave the restart unverified.
+            handlers.deliver(loop.frame, stop=True)
             _exit_after_stop()
     if witnessing.at_boundary(loop):
         return  # a restarted run not yet proven takes no snapshot; requests wait
@@ -117,8 +120,8 @@ def _boundary(loop) -> None:
             coordinator.on_boundary(loop)
     elif control.requests:
         _on_boundary(loop)
-    if handlers.due() and not control.requests:  # the snapshot the signal asked for is forked
-        handlers.deliver(loop.frame, stop=witnessing.stopping())
+    if handlers.due() and not control.requests and not witnessing.stopping():  # the snapshot is forked
+        handlers.deliver(loop.frame, stop=False)
     if witnessing.wants_boundaries() or (coordinator is not None and coordinator.wants_boundary()):
         loops.pending = True
     elif not control.requests:
@@ -279,6 +282,8 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
     if stop and not trains_on:
         if coordinator is not None:
             coordinator.stop_after()
+        else:  # a rank's handler may talk to the others (Lightning's broadcasts): not in a job's stop
+            handlers.deliver(loop.frame, stop=True)
         writer.thread.join()
         _exit_after_stop()
 

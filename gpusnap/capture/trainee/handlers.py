@@ -10,9 +10,13 @@ stopped at the flag again and exited 0, verified, without finishing the run
 So the program's ``signal.signal`` for these signals records its handler and leaves gpusnap's in
 place; ``signal.getsignal`` answers with the program's. gpusnap's handler asks for the snapshot
 and the agent runs the program's once the snapshot has forked (``deliver``): the state it holds
-saw no signal. Where no loop runs, no safe point will come soon, and the program's runs at once.
-A stop snapshot whose program then stops on its own, through the handler it was given, ends the
-process with EXIT_PREEMPTED all the same (``stopped_by_program``): the run did not finish. A
+saw no signal. After a stop snapshot it runs once the witness is recorded, just before the
+process ends: a handler that stops the program at once (Lightning's raises at its next batch)
+left no witness, and the restart unverified. A distributed job's stop runs none (a rank's handler
+may talk to the others, as Lightning's broadcasts). Where no loop runs, no safe point will come
+soon, and the program's runs at once. A stop snapshot whose program then stops on its own,
+through the handler it was given, ends the process with EXIT_PREEMPTED all the same
+(``stopped_by_program``): the run did not finish. A
 program's handler that calls the one it found installed (Lightning composes its SIGTERM handler
 with the previous one, which is gpusnap's) reaches gpusnap's while it is delivered: that call
 asks for nothing (``delivering``), or each delivery would ask for another snapshot, and another

@@ -2,8 +2,9 @@
 flag, and the loop, seeing it, saves a checkpoint and exits 0 (--exit-in-handler: the handler
 exits at once; --chain: it also calls the handler it found installed, as Lightning's does, and
 notes each call in OUT/handled.txt); at start it resumes from that checkpoint when one exists.
-SGD with momentum over a shuffled DataLoader, a StepLR.
-usage: graceful_exit.py OUT [--epochs N] [--exit-in-handler | --chain]"""
+--signal USR1 handles SIGUSR1 instead, the warning SLURM's --signal=USR1@90 sends before the
+time limit. SGD with momentum over a shuffled DataLoader, a StepLR.
+usage: graceful_exit.py OUT [--epochs N] [--exit-in-handler | --chain] [--signal TERM|USR1]"""
 import argparse
 import os
 import signal
@@ -34,20 +35,22 @@ def main():
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--exit-in-handler", action="store_true")
     parser.add_argument("--chain", action="store_true")
+    parser.add_argument("--signal", choices=["TERM", "USR1"], default="TERM")
     args = parser.parse_args()
+    signum = getattr(signal, "SIG" + args.signal)
     if args.chain:
-        previous = signal.getsignal(signal.SIGTERM)
+        previous = signal.getsignal(signum)
 
         def chained(signum, frame):
             with open(os.path.join(args.out, "handled.txt"), "a") as f:
-                f.write("SIGTERM\n")
+                f.write(signal.Signals(signum).name + "\n")
             request_stop(signum, frame)
             if callable(previous):
                 previous(signum, frame)
 
-        signal.signal(signal.SIGTERM, chained)
+        signal.signal(signum, chained)
     else:
-        signal.signal(signal.SIGTERM, exit_now if args.exit_in_handler else request_stop)
+        signal.signal(signum, exit_now if args.exit_in_handler else request_stop)
 
     torch.manual_seed(41)
     x = torch.randn(320, 10)
