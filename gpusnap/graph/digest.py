@@ -219,6 +219,12 @@ def _generator_state(x):
     return x if state is None else state
 
 
+def generator_place(gen) -> str:
+    """Where a suspended generator waits, by its function and position: an entered
+    ``contextmanager``'s, whose locals the merge writes, is at its place where this matches."""
+    return f"{gen.gi_code.co_qualname} {gen.gi_frame.f_lasti}"
+
+
 def fingerprint(obj, read=None, strict: bool = True) -> str | None:
     """xxh3-128 of a generator's state: its code position and locals, and what it delegates to
     (generators, list/tuple/range iterators), recursively. ``strict``: every local must be

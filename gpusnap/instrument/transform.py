@@ -17,6 +17,21 @@ call, or as the first argument of a ``tqdm(...)``/``trange``-style call in the h
 deferred too: none of them has made an iterator of its source when the loop starts, so replay
 can position the innermost source (``enumerate(islice(loader, n))``, ``tqdm(enumerate(loader))``).
 ``async for`` and comprehensions are left alone. ``N`` counts ``while`` statements per module.
+
+A ``with`` statement whose body holds a loop keeps each context manager in a local of its own
+while the body runs, where a snapshot finds it::
+
+    with A as a, B: BODY         ->  try:
+                                         with (_gpusnap_with_LINE_0 := A) as a, (_gpusnap_with_LINE_1 := B): BODY
+                                     finally:
+                                         _gpusnap_with_LINE_0 = _gpusnap_with_LINE_1 = None
+
+Python keeps the object a ``with`` entered only on its frame's stack, which no snapshot reads; but
+it often saved state at entry that its exit puts back (the rates a ``contextmanager`` saved in its
+own frame, a class's flags on ``self``, ``torch.random.fork_rng``'s generator state). A loop's
+boundary inside the body is a place a restart resumes at: the replay entered the ``with`` with its
+own state, so the merge must give the entered object the run's. The names are not ``__gpusnap_``:
+the snapshot keeps them. Cleared at exit, they never hold an object a finished ``with`` left.
 Every node made here carries the location of the statement it replaces (its ``for T in E`` /
 ``while C`` header) and the ``for``/``while`` node keeps its own, so line numbers and tracebacks
 stay the user's. ``__gpusnap_loops__`` is not
@@ -30,10 +45,11 @@ import ast
 import sys
 
 # Enters the compiled-code cache key: bump on any change to what is emitted.
-VERSION = 2
+VERSION = 3
 
 LOOPS_NAME = "__gpusnap_loops__"
 WHILE_PREFIX = "__gpusnap_w_"
+WITH_PREFIX = "_gpusnap_with_"
 _DEFERRED_CALLS = frozenset({"enumerate", "zip", "islice"})
 _WRAPPERS = frozenset({"tqdm"})  # calls whose first argument is the iterable they wrap
 _ITER_AT_EXPR = sys.version_info >= (3, 13)
@@ -96,6 +112,19 @@ def _defer_nested(node: ast.expr) -> ast.expr:
     return node
 
 
+def _holds_loop(body: list) -> bool:
+    """Whether a loop runs inside these statements (not inside a function or class they define)."""
+    stack = list(body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.For, ast.While)):
+            return True
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+    return False
+
+
 class LoopTransformer(ast.NodeTransformer):
     """Rewrites one module's tree in place; ``count`` is how many loops it instrumented."""
 
@@ -118,6 +147,24 @@ class LoopTransformer(ast.NodeTransformer):
         node.iter = call
         self.count += 1
         return node
+
+    def visit_With(self, node: ast.With) -> ast.stmt:
+        self.generic_visit(node)
+        if not _holds_loop(node.body):
+            return node
+        names = []
+        for i, item in enumerate(node.items):
+            name = f"{WITH_PREFIX}{node.lineno}_{i}"
+            names.append(name)
+            kept = ast.NamedExpr(target=ast.Name(id=name, ctx=ast.Store()), value=item.context_expr)
+            for made in (kept, kept.target):
+                ast.copy_location(made, item.context_expr)
+            item.context_expr = kept
+        clear = ast.Assign(targets=[ast.Name(id=n, ctx=ast.Store()) for n in names], value=ast.Constant(value=None))
+        stmt = ast.Try(body=[node], handlers=[], orelse=[], finalbody=[clear])
+        for made in (clear, *clear.targets, clear.value, stmt):
+            ast.copy_location(made, node)
+        return stmt
 
     def visit_While(self, node: ast.While) -> ast.With:
         self.generic_visit(node)

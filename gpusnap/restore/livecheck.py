@@ -45,7 +45,7 @@ import sys
 import types
 
 from gpusnap.graph.digest import MISSING as _MISSING
-from gpusnap.graph.digest import fingerprint, loader_iter_class
+from gpusnap.graph.digest import fingerprint, generator_place, loader_iter_class
 from gpusnap.graph.iterators import adapter_of_kind, put_generators
 from gpusnap.restore.frames import write_locals
 
@@ -240,6 +240,11 @@ def _generator(live, info: dict, path: str, say=None) -> str | None:
     if live is _MISSING or not isinstance(live, types.GeneratorType):
         return f"cannot find the generator that the run that took the snapshot held at {path}"
     state = inspect.getgeneratorstate(live)
+    if info.get("context"):  # an entered contextmanager's: the replay's entered the same `with`
+        if state == "GEN_SUSPENDED" and generator_place(live) == info["context"]:
+            return None
+        return (f"found the context manager's generator at {path} {state.lower()[4:]} ({live.gi_code.co_qualname}), "
+                f"the run's was suspended at {info['context']}")
     if info["state"] != "GEN_SUSPENDED":
         if state == info["state"]:
             return None

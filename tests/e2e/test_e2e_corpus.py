@@ -15,7 +15,8 @@ shards; an EMA over a checkpointed, autocast model; state on a script's classes 
 functions, and in closures bound to its globals; a DP-SGD by hand with torch.func; lazy modules
 materialized in the first step; a best state that shares the parameters' memory; losses summed over an accumulation window;
 federated averaging over clients drawn each round;
-a curriculum that switches loaders by its accuracies; sharpness-aware minimization) continue
+a curriculum that switches loaders by its accuracies; sharpness-aware minimization; phases inside
+`with` blocks that put state back at their exit) continue
 with the same bytes after a kill: each is run uninterrupted, and again under `gpusnap run` with
 SIGUSR1 at a random step, kill -9 of the whole process group a few steps later, then `gpusnap
 restart`. One seed per program by default (printed; pytest shows it on failure);
@@ -242,6 +243,30 @@ MORE = {
     # replay's `state.params` is `params`, the run's is not (refused, 3 of 3, until the merge gave
     # each of the run's two dicts its own object)
     "functional_state": ("functional_state.py", [], 0, "gpusnap: merging "),
+    # a DataLoader seen through map, filter, itertools.chain, a generator expression or
+    # zip_longest (consumed item by item to its place), and a `for ... else` (all exact at the first try)
+    "iter_builtins-map": ("iter_builtins.py", ["map"], 13, "gpusnap: fast-forward "),
+    "iter_builtins-filter": ("iter_builtins.py", ["filter"], 13, "gpusnap: fast-forward "),
+    "iter_builtins-chain": ("iter_builtins.py", ["chain"], 18, "gpusnap: fast-forward "),
+    "iter_builtins-genexpr": ("iter_builtins.py", ["genexpr"], 13, "gpusnap: fast-forward "),
+    "iter_builtins-zip_longest": ("iter_builtins.py", ["zip_longest"], 13, "gpusnap: fast-forward "),
+    "iter_builtins-for_else": ("iter_builtins.py", ["for_else"], 13, "gpusnap: fast-forward "),
+    # (exact at the first try:) Lookahead as a plain class whose slow weights are keyed by the
+    # parameters; MoCo's momentum encoder and queue buffers, in pretraining and in the linear probe
+    # after it; accumulation by a token budget; a grid search with a model per setting; evolution
+    # strategies (vector_to_parameters, no optimizer); shards memory-mapped by torch.load(mmap=True)
+    "lookahead": ("lookahead.py", [], 16, "gpusnap: fast-forward "),
+    "moco_queue": ("moco_queue.py", []),
+    "moco_queue-probe": ("moco_queue.py", [], 19, "gpusnap: "),
+    "token_budget": ("token_budget.py", [], 21, "gpusnap: fast-forward "),
+    "hparam_sweep": ("hparam_sweep.py", [], 17, "gpusnap: "),
+    "evolution_strategies": ("evolution_strategies.py", []),
+    "mmap_shards": ("mmap_shards.py", [], 21, "gpusnap: fast-forward "),
+    # each epoch's re-warm inside a `with` that puts state back at exit, anywhere past the first
+    # epoch (test_a_with_that_puts_state_back_at_its_exit_... snapshots inside the re-warm, in CI)
+    "context_phases-lr": ("context_phases.py", ["lr"], 19, "gpusnap: fast-forward "),
+    "context_phases-frozen": ("context_phases.py", ["frozen"], 19, "gpusnap: fast-forward "),
+    "context_phases-fork_rng": ("context_phases.py", ["fork_rng"], 19, "gpusnap: fast-forward "),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)
@@ -273,6 +298,34 @@ def test_corpus_program_restarts_to_the_same_bytes(tmp_path, name, seed):
     assert says in restarted.stderr
     assert_same(load_final(ref), load_final(out))
     print(f"{name}: {time.monotonic() - started:.1f} s")
+
+
+class _Earliest(random.Random):
+    """Picks the first step ``interrupt`` may choose, and kills right after the witness."""
+
+    def randint(self, a, b):
+        return a
+
+
+@pytest.mark.parametrize("style", ["lr", "frozen"])
+def test_a_with_that_puts_state_back_at_its_exit_gets_the_run_s_state_from_the_snapshot(tmp_path, style):
+    """context_phases.py re-warms each epoch inside a `with` that saved state at entry and puts it
+    back at exit: the rates (a generator context manager's frame) or the first layer's
+    requires_grad flags (a class's instance). Snapshotted early in the third epoch's re-warm, the
+    witness's iterations all came before that exit; the replay had entered the `with` with setup's
+    rate and flags, and the restart said "verified" and ended with other bytes (3 of 12 seeds)
+    until the entered object was kept where the snapshot finds it (instrument.transform)."""
+    script = copy_programs(tmp_path) / "corpus" / "context_phases.py"
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    ref.mkdir()
+    out.mkdir()
+    plain(script, ref, style, cwd=tmp_path, env=ENV)
+    # An epoch is 7 re-warming steps and 12 others: the third's re-warm is steps 39 to 45.
+    restarted = kill_and_restart(script, [style], tmp_path, out, _Earliest(), progress(ref), ENV, SLOW, floors=(36,))
+    snap = RunDir.open(tmp_path / "snaps").manifest()
+    assert 39 <= snap["iteration"] <= 42, snap["iteration"]
+    assert " verified: " in restarted.stderr, restarted.stderr
+    assert_same(load_final(ref), load_final(out))
 
 
 def test_a_phase_one_restart_passed_over_is_passed_over_by_the_next_one_too(tmp_path):

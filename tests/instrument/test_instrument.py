@@ -5,6 +5,7 @@ may be instrumented."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import sys
 import textwrap
 import threading
@@ -329,6 +330,65 @@ SNIPPETS["deferred_calls"] = """
     except ValueError as exc:
         out.append(str(exc)[:20])
 """
+
+SNIPPETS["with_loops"] = """
+    import contextlib
+
+    @contextlib.contextmanager
+    def tag(name):
+        out.append(("enter", name))
+        try:
+            yield name.upper()
+        finally:
+            out.append(("exit", name))
+
+    with tag("a") as a, tag("b"):
+        for i in range(2):
+            out.append((a, i))
+    def f():
+        for k in range(3):
+            with tag(str(k)) as t:
+                while True:
+                    if k == 1:
+                        return t
+                    break
+    out.append(f())
+    try:
+        with tag("raises"):
+            for i in range(1):
+                raise KeyError(i)
+    except KeyError as exc:
+        out.append(repr(exc))
+    with tag("no loop"):
+        out.append("body")
+"""
+
+
+def test_a_with_around_a_loop_keeps_its_context_manager_in_a_local_while_the_body_runs():
+    """A snapshot at a boundary inside the body finds the entered object (its exit puts back what
+    it saved at entry); a finished ``with`` leaves nothing behind."""
+    source = textwrap.dedent("""\
+        import contextlib
+        class Saves:
+            def __enter__(self):
+                return self
+            def __exit__(self, *exc):
+                return False
+        def f():
+            with contextlib.nullcontext(), Saves() as s:
+                for i in range(1):
+                    out.append(dict(locals()))
+            out.append(dict(locals()))
+        f()
+    """)
+    out, error = _run(source, instrumented=True)
+    assert error is None, error
+    inside, after = out
+    assert type(inside["_gpusnap_with_8_0"]) is contextlib.nullcontext
+    assert inside["_gpusnap_with_8_1"] is inside["s"]
+    assert after["_gpusnap_with_8_0"] is None and after["_gpusnap_with_8_1"] is None
+    assert "_gpusnap_with_" not in ast.unparse(transform.transform_source("with a:\n    pass\n"))
+
 
 FUTURE = """\
 from __future__ import annotations

@@ -37,6 +37,7 @@ fetch buffers through ``read_buffer(name)``, once per buffer.
 
 from __future__ import annotations
 
+import contextlib
 import copyreg
 import io
 import pickle
@@ -186,6 +187,10 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         self.host = HostMemory(drained, unforked)
         self.buffers: dict[str, dict] = {}
         self.live_only: list[tuple[object, str]] = []
+        # ids of the generators of entered ``contextmanager``s (a ``with`` a loop runs inside;
+        # instrument.transform): suspended at their yield, their locals are the state the exit
+        # puts back, library code's too
+        self.context_generators: set[int] = set()
         self.tensors: list[tuple[object, str]] = []
         self.storage_names: dict[tuple, str] = {}
         self.storage_offsets: dict[tuple, int] = {}
@@ -238,8 +243,10 @@ class GraphPickler(BufferReducers, pickle.Pickler):
             return self._reduce_cupy(obj)
         if self._core_buffer is not None and isinstance(obj, self._core_buffer):
             return self._reduce_core_buffer(obj)
+        if type(obj) is contextlib._GeneratorContextManager and type(getattr(obj, "gen", None)) is types.GeneratorType:
+            self.context_generators.add(id(obj.gen))  # its state follows (default reduce)
         if type(obj) is types.GeneratorType and obj.gi_suspended:
-            if safepoints.instrumented(obj.gi_code):
+            if safepoints.instrumented(obj.gi_code) or id(obj) in self.context_generators:
                 return self._live_generator(obj)
             ahead = FETCHED_AHEAD.get(f"{obj.gi_frame.f_globals.get('__name__')}.{obj.__qualname__}") if FETCHED_AHEAD else None
             if ahead:

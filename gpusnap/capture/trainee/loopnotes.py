@@ -28,7 +28,7 @@ import weakref
 
 from gpusnap.capture.pickling import pickler
 from gpusnap.graph import rng, workers
-from gpusnap.graph.digest import MISSING, digest, fingerprint, loader_iter_class, part_of
+from gpusnap.graph.digest import MISSING, digest, fingerprint, generator_place, loader_iter_class, part_of
 from gpusnap.graph.iterators import LOADER_ITERS, adapter_for
 from gpusnap.instrument import loops
 
@@ -181,22 +181,27 @@ def _states_json(states: tuple, read) -> dict:
     }
 
 
-def describe(obj, read=None, active_loops=()) -> dict | None:
+def describe(obj, read=None, active_loops=(), contexts=frozenset()) -> dict | None:
     """Where a live-only iterator stands (None: ``obj`` is no iterator). ``active_loops``: the
-    loops that were running (a suspended generator's among them)."""
+    loops that were running (a suspended generator's among them); ``contexts``: the ids of the
+    generators of entered ``contextmanager``s (``GraphPickler.context_generators``)."""
     try:
-        return _describe(obj, read, active_loops)
+        return _describe(obj, read, active_loops, contexts)
     except Exception as exc:  # an iterator this cannot read: its position is unknown
         return {"kind": "iterator", "why": f"{type(exc).__name__} while reading it"}
 
 
-def _describe(obj, read, active_loops=()):
+def _describe(obj, read, active_loops=(), contexts=frozenset()):
     if isinstance(obj, _PROXIES):
         return None  # a weak proxy's type has every slot, __next__ included, whatever it refers to
     adapter = adapter_for(obj)
     info = adapter.describe(obj, read) if adapter is not None else None
     if info is not None:
         return info
+    if isinstance(obj, types.GeneratorType) and id(obj) in contexts and obj.gi_frame is not None:
+        # The replay entered the same `with`: its generator waits at the same yield, and the
+        # merge gives it this one's locals. Its place is its code and position, not its locals.
+        return {"kind": "generator", "state": inspect.getgeneratorstate(obj), "context": generator_place(obj)}
     if isinstance(obj, types.GeneratorType):
         info = {"kind": "generator", "state": inspect.getgeneratorstate(obj), "fingerprint": fingerprint(obj, read, strict=True)}
         running = [loop for loop in active_loops if obj.gi_frame is not None and loop.frame is obj.gi_frame]

@@ -113,7 +113,7 @@ def write_snapshot(job: WriteJob, report_progress=None) -> dict:
             graph["pickler"] = "iterative"  # the graph was too deep for the C pickler
         sources = {id(obj) for obj in (payload.get("ahead") or {}).values()}  # positioned by fast-forward, not livecheck
         iterators = {id(obj): info for obj, _ in pickler.live_only
-                     if id(obj) not in sources and (info := loopnotes.describe(obj, read, job.active_loops))}
+                     if id(obj) not in sources and (info := loopnotes.describe(obj, read, job.active_loops, pickler.context_generators))}
         manifest = _manifest(job, payload, pickler, graph, stall_s, iterators, loopnotes.held_by_sources(job.active_loops))
         if job.files is not None:
             from gpusnap import files
