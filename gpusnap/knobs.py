@@ -125,6 +125,11 @@ WITNESS_ITERATIONS = _parsed("WITNESS_ITERATIONS", 3, lambda raw: int(_non_negat
 # witness, for at most this long after the fork (0: stop at once, and restart unverified).
 WITNESS_STOP_S = _parsed("WITNESS_STOP_S", 10.0, lambda raw: _non_negative(float(raw)), "a number >= 0")
 
+# A snapshot asked for while futures of the program's executors run (a background save or
+# evaluation) waits for them, training on, for half of this, then waits at a boundary for the rest
+# (capture/safepoints/inflight.py); one still running goes into the snapshot as it is.
+FUTURES_WAIT_S = _parsed("FUTURES_WAIT_S", 30.0, lambda raw: _non_negative(float(raw)), "a number >= 0")
+
 # A writer that makes no progress (spends no CPU time and is not waiting for a core) for this long
 # is hung: the trainee kills it and reports the snapshot failed (capture/writer/watchdog.py). 0 (default):
 # a minute plus one second per 50 MB of the trainee's memory.

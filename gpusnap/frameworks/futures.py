@@ -7,7 +7,12 @@ nothing else: nothing will notify it again, and ``result()`` only takes the cond
 what the snapshot holds. So once merged, each such future gets a new condition. One that was
 still running keeps the placeholder: its work is gone with the process that did it, and the
 program's first use of it is the restore's refusal (``graph.load.NotCaptured``), never a wait
-that no thread would end.
+that no thread would end. A snapshot waits for such futures first, within a bound
+(``capture.safepoints.inflight``).
+
+An executor is live-only, kept as the replay made it: merged, the replay's pool took the run's
+count of threads (placeholders) and started none, and the restart's first ``submit`` waited for
+ever (``tests/programs/corpus/async_eval.py``).
 """
 
 from __future__ import annotations
@@ -15,8 +20,11 @@ from __future__ import annotations
 import sys
 import threading
 
+from gpusnap.capture.pickling import pickler
 from gpusnap.graph.load import LiveOnly
 from gpusnap.restore import replay
+
+pickler.LIVE_NAMES.add("concurrent.futures._base.Executor")
 
 
 def _give_done_futures_a_condition(objects) -> None:

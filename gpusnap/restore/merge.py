@@ -339,8 +339,21 @@ class Merger(KindMerges):
         if isinstance(snap, CoreBuffer):
             self.nbytes += snap.nbytes
             return self._align(snap, corebuffers.build(snap, path, self.write_device), path)
+        if type(snap) is tuple or (isinstance(snap, tuple) and hasattr(type(snap), "_make")):
+            return self._align(snap, self._rebuilt_tuple(snap, path), path)
         self._adopted.append((snap, path))
         return self._align(snap, snap, path)
+
+    def _rebuilt_tuple(self, snap: tuple, path: Path) -> tuple:
+        """A tuple (or namedtuple) the run made after setup, with what stands for its items now:
+        ``(val_loss, model.state_dict())`` holds views of the live parameters, as the run's did,
+        not of the snapshot's copies (which no training would move). Immutable, it is built anew
+        here, at ``finish`` (every live counterpart known) where it settles a place."""
+        resolve = self._resolver([])
+        items = [resolve(item, path + f"[{i}]") for i, item in enumerate(snap)]
+        if all(a is b for a, b in zip(items, snap)):
+            return snap
+        return tuple(items) if type(snap) is tuple else type(snap)._make(items)
 
     def _remap_adopted(self) -> None:
         """Inside what was adopted, replace snapshot objects by what stands for them now."""

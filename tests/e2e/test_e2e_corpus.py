@@ -98,6 +98,10 @@ CORPUS = {
     # 3; with the best starting as a deep copy, 3 of 3 more). The merge joins them again, and
     # the witness compares which tensors share memory
     "best_state_alias": ("best_state_alias.py", [], 51, "gpusnap: merging "),
+    # the same best kept as one tuple made in the loop: the merge took the snapshot's tuple, whose
+    # state dict viewed the snapshot's copies of the parameters, and the restart said "verified"
+    # and saved another best (2 of 3), until such a tuple was built anew from the live objects
+    "best_state_alias-as-tuple": ("best_state_alias.py", ["--as-tuple"], 51, "gpusnap: merging "),
     # Gradient accumulation by summing the losses (`window = window + loss / 4`, one backward per
     # 4 iterations): a snapshot inside the window lost the graph of its losses, and the witness
     # refused the restart (the full set, seed 1: snapshot at the 29th iteration). A snapshot now
@@ -261,6 +265,7 @@ MORE = {
     "token_budget": ("token_budget.py", [], 21, "gpusnap: fast-forward "),
     "hparam_sweep": ("hparam_sweep.py", [], 17, "gpusnap: "),
     "evolution_strategies": ("evolution_strategies.py", []),
+    "async_eval": ("async_eval.py", [], 17, "gpusnap: fast-forward "),
     "mmap_shards": ("mmap_shards.py", [], 21, "gpusnap: fast-forward "),
     # each epoch's re-warm inside a `with` that puts state back at exit, anywhere past the first
     # epoch (test_a_with_that_puts_state_back_at_its_exit_... snapshots inside the re-warm, in CI)

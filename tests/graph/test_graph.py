@@ -457,6 +457,33 @@ def test_a_live_only_object_the_run_held_at_two_places_is_one_live_object_after_
     assert merger.counterpart(snap["loader"]) is live["hard"]
 
 
+Record = collections.namedtuple("Record", "step weight")  # at module level: a namedtuple pickles by name
+
+
+@pytest.mark.parametrize("order", [("model", "best", "records"), ("records", "best", "model")])
+def test_a_tuple_made_after_setup_holds_the_live_objects_that_stand_for_its_items(tmp_path, order):
+    """`best = (val_loss, model.state_dict())` and `records.append((step, model.weight))` in the
+    loop: the replay holds no such tuple, so the merge took the snapshot's, whose items were the
+    snapshot's copies. `best[1]` no longer viewed the live parameters and `records[0][1]` was not
+    `model.weight`: a restart said "verified" and saved another `best` than the run's. A tuple
+    the run made is built anew from what stands for its items (a namedtuple too)."""
+    weight = torch.nn.Parameter(torch.arange(4.0))
+    snap, _ = snapshot_and_load(tmp_path, {"model": weight, "best": (0.5, {"w": weight.detach()}),
+                                           "records": [Record(5, weight), (6, [weight])]})
+    live_weight = torch.nn.Parameter(torch.zeros(4))
+    live = {"model": live_weight, "best": None, "records": []}
+    merger = Merger()
+    values = {name: merger.value(live[name], snap[name], f"locals.{name}") for name in order}
+    merger.finish()
+    values = {name: merger.settled(value) for name, value in values.items()}
+    assert values["model"] is live_weight and torch.equal(live_weight, torch.arange(4.0))
+    loss, state = values["best"]
+    assert loss == 0.5 and state["w"].data_ptr() == live_weight.data_ptr()
+    record, pair = values["records"]
+    assert type(record).__name__ == "Record" and record.step == 5 and record.weight is live_weight
+    assert pair[0] == 6 and pair[1][0] is live_weight
+
+
 @pytest.mark.parametrize("order", [("model", "params", "view"), ("params", "view", "model")])
 def test_places_the_replay_made_share_memory_that_the_run_held_apart_get_the_run_s_bytes_each(tmp_path, order):
     """`params = {k: v.detach() for k, v in model.named_parameters()}`, then each step rebinds

@@ -29,7 +29,7 @@ import sys
 import time
 
 from gpusnap import files, knobs, lifeline, stage
-from gpusnap.capture.safepoints import steploop
+from gpusnap.capture.safepoints import inflight, steploop
 from gpusnap.capture.trainee import children, control, handlers, pace, session
 from gpusnap.capture.trainee import witness as witnessing
 from gpusnap.capture.writer import fork
@@ -74,6 +74,7 @@ def install(config: dict, note_source) -> None:
     control.install_signals()
     control.connect(session.config.get("control"))
     steploop.install(note_source)
+    inflight.install()
     atexit.register(witnessing.flush)  # after the writer's wait (atexit runs in reverse): its commit frees the witness
     atexit.register(fork.wait_for_writer_at_exit)
 
@@ -156,7 +157,7 @@ def _on_boundary(loop) -> None:
             _coalesced_said = True
             control.emit("coalesced", id=running.snap_id, reason=requests[0][0] if requests else "?")
         return
-    if not steploop.is_safe_point(loop) or steploop.in_accumulation(loop):
+    if not steploop.is_safe_point(loop) or steploop.in_accumulation(loop) or inflight.holds_back():
         return
     _snapshot(loop)
 

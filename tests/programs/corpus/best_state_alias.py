@@ -2,8 +2,10 @@
 do: the state dict's tensors share the parameters' memory, so the "best" state follows the
 model, and `model.load_state_dict(best_state)` at the end loads the last weights. Deterministic
 all the same, and what the script computes. With --start-copied, the best starts as a deep copy
-of the first weights and their validation loss. Validation each epoch, Adam, a StepLR.
-usage: best_state_alias.py OUT [--epochs N] [--start-copied]"""
+of the first weights and their validation loss. With --as-tuple, the best is one tuple,
+`best = (val_loss, model.state_dict())`, None until the first validation. Validation each
+epoch, Adam, a StepLR.
+usage: best_state_alias.py OUT [--epochs N] [--start-copied] [--as-tuple]"""
 import argparse
 import copy
 
@@ -28,6 +30,7 @@ def main():
     parser.add_argument("out")
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--start-copied", action="store_true")
+    parser.add_argument("--as-tuple", action="store_true")
     args = parser.parse_args()
 
     torch.manual_seed(17)
@@ -43,6 +46,7 @@ def main():
     best_loss, best_state, history, step = float("inf"), None, [], 0
     if args.start_copied:
         best_loss, best_state = evaluate(model, val), copy.deepcopy(model.state_dict())
+    best = None
     for epoch in range(args.epochs):
         for xb, yb in train:
             loss = F.cross_entropy(model(xb), yb)
@@ -54,8 +58,12 @@ def main():
         schedule.step()
         val_loss = evaluate(model, val)
         history.append(val_loss)
-        if val_loss < best_loss:
+        if args.as_tuple and (best is None or val_loss < best[0]):
+            best = (val_loss, model.state_dict())
+        elif not args.as_tuple and val_loss < best_loss:
             best_loss, best_state = val_loss, model.state_dict()
+    if args.as_tuple:
+        best_loss, best_state = best
     model.load_state_dict(best_state)
     finish(model=model.state_dict(), optimizer=optimizer.state_dict(), history=history, best_loss=best_loss,
            best=best_state)
