@@ -320,6 +320,8 @@ class Merger(KindMerges):
         if hasattr(snap, "__dict__") and isinstance(getattr(live, "__dict__", None), dict):
             self._align(snap, live, path)
             return _Steps(self._merge_attrs(live, snap.__dict__, path, added=ADDED_BY_SETSTATE.get(id(snap), ())))
+        if type(snap) in (set, frozenset):
+            return self._wait(snap, path)  # its items' counterparts are all known at finish
         return self._adopt(snap, path)
 
     def _wait(self, snap, path: Path) -> _Pending:
@@ -339,21 +341,28 @@ class Merger(KindMerges):
         if isinstance(snap, CoreBuffer):
             self.nbytes += snap.nbytes
             return self._align(snap, corebuffers.build(snap, path, self.write_device), path)
-        if type(snap) is tuple or (isinstance(snap, tuple) and hasattr(type(snap), "_make")):
-            return self._align(snap, self._rebuilt_tuple(snap, path), path)
+        if type(snap) in (tuple, set, frozenset) or (isinstance(snap, tuple) and hasattr(type(snap), "_make")):
+            return self._align(snap, self._rebuilt(snap, path), path)
         self._adopted.append((snap, path))
         return self._align(snap, snap, path)
 
-    def _rebuilt_tuple(self, snap: tuple, path: Path) -> tuple:
-        """A tuple (or namedtuple) the run made after setup, with what stands for its items now:
-        ``(val_loss, model.state_dict())`` holds views of the live parameters, as the run's did,
-        not of the snapshot's copies (which no training would move). Immutable, it is built anew
-        here, at ``finish`` (every live counterpart known) where it settles a place."""
+    def _rebuilt(self, snap, path: Path):
+        """A tuple (or namedtuple) or set the run made after setup, with what stands for its items
+        now: ``(val_loss, model.state_dict())`` holds views of the live parameters, as the run's
+        did, not of the snapshot's copies (which no training would move), and ``p in frozen``
+        finds the live parameters. A tuple or frozenset is built anew, a set refilled, here at
+        ``finish`` (every live counterpart known), where it settles a place."""
         resolve = self._resolver([])
         items = [resolve(item, path + f"[{i}]") for i, item in enumerate(snap)]
         if all(a is b for a, b in zip(items, snap)):
             return snap
-        return tuple(items) if type(snap) is tuple else type(snap)._make(items)
+        if type(snap) is set:
+            snap.clear()
+            snap.update(items)
+            return snap
+        if type(snap) in (tuple, frozenset):
+            return type(snap)(items)
+        return type(snap)._make(items)
 
     def _remap_adopted(self) -> None:
         """Inside what was adopted, replace snapshot objects by what stands for them now."""

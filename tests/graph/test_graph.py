@@ -460,18 +460,21 @@ def test_a_live_only_object_the_run_held_at_two_places_is_one_live_object_after_
 Record = collections.namedtuple("Record", "step weight")  # at module level: a namedtuple pickles by name
 
 
-@pytest.mark.parametrize("order", [("model", "best", "records"), ("records", "best", "model")])
-def test_a_tuple_made_after_setup_holds_the_live_objects_that_stand_for_its_items(tmp_path, order):
+@pytest.mark.parametrize("order", [("model", "best", "records", "frozen", "layers"), ("layers", "frozen", "records", "best", "model")])
+def test_a_tuple_or_set_made_after_setup_holds_the_live_objects_that_stand_for_its_items(tmp_path, order):
     """`best = (val_loss, model.state_dict())` and `records.append((step, model.weight))` in the
     loop: the replay holds no such tuple, so the merge took the snapshot's, whose items were the
     snapshot's copies. `best[1]` no longer viewed the live parameters and `records[0][1]` was not
     `model.weight`: a restart said "verified" and saved another `best` than the run's. A tuple
-    the run made is built anew from what stands for its items (a namedtuple too)."""
+    the run made is built anew from what stands for its items (a namedtuple too); so is a
+    frozenset, and a set is refilled (`frozen = set(model[0].parameters())` mid-run, then `p in
+    frozen` each step: refused by its witness until then)."""
     weight = torch.nn.Parameter(torch.arange(4.0))
     snap, _ = snapshot_and_load(tmp_path, {"model": weight, "best": (0.5, {"w": weight.detach()}),
-                                           "records": [Record(5, weight), (6, [weight])]})
+                                           "records": [Record(5, weight), (6, [weight])],
+                                           "frozen": {weight}, "layers": frozenset([weight])})
     live_weight = torch.nn.Parameter(torch.zeros(4))
-    live = {"model": live_weight, "best": None, "records": []}
+    live = {"model": live_weight, "best": None, "records": [], "frozen": set(), "layers": None}
     merger = Merger()
     values = {name: merger.value(live[name], snap[name], f"locals.{name}") for name in order}
     merger.finish()
@@ -482,6 +485,7 @@ def test_a_tuple_made_after_setup_holds_the_live_objects_that_stand_for_its_item
     record, pair = values["records"]
     assert type(record).__name__ == "Record" and record.step == 5 and record.weight is live_weight
     assert pair[0] == 6 and pair[1][0] is live_weight
+    assert values["frozen"] == {live_weight} and values["layers"] == frozenset([live_weight])
 
 
 @pytest.mark.parametrize("order", [("model", "params", "view"), ("params", "view", "model")])
