@@ -46,6 +46,7 @@ This module is the driver; the merge of each kind is in ``restore.kinds``.
 
 from __future__ import annotations
 
+import collections
 import functools
 import sys
 import types
@@ -378,12 +379,19 @@ class Merger(KindMerges):
             self.path = path
             if type(obj) is list:
                 obj[:] = [resolve(item, path + f"[{i}]") for i, item in enumerate(obj)]
+            elif type(obj) is collections.deque:
+                items = [resolve(item, path + f"[{i}]") for i, item in enumerate(obj)]
+                obj.clear()
+                obj.extend(items)
             elif isinstance(obj, dict):
                 _resolve_items(obj, resolve, path)
             if isinstance(getattr(obj, "__dict__", None), dict) and not self._is_tensor(obj):
                 attrs = obj.__dict__
                 for name, value in list(attrs.items()):
                     attrs[name] = resolve(value, path + f".{name}")
+            if not self._is_tensor(obj):
+                for name, value in slot_values(obj).items():  # a @dataclass(slots=True) of the program's
+                    object.__setattr__(obj, name, resolve(value, path + f".{name}"))
 
     def _resolver(self, todo: list):
         def resolve(item, path: Path):
@@ -418,6 +426,26 @@ class Merger(KindMerges):
 
 
 _MISSING = object()
+
+
+def slot_values(obj) -> dict:
+    """What the ``__slots__`` of a Python object's classes hold, by attribute name (a private
+    one as mangled); empty for a class or where no class declares slots."""
+    if isinstance(obj, type):
+        return {}
+    values = {}
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name in ("__dict__", "__weakref__"):
+                continue
+            if name.startswith("__") and not name.endswith("__"):
+                name = f"_{cls.__name__.lstrip('_')}{name}"
+            try:
+                values[name] = object.__getattribute__(obj, name)
+            except AttributeError:  # a slot never set
+                continue
+    return values
 
 
 def _resolve_items(obj: dict, resolve, path: Path) -> None:

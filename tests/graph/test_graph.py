@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import functools
 import io
 import itertools
@@ -460,21 +461,33 @@ def test_a_live_only_object_the_run_held_at_two_places_is_one_live_object_after_
 Record = collections.namedtuple("Record", "step weight")  # at module level: a namedtuple pickles by name
 
 
-@pytest.mark.parametrize("order", [("model", "best", "records", "frozen", "layers"), ("layers", "frozen", "records", "best", "model")])
-def test_a_tuple_or_set_made_after_setup_holds_the_live_objects_that_stand_for_its_items(tmp_path, order):
+@dataclasses.dataclass(slots=True, frozen=True)
+class SlotBest:
+    loss: float
+    state: dict
+
+
+@pytest.mark.parametrize("order", [("model", "best", "records", "frozen", "layers", "kept", "recent"),
+                                   ("recent", "kept", "layers", "frozen", "records", "best", "model")])
+def test_a_tuple_set_deque_or_slots_object_made_after_setup_holds_the_live_objects_for_its_items(tmp_path, order):
     """`best = (val_loss, model.state_dict())` and `records.append((step, model.weight))` in the
     loop: the replay holds no such tuple, so the merge took the snapshot's, whose items were the
     snapshot's copies. `best[1]` no longer viewed the live parameters and `records[0][1]` was not
     `model.weight`: a restart said "verified" and saved another `best` than the run's. A tuple
     the run made is built anew from what stands for its items (a namedtuple too); so is a
     frozenset, and a set is refilled (`frozen = set(model[0].parameters())` mid-run, then `p in
-    frozen` each step: refused by its witness until then)."""
+    frozen` each step: refused by its witness until then). A deque's items and the slots of a
+    `@dataclass(slots=True)` (which has no `__dict__` to remap) are resolved too: each kept the
+    snapshot's copies, and a restart said "verified" with `kept.state` apart from the model."""
     weight = torch.nn.Parameter(torch.arange(4.0))
     snap, _ = snapshot_and_load(tmp_path, {"model": weight, "best": (0.5, {"w": weight.detach()}),
                                            "records": [Record(5, weight), (6, [weight])],
-                                           "frozen": {weight}, "layers": frozenset([weight])})
+                                           "frozen": {weight}, "layers": frozenset([weight]),
+                                           "kept": SlotBest(0.25, {"w": weight.detach()}),
+                                           "recent": collections.deque([weight], maxlen=3)})
     live_weight = torch.nn.Parameter(torch.zeros(4))
-    live = {"model": live_weight, "best": None, "records": [], "frozen": set(), "layers": None}
+    live = {"model": live_weight, "best": None, "records": [], "frozen": set(), "layers": None, "kept": None,
+            "recent": None}
     merger = Merger()
     values = {name: merger.value(live[name], snap[name], f"locals.{name}") for name in order}
     merger.finish()
@@ -486,6 +499,8 @@ def test_a_tuple_or_set_made_after_setup_holds_the_live_objects_that_stand_for_i
     assert type(record).__name__ == "Record" and record.step == 5 and record.weight is live_weight
     assert pair[0] == 6 and pair[1][0] is live_weight
     assert values["frozen"] == {live_weight} and values["layers"] == frozenset([live_weight])
+    assert values["kept"].loss == 0.25 and values["kept"].state["w"].data_ptr() == live_weight.data_ptr()
+    assert values["recent"].maxlen == 3 and values["recent"][0] is live_weight
 
 
 @pytest.mark.parametrize("order", [("model", "params", "view"), ("params", "view", "model")])
