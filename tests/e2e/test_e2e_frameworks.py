@@ -66,6 +66,9 @@ TRAINERS = {
     "transformers-custom": (
         "transformers", "hf_custom.py", ["--epochs", "2"], (10,), "0.15", "started the DataLoaderShard iterator at",
     ),
+    # fine-tuning as guides set it up: batches grouped by length, NEFTune noise, a checkpoint and an
+    # evaluation every 8 steps, the best loaded back from disk at the end, early stopping
+    "transformers-best": ("transformers", "hf_best.py", [], (10,), "0.15", "started the DataLoaderShard iterator at"),
     # a GPT-2 in a hand-written loop: accumulation, a linear warmup schedule, sampled generations
     "transformers-loop": ("transformers", "gpt_loop.py", ["--epochs", "3"], (0,), "0.1", "in main to iteration"),
 }
@@ -73,8 +76,9 @@ TRAINERS = {
 
 # Shapes the default run covers elsewhere (GPUSNAP_TEST_CORPUS=all runs them): two restarts in
 # one run (test_e2e_corpus's distill twice), a hand-written loop over a transformers model (the
-# corpus's nanogpt_style, word_lm), a collator that draws one batch ahead (transformers-mlm).
-MORE_TRAINERS = ("transformers-auto-batch", "transformers-loop", "accelerate-noisy")
+# corpus's nanogpt_style, word_lm), a collator that draws one batch ahead (transformers-mlm),
+# Trainer checkpoints rotated on disk (test_e2e_files.py's hf_trainer --save-steps).
+MORE_TRAINERS = ("transformers-auto-batch", "transformers-loop", "accelerate-noisy", "transformers-best")
 
 
 @pytest.mark.parametrize("seed", SEEDS)
