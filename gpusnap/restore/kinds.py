@@ -238,9 +238,13 @@ class KindMerges:
     def _merge_tuple(self, live: tuple, snap: tuple, path: Path):
         merged = []
         for i, item in enumerate(snap):
-            value = yield (live[i] if i < len(live) else None, item, path + f"[{i}]")
-            merged.append(self.settled(value))  # an immutable tuple cannot wait for finish()
+            merged.append((yield (live[i] if i < len(live) else None, item, path + f"[{i}]")))
         self._building.discard(id(snap))
+        if any(self._waits(value) for value in merged):
+            # An item with no counterpart yet (`best = (loss, model)` met before `model`): an
+            # immutable tuple settled now would hold a copy where the live object belongs; it is
+            # built at finish, from what stands for each item then.
+            return self._wait(snap, path)
         if len(merged) == len(live) and all(a is b for a, b in zip(merged, live)):
             result = live
         elif type(snap) is tuple:

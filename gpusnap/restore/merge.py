@@ -144,6 +144,9 @@ class Merger(KindMerges):
     def value(self, live, snap, path: str | Path):
         return self._drive(self._place(live, snap, Path(path) if isinstance(path, str) else path))
 
+    def _waits(self, value) -> bool:
+        return isinstance(value, _Pending)
+
     def settled(self, value):
         """What a value returned by ``value()`` stands for, once ``finish()`` has run."""
         return self._settle(value) if isinstance(value, _Pending) else value
@@ -396,6 +399,8 @@ class Merger(KindMerges):
     def _resolver(self, todo: list):
         def resolve(item, path: Path):
             if isinstance(item, LiveOnly):
+                if id(item) in self.aligned:  # the live object it stands for (_match_live_only)
+                    return self.aligned[id(item)]
                 _name_place(item, path)
             if isinstance(item, _ATOMS) or isinstance(item, (LiveOnly, type)):
                 return item

@@ -467,8 +467,8 @@ class SlotBest:
     state: dict
 
 
-@pytest.mark.parametrize("order", [("model", "best", "records", "frozen", "layers", "kept", "recent"),
-                                   ("recent", "kept", "layers", "frozen", "records", "best", "model")])
+@pytest.mark.parametrize("order", [("model", "net", "best", "records", "frozen", "layers", "kept", "recent", "pair", "net_pair"),
+                                   ("net_pair", "pair", "recent", "kept", "layers", "frozen", "records", "best", "net", "model")])
 def test_a_tuple_set_deque_or_slots_object_made_after_setup_holds_the_live_objects_for_its_items(tmp_path, order):
     """`best = (val_loss, model.state_dict())` and `records.append((step, model.weight))` in the
     loop: the replay holds no such tuple, so the merge took the snapshot's, whose items were the
@@ -478,16 +478,21 @@ def test_a_tuple_set_deque_or_slots_object_made_after_setup_holds_the_live_objec
     frozenset, and a set is refilled (`frozen = set(model[0].parameters())` mid-run, then `p in
     frozen` each step: refused by its witness until then). A deque's items and the slots of a
     `@dataclass(slots=True)` (which has no `__dict__` to remap) are resolved too: each kept the
-    snapshot's copies, and a restart said "verified" with `kept.state` apart from the model."""
+    snapshot's copies, and a restart said "verified" with `kept.state` apart from the model. A
+    tuple the replay holds too (`pair = (inf, None)` in setup) met before the model waits for it:
+    settled at once, it took a copy, and `locals.net` became that copy (a tensor's tying refused)."""
     weight = torch.nn.Parameter(torch.arange(4.0))
-    snap, _ = snapshot_and_load(tmp_path, {"model": weight, "best": (0.5, {"w": weight.detach()}),
+    net = torch.nn.Linear(2, 1)
+    snap, _ = snapshot_and_load(tmp_path, {"model": weight, "net": net, "net_pair": (1, net),
+                                           "best": (0.5, {"w": weight.detach()}),
                                            "records": [Record(5, weight), (6, [weight])],
                                            "frozen": {weight}, "layers": frozenset([weight]),
                                            "kept": SlotBest(0.25, {"w": weight.detach()}),
-                                           "recent": collections.deque([weight], maxlen=3)})
+                                           "recent": collections.deque([weight], maxlen=3), "pair": (0.5, weight)})
     live_weight = torch.nn.Parameter(torch.zeros(4))
+    live_net = torch.nn.Linear(2, 1)
     live = {"model": live_weight, "best": None, "records": [], "frozen": set(), "layers": None, "kept": None,
-            "recent": None}
+            "recent": None, "pair": (float("inf"), None), "net": live_net, "net_pair": (0, None)}
     merger = Merger()
     values = {name: merger.value(live[name], snap[name], f"locals.{name}") for name in order}
     merger.finish()
@@ -501,6 +506,8 @@ def test_a_tuple_set_deque_or_slots_object_made_after_setup_holds_the_live_objec
     assert values["frozen"] == {live_weight} and values["layers"] == frozenset([live_weight])
     assert values["kept"].loss == 0.25 and values["kept"].state["w"].data_ptr() == live_weight.data_ptr()
     assert values["recent"].maxlen == 3 and values["recent"][0] is live_weight
+    assert values["pair"] == (0.5, live_weight) and values["pair"][1] is live_weight
+    assert values["net"] is live_net and values["net_pair"] == (1, live_net)
 
 
 @pytest.mark.parametrize("order", [("model", "params", "view"), ("params", "view", "model")])
