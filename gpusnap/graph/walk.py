@@ -10,6 +10,7 @@ goes on with when the whole graph is walked.
 
 from __future__ import annotations
 
+import copyreg
 import types
 
 ATOMS = (str, bytes, int, float, bool, complex, type(None))
@@ -53,6 +54,20 @@ class Path:
 
     def __format__(self, spec: str) -> str:
         return format(str(self), spec)
+
+
+def slot_values(obj) -> dict:
+    """What the ``__slots__`` of ``obj``'s classes hold, by attribute name (a private one as
+    mangled; a slot never set left out): state without a ``__dict__`` (``@dataclass(slots=True)``)."""
+    if isinstance(obj, type):
+        return {}
+    values = {}
+    for name in copyreg._slotnames(type(obj)):
+        try:
+            values[name] = object.__getattribute__(obj, name)
+        except AttributeError:
+            continue
+    return values
 
 
 def key_text(key) -> str:

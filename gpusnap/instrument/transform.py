@@ -32,6 +32,7 @@ own frame, a class's flags on ``self``, ``torch.random.fork_rng``'s generator st
 boundary inside the body is a place a restart resumes at: the replay entered the ``with`` with its
 own state, so the merge must give the entered object the run's. The names are not ``__gpusnap_``:
 the snapshot keeps them. Cleared at exit, they never hold an object a finished ``with`` left.
+
 Every node made here carries the location of the statement it replaces (its ``for T in E`` /
 ``while C`` header) and the ``for``/``while`` node keeps its own, so line numbers and tracebacks
 stay the user's. ``__gpusnap_loops__`` is not

@@ -64,7 +64,7 @@ from gpusnap.graph.load import (
     Unbuilt,
 )
 from gpusnap.graph.walk import ATOMS as _ATOMS
-from gpusnap.graph.walk import Path
+from gpusnap.graph.walk import Path, slot_values
 from gpusnap.graph.walk import key_text as _key_text
 from gpusnap.restore import corebuffers
 from gpusnap.restore.frames import write_locals
@@ -119,6 +119,7 @@ class Merger(KindMerges):
         self._first_path: dict[int, str] = {}
         self._deferred: list = []  # (live, snap, path) of dicts whose object keys were not aligned yet
         self._adopted: list = []  # (snapshot object, path) taken as they are
+        self._remapping: list | None = None  # _remap_adopted's list of what it adopted, while it runs
         self._pending: dict[int, _Pending] = {}  # id(snapshot object) -> its waiting places
         self._fixups: list = []  # (container, key, _Pending): slots that wait for finish()
         self._building: set[int] = set()  # snapshot tuples whose items are being merged
@@ -356,7 +357,8 @@ class Merger(KindMerges):
         did, not of the snapshot's copies (which no training would move), and ``p in frozen``
         finds the live parameters. A tuple or frozenset is built anew, a set refilled, here at
         ``finish`` (every live counterpart known), where it settles a place."""
-        resolve = self._resolver([])
+        # What resolving adopts is remapped in turn: by _remap_adopted's walk where it runs now.
+        resolve = self._resolver(self._remapping if self._remapping is not None else [])
         items = [resolve(item, path + f"[{i}]") for i, item in enumerate(snap)]
         if all(a is b for a, b in zip(items, snap)):
             return snap
@@ -371,6 +373,7 @@ class Merger(KindMerges):
     def _remap_adopted(self) -> None:
         """Inside what was adopted, replace snapshot objects by what stands for them now."""
         met: list = []  # what resolving one object adopted: looked into next
+        self._remapping = met
         resolve = self._resolver(met)
 
         def expand(obj, path: Path):
@@ -395,6 +398,7 @@ class Merger(KindMerges):
             if not self._is_tensor(obj):
                 for name, value in slot_values(obj).items():  # a @dataclass(slots=True) of the program's
                     object.__setattr__(obj, name, resolve(value, path + f".{name}"))
+        self._remapping = None
 
     def _resolver(self, todo: list):
         def resolve(item, path: Path):
@@ -431,26 +435,6 @@ class Merger(KindMerges):
 
 
 _MISSING = object()
-
-
-def slot_values(obj) -> dict:
-    """What the ``__slots__`` of a Python object's classes hold, by attribute name (a private
-    one as mangled); empty for a class or where no class declares slots."""
-    if isinstance(obj, type):
-        return {}
-    values = {}
-    for cls in type(obj).__mro__:
-        slots = cls.__dict__.get("__slots__", ())
-        for name in (slots,) if isinstance(slots, str) else slots:
-            if name in ("__dict__", "__weakref__"):
-                continue
-            if name.startswith("__") and not name.endswith("__"):
-                name = f"_{cls.__name__.lstrip('_')}{name}"
-            try:
-                values[name] = object.__getattribute__(obj, name)
-            except AttributeError:  # a slot never set
-                continue
-    return values
 
 
 def _resolve_items(obj: dict, resolve, path: Path) -> None:

@@ -62,6 +62,7 @@ from gpusnap.graph.load import (
     _set_state,
     _set_state_by_class,
 )
+from gpusnap.graph.walk import slot_values
 from gpusnap.stage.drain import Drained
 
 PROTOCOL = 5
@@ -338,12 +339,7 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         refuses): restore merges these into the replay's object, and never builds one."""
         _, args = self._live(obj)
         attrs = getattr(obj, "__dict__", None)
-        slots = {}
-        for name in copyreg._slotnames(type(obj)):
-            try:
-                slots[name] = object.__getattribute__(obj, name)
-            except AttributeError:  # a slot not set
-                continue
+        slots = slot_values(obj)
         if not isinstance(attrs, dict) and not slots:
             return _live_only, args
         attrs = dict(attrs or {})
