@@ -9,6 +9,13 @@ a restart stepped from the replay's fresh buffers (refused by its witness, 3 of 
 keeps every attribute that a torch optimizer does not set itself, where the class's
 ``__getstate__`` is torch's (a framework's optimizer class that writes its own decides for
 itself).
+
+Not kept: the wrapper an LR scheduler sets as the optimizer's ``step`` (``_wrapped_by_lr_sched``),
+a function made inside the scheduler's ``__init__``, which no snapshot can name. An optimizer and
+scheduler made mid-run (a head's, from a phase on) came back with a placeholder for it, and its
+first ``step()`` after the restart was refused. Left out, the optimizer keeps the replay's
+wrapper where the replay made the scheduler, else its class's ``step``; the wrapper only marks
+that the optimizer stepped, for a warning at the scheduler's first step.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ def _own_attributes(optimizer) -> dict:
     if type(optimizer).__getstate__ is not torch.optim.Optimizer.__getstate__:
         return {}
     torch_sets = _set_by_torch()
-    return {name: value for name, value in vars(optimizer).items() if name not in torch_sets}
+    return {name: value for name, value in vars(optimizer).items()
+            if name not in torch_sets and not (name == "step" and getattr(value, "_wrapped_by_lr_sched", False))}
 
 
 @functools.cache

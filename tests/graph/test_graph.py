@@ -408,6 +408,33 @@ class Wrapping(torch.optim.Optimizer):
         self.param_groups = self.base_optimizer.param_groups
 
 
+def test_an_optimizer_and_scheduler_made_after_setup_step_after_the_merge(tmp_path):
+    """A head's optimizer and its StepLR made mid-run (`head_opt = None` in setup): the scheduler
+    wraps `head_opt.step` in a function of its own `__init__`, which the snapshot held as a
+    placeholder, and the restart's first `head_opt.step()` was refused ("not callable"). The
+    wrapper is left out: the adopted optimizer steps by its class's method."""
+    import gpusnap.frameworks.optimizers  # noqa: F401 - registers what the snapshot keeps of optimizers
+
+    layer = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(layer.parameters(), lr=0.1)
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    for _ in range(3):
+        layer(torch.randn(4, 3)).sum().backward()
+        optimizer.step()
+        schedule.step()
+    snap, _ = snapshot_and_load(tmp_path, {"layer": layer, "head": (optimizer, schedule)})
+    live_layer = torch.nn.Linear(3, 2)
+    merger = Merger()
+    values = {name: merger.value({"layer": live_layer, "head": None}[name], snap[name], f"locals.{name}") for name in snap}
+    merger.finish()
+    head_opt, head_sched = merger.settled(values["head"])
+    assert head_sched.optimizer is head_opt and head_opt.param_groups[0]["params"][0] is live_layer.weight
+    live_layer(torch.randn(4, 3)).sum().backward()
+    head_opt.step()  # the class's step: no placeholder in the way
+    head_sched.step()
+    assert head_sched.last_epoch == 4 and head_opt.param_groups[0]["lr"] == 0.025
+
+
 def test_what_an_optimizer_subclass_adds_is_in_the_snapshot_though_torch_s_getstate_leaves_it_out(tmp_path):
     """Optimizer.__getstate__ keeps defaults, state and param_groups: a SAM optimizer's base
     optimizer, and its momentum, were not in the snapshot, and a restart stepped from the replay's
