@@ -407,6 +407,17 @@ def _strided(span, start: int, dtype: str, shape, strides):
     return np.ndarray(shape, dt, buffer=span, offset=start, strides=strides).copy()
 
 
+def _ndarray_of_tensor(tensor, offset: int, dtype: str, shape, strides):
+    """A NumPy array over ``tensor``'s memory, ``offset`` bytes into its storage: what
+    ``t.numpy()`` (or a view of one) was in the run, sharing the tensor's memory as it did. The
+    merge builds it again over the live storage that stands for that one (``restore.kinds``)."""
+    import numpy as np
+    import torch
+
+    whole = torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage()).numpy()
+    return np.ndarray(shape, np.dtype(dtype), buffer=whole, offset=offset, strides=strides)
+
+
 def _rebuild_ndarray(name, dtype, shape):
     import numpy as np
 

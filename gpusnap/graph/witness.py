@@ -26,6 +26,12 @@ A program that steps no torch.optim optimizer (functional training, an update wr
 has no ``params``: instead, at the first record, ``locals`` digests the host tensors that the
 step loop's frame holds in each local (``locals_digests``), compared by name.
 
+Both are taken again at each boundary of the window, the last recorded kept (``params_last``,
+``locals_last``: a witness cut short by a kill holds the last boundary it reached): what an
+iteration does to the parameters after its optimizer step (a decay written through a NumPy view
+of a weight) shows there. A restore that put such a view apart from the weight computed the
+same first step, and the witness once said "verified" with other bytes.
+
 At the first record too, ``shared`` lists which tensors the step loop's frame holds share
 memory with another it holds (``shared_places``: `best_state = model.state_dict()` without a
 copy shares the parameters'). A restore that held them apart would compute the same first
@@ -37,6 +43,7 @@ The witness file (``witness/<id>.json``, docs/FORMAT.md)::
      "iterations": [record, ...],
      "params": {"iteration": n, "digest": hex, "exact": bool, "arithmetic": {...}} | None,
      "locals": {"iteration": n, "digests": {name: hex}, "arithmetic": {...}},   # only without params
+     "params_last": like params, "locals_last": like locals,   # at the last boundary recorded
      "shared": {"iteration": n, "pairs": [[place, first place sharing its memory], ...]},
      "epoch": record | None}
 
@@ -79,6 +86,7 @@ class _Watch:
         self.window = window  # iterations of the window still to record
         self.batches: list[tuple[int, str | None, str | None]] = []  # (id, digest, why) of this iteration's batches
         self.params_due = True
+        self.param_optimizer = None  # the optimizer ``params`` digested: again at each boundary
         self.epoch_armed = False  # the window is over: the next iter(loader) starts the epoch record
         self.epoch_due = False  # an iter(loader) came: the next boundary ends the epoch record
 
@@ -126,8 +134,20 @@ class _Watch:
         if not self.params_due:
             return None
         self.params_due = False
-        value, exact = params_digest(optimizer)
-        return {"iteration": iteration, "digest": value, "exact": exact, "arithmetic": arithmetic()}
+        self.param_optimizer = optimizer
+        return _params_record(optimizer, iteration)
+
+    def last_digests(self, iteration: int, frame, with_locals: bool) -> dict:
+        """``params_last`` (of the optimizer ``params`` digested) or, ``with_locals``,
+        ``locals_last``, at a boundary of the window. The optimizer is let go at its last."""
+        optimizer = self.param_optimizer
+        if self.window == 0:
+            self.param_optimizer = None
+        if optimizer is not None:
+            return {"params_last": _params_record(optimizer, iteration)}
+        if with_locals and frame is not None:
+            return {"locals_last": {"iteration": iteration, "digests": locals_digests(frame), "arithmetic": arithmetic()}}
+        return {}
 
 
 _NO_ITEM = object()
@@ -158,6 +178,7 @@ class Recorder(_Watch):
             self.doc["iterations"].append(record)
             self.window -= 1
             self.epoch_armed = self.window == 0
+            self.doc.update(self.last_digests(iteration, frame, "locals" in self.doc))
         elif self.epoch_due:
             self.doc["epoch"] = record
             self.epoch_due = False
@@ -185,6 +206,7 @@ class Checker(_Watch):
         self.expected, self.epoch, self.expected_params = expected, doc.get("epoch"), doc.get("params")
         self.expected_locals = doc.get("locals") if isinstance(doc.get("locals"), dict) else None
         self.expected_shared = doc.get("shared") if isinstance(doc.get("shared"), dict) else None
+        self.expected_last = {key: doc[key] for key in ("params_last", "locals_last") if isinstance(doc.get(key), dict)}
         self.fail, self.warn, self.verified, self.force = fail, warn, verified, force
         self.compared = 0
         self.differences = 0
@@ -211,6 +233,8 @@ class Checker(_Watch):
                     self._compare_locals(iteration, frame)
                 if self.expected_shared is not None:
                     self._compare_shared(iteration, frame)
+            if not self.differences:  # (one difference is enough: --force warns of each once)
+                self._compare_last(iteration, frame)
             if self.window == 0:
                 self.epoch_armed = self.epoch is not None
                 self.verified(self.compared, self.differences)
@@ -222,7 +246,7 @@ class Checker(_Watch):
             stop_watching(self)
 
     def stepped(self, optimizer, iteration: int) -> None:
-        if self.expected_params is not None and self.params_due:
+        if (self.expected_params is not None or "params_last" in self.expected_last) and self.params_due:
             self.params_found = self.params(optimizer, iteration)
         if self.window > 0:
             self.steps += 1
@@ -237,24 +261,37 @@ class Checker(_Watch):
 
     def _compare_params(self) -> None:
         want, found = self.expected_params, self.params_found
-        if found is None:
+        if found is None or want is None:
             return
         self.params_found = None
-        if not (want.get("exact") and found["exact"]) or want.get("digest") is None:
-            return  # a GPU run without deterministic algorithms: its steps may round otherwise
-        if want.get("arithmetic") != found["arithmetic"]:
-            return  # other threads, kernels or devices sum in another order: other last bits
-        if found["iteration"] != want.get("iteration") or found["digest"] != want["digest"]:
+        if _params_differ(want, found):
             self._differs(f"after the optimizer step of iteration {want.get('iteration')}, the parameters differ from the run that took it")
 
+    def _compare_last(self, iteration: int, frame) -> None:
+        """At the last boundary the witness recorded: the parameters (or the frame's tensors) again."""
+        want = next(iter(self.expected_last.values()), None)
+        if want is None or want.get("iteration") != iteration:
+            return  # (the run recorded it at the window's last boundary, which lets the optimizer go)
+        found = self.last_digests(iteration, frame, "locals_last" in self.expected_last)
+        when = f"at the end of iteration {iteration} (the last the witness holds)"
+        if "params_last" in found and "params_last" in self.expected_last:
+            if _params_differ(self.expected_last["params_last"], found["params_last"]):
+                self._differs(f"{when}, the parameters differ from the run that took it")
+        elif "locals_last" in found and "locals_last" in self.expected_last:
+            self._compare_digests(self.expected_last["locals_last"], found["locals_last"]["digests"], iteration, when)
+
     def _compare_locals(self, iteration: int, frame) -> None:
-        want = self.expected_locals
-        if "torch" not in sys.modules or want.get("iteration") != iteration or want.get("arithmetic") != arithmetic():
+        if "torch" in sys.modules:
+            self._compare_digests(self.expected_locals, locals_digests(frame), iteration,
+                                  "after the first iteration after the snapshot")
+
+    def _compare_digests(self, want: dict, mine: dict, iteration: int, when: str) -> None:
+        if want.get("iteration") != iteration or want.get("arithmetic") != arithmetic():
             return  # another iteration is reported by _compare; other arithmetic, other last bits
-        theirs, mine = want.get("digests") or {}, locals_digests(frame)
+        theirs = want.get("digests") or {}
         differ = [name for name in mine if name in theirs and mine[name] != theirs[name]]
         if differ:
-            self._differs(f"after the first iteration after the snapshot, the tensors in {', '.join(differ[:5])}"
+            self._differs(f"{when}, the tensors in {', '.join(differ[:5])}"
                           f"{' ...' if len(differ) > 5 else ''} differ from the run that took it (no optimizer to compare)")
 
     def _compare_shared(self, iteration: int, frame) -> None:
@@ -298,6 +335,21 @@ class Checker(_Watch):
 
 
 _GENERATORS = {"random": "the random module's", "numpy": "numpy's global", "torch": "torch's CPU", "torch.cuda": "torch's CUDA"}
+
+
+def _params_record(optimizer, iteration: int) -> dict:
+    value, exact = params_digest(optimizer)
+    return {"iteration": iteration, "digest": value, "exact": exact, "arithmetic": arithmetic()}
+
+
+def _params_differ(want: dict, found: dict) -> bool:
+    """Whether two ``params`` records tell of other parameters: only where both runs are bitwise
+    reproducible and do their arithmetic alike."""
+    if not (want.get("exact") and found["exact"]) or want.get("digest") is None:
+        return False  # a GPU run without deterministic algorithms: its steps may round otherwise
+    if want.get("arithmetic") != found["arithmetic"]:
+        return False  # other threads, kernels or devices sum in another order: other last bits
+    return found["iteration"] != want.get("iteration") or found["digest"] != want["digest"]
 
 
 def _where(keys: list) -> str:

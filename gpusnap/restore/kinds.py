@@ -145,39 +145,46 @@ class KindMerges:
             self.parted += 1
         live.set_(moved, live.storage_offset(), live.size(), live.stride())
 
-    def _join_shared(self) -> None:
-        """Make the tensors that shared one storage in the snapshot share one again. The replay
-        can hold them apart: `best_state = model.state_dict()` (no copy) in a step shares the
-        parameters' memory, where the replay's setup left a deep copy, or nothing, and the
-        snapshot's tensor was adopted. Merged or adopted apart, the parameters' later steps no
-        longer reach the best state, and `model.load_state_dict(best_state)` loaded stale
-        weights. Of the places of one snapshot storage, the live one that holds a storage of the
-        snapshot's size at the snapshot's offset keeps it (a parameter first), and the others
-        move onto it at their offsets (``set_``: identity and views stay). Host tensors only,
-        as ``_part_if_apart``; a place with no such storage stays as merged."""
+    def _shared_storages(self) -> list[tuple[object, list]]:
+        """[(the live storage that stands for one snapshot storage, or None; its places: [(snapshot
+        tensor, live tensor), ...]), ...] over the host tensors merged or adopted. Of the places,
+        the live one that holds a storage of the snapshot's size at the snapshot's offset owns
+        it: a parameter first, and the snapshot's own tensor (adopted) last."""
         torch = self._torch
-        if torch is None:
-            return
         groups: dict[int, list] = {}
         for snap in self._keep:
             placed = self.aligned.get(id(snap))
             theirs = _host_storage(torch, snap)
             if theirs is not None and _host_storage(torch, placed) is not None:
                 groups.setdefault(theirs, []).append((snap, placed))
+
+        def fits(pair):
+            snap, placed = pair
+            return (placed.untyped_storage().nbytes() == snap.untyped_storage().nbytes()
+                    and placed.storage_offset() * placed.element_size() == snap.storage_offset() * snap.element_size())
+
+        out = []
         for places in groups.values():
-            if len({placed.untyped_storage().data_ptr() for _, placed in places}) < 2:
-                continue  # shared already, or one place
-
-            def fits(pair):
-                snap, placed = pair
-                return (placed.untyped_storage().nbytes() == snap.untyped_storage().nbytes()
-                        and placed.storage_offset() * placed.element_size() == snap.storage_offset() * snap.element_size())
-
             owners = sorted((pair for pair in places if fits(pair)),
                             key=lambda pair: (pair[1] is pair[0], not isinstance(pair[1], torch.nn.Parameter)))
-            if not owners:
-                continue
-            storage = owners[0][1].untyped_storage()
+            out.append((owners[0][1].untyped_storage() if owners else None, places))
+        return out
+
+    def _join_shared(self) -> None:
+        """Make the tensors that shared one storage in the snapshot share one again. The replay
+        can hold them apart: `best_state = model.state_dict()` (no copy) in a step shares the
+        parameters' memory, where the replay's setup left a deep copy, or nothing, and the
+        snapshot's tensor was adopted. Merged or adopted apart, the parameters' later steps no
+        longer reach the best state, and `model.load_state_dict(best_state)` loaded stale
+        weights. The others move onto the storage that owns them (``_shared_storages``) at their
+        offsets (``set_``: identity and views stay). Host tensors only, as ``_part_if_apart``; a
+        place with no such storage stays as merged."""
+        torch = self._torch
+        if torch is None:
+            return
+        for storage, places in self._shared_storages():
+            if storage is None or len({placed.untyped_storage().data_ptr() for _, placed in places}) < 2:
+                continue  # shared already, or one place
             with torch.no_grad():
                 for snap, placed in places:
                     if placed.untyped_storage().data_ptr() == storage.data_ptr() or placed.dtype != snap.dtype:
@@ -186,6 +193,27 @@ class KindMerges:
                     placed.new_empty(0).set_(storage, offset, snap.size(), snap.stride()).copy_(placed)
                     placed.set_(storage, offset, snap.size(), snap.stride())
                     self.joined += 1
+
+    def _ndarray_over_live(self, snap):
+        """A NumPy array the run made over a tensor's memory (`decay = w.detach().numpy()`) and the
+        replay holds none of: the same view over the live storage that stands for that tensor's,
+        or None where none does (it viewed a tensor the merge adopts: it keeps that one's). As
+        the snapshot's array, it viewed a copy that no training moves, and the program's writes
+        through it (a decay by hand) reached no weight: "verified", other bytes."""
+        torch = self._torch
+        base = snap.base
+        while isinstance(base, self._np.ndarray):
+            base = base.base
+        theirs = _host_storage(torch, base) if torch is not None else None
+        if theirs is None:
+            return None
+        storage = next((storage for storage, places in self._shared_storages()
+                        if storage is not None and _host_storage(torch, places[0][0]) == theirs), None)
+        if storage is None or storage.data_ptr() == theirs:
+            return None
+        whole = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+        offset = snap.__array_interface__["data"][0] - theirs
+        return self._np.ndarray(snap.shape, snap.dtype, buffer=whole, offset=offset, strides=snap.strides)
 
     # -- DTensors: this rank's shard ------------------------------------------------------
     def _merge_sharded(self, live, snap: ShardedState, path: Path):

@@ -348,6 +348,10 @@ class Merger(KindMerges):
             return self._align(snap, corebuffers.build(snap, path, self.write_device), path)
         if type(snap) in (tuple, set, frozenset) or (isinstance(snap, tuple) and hasattr(type(snap), "_make")):
             return self._align(snap, self._rebuilt(snap, path), path)
+        if self._np is not None and type(snap) is self._np.ndarray:
+            over_live = self._ndarray_over_live(snap)
+            if over_live is not None:
+                return self._align(snap, over_live, path)
         self._adopted.append((snap, path))
         return self._align(snap, snap, path)
 

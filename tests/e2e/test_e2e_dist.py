@@ -153,8 +153,11 @@ def _setup(tmp_path: Path):
 
 
 @pytest.mark.parametrize("program,args,ranks,victim", [
-    ("ddp.py", ["5"], 2, "all"),
-    ("ddp.py", ["5"], 3, "one"),  # (an odd world size; four ranks: allreduce)
+    # one rank killed (a node lost), two ranks; the whole job killed: fsdp.py below. The full set
+    # runs DDP's whole job too, and three ranks (an odd world size)
+    ("ddp.py", ["5"], 2, "one"),
+    pytest.param("ddp.py", ["5"], 2, "all", marks=pytest.mark.more),
+    pytest.param("ddp.py", ["5"], 3, "one", marks=pytest.mark.more),
     # four ranks of collectives by hand: a shape the two-rank runs of allreduce.py cover
     # (test_forged_keys_in_the_jobs_store_steer_nothing and the shard tests)
     pytest.param("allreduce.py", ["150"], 4, "all", marks=pytest.mark.more),
@@ -277,6 +280,7 @@ def test_two_nodes_sigterm_exits_75_on_each_and_both_restart(tmp_path):
     compare(ref, out, 2)
 
 
+@pytest.mark.more  # --every auto alone: tests/launch/test_auto_every.py (CI's time)
 def test_every_auto_goes_on_taking_global_snapshots_timed_by_their_measured_cost(tmp_path):
     """--every auto in a distributed run: each global snapshot's cost is measured on the node's
     lowest rank, and the timer asks for the next one (it waited forever for the first cost)."""

@@ -66,6 +66,7 @@ def test_a_wrapped_shuffled_loader_restarts_to_the_same_bytes(tmp_path, style):
     assert "by batch sampler" in restarted.stderr, "the DataLoader inside the wrapper was not seen"
 
 
+@pytest.mark.more  # the loader inside tqdm's iterator: the tqdm wrapper above (CI's time)
 def test_a_progress_bar_in_a_local_restarts_to_the_same_bytes(tmp_path):
     ref, out, snap = _snapshot_then_stop(tmp_path, "ff_wrappers.py", ["pbar", 3], 12, "pbar")
     restarted = gpusnap("restart", "snaps", cwd=tmp_path)
@@ -104,6 +105,7 @@ def test_a_dataloader_iterator_advanced_by_hand_is_put_back_where_it_stood(tmp_p
     assert "advanced the DataLoader iterator at globals[__main__].it by" in restarted.stderr
 
 
+@pytest.mark.more  # run again to its place: the endless generator below, item by item (CI's time)
 def test_a_generator_advanced_by_hand_is_run_again_to_its_place(tmp_path):
     ref, out, _ = _snapshot_then_stop(tmp_path, "ff_manual_iter.py", ["generator", 4], 12, "manual-generator")
     restarted = gpusnap("restart", "snaps", cwd=tmp_path)
@@ -123,6 +125,7 @@ def test_an_endless_generator_advanced_by_hand_is_run_again_item_by_item_to_its_
     assert_same(load_final(ref), load_final(out))
 
 
+@pytest.mark.more  # a source that cannot be put back is refused: the interleaved generator above (CI's time)
 def test_a_generator_expression_advanced_by_hand_is_refused(tmp_path):
     _, out, _ = _snapshot_then_stop(tmp_path, "ff_manual_iter.py", ["genexpr", 4], 12, "manual-genexpr", reference=False)
     refused = gpusnap("restart", "snaps", cwd=tmp_path)

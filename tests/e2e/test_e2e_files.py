@@ -289,6 +289,7 @@ def test_a_lightning_fit_with_loggers_and_checkpoints(tmp_path, seed):
     assert not (out / "logs" / "version_1").exists() and not (out / "tb" / "version_1").exists()
 
 
+@pytest.mark.more  # the TensorBoardLogger of the Lightning test below, where tensorboard is installed (CI's time)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_tensorboard_writers_made_after_setup_go_on_writing_after_a_restart(tmp_path, seed):
     """A SummaryWriter made in setup, and the writer per tag that add_scalars makes as it goes

@@ -77,8 +77,12 @@ TRAINERS = {
 # Shapes the default run covers elsewhere (GPUSNAP_TEST_CORPUS=all runs them): two restarts in
 # one run (test_e2e_corpus's distill twice), a hand-written loop over a transformers model (the
 # corpus's nanogpt_style, word_lm), a collator that draws one batch ahead (transformers-mlm),
-# Trainer checkpoints rotated on disk (test_e2e_files.py's hf_trainer --save-steps).
-MORE_TRAINERS = ("transformers-auto-batch", "transformers-loop", "accelerate-noisy", "transformers-best")
+# Trainer checkpoints rotated on disk (test_e2e_files.py's hf_trainer --save-steps), a subclass
+# with evaluations during training (transformers-mlm's Trainer; an evaluation's loader left behind:
+# test_e2e_restart.py's snapshot while the program evaluates, and the Lightning tests).
+# The plain Trainer itself: transformers-mlm, and test_e2e_files.py's hf_trainer.py.
+MORE_TRAINERS = ("transformers-auto-batch", "transformers-loop", "accelerate-noisy", "transformers-best", "transformers-custom",
+                 "transformers")
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -150,8 +154,11 @@ if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":  # CI time: it passes where "
     LIGHTNING["datamodule"] = ("lightning_dm.py", [], 17, 51, 0, "advanced the DataLoader iterator at")
 
 
+# The persistent workers' generators: tests/graph/test_workers.py, and a LightningDataModule with
+# two persistent workers restarts in test_e2e_files.py; the full set runs this case (CI's time).
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("name", LIGHTNING)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.more) if n == "datamodule-persistent-workers" else n
+                                  for n in LIGHTNING])
 def test_a_lightning_fit_restarts_to_the_same_bytes(tmp_path, name, seed):
     """The plain command: a snapshot at a random step lands in Lightning's step loop; after
     kill -9, restart puts the shuffled DataLoader's iterator inside the trainer's CombinedLoader

@@ -207,11 +207,21 @@ EXACT_OR_REFUSED = {
     # snapshot's cells into it, or, for a lambda without cells, kept setup's code (refused as
     # "no variable start in its closure", or not at all). Now refused by the lambdas' lines
     "phase_schedules": ("phase_schedules.py", [], ("a function made inside the training loop is not made again",)),
+    # Gradient clamps registered on every parameter at a phase change (`p.register_hook(lambda g:
+    # ...)`): a snapshot holds no tensor's hooks, so from a snapshot past that epoch the restart
+    # steps without them, and its witness refuses (2 of 3 here); from one in that epoch the replay
+    # registers them again and the restart is exact. (Forward hooks, a module's: exact, 3 of 3.)
+    "late_hooks-grad_hook": ("late_hooks.py", ["grad_hook"], ("the parameters differ from the run that took it",)),
 }
+# Shapes the others cover (the full set runs them: GPUSNAP_TEST_CORPUS=all): a refusal by the witness
+# (grad_hook, hard_mining-online: scripted-jit-optimize's), a loop passed over whose results the
+# code after it needs (lr_finder: noisy_student's).
+MORE_EXACT_OR_REFUSED = ("late_hooks-grad_hook", "hard_mining-online", "lr_finder")
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("name", EXACT_OR_REFUSED)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.more) if n in MORE_EXACT_OR_REFUSED else n
+                                  for n in EXACT_OR_REFUSED])
 def test_what_gpusnap_cannot_hold_restarts_exactly_or_is_refused(tmp_path, name, seed):
     program, args, says = EXACT_OR_REFUSED[name]
     rnd = random.Random(f"{name}/{seed}")

@@ -537,6 +537,33 @@ def test_a_tuple_set_deque_or_slots_object_made_after_setup_holds_the_live_objec
     assert values["net"] is live_net and values["net_pair"] == (1, live_net)
 
 
+@pytest.mark.parametrize("order", [("model", "decay", "rows"), ("rows", "decay", "model")])
+def test_a_numpy_view_of_a_parameter_made_after_setup_views_the_live_parameter(tmp_path, order):
+    """`decay = model.weight.detach().numpy()` at a phase change, then `decay *= 0.98` after each
+    step: the replay, past that phase, holds no array, and the merge took the snapshot's, a copy
+    of the weight's bytes. The program's decay then reached no weight, and a restart said
+    "verified" (its witness digested the parameters after the first step alone) with other bytes.
+    The array is now built again over the live parameter's memory, views of it too; an array
+    over a tensor the merge adopts keeps viewing that one."""
+    weight = torch.nn.Parameter(torch.arange(6.0).reshape(2, 3))
+    own = torch.arange(3.0)
+    snap, _ = snapshot_and_load(tmp_path, {"model": weight, "decay": weight.detach().numpy(),
+                                           "rows": weight.detach().numpy()[1:, ::2], "own": own.numpy()})
+    assert np.shares_memory(snap["decay"], snap["rows"])
+    live_weight = torch.nn.Parameter(torch.zeros(2, 3))
+    live = {"model": live_weight, "decay": None, "rows": None, "own": None}
+    merger = Merger()
+    values = {name: merger.value(live[name], snap[name], f"locals.{name}") for name in (*order, "own")}
+    merger.finish()
+    values = {name: merger.settled(value) for name, value in values.items()}
+    assert values["model"] is live_weight and torch.equal(live_weight, torch.arange(6.0).reshape(2, 3))
+    values["decay"] *= 0.5
+    assert torch.equal(live_weight, torch.arange(6.0).reshape(2, 3) * 0.5)
+    values["rows"][...] = -1.0
+    assert live_weight[1, 0] == -1.0 and live_weight[1, 2] == -1.0 and live_weight[1, 1] == 2.0
+    assert values["own"].tolist() == [0.0, 1.0, 2.0]
+
+
 @pytest.mark.parametrize("order", [("model", "params", "view"), ("params", "view", "model")])
 def test_places_the_replay_made_share_memory_that_the_run_held_apart_get_the_run_s_bytes_each(tmp_path, order):
     """`params = {k: v.detach() for k, v in model.named_parameters()}`, then each step rebinds

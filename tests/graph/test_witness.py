@@ -55,6 +55,45 @@ def test_a_program_with_an_optimizer_keeps_its_params_record_alone():
     assert docs[-1]["params"] is not None and "locals" not in docs[-1]
 
 
+def _train_two_iterations(watch, decay_views_the_weight: bool) -> None:
+    """Two iterations of a step followed by a decay written through a NumPy array, which views
+    the weight (the run) or a copy of it (a restore that adopted the array apart from it)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    decay = model.weight.detach().numpy()
+    if not decay_views_the_weight:
+        decay = decay.copy()
+    for iteration in (1, 2):
+        loss = model(torch.ones(1, 3)).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        watch.stepped(optimizer, iteration)
+        decay *= 0.5
+        watch.at_boundary(witness.NO_ITEM, iteration, sys._getframe())
+
+
+def test_what_an_iteration_does_to_the_parameters_after_its_step_is_compared_at_the_window_s_end():
+    """A decay through a NumPy view of a weight, after the optimizer step: a restore that held
+    the view apart from the weight computed the same first step, and the witness, which digested
+    the parameters there alone, said verified (late_hooks.py numpy, 1 of 3)."""
+    docs = []
+    _train_two_iterations(witness.Recorder("000001", docs.append, [["f", "g", "1:0"]], window=2), True)
+    doc = docs[-1]
+    assert doc["params"]["iteration"] == 1 and doc["params_last"]["iteration"] == 2
+
+    def check(decay_views_the_weight: bool) -> list[str]:
+        failed = []
+        _train_two_iterations(witness.Checker(doc, failed.append, lambda message: None, lambda *counts: None),
+                              decay_views_the_weight)
+        return failed
+
+    assert check(True) == []
+    failed = check(False)
+    assert failed == ["at the end of iteration 2 (the last the witness holds), the parameters differ from the run that took it"]
+
+
 def test_tensors_that_shared_memory_in_the_run_and_not_in_the_restart_are_a_difference():
     """`best_state = model.state_dict()` without a copy: the restart once held it apart from the
     parameters, computed the same first iterations, and ended with stale weights, verified."""

@@ -15,6 +15,7 @@ from gpusnap.graph.load import (
     _core_buffer,
     _load_device_storage,
     _load_storage,
+    _ndarray_of_tensor,
     _raw_ndarray,
     _rebuild_cupy,
     _rebuild_ndarray,
@@ -184,6 +185,10 @@ class BufferReducers:
             where = self.device.pointer(arr.__array_interface__["data"][0])
             if where is not None:
                 return _raw_ndarray, (*where, arr.dtype.str, arr.shape, arr.strides)
+        tensor = self._tensor_under(arr)
+        if tensor is not None:  # `w = p.detach().numpy()`: a view of the tensor's memory, kept one
+            offset = arr.__array_interface__["data"][0] - tensor.untyped_storage().data_ptr()
+            return _ndarray_of_tensor, (tensor, offset, arr.dtype.str, arr.shape, arr.strides)
         key = ("numpy", arr.__array_interface__["data"][0], arr.nbytes, arr.dtype.str, arr.shape, arr.strides)
         name = self.storage_names.get(key)
         if name is None:
@@ -194,6 +199,22 @@ class BufferReducers:
             record.update(kind="numpy", shape=list(arr.shape))
             self.buffers[name] = record
         return _rebuild_ndarray, (name, arr.dtype.str, arr.shape)
+
+    def _tensor_under(self, arr):
+        """The host tensor whose memory ``arr`` views (its ``base``, through views of it), or None."""
+        torch = self._torch
+        base = arr.base
+        while isinstance(base, self._np.ndarray):
+            base = base.base
+        if torch is None or not isinstance(base, torch.Tensor) or base.device.type != "cpu" or base.layout != torch.strided:
+            return None
+        try:
+            storage = base.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return None
+        lowest, nbytes = strided_extent(arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.itemsize)
+        start = storage.data_ptr()
+        return base if nbytes and start <= lowest and lowest + nbytes <= start + storage.nbytes() else None
 
     def _readable(self, arr):
         """``arr`` over the bytes it had at fork: in place, or in the staging arena where the

@@ -109,10 +109,7 @@ def _boundary(loop) -> None:
     if witnessing.stopping():
         control.requests.clear()  # the stop snapshot is taken: it answers them all
         if witnessing.stop_due():
-            # The program's handlers run now, after the witness: one that stops the program
-            # (Lightning's, at its next batch) would leave the restart unverified.
-            handlers.deliver(loop.frame, stop=True)
-            _exit_after_stop()
+            _exit_after_stop(loop)
     if witnessing.at_boundary(loop):
         return  # a restarted run not yet proven takes no snapshot; requests wait
     coordinator = session.dist
@@ -139,7 +136,12 @@ def _exit_preempted_if_the_program_stopped() -> None:
         fork.exit_now(EXIT_PREEMPTED if session.last_result.get("event") == "committed" else EXIT_PREEMPTED_UNSAVED)
 
 
-def _exit_after_stop() -> None:
+def _exit_after_stop(loop) -> None:
+    """End the process after a stop snapshot: its witness is recorded (or none is taken), so the
+    program's own handlers run now; one that stops the program (Lightning's, at its next batch)
+    would otherwise leave the restart unverified. Single process only: a distributed job's stop
+    ends in ``coordinator.stop_after``."""
+    handlers.deliver(loop.frame, stop=True)
     writer = session.writer
     if writer is not None:
         writer.thread.join()  # its report says whether the snapshot is committed, and frees its witness
@@ -282,11 +284,10 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         pace.trainee_yields()  # the writer has the machine; the witness's iterations take what it leaves
     if stop and not trains_on:
         if coordinator is not None:
+            # It ends the process, and runs no handler of the program's: a rank's handler may
+            # talk to the others (Lightning's broadcasts).
             coordinator.stop_after()
-        else:  # a rank's handler may talk to the others (Lightning's broadcasts): not in a job's stop
-            handlers.deliver(loop.frame, stop=True)
-        writer.thread.join()
-        _exit_after_stop()
+        _exit_after_stop(loop)
 
 
 def _written(snap_id: str) -> frozenset | None:
