@@ -264,7 +264,7 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
     workers.freeze()  # persistent workers' epoch states: the next epoch's may replace them after the fork
     job.generation = stage.writer_starting()  # seals the regions this writer reads
     try:
-        writer = fork.start_writer(job, at_step_loop=steploop.is_step_loop(loop))
+        fork.start_writer(job, at_step_loop=steploop.is_step_loop(loop))  # session.writer
     except OSError as exc:  # fork itself failed (no memory, process limit): training goes on
         files.forked(files_job)
         stage.writer_done(job.generation)
