@@ -38,29 +38,14 @@ ALL = os.environ.get("GPUSNAP_TEST_CORPUS") == "all"
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``more`` repeat, in another shape, what a test of the default run covers:
     left out of it (CI's 12 minutes), run with GPUSNAP_TEST_CORPUS=all."""
-    if not ALL:
-        kept, left = [], []
-        for item in items:
-            (left if item.get_closest_marker("more") else kept).append(item)
-        if left:
-            config.hook.pytest_deselected(items=left)
-            items[:] = kept
-    _slow_first_in_each_workers_share(items)
-
-
-def _slow_first_in_each_workers_share(items) -> None:
-    """pytest-xdist's worksteal scheduler gives each worker a contiguous share of the collection
-    at the start, and a worker that runs out takes the end of another's. In file order a share
-    could end with minutes of end-to-end runs (the launch, stage and store folders come last),
-    which one worker then ran alone while the others idled. Each share now holds every Nth test
-    (N workers), its slow ones first: what is left to take at the end is short. Every worker
-    collects the same order (xdist requires it)."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if workers < 2:
+    if ALL:
         return
-    shares = [items[k::workers] for k in range(workers)]
-    items[:] = [item for share in shares
-                for item in sorted(share, key=lambda item: item.get_closest_marker("slow") is None)]
+    kept, left = [], []
+    for item in items:
+        (left if item.get_closest_marker("more") else kept).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -51,25 +51,27 @@ def ls_cmd(run_dir, as_json):
     """List the committed snapshots of DIR, oldest first."""
     rd = _open(run_dir)
     snaps, level = rd.snapshots(), _levels(rd)
-    if level:  # a URL: the snapshots this machine committed that have not reached the store yet too
+    if level is not None:  # a URL: the snapshots this machine committed that have not reached the store yet too
         snaps = sorted(snaps + [s for s in level.pop(None).snapshots() if s.id not in {x.id for x in snaps}],
                        key=lambda s: int(s.id))
+        # One committed on this machine since the levels were read is local only.
+        level = {s.id: level.get(s.id, "local") for s in snaps}
     if as_json:
-        click.echo(json.dumps([dict(s.to_json(), **({"level": level[s.id]} if level else {})) for s in snaps], indent=1))
+        click.echo(json.dumps([dict(s.to_json(), **({"level": level[s.id]} if level is not None else {})) for s in snaps],
+                              indent=1))
         return
     if not snaps:
         click.echo(f"no snapshots in {rd.path}")
         return
     rows = [["ID", "CREATED", "ITERATION", "STALL", "DURABLE", "DIRTY", "WRITTEN", "TOTAL", "INTERVAL", "OVERHEAD",
-             "RESUMED FROM"] + (["LEVEL"] if level else [])]
+             "RESUMED FROM"] + (["LEVEL"] if level is not None else [])]
     for s in snaps:
-        rows.append(([level[s.id]] if level else []) + [s.id, s.created, "-" if s.iteration is None else str(s.iteration),
+        rows.append([s.id, s.created, "-" if s.iteration is None else str(s.iteration),
                      _secs(s.stall_s), _secs(s.durable_s),
                      "-" if s.dirty_bytes is None else human_bytes(s.dirty_bytes),
                      human_bytes(s.bytes_written), human_bytes(s.bytes_total), _interval(s.every, s.interval_s),
-                     "-" if s.overhead is None else f"{s.overhead * 100:.2f}%", s.resumed_from or "-"])
-        if level:
-            rows[-1].append(rows[-1].pop(0))
+                     "-" if s.overhead is None else f"{s.overhead * 100:.2f}%", s.resumed_from or "-"]
+                    + ([level[s.id]] if level is not None else []))
     for line in _table(rows):
         click.echo(line)
 

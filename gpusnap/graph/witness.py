@@ -137,16 +137,18 @@ class _Watch:
         self.param_optimizer = optimizer
         return _params_record(optimizer, iteration)
 
-    def last_digests(self, iteration: int, frame, with_locals: bool) -> dict:
+    def last_digests(self, record: int, iteration: int, frame, with_locals: bool) -> dict:
         """``params_last`` (of the optimizer ``params`` digested) or, ``with_locals``,
-        ``locals_last``, at a boundary of the window. The optimizer is let go at its last."""
+        ``locals_last``, at the boundary of the window's ``record``-th iteration (1, 2, ...: a
+        program without an optimizer counts no iterations). The optimizer is let go at its last."""
         optimizer = self.param_optimizer
         if self.window == 0:
             self.param_optimizer = None
         if optimizer is not None:
-            return {"params_last": _params_record(optimizer, iteration)}
+            return {"params_last": {**_params_record(optimizer, iteration), "record": record}}
         if with_locals and frame is not None:
-            return {"locals_last": {"iteration": iteration, "digests": locals_digests(frame), "arithmetic": arithmetic()}}
+            return {"locals_last": {"iteration": iteration, "record": record, "digests": locals_digests(frame),
+                                    "arithmetic": arithmetic()}}
         return {}
 
 
@@ -178,7 +180,7 @@ class Recorder(_Watch):
             self.doc["iterations"].append(record)
             self.window -= 1
             self.epoch_armed = self.window == 0
-            self.doc.update(self.last_digests(iteration, frame, "locals" in self.doc))
+            self.doc.update(self.last_digests(len(self.doc["iterations"]), iteration, frame, "locals" in self.doc))
         elif self.epoch_due:
             self.doc["epoch"] = record
             self.epoch_due = False
@@ -270,10 +272,10 @@ class Checker(_Watch):
     def _compare_last(self, iteration: int, frame) -> None:
         """At the last boundary the witness recorded: the parameters (or the frame's tensors) again."""
         want = next(iter(self.expected_last.values()), None)
-        if want is None or want.get("iteration") != iteration:
+        if want is None or want.get("record") != self.compared:
             return  # (the run recorded it at the window's last boundary, which lets the optimizer go)
-        found = self.last_digests(iteration, frame, "locals_last" in self.expected_last)
-        when = f"at the end of iteration {iteration} (the last the witness holds)"
+        found = self.last_digests(self.compared, iteration, frame, "locals_last" in self.expected_last)
+        when = f"after the {_nth(self.compared)} iteration after the snapshot (the last the witness holds)"
         if "params_last" in found and "params_last" in self.expected_last:
             if _params_differ(self.expected_last["params_last"], found["params_last"]):
                 self._differs(f"{when}, the parameters differ from the run that took it")

@@ -251,6 +251,7 @@ MORE = {
     # forward hook over a local of main(): exact at the first try, 3 of 3 each
     "late_hooks-slice": ("late_hooks.py", ["slice"], 25, "gpusnap: fast-forward "),
     "late_hooks-forward_hook": ("late_hooks.py", ["forward_hook"], 25, "gpusnap: fast-forward "),
+    "lazy_buffer": ("lazy_buffer.py", []),
     # From the default run, for CI's time (its 12 minutes): programs whose fault, when they had
     # one, was a refusal (a regression there fails safe), or whose shape a default test covers;
     # the full set runs them before each change lands.

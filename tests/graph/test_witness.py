@@ -91,7 +91,32 @@ def test_what_an_iteration_does_to_the_parameters_after_its_step_is_compared_at_
 
     assert check(True) == []
     failed = check(False)
-    assert failed == ["at the end of iteration 2 (the last the witness holds), the parameters differ from the run that took it"]
+    assert failed == ["after the second iteration after the snapshot (the last the witness holds), the parameters differ "
+                      "from the run that took it"]
+
+
+def test_without_an_optimizer_the_last_digest_is_compared_at_the_same_record_of_the_window():
+    """A program without an optimizer counts no iterations (each record's is 0): the frame's
+    tensors at the window's last boundary were compared at its first, and valid restarts of
+    word_lm.py and dp_sgd.py were refused. They are compared by record, the first, second, ..."""
+    def run(watch, last_weight: float) -> None:
+        torch.manual_seed(0)
+        for k, value in enumerate((1.0, 2.0, last_weight)):
+            weights = torch.full((3,), value)  # noqa: F841 - what the frame holds
+            watch.at_boundary(witness.NO_ITEM, 0, sys._getframe())
+
+    docs = []
+    run(witness.Recorder("000001", docs.append, [["f", "g", "1:0"]], window=3), 3.0)
+    assert docs[-1]["locals_last"]["record"] == 3 and docs[-1]["locals_last"]["iteration"] == 0
+
+    def check(last_weight: float) -> list[str]:
+        failed = []
+        run(witness.Checker(docs[-1], failed.append, lambda message: None, lambda *counts: None), last_weight)
+        return failed
+
+    assert check(3.0) == []
+    assert check(4.0) == ["after the third iteration after the snapshot (the last the witness holds), the tensors in "
+                          "weights differ from the run that took it (no optimizer to compare)"]
 
 
 def test_tensors_that_shared_memory_in_the_run_and_not_in_the_restart_are_a_difference():

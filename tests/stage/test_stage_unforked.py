@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from device_helpers import in_child
-from gpusnap.stage import unforked
+from gpusnap.stage import sources, unforked
 from gpusnap.stage.arena import trainee_arena
 from gpusnap.rawmem import MADV_DONTFORK, madvise
 
@@ -54,6 +54,10 @@ def test_a_forked_writer_reads_the_staged_copy(tmp_path):
     def frame_holding(batch):
         return sys._getframe()
 
+    # As the stall does: the device's ranges first, which lists the open cuda.core Buffers afresh.
+    # Without it, those another test of this process left (since closed) were copied too: a
+    # second copy, or a segmentation fault in memmove where their memory had gone.
+    sources.device_ranges()
     staged = unforked.stage_unforked([frame_holding((pinned,))])
     assert staged is not None and staged.nbytes == len(region)
     address = pinned.ctypes.data

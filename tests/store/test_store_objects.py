@@ -373,6 +373,8 @@ def test_drill_a_reclaimed_vm_restarts_from_the_store_on_a_fresh_machine(store, 
     listed = gpusnap("ls", url, cwd=second, env=env2)
     assert listed.returncode == 0 and listed.stdout.splitlines()[0].split()[-1] == "LEVEL", listed.stdout
     assert "local+shared" in listed.stdout
+    # each row's level under the LEVEL column, the last
+    assert all(line.split()[-1] in ("local", "shared", "local+shared") for line in listed.stdout.splitlines()[1:]), listed.stdout
     verified = gpusnap("verify", url, cwd=second, env=env2)
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
