@@ -407,15 +407,36 @@ def _strided(span, start: int, dtype: str, shape, strides):
     return np.ndarray(shape, dt, buffer=span, offset=start, strides=strides).copy()
 
 
-def _ndarray_of_tensor(tensor, offset: int, dtype: str, shape, strides):
-    """A NumPy array over ``tensor``'s memory, ``offset`` bytes into its storage: what
-    ``t.numpy()`` (or a view of one) was in the run, sharing the tensor's memory as it did. The
-    merge builds it again over the live storage that stands for that one (``restore.kinds``)."""
+def _ndarray_over(owner, offset: int, dtype: str, shape, strides):
+    """A NumPy array over the memory of ``owner`` (a tensor, an untyped storage or another
+    array), ``offset`` bytes into it: what ``t.numpy()`` or a view of an array was in the run,
+    or an array whose ``torch.from_numpy`` tensor was pickled first, sharing that memory as it
+    did. Where the replay holds none, the merge builds it again over the live storage that
+    stands for a tensor's (``restore.kinds``)."""
     import numpy as np
     import torch
 
-    whole = torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage()).numpy()
+    if isinstance(owner, np.ndarray):
+        whole = np.ndarray((owner.nbytes,), np.uint8, buffer=owner)
+    else:
+        storage = owner.untyped_storage() if isinstance(owner, torch.Tensor) else owner
+        whole = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
     return np.ndarray(shape, np.dtype(dtype), buffer=whole, offset=offset, strides=strides)
+
+
+def _storage_of_ndarray(owner, offset: int, nbytes: int):
+    """The untyped storage of a ``torch.from_numpy`` tensor: ``nbytes`` of the memory of
+    ``owner`` (the array, or another such tensor's storage over more of it) from ``offset``,
+    shared as in the run (``torch.from_numpy(memory)`` beside the ``memory`` the program writes
+    through)."""
+    import numpy as np
+    import torch
+
+    if isinstance(owner, torch.UntypedStorage):
+        flat = torch.empty(0, dtype=torch.uint8).set_(owner).numpy()
+    else:
+        flat = np.ndarray((owner.nbytes,), np.uint8, buffer=owner)
+    return torch.from_numpy(flat[offset:offset + nbytes]).untyped_storage()
 
 
 def _rebuild_ndarray(name, dtype, shape):

@@ -83,6 +83,11 @@ CORPUS = {
     # with other bytes (1 of 3), until the array was built again over the live weight and the
     # witness digested the parameters at its last boundary too
     "late_hooks-numpy": ("late_hooks.py", ["numpy"], 25, "gpusnap: fast-forward "),
+    # A replay memory allocated at the first transition, an array written in place and a
+    # torch.from_numpy tensor over it that batches are drawn from: the snapshot kept two copies,
+    # the merge adopted both apart, and the restart said "verified" with other bytes (2 of 4; 2
+    # refused), until the tensor's storage came back over the array's memory
+    "lazy_buffer": ("lazy_buffer.py", []),
 }
 MORE = {
     # past the first epoch: a dataset whose pseudo-labels each epoch's end rewrites, loaded in the
@@ -251,7 +256,6 @@ MORE = {
     # forward hook over a local of main(): exact at the first try, 3 of 3 each
     "late_hooks-slice": ("late_hooks.py", ["slice"], 25, "gpusnap: fast-forward "),
     "late_hooks-forward_hook": ("late_hooks.py", ["forward_hook"], 25, "gpusnap: fast-forward "),
-    "lazy_buffer": ("lazy_buffer.py", []),
     # From the default run, for CI's time (its 12 minutes): programs whose fault, when they had
     # one, was a refusal (a regression there fails safe), or whose shape a default test covers;
     # the full set runs them before each change lands.

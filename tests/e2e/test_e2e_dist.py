@@ -339,6 +339,7 @@ def test_restart_of_a_static_rendezvous_asks_for_this_nodes_options(tmp_path):
         f"gpusnap: {tmp_path / 'run'} was started with a static rendezvous (--node-rank), which differs per node")
 
 
+@pytest.mark.more  # a global snapshot one rank fails: the failing writer above (CI's time)
 def test_a_store_that_stops_answering_abandons_the_snapshot_and_training_goes_on(tmp_path):
     """The job's c10d store lives in torchrun's agent: stopped (SIGSTOP), it answers nothing.
     A snapshot asked meanwhile is abandoned after GPUSNAP_DIST_TIMEOUT_S with one line, the ranks

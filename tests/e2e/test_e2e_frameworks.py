@@ -154,11 +154,11 @@ if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":  # CI time: it passes where "
     LIGHTNING["datamodule"] = ("lightning_dm.py", [], 17, 51, 0, "advanced the DataLoader iterator at")
 
 
-# The persistent workers' generators: tests/graph/test_workers.py, and a LightningDataModule with
-# two persistent workers restarts in test_e2e_files.py; the full set runs this case (CI's time).
+# The full set runs both (CI's time): lightning_fit.py restarts to the same bytes in the SIGTERM
+# test below; the persistent workers' generators: tests/graph/test_workers.py, and a
+# LightningDataModule with two persistent workers restarts in test_e2e_files.py.
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.more) if n == "datamodule-persistent-workers" else n
-                                  for n in LIGHTNING])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.more) for n in LIGHTNING])
 def test_a_lightning_fit_restarts_to_the_same_bytes(tmp_path, name, seed):
     """The plain command: a snapshot at a random step lands in Lightning's step loop; after
     kill -9, restart puts the shuffled DataLoader's iterator inside the trainer's CombinedLoader

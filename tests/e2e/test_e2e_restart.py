@@ -139,6 +139,7 @@ def test_a_snapshot_taken_while_the_program_evaluates_restarts_past_that_epochs_
     assert_same(load_final(ref), load_final(out))
 
 
+@pytest.mark.more  # restarted, snapshotted and killed again: test_e2e_corpus's phase-one restart (CI's time)
 def test_restart_twice_in_a_row(tmp_path):
     rnd = random.Random("twice")
     programs = copy_programs(tmp_path)

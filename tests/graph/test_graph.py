@@ -564,6 +564,30 @@ def test_a_numpy_view_of_a_parameter_made_after_setup_views_the_live_parameter(t
     assert values["own"].tolist() == [0.0, 1.0, 2.0]
 
 
+@pytest.mark.parametrize("iterative", [False, True], ids=["c-pickler", "iterative-pickler"])
+@pytest.mark.parametrize("array_first", [True, False], ids=["array-first", "tensor-first"])
+def test_a_tensor_from_numpy_and_its_array_come_back_sharing_their_memory(tmp_path, array_first, iterative):
+    """A replay memory allocated at the first transition (`memory = np.zeros(...)`, `memory_t =
+    torch.from_numpy(memory)`), written through the array and sampled through the tensor: the
+    snapshot kept two copies, the merge adopted both, and what the restart wrote no longer
+    reached the batches it drew (lazy_buffer.py). Whichever the pickler meets first holds the
+    bytes, and the other comes back over them; both adopted, they share them still."""
+    memory = np.arange(24, dtype=np.float32).reshape(4, 6)
+    memory_t = torch.from_numpy(memory)
+    head = torch.from_numpy(memory[:2])  # a tensor over its first rows
+    flat = memory.reshape(-1)  # an array over the same memory
+    root = {"memory": memory, "memory_t": memory_t, "head": head, "flat": flat} if array_first else \
+        {"memory_t": memory_t, "head": head, "flat": flat, "memory": memory}
+    snap, _ = snapshot_and_load(tmp_path, root, iterative=iterative)
+    assert torch.equal(snap["memory_t"], torch.arange(24.0).reshape(4, 6)) and torch.equal(snap["head"], memory_t[:2])
+    merger = Merger()
+    values = {name: merger.value(None, snap[name], f"locals.{name}") for name in root}
+    merger.finish()
+    values = {name: merger.settled(value) for name, value in values.items()}
+    values["memory"][1, 1] = -5.0
+    assert values["memory_t"][1, 1] == -5.0 and values["head"][1, 1] == -5.0 and values["flat"][7] == -5.0
+
+
 @pytest.mark.parametrize("order", [("model", "params", "view"), ("params", "view", "model")])
 def test_places_the_replay_made_share_memory_that_the_run_held_apart_get_the_run_s_bytes_each(tmp_path, order):
     """`params = {k: v.detach() for k, v in model.named_parameters()}`, then each step rebinds

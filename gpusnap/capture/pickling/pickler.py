@@ -198,6 +198,9 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         self.device_wanted: dict[str, tuple[str, int]] = {}
         self.core_buffers: list[tuple[object, str | None]] = []
         self._storage_dtype: dict[tuple, tuple[str, int]] = {}
+        # {start address: (nbytes, owner)} of the host memory pickled so far: a torch storage or
+        # a contiguous NumPy array (``BufferReducers._shared_host``)
+        self._host_memory: dict[int, tuple[int, object]] = {}
         self._torch = sys.modules.get("torch")
         self._np = sys.modules.get("numpy")
         self._cupy = sys.modules.get("cupy")

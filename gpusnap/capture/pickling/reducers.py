@@ -15,12 +15,13 @@ from gpusnap.graph.load import (
     _core_buffer,
     _load_device_storage,
     _load_storage,
-    _ndarray_of_tensor,
+    _ndarray_over,
     _raw_ndarray,
     _rebuild_cupy,
     _rebuild_ndarray,
     _rebuild_tensor,
     _sharded_tensor,
+    _storage_of_ndarray,
     dtensor_layout,
 )
 from gpusnap.rawmem import mapped, strided_extent, view_at
@@ -77,6 +78,11 @@ class BufferReducers:
         if device not in ("cpu", "meta") and nbytes:
             return self._reduce_device_storage(storage, key)
         name = self.storage_names.get(key)
+        if name is None and device == "cpu" and nbytes:
+            owner = self._shared_host(address, nbytes, storage)
+            if owner is not storage:  # `torch.from_numpy(memory)`, the array (or a wider tensor's) pickled first
+                start = owner.data_ptr() if isinstance(owner, torch.UntypedStorage) else owner.__array_interface__["data"][0]
+                return _storage_of_ndarray, (owner, address - start, nbytes)
         if name is None:
             if device == "cpu":
                 view = self.host.storage(address, nbytes)
@@ -185,10 +191,17 @@ class BufferReducers:
             where = self.device.pointer(arr.__array_interface__["data"][0])
             if where is not None:
                 return _raw_ndarray, (*where, arr.dtype.str, arr.shape, arr.strides)
+        address = arr.__array_interface__["data"][0]
         tensor = self._tensor_under(arr)
         if tensor is not None:  # `w = p.detach().numpy()`: a view of the tensor's memory, kept one
-            offset = arr.__array_interface__["data"][0] - tensor.untyped_storage().data_ptr()
-            return _ndarray_of_tensor, (tensor, offset, arr.dtype.str, arr.shape, arr.strides)
+            offset = address - tensor.untyped_storage().data_ptr()
+            return _ndarray_over, (tensor, offset, arr.dtype.str, arr.shape, arr.strides)
+        lowest, nbytes = strided_extent(address, arr.shape, arr.strides, arr.itemsize)
+        if nbytes:  # a view of an array pickled before, or a from_numpy tensor's memory
+            owner = self._shared_host(lowest, nbytes, arr, note=arr.flags.c_contiguous)
+            if owner is not arr:
+                start = owner.data_ptr() if isinstance(owner, self._torch.UntypedStorage) else owner.__array_interface__["data"][0]
+                return _ndarray_over, (owner, address - start, arr.dtype.str, arr.shape, arr.strides)
         key = ("numpy", arr.__array_interface__["data"][0], arr.nbytes, arr.dtype.str, arr.shape, arr.strides)
         name = self.storage_names.get(key)
         if name is None:
@@ -199,6 +212,21 @@ class BufferReducers:
             record.update(kind="numpy", shape=list(arr.shape))
             self.buffers[name] = record
         return _rebuild_ndarray, (name, arr.dtype.str, arr.shape)
+
+    def _shared_host(self, address: int, nbytes: int, candidate, note: bool = True):
+        """The host memory pickled so far (a torch storage, or a contiguous NumPy array) that
+        starts at ``address`` and holds ``nbytes``; ``candidate`` where none does (noted as such,
+        with ``note``). A tensor made by ``torch.from_numpy`` shares the array's memory, and a
+        reshaped array its base's: pickled apart, they came back apart, and what the program
+        wrote through one no longer reached the other. By start address alone (a dict: a
+        snapshot holds up to millions of arrays): a view that starts inside another's memory
+        (``torch.from_numpy(memory[2])``) comes back apart, as before."""
+        found = self._host_memory.get(address)
+        if found is not None and nbytes <= found[0]:
+            return found[1]
+        if note and found is None:
+            self._host_memory[address] = (nbytes, candidate)
+        return candidate
 
     def _tensor_under(self, arr):
         """The host tensor whose memory ``arr`` views (its ``base``, through views of it), or None."""
