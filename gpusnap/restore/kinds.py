@@ -21,6 +21,7 @@ from gpusnap.graph.load import LiveClass, LiveFunction, LiveGenerator, LiveOnly,
 from gpusnap.graph.walk import ATOMS as _ATOMS
 from gpusnap.graph.walk import Path
 from gpusnap.graph.walk import key_text as _key_text
+from gpusnap.rawmem import strided_extent
 
 
 class _Cell:
@@ -195,14 +196,28 @@ class KindMerges:
                     self.joined += 1
 
     def _ndarray_over_live(self, snap):
-        """A NumPy array the run made over a tensor's memory (`decay = w.detach().numpy()`) and the
-        replay holds none of: the same view over the live storage that stands for that tensor's,
-        or None where none does (it viewed a tensor the merge adopts: it keeps that one's). As
-        the snapshot's array, it viewed a copy that no training moves, and the program's writes
-        through it (a decay by hand) reached no weight: "verified", other bytes."""
-        torch = self._torch
+        """A NumPy array the run made over a tensor's memory (`decay = w.detach().numpy()`) or over
+        another array's (`recent = ring[8:]`), and the replay holds none of: the same view over
+        the live storage that stands for that tensor's, or over the live array the merge aligned
+        with that array; None where none does (it viewed what the merge adopts: it keeps that).
+        As the snapshot's array, it viewed a copy that no training moves: the program's writes
+        through it (a decay by hand) reached no weight, and its reads (the spread of the recent
+        losses) saw none of the losses written after the restart: "verified", other bytes."""
+        np, torch = self._np, self._torch
+        address = snap.__array_interface__["data"][0]
+        lowest, nbytes = strided_extent(address, snap.shape, snap.strides, snap.itemsize)
+        for array in self._keep:  # an array the merge aligned with a live one, whose memory holds this one
+            live = self.aligned.get(id(array))
+            if type(array) is not np.ndarray or not isinstance(live, np.ndarray) or live is array:
+                continue
+            start = array.__array_interface__["data"][0]
+            if start <= lowest and lowest + nbytes <= start + array.nbytes and array.flags.c_contiguous:
+                if not live.flags.c_contiguous or live.nbytes != array.nbytes:
+                    return None
+                return np.ndarray(snap.shape, snap.dtype, buffer=np.ndarray((live.nbytes,), np.uint8, buffer=live),
+                                  offset=address - start, strides=snap.strides)
         base = snap.base
-        while isinstance(base, self._np.ndarray):
+        while isinstance(base, np.ndarray):
             base = base.base
         theirs = _host_storage(torch, base) if torch is not None else None
         if theirs is None:

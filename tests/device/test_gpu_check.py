@@ -35,6 +35,7 @@ def check_plan(summary: str) -> None:
     assert longest <= 7 * 60, "the check must end within 7 minutes of the machine's 15"
 
 
+@pytest.mark.more  # the dry run's tests and drills below run the script too (CI's time)
 def test_the_cheap_steps_of_the_dry_run_work_on_the_fake_gpu(tmp_path):
     summary = dry_run(tmp_path, "install,env,probes,fingerprint,bench")
     check_plan(summary)

@@ -48,16 +48,11 @@ CORPUS = {
     "word_lm": ("word_lm.py", []),
     "tensor_kinds": ("tensor_kinds.py", []),
     "resumes_itself": ("resumes_itself.py", []),
-    "scripted": ("scripted.py", []),
     # state on the program's classes and functions, and in closures bound to module globals:
     # both decide steps past the witness's first iterations (a restart once said verified);
     # past the first epoch (10 batches), which a class defined in main() counts
     "class_state": ("class_state.py", [], 10, "gpusnap: fast-forward "),
     "module_closures": ("module_closures.py", []),
-    # Training phases in turn, from a snapshot in the second: the replay runs the first phase's
-    # loop zero times (it once stepped there, and was refused). A teacher's loop, then a
-    # student's, in two functions (past the teacher's 30 steps), ...
-    "distill": ("distill.py", [], 31, "gpusnap: passed over "),
     # No torch.optim: per-example gradients with torch.func over `params = {k: v.detach() ...}`,
     # rebound each step. The replay's dict shares the parameters' memory, the run's had parted:
     # the merge once wrote the model's first weights over it, and the witness, with no optimizer
@@ -88,6 +83,11 @@ CORPUS = {
     # the merge adopted both apart, and the restart said "verified" with other bytes (2 of 4; 2
     # refused), until the tensor's storage came back over the array's memory
     "lazy_buffer": ("lazy_buffer.py", []),
+    # a view of a ring buffer of losses (`recent = ring[8:]`) made when the warm-up ends, past it:
+    # the merge adopted the view's own bytes, which the restart's losses never reached, and the
+    # restart said "verified" with other bytes (1 of 3; 2 refused), until the view came back over
+    # the live ring
+    "ring_stats": ("ring_stats.py", [], 21, "gpusnap: fast-forward "),
 }
 MORE = {
     # past the first epoch: a dataset whose pseudo-labels each epoch's end rewrites, loaded in the
@@ -259,6 +259,11 @@ MORE = {
     # From the default run, for CI's time (its 12 minutes): programs whose fault, when they had
     # one, was a refusal (a regression there fails safe), or whose shape a default test covers;
     # the full set runs them before each change lands.
+    "scripted": ("scripted.py", []),
+    # Training phases in turn, from a snapshot in the second: the replay runs the first phase's
+    # loop zero times (it once stepped there, and was refused). A teacher's loop, then a
+    # student's, in two functions (past the teacher's 30 steps), ...
+    "distill": ("distill.py", [], 31, "gpusnap: passed over "),
     # torch.compile builds C++ kernels: ~5 s warm, ~20 s cold, per run (the most costly program)
     "compiled": ("compiled.py", []),
     "dcgan": ("dcgan.py", []),

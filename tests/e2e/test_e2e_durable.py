@@ -97,6 +97,7 @@ def shrinks(tmp_path, steps: int, switch_at: int):
     return Run("run", "--dir", "snaps", *program, cwd=tmp_path, env=SMALL_PACKS), out, requeued_ends_right
 
 
+@pytest.mark.more  # the stop snapshot's write path: test_e2e_snapshot's SIGTERM tests; its pages ahead: here (CI's time)
 def test_a_stop_snapshot_writes_its_packs_from_pages_the_trainee_allocated_ahead(tmp_path):
     """The drain region the trainee reserved and populated ahead for the next snapshot, which a
     stop snapshot does not drain into, holds its pack windows (the writer allocates no memory),

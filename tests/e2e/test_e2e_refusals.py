@@ -214,9 +214,10 @@ EXACT_OR_REFUSED = {
     "late_hooks-grad_hook": ("late_hooks.py", ["grad_hook"], ("the parameters differ from the run that took it",)),
 }
 # Shapes the others cover (the full set runs them: GPUSNAP_TEST_CORPUS=all): a refusal by the witness
-# (grad_hook, hard_mining-online: scripted-jit-optimize's), a loop passed over whose results the
-# code after it needs (lr_finder: noisy_student's).
-MORE_EXACT_OR_REFUSED = ("late_hooks-grad_hook", "hard_mining-online", "lr_finder")
+# (grad_hook, hard_mining-online, prefetch_thread: scripted-jit-optimize's), a loop passed over
+# whose results the code after it needs (lr_finder: noisy_student's), a function made in the loop
+# (phase_schedules: test_a_lambda_made_mid_run_that_the_program_calls_later_is_a_refusal).
+MORE_EXACT_OR_REFUSED = ("late_hooks-grad_hook", "hard_mining-online", "lr_finder", "phase_schedules", "prefetch_thread")
 
 
 @pytest.mark.parametrize("seed", SEEDS)

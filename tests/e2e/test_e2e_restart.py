@@ -66,8 +66,9 @@ def run_dir(tmp_path, request):
 
 
 # A trainer class's fit() and manual SGD on a global rate: shapes the corpus covers (class_state,
-# closures, lbfgs_series), run with GPUSNAP_TEST_CORPUS=all.
-MORE_STYLES = ("d-trainer-fit", "f-manual-sgd-global-lr")
+# closures, lbfgs_series); bf16 weights under autocast and a numpy generator: tensor_kinds (bf16),
+# ema_checkpointed (autocast), test_e2e_interpreters' numpy generator. Run with GPUSNAP_TEST_CORPUS=all.
+MORE_STYLES = ("d-trainer-fit", "f-manual-sgd-global-lr", "e-bf16-autocast-numpy-generator")
 
 
 def _marks(style: str) -> list:

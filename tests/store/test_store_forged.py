@@ -172,6 +172,7 @@ def test_export_refuses_a_layout_that_does_not_fit_its_bytes(tmp_path, layout, w
 
 
 @pytest.mark.slow
+@pytest.mark.more  # a restart past a damaged newest snapshot: test_e2e_damage.py (CI's time)
 def test_run_and_restart_fall_back_past_a_damaged_newest_snapshot(tmp_path):
     """The same command again (`run --resume auto`) and `restart` both skip a snapshot whose
     manifest claims a negative chunk size, resume from the one before, and end with the bytes
