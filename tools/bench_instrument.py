@@ -290,7 +290,7 @@ def bench_witness(repeats: int) -> None:
     cost_ms = inside_ns / 1e6
     size = len(json.dumps(docs[-1], sort_keys=True))
     print(f"witness: {window} iterations of (2)'s training step (its model's parameters digested after the "
-          f"first step), best of {repeats * 4}")
+          f"first step and at each boundary), best of {repeats * 4}")
     print(f"  the window {window_ns / 1e6:8.2f} ms, of which in the witness {cost_ms:.3f} ms "
           f"({inside_ns / window_ns * 100:.1f}% of those {window} steps): what a snapshot adds")
     for every_s in (60, 600):

@@ -414,11 +414,12 @@ def _ndarray_over(owner, offset: int, dtype: str, shape, strides):
     did. Where the replay holds none, the merge builds it again over the live storage that
     stands for a tensor's (``restore.kinds``)."""
     import numpy as np
-    import torch
 
     if isinstance(owner, np.ndarray):
         whole = np.ndarray((owner.nbytes,), np.uint8, buffer=owner)
     else:
+        import torch  # (only a tensor's or a storage's memory needs it: a program may have no torch)
+
         storage = owner.untyped_storage() if isinstance(owner, torch.Tensor) else owner
         whole = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
     return np.ndarray(shape, np.dtype(dtype), buffer=whole, offset=offset, strides=strides)

@@ -9,6 +9,7 @@ place holds afterwards, so depth costs memory, not recursion."""
 
 from __future__ import annotations
 
+import bisect
 import collections
 import enum
 import functools
@@ -195,6 +196,13 @@ class KindMerges:
                     placed.set_(storage, offset, snap.size(), snap.stride())
                     self.joined += 1
 
+    def _note_live_array(self, snap, live) -> None:
+        """An array of the snapshot merged into a live one: a view of it the replay holds none of
+        comes back over the live one (``_ndarray_over_live``)."""
+        if snap.flags.c_contiguous and snap.nbytes:
+            start = snap.__array_interface__["data"][0]
+            bisect.insort(self._live_arrays, (start, start + snap.nbytes, snap, live), key=lambda span: span[0])
+
     def _ndarray_over_live(self, snap):
         """A NumPy array the run made over a tensor's memory (`decay = w.detach().numpy()`) or over
         another array's (`recent = ring[8:]`), and the replay holds none of: the same view over
@@ -206,16 +214,14 @@ class KindMerges:
         np, torch = self._np, self._torch
         address = snap.__array_interface__["data"][0]
         lowest, nbytes = strided_extent(address, snap.shape, snap.strides, snap.itemsize)
-        for array in self._keep:  # an array the merge aligned with a live one, whose memory holds this one
-            live = self.aligned.get(id(array))
-            if type(array) is not np.ndarray or not isinstance(live, np.ndarray) or live is array:
-                continue
-            start = array.__array_interface__["data"][0]
-            if start <= lowest and lowest + nbytes <= start + array.nbytes and array.flags.c_contiguous:
-                if not live.flags.c_contiguous or live.nbytes != array.nbytes:
-                    return None
-                return np.ndarray(snap.shape, snap.dtype, buffer=np.ndarray((live.nbytes,), np.uint8, buffer=live),
-                                  offset=address - start, strides=snap.strides)
+        spans = self._live_arrays  # an array merged into a live one, whose memory holds this one
+        i = bisect.bisect_right(spans, lowest, key=lambda span: span[0])
+        if i and nbytes and lowest + nbytes <= spans[i - 1][1]:
+            start, _, array, live = spans[i - 1]
+            if not live.flags.c_contiguous or live.nbytes != array.nbytes:
+                return None
+            return np.ndarray(snap.shape, snap.dtype, buffer=np.ndarray((live.nbytes,), np.uint8, buffer=live),
+                              offset=address - start, strides=snap.strides)
         base = snap.base
         while isinstance(base, np.ndarray):
             base = base.base

@@ -141,6 +141,8 @@ class Merger(KindMerges):
         self.parted = 0  # live storages the merge parted
         self.reshaped = 0  # live parameters and buffers that took the snapshot's shape or dtype
         self.joined = 0  # tensors moved onto the memory they shared in the run (kinds._join_shared)
+        # (start, end, snapshot array, live array) of the arrays merged into live ones, by start
+        self._live_arrays: list[tuple[int, int, object, object]] = []
 
     def value(self, live, snap, path: str | Path):
         return self._drive(self._place(live, snap, Path(path) if isinstance(path, str) else path))
@@ -235,6 +237,8 @@ class Merger(KindMerges):
 
     def _align(self, snap, result, path: Path):
         self.aligned[id(snap)] = result
+        if self._np is not None and type(snap) is self._np.ndarray and result is not snap:
+            self._note_live_array(snap, result)
         self._stands_for.setdefault(id(result), snap)
         self._keep.append(snap)
         self._first_path[id(snap)] = path

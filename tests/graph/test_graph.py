@@ -13,7 +13,10 @@ import io
 import itertools
 import os
 import random
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -587,6 +590,35 @@ def test_a_view_of_an_array_made_after_setup_views_the_live_array(tmp_path):
     assert values["recent"][1] == -1.0 and values["odd"][4] == -1.0
     live["big"][4] = 7.0
     assert values["row"][0] == 0.0  # its own bytes, as before
+
+
+def test_views_of_arrays_round_trip_in_a_process_without_torch(tmp_path):
+    """A program may have no torch (the interpreters' tests run such programs under Python
+    versions torch does not support): its arrays' views are pickled and loaded without it."""
+    script = f"""
+import io, sys
+import numpy as np
+from gpusnap.capture.pickling.pickler import GraphPickler
+from gpusnap.store import RunDir
+from gpusnap import restore
+ring = np.arange(16.0)
+buf = bytearray(64)
+rd = RunDir.create({str(tmp_path / "run")!r}, {{"command": ["test"]}})
+sink = rd.begin_snapshot("000001")
+stream = io.BytesIO()
+pickler = GraphPickler(stream, sink)
+pickler.dump_graph({{"ring": ring, "recent": ring[8:], "a": np.frombuffer(buf, np.float32), "b": np.frombuffer(buf, np.float32)[:4]}})
+graph = sink.put_buffer(stream.getbuffer(), dtype="bytes", typesize=1)
+sink.commit({{"buffers": {{**pickler.buffers, "graph": graph}}}})
+_, back = restore.load(RunDir.open({str(tmp_path / "run")!r}), "000001")
+back["ring"][9] = -1.0
+back["a"][0] = 5.0
+print(back["recent"][1], back["b"][0], "torch" in sys.modules)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["-1.0", "5.0", "False"]
 
 
 @pytest.mark.parametrize("iterative", [False, True], ids=["c-pickler", "iterative-pickler"])

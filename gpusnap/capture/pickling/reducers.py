@@ -204,7 +204,9 @@ class BufferReducers:
         if nbytes:  # a view of an array pickled before, or a from_numpy tensor's memory
             owner = self._shared_host(lowest, nbytes, arr, note=arr.flags.c_contiguous)
             if owner is not arr:
-                start = owner.data_ptr() if isinstance(owner, self._torch.UntypedStorage) else owner.__array_interface__["data"][0]
+                torch = self._torch  # (an owner is a storage only where torch is imported)
+                start = owner.data_ptr() if torch is not None and isinstance(owner, torch.UntypedStorage) \
+                    else owner.__array_interface__["data"][0]
                 return _ndarray_over, (owner, address - start, arr.dtype.str, arr.shape, arr.strides)
         key = ("numpy", arr.__array_interface__["data"][0], arr.nbytes, arr.dtype.str, arr.shape, arr.strides)
         name = self.storage_names.get(key)
@@ -243,7 +245,7 @@ class BufferReducers:
         root, base = None, arr.base
         while isinstance(base, np.ndarray):
             root, base = base, base.base
-        if (root is None or type(root) is not np.ndarray or not root.flags.c_contiguous
+        if (root is None or type(root) is not np.ndarray or not root.flags.c_contiguous or root.dtype.hasobject
                 or root.nbytes > 4 * arr.nbytes + (1 << 20)):
             return None
         return root
