@@ -31,7 +31,7 @@ and exits with the class's ``exit_code``::
     │       └── KernelBuildError             ... NVRTC could not compile a gpusnap kernel
     └── RestoreError                  6  restart refused rather than restore wrong state
         ├── ReplayDiverged               ... replay never reached the saved loop position
-        ├── StateMismatch                ... shape / dtype / tying differs at an object path
+        ├── StateMismatch                ... shape / dtype differs at an object path
         ├── ProgramChanged               ... script, sources or arguments differ
         ├── FastForwardError             ... a loop's position cannot be reproduced exactly
         └── FilesNotRestorable           ... a file the program wrote cannot be put back as it

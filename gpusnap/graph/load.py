@@ -299,6 +299,11 @@ def _set_state(obj, state):
 # id(loaded object) -> names of the attributes its class's ``__setstate__`` added beyond the
 # saved state, for the objects of the last ``load_graph`` (merge reads it; see _set_state_by_class).
 ADDED_BY_SETSTATE: dict[int, frozenset] = {}
+# id(tensor) in the process that took the snapshot -> the tensor loaded for it, for the objects of
+# the last ``load_graph``: an int the program kept that equals one is that tensor's id (a dict
+# `{id(p): name}`), and the merge gives it the id of the live tensor (restore.merge). Addresses of
+# live objects, 16-byte aligned and above 2**32: no count or index the program keeps is one.
+RUN_IDS: dict[int, object] = {}
 
 
 def _set_state_by_class(obj, state):
@@ -349,7 +354,7 @@ def _load_device_storage(name, offset, nbytes, device):
     return storage
 
 
-def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, is_param, attrs):
+def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, is_param, attrs, run_id=None):
     import torch
 
     t = torch.empty(0, dtype=getattr(torch, dtype), device=storage.device)
@@ -362,6 +367,8 @@ def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, i
         t.grad = grad
     if attrs:
         t.__dict__.update(attrs)
+    if run_id is not None:
+        RUN_IDS[run_id] = t
     saved_on = _loading.device_storages.get(id(storage))
     if saved_on is not None:  # the object the graph holds: a Parameter is a tensor of its own
         _loading.device_tensors.append((t, saved_on))
@@ -462,6 +469,7 @@ def load_graph(stream: bytes, read_buffer, device_tensors: list | None = None):
     _loading.device_tensors = device_tensors if device_tensors is not None else []
     _loading.read_buffer = read_buffer
     ADDED_BY_SETSTATE.clear()
+    RUN_IDS.clear()
     try:
         return pickle.loads(stream)
     finally:

@@ -18,7 +18,7 @@ import sys
 import types
 
 from gpusnap.errors import StateMismatch
-from gpusnap.graph.load import LiveClass, LiveFunction, LiveGenerator, LiveOnly, ShardedState, Unbuilt, dtensor_layout
+from gpusnap.graph.load import RUN_IDS, LiveClass, LiveFunction, LiveGenerator, LiveOnly, ShardedState, Unbuilt, dtensor_layout
 from gpusnap.graph.walk import ATOMS as _ATOMS
 from gpusnap.graph.walk import Path
 from gpusnap.graph.walk import key_text as _key_text
@@ -322,13 +322,23 @@ class KindMerges:
         keys = []
         torch = self._torch
         for key in snap:
-            if _plain_key(key):
+            if type(key) is int and key in RUN_IDS:  # `{id(p): name ...}`: keyed by the live tensor's id
+                tensor = RUN_IDS[key]
+                if id(tensor) in self.aligned:
+                    keys.append(id(self.aligned[id(tensor)]))
+                elif not final:
+                    return None
+                else:
+                    keys.append(id(self._adopt(tensor, path + "[<key id()>]")))
+            elif _plain_key(key):
                 keys.append(key)
             elif id(key) in self.aligned:
                 keys.append(self.aligned[id(key)])
             elif not final:
                 return None
-            elif torch is not None and isinstance(key, torch.Tensor):
+            elif torch is not None and isinstance(key, torch.Tensor) and id(key) not in self._pending:
+                # (a tensor that waits at a place of its own, a parameter of a head the run
+                # replaced, is adopted there: the key is that tensor)
                 raise StateMismatch(f"{path}: a key of this dict ({type(key).__name__}) has no counterpart in the program")
             else:
                 keys.append(self._adopt(key, path + f"[<key {type(key).__name__}>]"))
@@ -432,7 +442,7 @@ def _plain_key(key) -> bool:
 
 
 def _has_object_keys(value) -> bool:
-    return isinstance(value, dict) and any(not _plain_key(k) for k in value)
+    return isinstance(value, dict) and any(not _plain_key(k) or (type(k) is int and k in RUN_IDS) for k in value)
 
 
 def _picklable(value) -> bool:

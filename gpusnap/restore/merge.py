@@ -38,8 +38,10 @@
 
 An object is aligned *before* its contents are merged, so cycles (argparse's actions and groups,
 modules that point back at their parents) end at the first revisit, and sharing in the snapshot
-stays sharing in the live program; two live tensors for one snapshot tensor means the tying
-differs, which is an error naming both paths. The walk runs on an explicit stack (each merge
+stays sharing in the live program: where the replay holds two tensors for one of the run's (a
+weight tied in a step it skipped), the later place takes the first's counterpart; where it holds
+one for two of the run's (a dict that started as the parameters and was rebound to new tensors),
+the later one waits, or is adopted, rather than write its bytes over the first's. The walk runs on an explicit stack (each merge
 step is a generator that yields the child places it needs), so depth costs memory, not recursion.
 This module is the driver; the merge of each kind is in ``restore.kinds``.
 """
@@ -59,6 +61,7 @@ from gpusnap.graph.load import (
     LiveFunction,
     LiveGenerator,
     LiveObject,
+    RUN_IDS,
     LiveOnly,
     ShardedState,
     Unbuilt,
@@ -104,6 +107,13 @@ class _LivePlace(_Pending):
         self.live = live
 
 
+class _IdOf(_Pending):
+    """A place holding an int the run took as ``id()`` of a tensor (graph.load.RUN_IDS), whose
+    live counterpart was not known when met: it settles to that counterpart's id."""
+
+    __slots__ = ()
+
+
 class Merger(KindMerges):
     """``write_device(address, data, host)`` copies bytes into the program's device or pinned
     memory (``stage.device.write_device_memory``, which boot hands down): cuda.core Buffers need it."""
@@ -116,7 +126,6 @@ class Merger(KindMerges):
         self.same_sources = same_sources
         self.aligned: dict[int, object] = {}  # id(snapshot object) -> what stands for it now
         self._keep: list = []  # snapshot objects stay alive so their ids stay unique
-        self._first_path: dict[int, str] = {}
         self._deferred: list = []  # (live, snap, path) of dicts whose object keys were not aligned yet
         self._adopted: list = []  # (snapshot object, path) taken as they are
         self._remapping: list | None = None  # _remap_adopted's list of what it adopted, while it runs
@@ -184,7 +193,8 @@ class Merger(KindMerges):
         found = self.aligned.get(id(pending.snap), _MISSING)
         if found is _MISSING and isinstance(pending, _LivePlace):
             return pending.live  # before finish (a tuple's item cannot wait)
-        return found if found is not _MISSING else self._adopt(pending.snap, pending.path)
+        found = found if found is not _MISSING else self._adopt(pending.snap, pending.path)
+        return id(found) if isinstance(pending, _IdOf) else found
 
     def _match_live_only(self) -> None:
         """Each stateless live-only placeholder stands for one live object at all its places, as
@@ -241,12 +251,15 @@ class Merger(KindMerges):
             self._note_live_array(snap, result)
         self._stands_for.setdefault(id(result), snap)
         self._keep.append(snap)
-        self._first_path[id(snap)] = path
         return result
 
     # -- one place -----------------------------------------------------------------------
     def _place(self, live, snap, path: Path):
         self.path = path
+        if type(snap) is int and snap in RUN_IDS:  # `names = {id(p): name ...}`: the live tensor's id
+            tensor = RUN_IDS[snap]
+            found = self.aligned.get(id(tensor), _MISSING)
+            return id(found) if found is not _MISSING else _IdOf(tensor, path)
         if isinstance(snap, _ATOMS):
             return snap
         if isinstance(snap, (LiveOnly, Unbuilt)):
@@ -285,10 +298,9 @@ class Merger(KindMerges):
         torch = self._torch
         done = self.aligned.get(id(snap), _MISSING)
         if done is not _MISSING:
-            if torch is not None and isinstance(snap, torch.Tensor) and isinstance(live, torch.nn.Parameter) and live is not done:
-                raise StateMismatch(
-                    f"tying differs at {path}: in the snapshot it is the same tensor as {self._first_path[id(snap)]}"
-                )
+            # One object at two places in the run, two in the replay: the place takes the first
+            # one's counterpart. For a parameter, the run tied it in a step the replay skipped
+            # (`model.head.weight = model.embed.weight` at a phase change).
             return done
         if id(snap) in self._building:
             return snap  # a tuple reached through its own items: the one place it cannot be rebuilt
@@ -302,7 +314,11 @@ class Merger(KindMerges):
             self.nbytes += snap.nbytes
             return self._align(snap, corebuffers.merge_into(live, snap, path, self.write_device), path)
         if torch is not None and isinstance(snap, torch.Tensor):
-            if not isinstance(live, torch.Tensor):
+            if not isinstance(live, torch.Tensor) or self._stands_for.get(id(live), snap) is not snap:
+                # The replay holds one tensor where the run held two (`ema = dict(model.named_parameters())`
+                # in setup, rebound to new tensors in each step): merged into the parameter, the
+                # second's bytes overwrote the first's. This place waits for a counterpart of its
+                # own, or takes the snapshot's tensor.
                 return self._wait(snap, path)
             merged = self._align(snap, self._merge_tensor(live, snap, path), path)
             if merged is live and snap.__dict__:  # what the program set on it (p.lr_scale = 0.1)
@@ -414,6 +430,8 @@ class Merger(KindMerges):
                 if id(item) in self.aligned:  # the live object it stands for (_match_live_only)
                     return self.aligned[id(item)]
                 _name_place(item, path)
+            if type(item) is int and item in RUN_IDS:
+                return id(resolve(RUN_IDS[item], path))
             if isinstance(item, _ATOMS) or isinstance(item, (LiveOnly, type)):
                 return item
             if id(item) in self.aligned:

@@ -16,7 +16,8 @@ functions, and in closures bound to its globals; a DP-SGD by hand with torch.fun
 materialized in the first step; a best state that shares the parameters' memory; losses summed over an accumulation window;
 federated averaging over clients drawn each round;
 a curriculum that switches loaders by its accuracies; sharpness-aware minimization; phases inside
-`with` blocks that put state back at their exit) continue
+`with` blocks that put state back at their exit; per-parameter settings keyed by the parameters or
+their ids; a head replaced or tied at a phase change; an EMA that starts as the parameters) continue
 with the same bytes after a kill: each is run uninterrupted, and again under `gpusnap run` with
 SIGUSR1 at a random step, kill -9 of the whole process group a few steps later, then `gpusnap
 restart`. One seed per program by default (printed; pytest shows it on failure);
@@ -90,6 +91,18 @@ CORPUS = {
     "ring_stats": ("ring_stats.py", [], 21, "gpusnap: fast-forward "),
 }
 MORE = {
+    # an EMA kept in a dict that starts as the parameters themselves and is rebound each step: the
+    # merge wrote the averages over the replay's parameters (refused, 4 of 4: they no longer
+    # required grad), until one live tensor stood for one of the run's
+    "ema_alias": ("ema_alias.py", []),
+    # past a phase change (20 steps) that replaced the head, the old one's weight staying in the
+    # optimizer (refused, 1 of 3, both its weights written into the replay's head), tied the
+    # output weight to the embedding's (refused, "tying differs", 2 of 3), made a new optimizer,
+    # or registered a buffer (exact at the first try)
+    "swap_head-replace": ("swap_head.py", ["replace"], 21, "gpusnap: fast-forward "),
+    "swap_head-tie": ("swap_head.py", ["tie"], 21, "gpusnap: fast-forward "),
+    "swap_head-new_optimizer": ("swap_head.py", ["new_optimizer"], 21, "gpusnap: fast-forward "),
+    "swap_head-buffer": ("swap_head.py", ["buffer"], 21, "gpusnap: fast-forward "),
     # past the first epoch: a dataset whose pseudo-labels each epoch's end rewrites, loaded in the
     # main process after the merge (hard_mining's loop shape; with workers: test_e2e_refusals.py)
     "self_training": ("self_training.py", [], 12, "gpusnap: fast-forward "),
@@ -256,6 +269,16 @@ MORE = {
     # forward hook over a local of main(): exact at the first try, 3 of 3 each
     "late_hooks-slice": ("late_hooks.py", ["slice"], 25, "gpusnap: fast-forward "),
     "late_hooks-forward_hook": ("late_hooks.py", ["forward_hook"], 25, "gpusnap: fast-forward "),
+    # per-parameter settings keyed by the parameters, made at a phase change (past it): in a dict
+    # or a set of the parameters, exact at the first try; by `id(p)` (a dict of names, made then
+    # or in setup, and a set of ids), refused 3 of 3 each ("the parameters differ") until the
+    # ints the run took as ids of its tensors became the ids of the live ones
+    # (test_graph.py::test_ints_a_program_took_as_ids_..., in the default run)
+    "param_keyed-dict": ("param_keyed.py", ["dict"], 25, "gpusnap: fast-forward "),
+    "param_keyed-set": ("param_keyed.py", ["set"], 25, "gpusnap: fast-forward "),
+    "param_keyed-ids": ("param_keyed.py", ["ids"], 25, "gpusnap: fast-forward "),
+    "param_keyed-ids_setup": ("param_keyed.py", ["ids-setup"], 25, "gpusnap: fast-forward "),
+    "param_keyed-id_set": ("param_keyed.py", ["id-set"], 25, "gpusnap: fast-forward "),
     # From the default run, for CI's time (its 12 minutes): programs whose fault, when they had
     # one, was a refusal (a regression there fails safe), or whose shape a default test covers;
     # the full set runs them before each change lands.

@@ -569,6 +569,94 @@ def test_a_numpy_view_of_a_parameter_made_after_setup_views_the_live_parameter(t
     assert values["own"].tolist() == [0.0, 1.0, 2.0]
 
 
+@pytest.mark.parametrize("order", ["weight first", "ema first"])
+def test_one_tensor_of_the_replay_standing_at_two_places_the_run_held_apart_keeps_its_own_bytes(tmp_path, order):
+    """`ema = dict(model.named_parameters())` in setup, rebound to new tensors in each step: the
+    replay's dict holds the parameters themselves, the snapshot's the averages. Merged into the
+    parameter, the average's bytes overwrote the weight's (the restart then failed, ema_alias.py,
+    4 of 4; a plain tensor in both places would have ended with other bytes). The later place
+    now waits, or takes the snapshot's tensor, and each keeps its own bytes."""
+    weight, average = torch.nn.Parameter(torch.ones(3)), torch.full((3,), 5.0)
+    snap, _ = snapshot_and_load(tmp_path, {"weight": weight, "ema": {"w": average}})
+    live_weight = torch.nn.Parameter(torch.zeros(3))
+    live = {"weight": live_weight, "ema": {"w": live_weight}}
+    merger = Merger()
+    names = ("weight", "ema") if order == "weight first" else ("ema", "weight")
+    values = {name: merger.value(live[name], snap[name], f"locals.{name}") for name in names}
+    merger.finish()
+    values = {name: merger.settled(value) for name, value in values.items()}
+    assert values["weight"].tolist() == [1.0] * 3 and values["ema"]["w"].tolist() == [5.0] * 3
+    assert values["weight"] is not values["ema"]["w"]
+    if order == "weight first":
+        assert values["weight"] is live_weight and values["weight"].requires_grad
+
+
+@pytest.mark.parametrize("order", [("model", "optimizer"), ("optimizer", "model")])
+@pytest.mark.parametrize("change", ["tied", "replaced"])
+def test_a_head_the_run_tied_or_replaced_in_a_step_the_replay_skipped_comes_back_as_the_run_had_it(tmp_path, order, change):
+    """At a phase change the run tied the head's weight to the embedding's (`tied`: the merge
+    refused, "tying differs", a valid program), or replaced the head by a new one and gave the
+    optimizer a group for it, the old head's weight staying in the first group (`replaced`: its
+    bytes and the new head's were both written into the replay's head; refused, by the witness,
+    or for an optimizer state keyed by a parameter "with no counterpart"). The replay holds the
+    setup's head: the head's place now takes what the run had there, and the old weight, which
+    the replay's head cannot stand for twice, comes back as the snapshot's own tensor."""
+    embed, old_head, new_head = (torch.nn.Parameter(torch.full((2,), float(i))) for i in (1, 2, 3))
+    head = embed if change == "tied" else new_head
+    groups = [[embed, old_head]] + ([[new_head]] if change == "replaced" else [])
+    state = {p: torch.full((2,), 10.0 + i) for i, p in enumerate(dict.fromkeys(p for g in groups for p in g))}
+    snap, _ = snapshot_and_load(tmp_path, {"model": {"embed": embed, "head": head}, "optimizer": {"groups": groups, "state": state}})
+    live_embed, live_head = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
+    live = {"model": {"embed": live_embed, "head": live_head},
+            "optimizer": {"groups": [[live_embed, live_head]], "state": {live_embed: torch.zeros(2), live_head: torch.zeros(2)}}}
+    merger = Merger()
+    values = {name: merger.value(live[name], snap[name], f"locals.{name}") for name in order}
+    merger.finish()
+    model, optimizer = (merger.settled(values[name]) for name in ("model", "optimizer"))
+    assert model["embed"].tolist() == [1.0] * 2 and model["head"].tolist() == [1.0 if change == "tied" else 3.0] * 2
+    assert (model["head"] is model["embed"]) == (change == "tied")
+    first = optimizer["groups"][0]
+    assert first[0] is model["embed"] and first[1].tolist() == [2.0] * 2 and first[1] is not model["head"]
+    if change == "replaced":
+        assert optimizer["groups"][1][0] is model["head"]
+    params = [p for g in optimizer["groups"] for p in g]
+    assert [optimizer["state"][p].tolist() for p in params] == [[10.0 + i] * 2 for i in range(len(params))]
+
+
+@pytest.mark.parametrize("order", ["model first", "ids first"])
+@pytest.mark.parametrize("made", ["in setup", "after setup"])
+def test_ints_a_program_took_as_ids_of_its_parameters_become_the_live_parameters_ids(tmp_path, order, made):
+    """`names = {id(p): name for name, p in model.named_parameters()}`, then
+    `names.get(id(p), "")` in each step deciding which parameters decay: the merge kept the run's
+    ids, which no live parameter has, and the restart was refused (param_keyed.py, 3 of 3; a
+    decision outside the witness's window would have ended with other bytes). Those ints now
+    become the ids of the live parameters, as keys, set members, values and tuple items, whether
+    the replay made the dict (setup) or the merge adopts it; other ints stay as they were."""
+    weights = [torch.nn.Parameter(torch.full((2,), float(i))) for i in range(2)]
+    ids = [id(w) for w in weights]
+    state = {"model": weights, "names": {ids[0]: "0.weight", ids[1]: "0.bias"}, "skip": {ids[1]},
+             "by_name": {"0.weight": ids[0]}, "pairs": [(ids[0], 0.5)], "count": 12345}
+    snap, _ = snapshot_and_load(tmp_path, state)
+    live_weights = [torch.nn.Parameter(torch.zeros(2)) for _ in range(2)]
+    live_ids = [id(w) for w in live_weights]
+    live = dict.fromkeys(state)
+    live["model"] = live_weights
+    if made == "in setup":
+        live.update(names={live_ids[0]: "0.weight", live_ids[1]: "0.bias"}, skip=set(), by_name={}, pairs=[])
+    merger = Merger()
+    names = ("model", "names", "skip", "by_name", "pairs", "count")
+    values = {name: merger.value(live[name], snap[name], f"locals.{name}")
+              for name in (names if order == "model first" else names[::-1])}
+    merger.finish()
+    values = {name: merger.settled(value) for name, value in values.items()}
+    assert values["model"] is live_weights and torch.equal(live_weights[1], torch.ones(2))
+    assert values["names"] == {live_ids[0]: "0.weight", live_ids[1]: "0.bias"}
+    assert values["skip"] == {live_ids[1]}
+    assert values["by_name"] == {"0.weight": live_ids[0]}
+    assert values["pairs"] == [(live_ids[0], 0.5)]
+    assert values["count"] == 12345
+
+
 def test_a_view_of_an_array_made_after_setup_views_the_live_array(tmp_path):
     """`ring = np.zeros(16)` in setup, `recent = ring[8:]` when the warm-up ends, each step
     writing its loss into `ring` and reading `recent.std()`: the replay, past the warm-up, holds

@@ -66,7 +66,9 @@ class BufferReducers:
         attrs = dict(t.__dict__) if t.__dict__ else None
         requires_grad = t.requires_grad and t.is_leaf
         self.tensors.append((t, key))
-        args = (storage, t.storage_offset(), tuple(t.size()), tuple(t.stride()), dtype, requires_grad, grad, is_param, attrs)
+        # id(t): a program may keep it as an int (`{id(p): name for name, p in ...}`), which the
+        # merge maps to the id of the live tensor that stands for this one (graph.load.RUN_IDS)
+        args = (storage, t.storage_offset(), tuple(t.size()), tuple(t.stride()), dtype, requires_grad, grad, is_param, attrs, id(t))
         return _rebuild_tensor, args
 
     def _reduce_storage(self, storage):
