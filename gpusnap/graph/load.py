@@ -414,22 +414,40 @@ def _strided(span, start: int, dtype: str, shape, strides):
     return np.ndarray(shape, dt, buffer=span, offset=start, strides=strides).copy()
 
 
+def flat_bytes(owner):
+    """The memory of ``owner`` (a NumPy array, a tensor or an untyped storage) as a flat uint8
+    NumPy array over it, no copy. Torch is imported for a tensor's or a storage's memory only:
+    a program may have none."""
+    import numpy as np
+
+    if isinstance(owner, np.ndarray):
+        return np.ndarray((owner.nbytes,), np.uint8, buffer=owner)
+    import torch
+
+    storage = owner.untyped_storage() if isinstance(owner, torch.Tensor) else owner
+    return torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+
+
+def array_base(arr) -> tuple[object, object]:
+    """(the last NumPy array of ``arr``'s ``base`` chain, None where it views none; what lies
+    under that chain: the tensor of ``t.numpy()``, another owner of memory, or None)."""
+    import numpy as np
+
+    root, base = None, arr.base
+    while isinstance(base, np.ndarray):
+        root, base = base, base.base
+    return root, base
+
+
 def _ndarray_over(owner, offset: int, dtype: str, shape, strides):
     """A NumPy array over the memory of ``owner`` (a tensor, an untyped storage or another
     array), ``offset`` bytes into it: what ``t.numpy()`` or a view of an array was in the run,
     or an array whose ``torch.from_numpy`` tensor was pickled first, sharing that memory as it
     did. Where the replay holds none, the merge builds it again over the live storage that
-    stands for a tensor's (``restore.kinds``)."""
+    stands for a tensor's, or the live array (``restore.kinds``)."""
     import numpy as np
 
-    if isinstance(owner, np.ndarray):
-        whole = np.ndarray((owner.nbytes,), np.uint8, buffer=owner)
-    else:
-        import torch  # (only a tensor's or a storage's memory needs it: a program may have no torch)
-
-        storage = owner.untyped_storage() if isinstance(owner, torch.Tensor) else owner
-        whole = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
-    return np.ndarray(shape, np.dtype(dtype), buffer=whole, offset=offset, strides=strides)
+    return np.ndarray(shape, np.dtype(dtype), buffer=flat_bytes(owner), offset=offset, strides=strides)
 
 
 def _storage_of_ndarray(owner, offset: int, nbytes: int):
@@ -437,14 +455,9 @@ def _storage_of_ndarray(owner, offset: int, nbytes: int):
     ``owner`` (the array, or another such tensor's storage over more of it) from ``offset``,
     shared as in the run (``torch.from_numpy(memory)`` beside the ``memory`` the program writes
     through)."""
-    import numpy as np
     import torch
 
-    if isinstance(owner, torch.UntypedStorage):
-        flat = torch.empty(0, dtype=torch.uint8).set_(owner).numpy()
-    else:
-        flat = np.ndarray((owner.nbytes,), np.uint8, buffer=owner)
-    return torch.from_numpy(flat[offset:offset + nbytes]).untyped_storage()
+    return torch.from_numpy(flat_bytes(owner)[offset:offset + nbytes]).untyped_storage()
 
 
 def _rebuild_ndarray(name, dtype, shape):

@@ -18,7 +18,18 @@ import sys
 import types
 
 from gpusnap.errors import StateMismatch
-from gpusnap.graph.load import RUN_IDS, LiveClass, LiveFunction, LiveGenerator, LiveOnly, ShardedState, Unbuilt, dtensor_layout
+from gpusnap.graph.load import (
+    RUN_IDS,
+    LiveClass,
+    LiveFunction,
+    LiveGenerator,
+    LiveOnly,
+    ShardedState,
+    Unbuilt,
+    _ndarray_over,
+    array_base,
+    dtensor_layout,
+)
 from gpusnap.graph.walk import ATOMS as _ATOMS
 from gpusnap.graph.walk import Path
 from gpusnap.graph.walk import key_text as _key_text
@@ -211,7 +222,7 @@ class KindMerges:
         As the snapshot's array, it viewed a copy that no training moves: the program's writes
         through it (a decay by hand) reached no weight, and its reads (the spread of the recent
         losses) saw none of the losses written after the restart: "verified", other bytes."""
-        np, torch = self._np, self._torch
+        torch = self._torch
         address = snap.__array_interface__["data"][0]
         lowest, nbytes = strided_extent(address, snap.shape, snap.strides, snap.itemsize)
         spans = self._live_arrays  # an array merged into a live one, whose memory holds this one
@@ -220,11 +231,8 @@ class KindMerges:
             start, _, array, live = spans[i - 1]
             if not live.flags.c_contiguous or live.nbytes != array.nbytes:
                 return None
-            return np.ndarray(snap.shape, snap.dtype, buffer=np.ndarray((live.nbytes,), np.uint8, buffer=live),
-                              offset=address - start, strides=snap.strides)
-        base = snap.base
-        while isinstance(base, np.ndarray):
-            base = base.base
+            return _ndarray_over(live, address - start, snap.dtype.str, snap.shape, snap.strides)
+        _, base = array_base(snap)
         theirs = _host_storage(torch, base) if torch is not None else None
         if theirs is None:
             return None
@@ -232,9 +240,7 @@ class KindMerges:
                         if storage is not None and _host_storage(torch, places[0][0]) == theirs), None)
         if storage is None or storage.data_ptr() == theirs:
             return None
-        whole = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
-        offset = snap.__array_interface__["data"][0] - theirs
-        return self._np.ndarray(snap.shape, snap.dtype, buffer=whole, offset=offset, strides=snap.strides)
+        return _ndarray_over(storage, address - theirs, snap.dtype.str, snap.shape, snap.strides)
 
     # -- DTensors: this rank's shard ------------------------------------------------------
     def _merge_sharded(self, live, snap: ShardedState, path: Path):

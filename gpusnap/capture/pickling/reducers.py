@@ -22,6 +22,7 @@ from gpusnap.graph.load import (
     _rebuild_tensor,
     _sharded_tensor,
     _storage_of_ndarray,
+    array_base,
     dtensor_layout,
 )
 from gpusnap.rawmem import mapped, strided_extent, view_at
@@ -83,8 +84,7 @@ class BufferReducers:
         if name is None and device == "cpu" and nbytes:
             owner = self._shared_host(address, nbytes, storage)
             if owner is not storage:  # `torch.from_numpy(memory)`, the array (or a wider tensor's) pickled first
-                start = owner.data_ptr() if isinstance(owner, torch.UntypedStorage) else owner.__array_interface__["data"][0]
-                return _storage_of_ndarray, (owner, address - start, nbytes)
+                return _storage_of_ndarray, (owner, address - _start_address(owner), nbytes)
         if name is None:
             if device == "cpu":
                 view = self.host.storage(address, nbytes)
@@ -200,16 +200,12 @@ class BufferReducers:
             return _ndarray_over, (tensor, offset, arr.dtype.str, arr.shape, arr.strides)
         root = self._viewed_array(arr)
         if root is not None:  # `recent = ring[8:]`: a view of an array, kept one
-            start = root.__array_interface__["data"][0]
-            return _ndarray_over, (root, address - start, arr.dtype.str, arr.shape, arr.strides)
+            return _ndarray_over, (root, address - _start_address(root), arr.dtype.str, arr.shape, arr.strides)
         lowest, nbytes = strided_extent(address, arr.shape, arr.strides, arr.itemsize)
         if nbytes:  # a view of an array pickled before, or a from_numpy tensor's memory
             owner = self._shared_host(lowest, nbytes, arr, note=arr.flags.c_contiguous)
             if owner is not arr:
-                torch = self._torch  # (an owner is a storage only where torch is imported)
-                start = owner.data_ptr() if torch is not None and isinstance(owner, torch.UntypedStorage) \
-                    else owner.__array_interface__["data"][0]
-                return _ndarray_over, (owner, address - start, arr.dtype.str, arr.shape, arr.strides)
+                return _ndarray_over, (owner, address - _start_address(owner), arr.dtype.str, arr.shape, arr.strides)
         key = ("numpy", arr.__array_interface__["data"][0], arr.nbytes, arr.dtype.str, arr.shape, arr.strides)
         name = self.storage_names.get(key)
         if name is None:
@@ -244,9 +240,7 @@ class BufferReducers:
         restart said "verified" with other bytes (ring_stats.py); a small view of a large array
         still does (the array may not be the program's to keep)."""
         np = self._np
-        root, base = None, arr.base
-        while isinstance(base, np.ndarray):
-            root, base = base, base.base
+        root, _ = array_base(arr)
         if (root is None or type(root) is not np.ndarray or not root.flags.c_contiguous or root.dtype.hasobject
                 or root.nbytes > 4 * arr.nbytes + (1 << 20)):
             return None
@@ -255,9 +249,7 @@ class BufferReducers:
     def _tensor_under(self, arr):
         """The host tensor whose memory ``arr`` views (its ``base``, through views of it), or None."""
         torch = self._torch
-        base = arr.base
-        while isinstance(base, self._np.ndarray):
-            base = base.base
+        _, base = array_base(arr)
         if torch is None or not isinstance(base, torch.Tensor) or base.device.type != "cpu" or base.layout != torch.strided:
             return None
         try:
@@ -322,3 +314,9 @@ def _host_view(address: int, nbytes: int, what: str) -> memoryview:
 
 def _storage_key(storage) -> tuple:
     return (storage.device.type, storage.data_ptr(), storage.nbytes())
+
+
+def _start_address(owner) -> int:
+    """Where the host memory of ``owner`` (``_shared_host``'s: an untyped storage or an array) starts."""
+    data_ptr = getattr(owner, "data_ptr", None)  # (a storage: torch is imported)
+    return data_ptr() if data_ptr is not None else owner.__array_interface__["data"][0]
