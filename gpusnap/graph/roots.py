@@ -159,12 +159,13 @@ def instrumented_modules() -> dict[str, dict]:
     return found
 
 
-def collect(innermost_frame, active_loops: list, rng_states: dict, loop_record=None, loop_ahead=None) -> dict:
+def collect(innermost_frame, active_loops: list, rng_states: dict, loop_record=None, loop_ahead=None, settings=None) -> dict:
     """The payload; ``loop_record(loop)`` adds to each loop's entry, ``loop_ahead(loop)`` gives
     what the loop's source fetched ahead of the item the loop holds (payload ``"ahead"``, by
     loop index: the pickler keeps its data, restore writes it into the replay's source). The
     DataLoaders each loop iterates (``ActiveLoop.loaders``) go in payload ``"loaders"``, by loop
-    index: restore tells whether the replay's loop iterates their counterparts."""
+    index: restore tells whether the replay's loop iterates their counterparts. ``settings``
+    (``graph.settings.capture()``) go in payload ``"settings"``."""
     frames = frames_on_path(innermost_frame)
     main_code = getattr(loops, "MAIN_CODE", None)
     frame_entries = []
@@ -205,6 +206,8 @@ def collect(innermost_frame, active_loops: list, rng_states: dict, loop_record=N
         loop_entries.append(entry)
     statics = {name: found for name, namespace in modules.items() if (found := _statics(name, namespace))}
     payload = {"frames": frame_entries, "globals": module_globals, "statics": statics, "rng": rng_states, "loops": loop_entries}
+    if settings:
+        payload["settings"] = settings
     if ahead:
         payload["ahead"] = ahead
     if loaders:

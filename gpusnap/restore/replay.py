@@ -28,7 +28,7 @@ import types
 from gpusnap import files, knobs
 from gpusnap.console import Console
 from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, ReplayDiverged, RestoreError
-from gpusnap.graph import iterators, rng, roots, witness, workers
+from gpusnap.graph import iterators, rng, roots, settings, witness, workers
 from gpusnap.graph.load import DEVICE_BASES, LiveOnly, NotCaptured
 from gpusnap.instrument import loops
 from gpusnap.restore import devices, fastforward, itemcheck, livecheck, load
@@ -303,6 +303,10 @@ class Replay:
                 once_files_are_back.append((name, then))
         self._stage = "restoring the random number generators"
         rng.restore(payload["rng"])
+        self._stage = "restoring the program's process-wide settings"
+        put = settings.restore(payload.get("settings") or {})
+        if put:
+            _say(f"settings the run's steps had changed, as it had them: {', '.join(put)}", level=1)
         # After the adapters (a logger's writer they close lets go of its file): what the
         # replayed setup wrote goes back to the snapshot's state.
         self._stage = "putting back the files the replayed setup wrote"

@@ -17,7 +17,8 @@ materialized in the first step; a best state that shares the parameters' memory;
 federated averaging over clients drawn each round;
 a curriculum that switches loaders by its accuracies; sharpness-aware minimization; phases inside
 `with` blocks that put state back at their exit; per-parameter settings keyed by the parameters or
-their ids; a head replaced or tied at a phase change; an EMA that starts as the parameters) continue
+their ids; a head replaced or tied at a phase change; an EMA that starts as the parameters;
+settings changed process-wide: environment variables, torch's threads and default dtype) continue
 with the same bytes after a kill: each is run uninterrupted, and again under `gpusnap run` with
 SIGUSR1 at a random step, kill -9 of the whole process group a few steps later, then `gpusnap
 restart`. One seed per program by default (printed; pytest shows it on failure);
@@ -89,6 +90,11 @@ CORPUS = {
     # restart said "verified" with other bytes (1 of 3; 2 refused), until the view came back over
     # the live ring
     "ring_stats": ("ring_stats.py", [], 21, "gpusnap: fast-forward "),
+    # torch's intra-op threads doubled at a phase change, past it (the program reports them): the
+    # replay kept the setup's, the witness could not compare the parameters (other threads), and
+    # the restart said "verified" with other final state (2 of 3), until the settings the
+    # program changed process-wide were kept (graph.settings)
+    "global_modes-threads": ("global_modes.py", ["threads"], 19, "settings the run's steps had changed"),
 }
 MORE = {
     # an EMA kept in a dict that starts as the parameters themselves and is rebound each step: the
@@ -269,6 +275,10 @@ MORE = {
     # forward hook over a local of main(): exact at the first try, 3 of 3 each
     "late_hooks-slice": ("late_hooks.py", ["slice"], 25, "gpusnap: fast-forward "),
     "late_hooks-forward_hook": ("late_hooks.py", ["forward_hook"], 25, "gpusnap: fast-forward "),
+    # an environment variable the script sets, or the default dtype it raises, at a phase change,
+    # past it (18 steps): refused where the snapshot lay past that epoch (1 of 2 each), until kept
+    "global_modes-environ": ("global_modes.py", ["environ"], 19, "gpusnap: fast-forward "),
+    "global_modes-default_dtype": ("global_modes.py", ["default_dtype"], 19, "gpusnap: fast-forward "),
     # per-parameter settings keyed by the parameters, made at a phase change (past it): in a dict
     # or a set of the parameters, exact at the first try; by `id(p)` (a dict of names, made then
     # or in setup, and a set of ids), refused 3 of 3 each ("the parameters differ") until the

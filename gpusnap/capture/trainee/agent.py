@@ -34,7 +34,7 @@ from gpusnap.capture.trainee import children, control, handlers, pace, session
 from gpusnap.capture.trainee import witness as witnessing
 from gpusnap.capture.writer import fork
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, ChildRunning, StageError
-from gpusnap.graph import rng, roots, workers
+from gpusnap.graph import rng, roots, settings, workers
 from gpusnap.instrument import loops
 from gpusnap.stage import limits
 
@@ -240,6 +240,7 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         active_loops=list(loops.ACTIVE),
         finished_loops=steploop.finished_loops(),
         rng_states=rng.capture(),
+        settings=settings.capture(),
         requested_s=requested_s,
         iteration=iteration,
         reason=reason,

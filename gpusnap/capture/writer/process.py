@@ -58,6 +58,7 @@ class WriteJob:
     lock_token: str | None = None  # of the run directory's lock this writer writes under (store.lock.check_token)
     files: object = None  # files.record.FilesJob: the program's files, as the stall found them
     witness_token: str | None = None  # this snapshot's own, in its manifest and in its witness
+    settings: dict = field(default_factory=dict)  # graph.settings.capture(): what the program changed process-wide
     finished_loops: list = field(default_factory=list)  # training phases that ended before it (steploop.finished_loops)
 
 
@@ -100,7 +101,7 @@ def write_snapshot(job: WriteJob, report_progress=None) -> dict:
     try:
         read = HostMemory(drained, job.unforked).view
         payload = roots.collect(job.frame, job.active_loops, job.rng_states, lambda loop: loopnotes.record(loop, read),
-                                loopnotes.fetched_ahead)
+                                loopnotes.fetched_ahead, job.settings)
         stream = io.BytesIO()
         pickler = GraphPickler(stream, sink, drained=drained, device=job.device, unforked=job.unforked)
         pickler.dump_graph(payload)

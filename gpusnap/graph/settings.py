@@ -1,0 +1,89 @@
+"""Process-wide settings the program changed, which no object it holds carries: its environment
+variables, torch's intra-op threads, default dtype, float32 matmul precision and deterministic
+mode. Read at the safe point (``capture``), put back after the merge (``restore``).
+
+The replay runs the setup again, and with it the changes the setup made; a change made in a step
+the replay skips (`os.environ["NOISE_SCALE"] = "0.05"` or `torch.set_default_dtype(torch.float64)`
+at a phase change) was lost, and the restart went on with the setup's. Where the intra-op threads
+differ, the witness cannot compare the parameters at all (other threads, other last bits).
+
+Of the environment, only what the program changed is kept: the variables it set, changed or
+removed since its start (``note_start``); a restart keeps its own environment for the rest (the
+scheduler's, the launcher's, another machine's). The threads likewise, where the program set
+them away from what torch chose at its import. The torch settings are read and set only where
+the program has imported torch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from gpusnap import onimport
+
+_start_environ: dict[str, str] | None = None  # os.environ as the program's code began
+_threads_at_import: int | None = None  # what torch chose, before the program could set it
+
+
+def note_start() -> None:
+    """Called once, just before the program's first line runs."""
+    global _start_environ
+    _start_environ = dict(os.environ)
+    onimport.after_import("torch", _note_torch)
+
+
+def _note_torch(torch) -> None:
+    global _threads_at_import
+    _threads_at_import = torch.get_num_threads()
+
+
+def capture() -> dict:
+    """The settings the program holds now, for the snapshot's payload (``"settings"``)."""
+    out: dict = {}
+    if _start_environ is not None:
+        now = dict(os.environ)
+        changed = {k: v for k, v in now.items() if _start_environ.get(k) != v}
+        removed = [k for k in _start_environ if k not in now]
+        if changed or removed:
+            out["environ"] = {"set": changed, "unset": removed}
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "get_num_threads"):  # (not a half-imported torch)
+        threads = torch.get_num_threads()
+        if _threads_at_import is not None and threads != _threads_at_import:
+            out["threads"] = threads
+        out["default_dtype"] = str(torch.get_default_dtype()).removeprefix("torch.")
+        out["matmul_precision"] = torch.get_float32_matmul_precision()
+        out["deterministic"] = [torch.are_deterministic_algorithms_enabled(),
+                                torch.is_deterministic_algorithms_warn_only_enabled()]
+    return out
+
+
+def restore(saved: dict) -> list[str]:
+    """Put ``saved`` (``capture``'s) back; the settings that differed, in words."""
+    put = []
+    environ = saved.get("environ") or {}
+    for name, value in environ.get("set", {}).items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+            put.append(f"${name}")
+    for name in environ.get("unset", []):
+        if os.environ.pop(name, None) is not None:
+            put.append(f"${name} (unset)")
+    torch = sys.modules.get("torch")
+    if torch is None or "default_dtype" not in saved:
+        return put
+    if "threads" in saved and torch.get_num_threads() != saved["threads"]:
+        torch.set_num_threads(saved["threads"])
+        put.append(f"{saved['threads']} intra-op threads")
+    dtype = getattr(torch, saved["default_dtype"])
+    if torch.get_default_dtype() != dtype:
+        torch.set_default_dtype(dtype)
+        put.append(f"default dtype {saved['default_dtype']}")
+    if torch.get_float32_matmul_precision() != saved["matmul_precision"]:
+        torch.set_float32_matmul_precision(saved["matmul_precision"])
+        put.append(f"float32 matmul precision {saved['matmul_precision']}")
+    mode, warn_only = saved["deterministic"]
+    if [torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()] != [mode, warn_only]:
+        torch.use_deterministic_algorithms(mode, warn_only=warn_only)
+        put.append("deterministic algorithms " + ("on" if mode else "off"))
+    return put
