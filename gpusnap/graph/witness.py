@@ -200,7 +200,9 @@ class Recorder(_Watch):
 class Checker(_Watch):
     """A restarted run compares its iterations after the merge with the witness ``doc``:
     ``fail(message)`` on the first difference (it does not return unless ``force``: then each
-    difference is ``warn``ed), ``verified(count)`` once the window matched."""
+    difference is ``warn``ed), ``verified(count, differences, uncompared)`` once the window
+    matched, ``uncompared`` saying what could not be compared and why (other arithmetic here: a
+    restart on another machine compares batches and random generators only)."""
 
     def __init__(self, doc: dict, fail, warn, verified, force: bool = False):
         expected = list(doc.get("iterations") or [])
@@ -212,6 +214,7 @@ class Checker(_Watch):
         self.fail, self.warn, self.verified, self.force = fail, warn, verified, force
         self.compared = 0
         self.differences = 0
+        self.uncompared: set[str] = set()  # why the parameters (or the frame's tensors) were not compared
         self.params_found = None  # after the first optimizer step: compared at the boundary that follows
         self.steps = 0  # optimizer steps since the last boundary, while the window is open
         self.stepping: set[int] = set()  # ids of the optimizers that stepped since the merge
@@ -239,7 +242,7 @@ class Checker(_Watch):
                 self._compare_last(iteration, frame)
             if self.window == 0:
                 self.epoch_armed = self.epoch is not None
-                self.verified(self.compared, self.differences)
+                self.verified(self.compared, self.differences, sorted(self.uncompared))
                 if not self.epoch_armed:
                     stop_watching(self)
         elif self.epoch_due:
@@ -266,7 +269,7 @@ class Checker(_Watch):
         if found is None or want is None:
             return
         self.params_found = None
-        if _params_differ(want, found):
+        if _params_differ(want, found, self.uncompared):
             self._differs(f"after the optimizer step of iteration {want.get('iteration')}, the parameters differ from the run that took it")
 
     def _compare_last(self, iteration: int, frame) -> None:
@@ -277,7 +280,7 @@ class Checker(_Watch):
         found = self.last_digests(self.compared, iteration, frame, "locals_last" in self.expected_last)
         when = f"after the {_nth(self.compared)} iteration after the snapshot (the last the witness holds)"
         if "params_last" in found and "params_last" in self.expected_last:
-            if _params_differ(self.expected_last["params_last"], found["params_last"]):
+            if _params_differ(self.expected_last["params_last"], found["params_last"], self.uncompared):
                 self._differs(f"{when}, the parameters differ from the run that took it")
         elif "locals_last" in found and "locals_last" in self.expected_last:
             self._compare_digests(self.expected_last["locals_last"], found["locals_last"]["digests"], iteration, when)
@@ -288,8 +291,11 @@ class Checker(_Watch):
                                   "after the first iteration after the snapshot")
 
     def _compare_digests(self, want: dict, mine: dict, iteration: int, when: str) -> None:
-        if want.get("iteration") != iteration or want.get("arithmetic") != arithmetic():
-            return  # another iteration is reported by _compare; other arithmetic, other last bits
+        if want.get("iteration") != iteration:
+            return  # another iteration is reported by _compare
+        if want.get("arithmetic") != (mine_arithmetic := arithmetic()):
+            self.uncompared.add(f"the loop's tensors: {_arithmetic_change(want.get('arithmetic'), mine_arithmetic)}")
+            return  # other arithmetic, other last bits
         theirs = want.get("digests") or {}
         differ = [name for name in mine if name in theirs and mine[name] != theirs[name]]
         if differ:
@@ -326,7 +332,7 @@ class Checker(_Watch):
         """The program ended with the window open: what it reached matched (or was warned of)."""
         if self.window > 0 and self.compared:
             self.window = 0
-            self.verified(self.compared, self.differences)
+            self.verified(self.compared, self.differences, sorted(self.uncompared))
         stop_watching(self)
 
     def _differs(self, message: str) -> None:
@@ -344,14 +350,26 @@ def _params_record(optimizer, iteration: int) -> dict:
     return {"iteration": iteration, "digest": value, "exact": exact, "arithmetic": arithmetic()}
 
 
-def _params_differ(want: dict, found: dict) -> bool:
+def _params_differ(want: dict, found: dict, uncompared: set) -> bool:
     """Whether two ``params`` records tell of other parameters: only where both runs are bitwise
-    reproducible and do their arithmetic alike."""
+    reproducible and do their arithmetic alike (else why not goes into ``uncompared``)."""
     if not (want.get("exact") and found["exact"]) or want.get("digest") is None:
-        return False  # a GPU run without deterministic algorithms: its steps may round otherwise
+        # a GPU run without deterministic algorithms: its steps may round otherwise
+        uncompared.add("the parameters: device parameters without deterministic algorithms round otherwise from run to run")
+        return False
     if want.get("arithmetic") != found["arithmetic"]:
-        return False  # other threads, kernels or devices sum in another order: other last bits
+        # other threads, kernels or devices sum in another order: other last bits
+        uncompared.add(f"the parameters: {_arithmetic_change(want.get('arithmetic'), found['arithmetic'])}")
+        return False
     return found["iteration"] != want.get("iteration") or found["digest"] != want["digest"]
+
+
+def _arithmetic_change(theirs: dict | None, mine: dict) -> str:
+    """What of ``arithmetic()`` differs, in words: "other arithmetic here (threads 2, 1 in the run)"."""
+    theirs = theirs or {}
+    changed = [f"{name} {mine.get(name)}, {theirs.get(name)} in the run" for name in sorted(set(theirs) | set(mine))
+               if theirs.get(name) != mine.get(name)]
+    return f"other arithmetic here ({'; '.join(changed)})"
 
 
 def _where(keys: list) -> str:

@@ -399,13 +399,16 @@ class Replay:
         self.emit("diverged", id=self.snap_id, message=message, forced=True)
         _say(f"warning: snapshot {self.snap_id}: {message}; going on (--force)")
 
-    def _verified(self, count: int, differences: int) -> None:
+    def _verified(self, count: int, differences: int, uncompared=()) -> None:
         if differences:
             _say(f"snapshot {self.snap_id} is not verified: its restart differed from the run that took it (--force)", level=1)
             return
-        self.emit("verified", id=self.snap_id, iterations=count)
+        self.emit("verified", id=self.snap_id, iterations=count, **({"uncompared": list(uncompared)} if uncompared else {}))
+        # What could not be compared is said: a restart on another machine (other CPU kernels,
+        # threads or torch) matched batches and random generators, not the parameters' bytes.
+        short = f" (not compared: {'; '.join(uncompared)})" if uncompared else ""
         _say(f"snapshot {self.snap_id} verified: the {count} iteration{'s' if count != 1 else ''} after it "
-             f"match{'es' if count == 1 else ''} the run that took it", level=0 if self.verify_only else 1)
+             f"match{'es' if count == 1 else ''} the run that took it{short}", level=0 if self.verify_only else 1)
         if self.verify_only:
             _stop(0)
 

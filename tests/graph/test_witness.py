@@ -95,6 +95,27 @@ def test_what_an_iteration_does_to_the_parameters_after_its_step_is_compared_at_
                       "from the run that took it"]
 
 
+def test_a_restart_whose_arithmetic_differs_says_the_parameters_were_not_compared(monkeypatch):
+    """Where this process sums otherwise than the run (other intra-op threads, CPU kernels, torch),
+    the parameters' bytes cannot be compared, and the witness skipped them, saying "verified" all
+    the same: a restart that lost the run's `torch.set_num_threads` said so with other final
+    state (global_modes.py threads). Verified now names what it did not compare, and why."""
+    docs = []
+    _train_two_iterations(witness.Recorder("000001", docs.append, [["f", "g", "1:0"]], window=2), True)
+    here = witness.arithmetic()
+    monkeypatch.setattr(witness, "arithmetic", lambda: {**here, "threads": here["threads"] + 1})
+    failed, verified = [], []
+    _train_two_iterations(witness.Checker(docs[-1], failed.append, lambda message: None,
+                                          lambda *outcome: verified.append(outcome)), False)
+    assert failed == [] and verified == [(2, 0, [f"the parameters: other arithmetic here (threads {here['threads'] + 1}, "
+                                                 f"{here['threads']} in the run)"])]
+    monkeypatch.setattr(witness, "arithmetic", lambda: here)
+    verified.clear()
+    _train_two_iterations(witness.Checker(docs[-1], failed.append, lambda message: None,
+                                          lambda *outcome: verified.append(outcome)), True)
+    assert failed == [] and verified == [(2, 0, [])]
+
+
 def test_without_an_optimizer_the_last_digest_is_compared_at_the_same_record_of_the_window():
     """A program without an optimizer counts no iterations (each record's is 0): the frame's
     tensors at the window's last boundary were compared at its first, and valid restarts of
@@ -156,7 +177,7 @@ def test_one_optimizer_per_parameter_stepped_in_backward_is_no_runaway_but_a_loo
         for optimizer in optimizers:
             checker.stepped(optimizer, iteration)
         checker.at_boundary(iteration, iteration)
-    assert failed == [] and verified == [(3, 0)]
+    assert failed == [] and verified == [(3, 0, [])]
 
     checker = witness.Checker(docs[-1], failed.append, lambda message: None, lambda *counts: None)
     for _ in range(witness.STEPS_PER_OPTIMIZER + 1):
