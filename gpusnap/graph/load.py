@@ -304,6 +304,15 @@ ADDED_BY_SETSTATE: dict[int, frozenset] = {}
 # `{id(p): name}`), and the merge gives it the id of the live tensor (restore.merge). Addresses of
 # live objects, 16-byte aligned and above 2**32: no count or index the program keeps is one.
 RUN_IDS: dict[int, object] = {}
+# id(loaded tensor) -> how many gradient hooks the run's tensor had (``register_hook``,
+# ``register_post_accumulate_grad_hook``), for the objects of the last ``load_graph``; absent for
+# a stream written before they were counted.
+GRAD_HOOKS: dict[int, int] = {}
+
+
+def grad_hooks(t) -> int:
+    """How many gradient hooks ``t`` has (its ``register_hook``s and post-accumulate hooks)."""
+    return len(t._backward_hooks or ()) + len(getattr(t, "_post_accumulate_grad_hooks", None) or ())
 
 
 def _set_state_by_class(obj, state):
@@ -354,7 +363,7 @@ def _load_device_storage(name, offset, nbytes, device):
     return storage
 
 
-def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, is_param, attrs, run_id=None):
+def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, is_param, attrs, run_id=None, hooks=0):
     import torch
 
     t = torch.empty(0, dtype=getattr(torch, dtype), device=storage.device)
@@ -367,8 +376,9 @@ def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, i
         t.grad = grad
     if attrs:
         t.__dict__.update(attrs)
-    if run_id is not None:
+    if run_id is not None:  # (a stream that has it counts the tensor's gradient hooks too)
         RUN_IDS[run_id] = t
+        GRAD_HOOKS[id(t)] = hooks
     saved_on = _loading.device_storages.get(id(storage))
     if saved_on is not None:  # the object the graph holds: a Parameter is a tensor of its own
         _loading.device_tensors.append((t, saved_on))
@@ -483,6 +493,7 @@ def load_graph(stream: bytes, read_buffer, device_tensors: list | None = None):
     _loading.read_buffer = read_buffer
     ADDED_BY_SETSTATE.clear()
     RUN_IDS.clear()
+    GRAD_HOOKS.clear()
     try:
         return pickle.loads(stream)
     finally:

@@ -19,6 +19,7 @@ import types
 
 from gpusnap.errors import StateMismatch
 from gpusnap.graph.load import (
+    GRAD_HOOKS,
     RUN_IDS,
     LiveClass,
     LiveFunction,
@@ -29,6 +30,7 @@ from gpusnap.graph.load import (
     _ndarray_over,
     array_base,
     dtensor_layout,
+    grad_hooks,
 )
 from gpusnap.graph.walk import ATOMS as _ATOMS
 from gpusnap.graph.walk import Path
@@ -89,6 +91,7 @@ class KindMerges:
     # -- tensors -------------------------------------------------------------------------
     def _merge_tensor(self, live, snap, path: Path):
         torch = self._torch
+        self._same_grad_hooks(live, snap, path)
         lazy = isinstance(live, torch.nn.parameter.UninitializedTensorMixin)
         if lazy and isinstance(snap, torch.nn.parameter.UninitializedTensorMixin):
             return live  # neither has memory yet
@@ -121,6 +124,28 @@ class KindMerges:
         self.tensors += 1
         self.nbytes += snap.numel() * snap.element_size()
         return live
+
+    def _same_grad_hooks(self, live, snap, path: Path) -> None:
+        """A snapshot holds no gradient hook (code the program registered on a tensor), only how
+        many the run's tensor had. Registered in a step the replay skips (`p.register_hook(lambda
+        g: g.clamp(...))` at a phase change), they were missing after the restart, which the
+        witness refused without naming them, or, where they act only later, did not see: refused
+        here, naming the tensor. Where the run had none left (it removed them), the replay's go."""
+        want = GRAD_HOOKS.get(id(snap))
+        have = grad_hooks(live) if live is not snap else 0
+        if want is None or want == have:
+            return  # (None: a stream written before hooks were counted)
+        if want == 0:
+            for hooks in (live._backward_hooks, getattr(live, "_post_accumulate_grad_hooks", None)):
+                if hooks:
+                    hooks.clear()
+            return
+        raise StateMismatch(
+            f"{path}: the run's tensor had {want} gradient hook{'s' if want != 1 else ''} (register_hook), the replay's "
+            f"{have}; hooks registered in a step the replay skips are not in the snapshot (they are code)",
+            hint="register the hooks where the replay runs them again (the script's setup, or the start of each epoch), "
+                 "or restart from a snapshot taken before they were registered (gpusnap restart DIR --snapshot ID)",
+        )
 
     def _takes_shape(self, live, snap) -> bool:
         """Whether a parameter or buffer may take the snapshot's shape and dtype in place. The

@@ -372,6 +372,8 @@ class Merger(KindMerges):
             over_live = self._ndarray_over_live(snap)
             if over_live is not None:
                 return self._align(snap, over_live, path)
+        if self._is_tensor(snap):
+            self._same_grad_hooks(snap, snap, path)
         self._adopted.append((snap, path))
         return self._align(snap, snap, path)
 

@@ -208,13 +208,15 @@ EXACT_OR_REFUSED = {
     # "no variable start in its closure", or not at all). Now refused by the lambdas' lines
     "phase_schedules": ("phase_schedules.py", [], ("a function made inside the training loop is not made again",)),
     # Gradient clamps registered on every parameter at a phase change (`p.register_hook(lambda g:
-    # ...)`): a snapshot holds no tensor's hooks, so from a snapshot past that epoch the restart
-    # steps without them, and its witness refuses (2 of 3 here); from one in that epoch the replay
-    # registers them again and the restart is exact. (Forward hooks, a module's: exact, 3 of 3.)
-    "late_hooks-grad_hook": ("late_hooks.py", ["grad_hook"], ("the parameters differ from the run that took it",)),
+    # ...)`): a snapshot holds no tensor's hooks, only how many each had, so from a snapshot past
+    # that epoch the merge refuses, naming the parameter (the witness refused, naming nothing,
+    # 2 of 3, before hooks were counted); from one in that epoch the replay registers them again
+    # and the restart is exact. (Forward hooks, a module's: exact, 3 of 3.)
+    "late_hooks-grad_hook": ("late_hooks.py", ["grad_hook"], ("gradient hook (register_hook), the replay's 0",)),
 }
 # Shapes the others cover (the full set runs them: GPUSNAP_TEST_CORPUS=all): a refusal by the witness
-# (grad_hook, hard_mining-online, prefetch_thread: scripted-jit-optimize's), a loop passed over
+# (hard_mining-online, prefetch_thread: scripted-jit-optimize's), by the merge (grad_hook: a unit
+# test, test_graph.py::test_gradient_hooks_...), a loop passed over
 # whose results the code after it needs (lr_finder: noisy_student's), a function made in the loop
 # (phase_schedules: test_a_lambda_made_mid_run_that_the_program_calls_later_is_a_refusal).
 MORE_EXACT_OR_REFUSED = ("late_hooks-grad_hook", "hard_mining-online", "lr_finder", "phase_schedules", "prefetch_thread")

@@ -24,6 +24,7 @@ from gpusnap.graph.load import (
     _storage_of_ndarray,
     array_base,
     dtensor_layout,
+    grad_hooks,
 )
 from gpusnap.rawmem import mapped, strided_extent, view_at
 from gpusnap.stage.drain import Drained
@@ -68,9 +69,12 @@ class BufferReducers:
         requires_grad = t.requires_grad and t.is_leaf
         self.tensors.append((t, key))
         # id(t): a program may keep it as an int (`{id(p): name for name, p in ...}`), which the
-        # merge maps to the id of the live tensor that stands for this one (graph.load.RUN_IDS)
+        # merge maps to the id of the live tensor that stands for this one (graph.load.RUN_IDS);
+        # the number of its gradient hooks, which are code and not kept: the merge checks that the
+        # replay's tensor has as many (graph.load.GRAD_HOOKS)
         args = (storage, t.storage_offset(), tuple(t.size()), tuple(t.stride()), dtype, requires_grad, grad, is_param, attrs, id(t))
-        return _rebuild_tensor, args
+        hooks = grad_hooks(t)
+        return _rebuild_tensor, (args + (hooks,) if hooks else args)
 
     def _reduce_storage(self, storage):
         torch = self._torch
