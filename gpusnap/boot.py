@@ -233,9 +233,6 @@ def main(argv=None) -> None:
 
         replay.install(*resuming, config, agent.emit, agent.resumed, agent.restore_device, agent.before_merge,
                        agent.write_device, agent.flush_events)
-    from gpusnap.graph import settings
-
-    settings.note_start()
     _run(code, namespace)
 
 

@@ -77,6 +77,7 @@ def install(config: dict, note_source) -> None:
     inflight.install()
     atexit.register(witnessing.flush)  # after the writer's wait (atexit runs in reverse): its commit frees the witness
     atexit.register(fork.wait_for_writer_at_exit)
+    settings.note_start()  # what the program changes process-wide from here on is its own
 
 
 def resuming():
