@@ -152,6 +152,9 @@ LIGHTNING = {
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":  # CI time: it passes where "fit" does
     # a LightningDataModule, in the first epoch: the replay's iterator is advanced
     LIGHTNING["datamodule"] = ("lightning_dm.py", [], 17, 51, 0, "advanced the DataLoader iterator at")
+    # Lightning's BackboneFinetuning past the unfreezing (epoch 2: a parameter group added to the
+    # optimizer, its rate raised each epoch by the callback): exact at the first try, 3 of 3
+    LIGHTNING["finetune"] = ("lightning_finetune.py", [], 20, 80, 45, "again at their saved batches (by batch sampler)")
 
 
 # The full set runs both (CI's time): lightning_fit.py restarts to the same bytes in the SIGTERM
