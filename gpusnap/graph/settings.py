@@ -26,7 +26,7 @@ _threads_at_import: int | None = None  # what torch chose, before the program co
 
 
 def note_start() -> None:
-    """Called once, just before the program's first line runs."""
+    """Called once by the trainee's agent, before the program's first line runs."""
     global _start_environ
     _start_environ = dict(os.environ)
     onimport.after_import("torch", _note_torch)

@@ -41,8 +41,9 @@ modules that point back at their parents) end at the first revisit, and sharing 
 stays sharing in the live program: where the replay holds two tensors for one of the run's (a
 weight tied in a step it skipped), the later place takes the first's counterpart; where it holds
 one for two of the run's (a dict that started as the parameters and was rebound to new tensors),
-the later one waits, or is adopted, rather than write its bytes over the first's. The walk runs on an explicit stack (each merge
-step is a generator that yields the child places it needs), so depth costs memory, not recursion.
+the later one waits, or is adopted, rather than write its bytes over the first's. The walk runs
+on an explicit stack (each merge step is a generator that yields the child places it needs), so
+depth costs memory, not recursion.
 This module is the driver; the merge of each kind is in ``restore.kinds``.
 """
 
@@ -56,12 +57,12 @@ import types
 from gpusnap.errors import StateMismatch
 from gpusnap.graph.load import (
     ADDED_BY_SETSTATE,
+    RUN_IDS,
     CoreBuffer,
     LiveClass,
     LiveFunction,
     LiveGenerator,
     LiveObject,
-    RUN_IDS,
     LiveOnly,
     ShardedState,
     Unbuilt,
