@@ -18,7 +18,8 @@ federated averaging over clients drawn each round;
 a curriculum that switches loaders by its accuracies; sharpness-aware minimization; phases inside
 `with` blocks that put state back at their exit; per-parameter settings keyed by the parameters or
 their ids; a head replaced or tied at a phase change; an EMA that starts as the parameters;
-settings changed process-wide: environment variables, torch's threads and default dtype) continue
+settings changed process-wide: environment variables, torch's threads and default dtype; SWA
+switched on late) continue
 with the same bytes after a kill: each is run uninterrupted, and again under `gpusnap run` with
 SIGUSR1 at a random step, kill -9 of the whole process group a few steps later, then `gpusnap
 restart`. One seed per program by default (printed; pytest shows it on failure);
@@ -275,6 +276,9 @@ MORE = {
     # forward hook over a local of main(): exact at the first try, 3 of 3 each
     "late_hooks-slice": ("late_hooks.py", ["slice"], 25, "gpusnap: fast-forward "),
     "late_hooks-forward_hook": ("late_hooks.py", ["forward_hook"], 25, "gpusnap: fast-forward "),
+    # SWA switched on at an epoch (an AveragedModel and SWALR made then, None before), past it:
+    # exact at the first try, 3 of 3
+    "swa_late": ("swa_late.py", [], 17, "gpusnap: fast-forward "),
     # an environment variable the script sets, or the default dtype it raises, at a phase change,
     # past it (18 steps): refused where the snapshot lay past that epoch (1 of 2 each), until kept
     "global_modes-environ": ("global_modes.py", ["environ"], 19, "gpusnap: fast-forward "),
