@@ -573,19 +573,22 @@ def test_gradient_hooks_the_run_registered_in_a_skipped_step_are_refused_by_name
     """`p.register_hook(lambda g: g.clamp(...))` at a phase change: a snapshot holds no hook (they
     are code), the restart stepped without them, and the witness refused it without naming them
     (late_hooks.py grad_hook, 2 of 3; a hook that acts only later would have passed it). The
-    merge now compares how many each tensor had, and names the tensor; where the run had
-    removed the replay's hooks, they go."""
+    merge now compares how many each leaf tensor had, and names the tensor; where the run had
+    removed the replay's hooks, they go. A past iteration's activation with a hook (it can never
+    fire again) is no refusal."""
     hooked, plain = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))
     hooked.register_hook(lambda g: g.clamp(-0.1, 0.1))
-    snap, _ = snapshot_and_load(tmp_path, {"hooked": hooked, "plain": plain})
+    activation = hooked * 2  # a past iteration's, with a hook that can never fire again: no refusal
+    activation.register_hook(lambda g: g)
+    snap, _ = snapshot_and_load(tmp_path, {"hooked": hooked, "plain": plain, "activation": activation})
     with pytest.raises(StateMismatch, match=r"root\['hooked'\]: the run's tensor had 1 gradient hook \(register_hook\), the replay's 0"):
-        merge_into({"hooked": torch.nn.Parameter(torch.zeros(2)), "plain": torch.nn.Parameter(torch.zeros(2))}, snap)
+        merge_into({"hooked": torch.nn.Parameter(torch.zeros(2)), "plain": torch.nn.Parameter(torch.zeros(2)), "activation": None}, snap)
     with pytest.raises(StateMismatch, match=r"the run's tensor had 1 gradient hook"):
-        merge_into({"hooked": None, "plain": None}, snap)  # no live tensor: the snapshot's has no hook
+        merge_into({"hooked": None, "plain": None, "activation": None}, snap)  # no live tensor: the snapshot's has no hook
     live_hooked, live_plain = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
     live_hooked.register_hook(lambda g: g * 0)
     live_plain.register_hook(lambda g: g * 0)
-    merged = merge_into({"hooked": live_hooked, "plain": live_plain}, snap)
+    merged = merge_into({"hooked": live_hooked, "plain": live_plain, "activation": None}, snap)
     merged["plain"].sum().backward()
     assert merged["plain"] is live_plain and live_plain.grad.tolist() == [1.0, 1.0]  # the replay's hook removed
 

@@ -71,9 +71,10 @@ class BufferReducers:
         # id(t): a program may keep it as an int (`{id(p): name for name, p in ...}`), which the
         # merge maps to the id of the live tensor that stands for this one (graph.load.RUN_IDS);
         # the number of its gradient hooks, which are code and not kept: the merge checks that the
-        # replay's tensor has as many (graph.load.GRAD_HOOKS)
+        # replay's tensor has as many (graph.load.GRAD_HOOKS). A leaf's only: a tensor computed in
+        # a past iteration (`h.register_hook(keep_grad)` on an activation) has no graph left to fire them
         args = (storage, t.storage_offset(), tuple(t.size()), tuple(t.stride()), dtype, requires_grad, grad, is_param, attrs, id(t))
-        hooks = grad_hooks(t)
+        hooks = grad_hooks(t) if t.is_leaf else 0
         return _rebuild_tensor, (args + (hooks,) if hooks else args)
 
     def _reduce_storage(self, storage):
