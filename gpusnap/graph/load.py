@@ -266,6 +266,15 @@ def _live_generator(serial, name):
     return LiveGenerator(serial, name)
 
 
+def _with_run_id(run_id, func, args):
+    """``func(*args)``, noted in ``RUN_IDS`` as the object whose id in the run was ``run_id``
+    (a module's: the ints a program kept of it are merged as the live module's id)."""
+    obj = func(*args)
+    if not isinstance(obj, Unbuilt):
+        RUN_IDS[run_id] = obj
+    return obj
+
+
 def _construct(func, args, type_name):
     """``func(*args)``, or an ``Unbuilt`` placeholder when the call fails (see module doc)."""
     try:
@@ -299,10 +308,11 @@ def _set_state(obj, state):
 # id(loaded object) -> names of the attributes its class's ``__setstate__`` added beyond the
 # saved state, for the objects of the last ``load_graph`` (merge reads it; see _set_state_by_class).
 ADDED_BY_SETSTATE: dict[int, frozenset] = {}
-# id(tensor) in the process that took the snapshot -> the tensor loaded for it, for the objects of
-# the last ``load_graph``: an int the program kept that equals one is that tensor's id (a dict
-# `{id(p): name}`), and the merge gives it the id of the live tensor (restore.merge). Addresses of
-# live objects, 16-byte aligned and above 2**32: no count or index the program keeps is one.
+# id(tensor or module) in the process that took the snapshot -> the object loaded for it, for the
+# objects of the last ``load_graph``: an int the program kept that equals one is that object's id
+# (a dict `{id(p): name}`), and the merge gives it the id of the live object that stands for it
+# (restore.merge). Addresses of live objects, 16-byte aligned and above 2**32: no count or index
+# the program keeps is one.
 RUN_IDS: dict[int, object] = {}
 # id(loaded tensor) -> how many gradient hooks the run's tensor had (``register_hook``,
 # ``register_post_accumulate_grad_hook``), for the objects of the last ``load_graph``; absent for

@@ -285,14 +285,15 @@ MORE = {
     "global_modes-default_dtype": ("global_modes.py", ["default_dtype"], 19, "gpusnap: fast-forward "),
     # per-parameter settings keyed by the parameters, made at a phase change (past it): in a dict
     # or a set of the parameters, exact at the first try; by `id(p)` (a dict of names, made then
-    # or in setup, and a set of ids), refused 3 of 3 each ("the parameters differ") until the
-    # ints the run took as ids of its tensors became the ids of the live ones
-    # (test_graph.py::test_ints_a_program_took_as_ids_..., in the default run)
+    # or in setup, and a set of ids) or by a layer's `id(m)`, refused 3 of 3 each ("the
+    # parameters differ") until the ints the run took as ids of its tensors and modules became
+    # the ids of the live ones (test_graph.py::test_ints_a_program_took_as_ids_..., in the default run)
     "param_keyed-dict": ("param_keyed.py", ["dict"], 25, "gpusnap: fast-forward "),
     "param_keyed-set": ("param_keyed.py", ["set"], 25, "gpusnap: fast-forward "),
     "param_keyed-ids": ("param_keyed.py", ["ids"], 25, "gpusnap: fast-forward "),
     "param_keyed-ids_setup": ("param_keyed.py", ["ids-setup"], 25, "gpusnap: fast-forward "),
     "param_keyed-id_set": ("param_keyed.py", ["id-set"], 25, "gpusnap: fast-forward "),
+    "param_keyed-module_ids": ("param_keyed.py", ["module-ids"], 25, "gpusnap: fast-forward "),
     # From the default run, for CI's time (its 12 minutes): programs whose fault, when they had
     # one, was a refusal (a regression there fails safe), or whose shape a default test covers;
     # the full set runs them before each change lands.

@@ -681,6 +681,21 @@ def test_ints_a_program_took_as_ids_of_its_parameters_become_the_live_parameters
     assert values["count"] == 12345
 
 
+@pytest.mark.parametrize("made", ["in setup", "after setup"])
+def test_ints_a_program_took_as_ids_of_its_modules_become_the_live_modules_ids(tmp_path, made):
+    """`scales = {id(m): 0.5 for m in model.modules() if isinstance(m, nn.Linear)}`, read with
+    `scales.get(id(m), 1.0)` in each step: a module's id, as a parameter's, is the live one's
+    after the merge (param_keyed.py module-ids: refused, 3 of 3, before)."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Tanh(), torch.nn.Linear(2, 1))
+    state = {"model": model, "scales": {id(m): 0.5 for m in model.modules() if isinstance(m, torch.nn.Linear)}}
+    snap, _ = snapshot_and_load(tmp_path, state)
+    live_model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Tanh(), torch.nn.Linear(2, 1))
+    linear_ids = {id(m) for m in live_model.modules() if isinstance(m, torch.nn.Linear)}
+    live = {"model": live_model, "scales": dict.fromkeys(linear_ids, 0.5) if made == "in setup" else None}
+    merged = merge_into(live, snap)
+    assert merged["model"] is live_model and merged["scales"] == dict.fromkeys(linear_ids, 0.5)
+
+
 def test_a_view_of_an_array_made_after_setup_views_the_live_array(tmp_path):
     """`ring = np.zeros(16)` in setup, `recent = ring[8:]` when the warm-up ends, each step
     writing its loss into `ring` and reading `recent.std()`: the replay, past the warm-up, holds

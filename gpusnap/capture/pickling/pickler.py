@@ -61,6 +61,7 @@ from gpusnap.graph.load import (
     _module_attribute,
     _set_state,
     _set_state_by_class,
+    _with_run_id,
 )
 from gpusnap.graph.walk import slot_values
 from gpusnap.stage.drain import Drained
@@ -282,7 +283,11 @@ class GraphPickler(BufferReducers, pickle.Pickler):
             if REPLAYED_ATTRS and isinstance(rv, tuple) and len(rv) > 2 and isinstance(rv[2], dict) and _replayed_attrs(type(obj)):
                 left_out = _replayed_attrs(type(obj))
                 rv = (*rv[:2], {k: v for k, v in rv[2].items() if k not in left_out}, *rv[3:])
-            return _guarded(obj, rv)
+            rv = _guarded(obj, rv)
+            if torch is not None and isinstance(obj, torch.nn.Module) and not isinstance(rv, str):
+                # its id in the run, as a tensor's: `{id(m): name for name, m in model.named_modules()}`
+                rv = (_with_run_id, (id(obj), rv[0], rv[1]), *rv[2:])
+            return rv
         except Exception:
             return self._live(obj)
 

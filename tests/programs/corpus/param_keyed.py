@@ -3,7 +3,8 @@ layer-wise fine-tuning scripts make them: from --phase-epoch on, gradient multip
 keyed by each parameter and read with `.get(p, 1.0)` (`dict`), a set of the parameters whose
 gradients are clipped, tested with `in` (`set`), or parameter names in a dict keyed by `id(p)`,
 deciding which get weight decay (`ids`; `ids-setup`: made in setup), or a set of the ids of the
-first layer's parameters, whose gradients are zeroed from then on (`id-set`).
+first layer's parameters, whose gradients are zeroed from then on (`id-set`), or gradient
+scales keyed by the `id()` of each linear layer (`module-ids`).
 usage: param_keyed.py OUT MODE [--epochs N] [--phase-epoch N]"""
 import argparse
 
@@ -18,7 +19,7 @@ from common import finish, progress
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("mode", choices=["dict", "set", "ids", "ids-setup", "id-set"])
+    parser.add_argument("mode", choices=["dict", "set", "ids", "ids-setup", "id-set", "module-ids"])
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--phase-epoch", type=int, default=2)
     args = parser.parse_args()
@@ -29,7 +30,7 @@ def main():
     loader = DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True)
     model = nn.Sequential(nn.Linear(10, 24), nn.Tanh(), nn.Linear(24, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    multipliers, clipped, names, frozen_ids = {}, set(), {}, set()
+    multipliers, clipped, names, frozen_ids, layer_scales = {}, set(), {}, set(), {}
     if args.mode == "ids-setup":
         names = {id(p): name for name, p in model.named_parameters()}
     step, losses = 0, []
@@ -43,11 +44,16 @@ def main():
                 names = {id(p): name for name, p in model.named_parameters()}
             elif args.mode == "id-set":
                 frozen_ids = {id(p) for p in model[0].parameters()}
+            elif args.mode == "module-ids":
+                layer_scales = {id(m): 0.5 for m in model.modules() if isinstance(m, nn.Linear)}
         for xb, yb in loader:
             loss = F.cross_entropy(model(xb), yb)
             optimizer.zero_grad()
             loss.backward()
             with torch.no_grad():
+                for m in model.modules():
+                    if id(m) in layer_scales:
+                        m.weight.grad.mul_(layer_scales[id(m)])
                 for p in model.parameters():
                     p.grad.mul_(multipliers.get(p, 1.0))
                     if p in clipped:
