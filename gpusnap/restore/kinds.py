@@ -353,14 +353,14 @@ class KindMerges:
         keys = []
         torch = self._torch
         for key in snap:
-            if type(key) is int and key in RUN_IDS:  # `{id(p): name ...}`: keyed by the live tensor's id
-                tensor = RUN_IDS[key]
-                if id(tensor) in self.aligned:
-                    keys.append(id(self.aligned[id(tensor)]))
+            if type(key) is int and key in RUN_IDS:  # `{id(p): name ...}`: keyed by the live object's id
+                obj = RUN_IDS[key]
+                if id(obj) in self.aligned:
+                    keys.append(id(self.aligned[id(obj)]))
                 elif not final:
                     return None
                 else:
-                    keys.append(id(self._adopt(tensor, path + "[<key id()>]")))
+                    keys.append(id(self._adopt(obj, path + "[<key id()>]")))
             elif _plain_key(key):
                 keys.append(key)
             elif id(key) in self.aligned:

@@ -109,8 +109,8 @@ class _LivePlace(_Pending):
 
 
 class _IdOf(_Pending):
-    """A place holding an int the run took as ``id()`` of a tensor (graph.load.RUN_IDS), whose
-    live counterpart was not known when met: it settles to that counterpart's id."""
+    """A place holding an int the run took as ``id()`` of a tensor or module (graph.load.RUN_IDS),
+    whose live counterpart was not known when met: it settles to that counterpart's id."""
 
     __slots__ = ()
 
@@ -257,10 +257,10 @@ class Merger(KindMerges):
     # -- one place -----------------------------------------------------------------------
     def _place(self, live, snap, path: Path):
         self.path = path
-        if type(snap) is int and snap in RUN_IDS:  # `names = {id(p): name ...}`: the live tensor's id
-            tensor = RUN_IDS[snap]
-            found = self.aligned.get(id(tensor), _MISSING)
-            return id(found) if found is not _MISSING else _IdOf(tensor, path)
+        if type(snap) is int and snap in RUN_IDS:  # `names = {id(p): name ...}`: the live object's id
+            obj = RUN_IDS[snap]
+            found = self.aligned.get(id(obj), _MISSING)
+            return id(found) if found is not _MISSING else _IdOf(obj, path)
         if isinstance(snap, _ATOMS):
             return snap
         if isinstance(snap, (LiveOnly, Unbuilt)):
