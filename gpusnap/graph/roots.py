@@ -19,7 +19,8 @@ once, under ``globals``) down to the frame of the loop whose boundary is the saf
 pickle by name and so hold nothing of it: a class attribute the loop counts up (``Net.steps +=
 1``), an attribute set on a function (``log.calls``), a mutable default argument used as a cache
 or running statistic (``def weigh(x, stats={})``, a method's ``def smooth(self, x, seen=[])``,
-keyed ``Class.method``). Methods, nested classes, descriptors, dunder names and an ABC's
+keyed ``Class.method``), and the entries of the program's ``functools`` caches (a getter's
+singleton, ``graph.caches``). Methods, nested classes, descriptors, dunder names and an ABC's
 registry (``_abc_impl``) are definitions, not state. A closure the program's code made and bound
 to a global (``tick = make_counter()``, its count in a cell) is kept with the globals: its cells
 are state.
@@ -30,9 +31,10 @@ from __future__ import annotations
 import sys
 import types
 
+from gpusnap.graph import caches
 from gpusnap.instrument import loops
 
-_DEFINITIONS = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type)
+_DEFINITIONS = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type, caches.ProgramCache)
 
 
 def frames_on_path(innermost) -> list:
@@ -77,7 +79,7 @@ def _statics(module: str, namespace: dict) -> dict:
         if isinstance(value, type):
             owners = [(name, class_state(value))]
             owners += [(f"{name}.{method}", _function_state(func)) for method, func in _methods(value)]
-        elif isinstance(value, types.FunctionType):
+        elif isinstance(value, (types.FunctionType, caches.ProgramCache)):
             owners = [(name, _function_state(value))]
         else:
             continue
@@ -87,11 +89,12 @@ def _statics(module: str, namespace: dict) -> dict:
 
 def _methods(cls: type) -> list:
     """(name, function) of the methods the class's own module defined in it, static and class
-    methods unwrapped (an Enum's ``__new__`` is the enum module's, with a library's marks on it)."""
+    methods unwrapped (an Enum's ``__new__`` is the enum module's, with a library's marks on it);
+    a cached method's ``ProgramCache`` among them."""
     found = []
     for name, value in vars(cls).items():
         func = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
-        if isinstance(func, types.FunctionType) and func.__module__ == cls.__module__:
+        if isinstance(func, (types.FunctionType, caches.ProgramCache)) and func.__module__ == cls.__module__:
             found.append((name, func))
     return found
 
@@ -117,6 +120,8 @@ def class_state(cls: type) -> dict:
 
 
 def _function_state(func) -> dict:
+    if isinstance(func, caches.ProgramCache):
+        return caches.state(func)
     state = {name: value for name, value in vars(func).items() if not name.startswith("__")}
     if func.__defaults__ and not all(map(_immutable, func.__defaults__)):
         state["__defaults__"] = func.__defaults__

@@ -19,7 +19,7 @@ a curriculum that switches loaders by its accuracies; sharpness-aware minimizati
 `with` blocks that put state back at their exit; per-parameter settings keyed by the parameters or
 their ids; a head replaced or tied at a phase change; an EMA that starts as the parameters;
 settings changed process-wide: environment variables, torch's threads and default dtype; SWA
-switched on late) continue
+switched on late; objects that only a cached getter holds) continue
 with the same bytes after a kill: each is run uninterrupted, and again under `gpusnap run` with
 SIGUSR1 at a random step, kill -9 of the whole process group a few steps later, then `gpusnap
 restart`. One seed per program by default (printed; pytest shows it on failure);
@@ -96,8 +96,19 @@ CORPUS = {
     # the restart said "verified" with other final state (2 of 3), until the settings the
     # program changed process-wide were kept (graph.settings)
     "global_modes-threads": ("global_modes.py", ["threads"], 19, "settings the run's steps had changed"),
+    # a counter that `@functools.cache def stats()` made on first use, past the first epoch: the
+    # snapshot held nothing of CPython's cache, and the restart said "verified" (the counter
+    # touches no parameter) with other final state, 2 of 2, until the program's caches kept
+    # their entries (graph.caches)
+    "cached_getters-counter": ("cached_getters.py", ["counter"], 6, "gpusnap: fast-forward "),
 }
 MORE = {
+    # class weights an `lru_cache`'d getter made, reweighted in place each epoch: refused by the
+    # witness, 2 of 2 each (made in the loop or in setup), until kept (graph.caches); the counter
+    # made in setup, "verified" with other state as above
+    "cached_getters-weights": ("cached_getters.py", ["weights"], 6, "gpusnap: fast-forward "),
+    "cached_getters-weights_setup": ("cached_getters.py", ["weights", "--first-use", "setup"], 6, "gpusnap: fast-forward "),
+    "cached_getters-counter_setup": ("cached_getters.py", ["counter", "--first-use", "setup"], 6, "gpusnap: fast-forward "),
     # an EMA kept in a dict that starts as the parameters themselves and is rebound each step: the
     # merge wrote the averages over the replay's parameters (refused, 4 of 4: they no longer
     # required grad), until one live tensor stood for one of the run's

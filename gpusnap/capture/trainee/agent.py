@@ -34,7 +34,7 @@ from gpusnap.capture.trainee import children, control, handlers, pace, session
 from gpusnap.capture.trainee import witness as witnessing
 from gpusnap.capture.writer import fork
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, ChildRunning, StageError
-from gpusnap.graph import rng, roots, settings, workers
+from gpusnap.graph import caches, rng, roots, settings, workers
 from gpusnap.instrument import loops
 from gpusnap.stage import limits
 
@@ -49,6 +49,7 @@ def install(config: dict, note_source) -> None:
     os.register_at_fork(after_in_child=loops.reset_after_fork_in_child)
     if not session.config.get("run_dir"):
         return
+    caches.install()  # the program's functools caches, with entries a snapshot can hold
     import psutil  # noqa: F401  (the headroom check runs inside the stall)
 
     from gpusnap.capture.writer import process as writer  # noqa: F401  (every forked writer would import it again)
