@@ -17,6 +17,7 @@ CPython's 0.09.
 from __future__ import annotations
 
 import functools
+import sys
 import types
 
 _C_LRU_CACHE = functools.lru_cache
@@ -94,7 +95,19 @@ class ProgramCache:
         return {"maxsize": self.maxsize, "typed": self.typed}
 
     def __reduce__(self):
-        return self.__qualname__  # by name, as CPython's wrapper pickles
+        if self._named():
+            return self.__qualname__  # by name, as CPython's wrapper pickles
+        # A cached function made inside another (`main()`'s own getter): by value, as its
+        # function pickles (gpusnap's pickler keeps a local function's code and cells; pickle's
+        # own refuses it, as it refuses CPython's wrapper)
+        return ProgramCache, (self.__wrapped__, self.maxsize, self.typed), vars(self)
+
+    def _named(self) -> bool:
+        """Whether the name it was defined under finds it, as pickle looks it up."""
+        found = sys.modules.get(self.__module__)
+        for part in self.__qualname__.split("."):
+            found = getattr(found, part, None)
+        return found is self
 
     def __copy__(self):
         return self

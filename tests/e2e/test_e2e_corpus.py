@@ -109,6 +109,10 @@ MORE = {
     "cached_getters-weights": ("cached_getters.py", ["weights"], 6, "gpusnap: fast-forward "),
     "cached_getters-weights_setup": ("cached_getters.py", ["weights", "--first-use", "setup"], 6, "gpusnap: fast-forward "),
     "cached_getters-counter_setup": ("cached_getters.py", ["counter", "--first-use", "setup"], 6, "gpusnap: fast-forward "),
+    # the counter's getter defined inside main(): no snapshot could be taken at all ("Can't pickle
+    # local object"), 4 of 4, until a cached function pickle cannot name was kept by value
+    "cached_getters-local": ("cached_getters.py", ["local"], 6, "gpusnap: fast-forward "),
+    "cached_getters-local_setup": ("cached_getters.py", ["local", "--first-use", "setup"], 6, "gpusnap: fast-forward "),
     # an EMA kept in a dict that starts as the parameters themselves and is rebound each step: the
     # merge wrote the averages over the replay's parameters (refused, 4 of 4: they no longer
     # required grad), until one live tensor stood for one of the run's

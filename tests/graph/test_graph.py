@@ -12,6 +12,7 @@ import functools
 import io
 import itertools
 import os
+import pickle
 import random
 import subprocess
 import sys
@@ -1026,3 +1027,26 @@ def test_a_function_the_loop_made_is_told_from_setup_s_of_the_same_name_by_its_l
     live = {"schedule": [setup_made]}
     merge_into(live, snap, same_sources=False)  # a forced, changed source: lines move, the names are compared
     assert live["schedule"][0] is setup_made
+
+
+def test_a_cached_getter_made_inside_a_function_round_trips_by_value_and_merges_into_the_replays(tmp_path):
+    """`@functools.cache` on a getter `main()` defines (graph.caches): pickle's own refuses it by
+    name, as it refuses CPython's wrapper; the snapshot keeps it by value, its entries with it, and
+    the merge gives the replay's getter the run's object, the one the program's local holds."""
+    from gpusnap.graph import caches
+
+    def main_like():
+        def stats():
+            return collections.Counter()
+        return caches.ProgramCache(stats, None, False)
+
+    run = main_like()
+    counts = run()
+    counts["seen"] += 96
+    with pytest.raises((AttributeError, TypeError, pickle.PicklingError)):
+        pickle.dumps(run)
+    snap, _ = snapshot_and_load(tmp_path, {"getter": run, "counts": counts})
+    replay = main_like()
+    live = merge_into({"getter": replay, "counts": replay()}, snap)
+    assert live["getter"] is replay and replay.cache_info() == run.cache_info()
+    assert replay() is live["counts"] and live["counts"] == collections.Counter(seen=96)
