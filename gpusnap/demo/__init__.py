@@ -107,7 +107,9 @@ def run(work: Path, epochs: int, store: str | None = None) -> int:
         os.kill(job.pid, signal.SIGUSR1)
         snap = _wait_until(lambda: [s for s in _committed(run_dir) if "shared" in s.get("level", "shared")],
                            "the snapshot to commit" + (" and reach the store" if store else ""), job)[-1]
-        kill_at = _step_of(out) + KILL_AFTER_STEPS
+        # Counted from the snapshot's step, not from when `gpusnap ls` showed it: on a loaded
+        # machine the listing lagged 35 steps behind the commit, and the run ended first.
+        kill_at = snap["iteration"] + KILL_AFTER_STEPS
         _wait_until(lambda: _step_of(out) >= kill_at, f"step {kill_at}", job)
     finally:
         try:
