@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
+import importlib
 import inspect
 import os
 import sys
@@ -254,6 +255,7 @@ class Replay:
         merger = Merger(self.write_device, same_sources=same_sources)
         self._stage = "merging"
         self._merger = merger
+        _import_what_the_run_imported_later(payload["globals"])
         live_modules = roots.instrumented_modules()
         # Every root first, then finish(): a place may wait for a live counterpart met later.
         merged_globals = []
@@ -423,6 +425,22 @@ class Replay:
         want = self.expected[min(self.cursor, len(self.expected) - 1)]
         line = want["loop_id"].split(":")[0]
         return f"{_short(want['file'])}:{line} (in {want['function']})"
+
+
+def _import_what_the_run_imported_later(modules) -> None:
+    """A module of the program's that the run first imported in a step the replay skips (`import
+    report_utils` inside the loop) is imported now, so that its globals take the snapshot's
+    values; the program's own `import` then finds it, as it found the run's."""
+    imported = roots.instrumented_modules()
+    for module in modules:
+        if module in imported:
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            raise ReplayDiverged(f"module {module} held state in the snapshot but is not imported at the resume point, "
+                                 f"and importing it failed: {type(exc).__name__}: {exc}") from exc
+        _say(f"imported {module}, which the run imported in a step the replay skips", level=1)
 
 
 def _statics_of(payload: dict, live_modules: dict):
