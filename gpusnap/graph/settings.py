@@ -1,6 +1,7 @@
 """Process-wide settings the program changed, which no object it holds carries: its environment
-variables, torch's intra-op threads, default dtype, float32 matmul precision and deterministic
-mode. Read at the safe point (``capture``), put back after the merge (``restore``).
+variables, its working directory, torch's intra-op threads, default dtype, float32 matmul
+precision and deterministic mode. Read at the safe point (``capture``), put back after the merge
+(``restore``).
 
 The replay runs the setup again, and with it the changes the setup made; a change made in a step
 the replay skips (`os.environ["NOISE_SCALE"] = "0.05"` or `torch.set_default_dtype(torch.float64)`
@@ -9,7 +10,10 @@ differ, the witness cannot compare the parameters at all (other threads, other l
 
 Of the environment, only what the program changed is kept: the variables it set, changed or
 removed since its start (``note_start``); a restart keeps its own environment for the rest (the
-scheduler's, the launcher's, another machine's). The threads likewise, where the program set
+scheduler's, the launcher's, another machine's). The working directory likewise, where the
+program changed it: an output directory named by the start time and entered in setup, as
+Hydra's `hydra.job.chdir` makes, is another one in the replay, and the files the program writes
+and reads back by relative paths are in the run's. The threads likewise, where the program set
 them away from what torch chose at its import. The torch settings are read and set only where
 the program has imported torch.
 """
@@ -22,13 +26,15 @@ import sys
 from gpusnap import onimport
 
 _start_environ: dict[str, str] | None = None  # os.environ as the program's code began
+_start_cwd: str | None = None  # the working directory it began in
 _threads_at_import: int | None = None  # what torch chose, before the program could set it
 
 
 def note_start() -> None:
     """Called once by the trainee's agent, before the program's first line runs."""
-    global _start_environ
+    global _start_environ, _start_cwd
     _start_environ = dict(os.environ)
+    _start_cwd = _cwd()
     onimport.after_import("torch", _note_torch)
 
 
@@ -37,9 +43,23 @@ def _note_torch(torch) -> None:
     _threads_at_import = torch.get_num_threads()
 
 
+def start_cwd() -> str | None:
+    return _start_cwd
+
+
+def _cwd() -> str | None:
+    try:
+        return os.getcwd()
+    except OSError:  # removed under the program
+        return None
+
+
 def capture() -> dict:
     """The settings the program holds now, for the snapshot's payload (``"settings"``)."""
     out: dict = {}
+    cwd = _cwd()
+    if _start_cwd is not None and cwd is not None and cwd != _start_cwd:
+        out["cwd"] = cwd
     if _start_environ is not None:
         now = dict(os.environ)
         changed = {k: v for k, v in now.items() if _start_environ.get(k) != v}
@@ -61,6 +81,12 @@ def capture() -> dict:
 def restore(saved: dict) -> list[str]:
     """Put ``saved`` (``capture``'s) back; the settings that differed, in words."""
     put = []
+    cwd = saved.get("cwd")
+    if cwd and _cwd() != cwd:
+        if not os.path.isdir(cwd):
+            os.makedirs(cwd)  # the run's, on a machine that has no such directory yet: it writes there
+        os.chdir(cwd)
+        put.append(f"working directory {cwd}")
     environ = saved.get("environ") or {}
     for name, value in environ.get("set", {}).items():
         if os.environ.get(name) != value:

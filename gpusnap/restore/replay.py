@@ -306,7 +306,10 @@ class Replay:
         self._stage = "restoring the random number generators"
         rng.restore(payload["rng"])
         self._stage = "restoring the program's process-wide settings"
-        put = settings.restore(payload.get("settings") or {})
+        saved_settings = payload.get("settings") or {}
+        if knobs.MOVED_FROM and saved_settings.get("cwd"):  # a working directory inside the program's tree
+            saved_settings = {**saved_settings, "cwd": rebase(saved_settings["cwd"], knobs.MOVED_FROM, settings.start_cwd() or os.getcwd())}
+        put = settings.restore(saved_settings)
         if put:
             _say(f"settings the run's steps had changed, as it had them: {', '.join(put)}", level=1)
         # After the adapters (a logger's writer they close lets go of its file): what the

@@ -20,7 +20,7 @@ a curriculum that switches loaders by its accuracies; sharpness-aware minimizati
 their ids; a head replaced or tied at a phase change; an EMA that starts as the parameters;
 settings changed process-wide: environment variables, torch's threads and default dtype; SWA
 switched on late; objects that only a cached getter holds; a helper module imported inside the
-loop) continue
+loop; an output directory the script entered) continue
 with the same bytes after a kill: each is run uninterrupted, and again under `gpusnap run` with
 SIGUSR1 at a random step, kill -9 of the whole process group a few steps later, then `gpusnap
 restart`. One seed per program by default (printed; pytest shows it on failure);
@@ -102,6 +102,11 @@ CORPUS = {
     # touches no parameter) with other final state, 2 of 2, until the program's caches kept
     # their entries (graph.caches)
     "cached_getters-counter": ("cached_getters.py", ["counter"], 6, "gpusnap: fast-forward "),
+    # an output directory named by the start time, entered in setup (as Hydra's chdir does), the
+    # epochs' metrics read back from it by a relative path: the replay's setup entered another,
+    # and the restart said "verified" with other bytes, 3 of 3, until the working directory the
+    # program changed was kept (graph.settings)
+    "chdir_outputs-setup": ("chdir_outputs.py", ["setup"], 9, "settings the run's steps had changed"),
 }
 MORE = {
     # class weights an `lru_cache`'d getter made, reweighted in place each epoch: refused by the
@@ -116,6 +121,9 @@ MORE = {
     # summaries and the best): refused, 3 of 3 ("module report_utils held state in the snapshot
     # but is not imported at the resume point"), until the restore imported it before the merge
     "late_import": ("late_import.py", [], 9, "gpusnap: fast-forward "),
+    # the same, a directory for the fine-tuning phase entered at its epoch: "verified" with other
+    # bytes where the snapshot lay past that epoch (1 of 3; floor 17), until kept
+    "chdir_outputs-phase": ("chdir_outputs.py", ["phase"], 25, "settings the run's steps had changed"),
     "cached_getters-local": ("cached_getters.py", ["local"], 6, "gpusnap: fast-forward "),
     "cached_getters-local_setup": ("cached_getters.py", ["local", "--first-use", "setup"], 6, "gpusnap: fast-forward "),
     # an EMA kept in a dict that starts as the parameters themselves and is rebound each step: the

@@ -44,4 +44,34 @@ def test_what_the_program_changed_process_wide_is_captured_and_put_back_and_noth
     finally:
         torch.set_num_threads(threads)
         torch.set_default_dtype(dtype)
-        settings._start_environ = settings._threads_at_import = None
+        settings._start_environ = settings._threads_at_import = settings._start_cwd = None
+
+
+def test_a_working_directory_the_program_entered_is_captured_and_entered_again_made_where_missing(tmp_path, monkeypatch):
+    """An output directory named by the start time and entered in setup (chdir_outputs.py, as
+    Hydra's `hydra.job.chdir` makes one): the replay's setup makes and enters another, and the
+    metrics the program reads back by a relative path are in the run's. On another machine the
+    run's directory may not be there yet: it is made."""
+    monkeypatch.chdir(tmp_path)
+    settings.note_start()
+    try:
+        assert "cwd" not in settings.capture()  # not changed: a restart keeps its own
+        run_dir = tmp_path / "outputs" / "23-52-57"
+        run_dir.mkdir(parents=True)
+        os.chdir(run_dir)
+        saved = settings.capture()
+        assert saved["cwd"] == str(run_dir)
+
+        replay_dir = tmp_path / "outputs" / "23-58-02"
+        replay_dir.mkdir()
+        os.chdir(replay_dir)
+        assert settings.restore(saved) == [f"working directory {run_dir}"]
+        assert os.getcwd() == str(run_dir)
+
+        os.chdir(tmp_path)
+        run_dir.rmdir()
+        (tmp_path / "outputs").rename(tmp_path / "other")
+        assert settings.restore(saved) == [f"working directory {run_dir}"]
+        assert os.getcwd() == str(run_dir)
+    finally:
+        settings._start_environ = settings._threads_at_import = settings._start_cwd = None
