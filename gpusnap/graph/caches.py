@@ -17,11 +17,11 @@ CPython's 0.09.
 from __future__ import annotations
 
 import functools
-import sys
 import types
 
+from gpusnap.graph.load import findable
+
 _C_LRU_CACHE = functools.lru_cache
-_C_CACHE = functools.cache
 _FAST_TYPES = (int, str)
 
 
@@ -95,19 +95,12 @@ class ProgramCache:
         return {"maxsize": self.maxsize, "typed": self.typed}
 
     def __reduce__(self):
-        if self._named():
+        if findable(self):
             return self.__qualname__  # by name, as CPython's wrapper pickles
         # A cached function made inside another (`main()`'s own getter): by value, as its
         # function pickles (gpusnap's pickler keeps a local function's code and cells; pickle's
         # own refuses it, as it refuses CPython's wrapper)
         return ProgramCache, (self.__wrapped__, self.maxsize, self.typed), vars(self)
-
-    def _named(self) -> bool:
-        """Whether the name it was defined under finds it, as pickle looks it up."""
-        found = sys.modules.get(self.__module__)
-        for part in self.__qualname__.split("."):
-            found = getattr(found, part, None)
-        return found is self
 
     def __copy__(self):
         return self
@@ -129,8 +122,7 @@ def _is_programs(func) -> bool:
 def lru_cache(maxsize=128, typed=False):
     """``functools.lru_cache``: a ``ProgramCache`` over the program's functions."""
     if callable(maxsize) and isinstance(typed, bool):  # @lru_cache, without arguments
-        func, maxsize = maxsize, 128
-        return ProgramCache(func, maxsize, typed) if _is_programs(func) else _C_LRU_CACHE(func, typed=typed)
+        return lru_cache(128, typed)(maxsize)
     if maxsize is not None and not isinstance(maxsize, int):
         return _C_LRU_CACHE(maxsize, typed)  # functools' own TypeError
 
@@ -141,8 +133,8 @@ def lru_cache(maxsize=128, typed=False):
 
 
 def cache(func):
-    """``functools.cache``."""
-    return ProgramCache(func, None, False) if _is_programs(func) else _C_CACHE(func)
+    """``functools.cache``, as functools defines it."""
+    return lru_cache(maxsize=None)(func)
 
 
 def install() -> None:
@@ -151,8 +143,3 @@ def install() -> None:
     functools.lru_cache = lru_cache
     functools.cache = cache
 
-
-def state(wrapper: ProgramCache) -> dict:
-    """What a snapshot keeps of a cached function: its entries and counts, and the attributes the
-    program set on it."""
-    return {name: value for name, value in vars(wrapper).items() if not name.startswith("__")}

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import pickle
+import sys
 import threading
 
 from gpusnap.rawmem import view_at
@@ -281,6 +282,21 @@ def _construct(func, args, type_name):
         return func(*args)
     except Exception as exc:  # noqa: BLE001 - any failure: the merge decides what it means
         return Unbuilt(type_name, f"{type(exc).__name__}: {exc}")
+
+
+def findable(obj) -> bool:
+    """True when pickle can save ``obj`` (a function, a class, a cached function) by reference to
+    its name: the name it was defined under finds it."""
+    module = sys.modules.get(getattr(obj, "__module__", None) or "")
+    qualname = getattr(obj, "__qualname__", None)
+    if module is None or not qualname or "<" in qualname:
+        return False
+    found = module
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            return False
+    return found is obj
 
 
 def _module_attribute(module, name):

@@ -120,12 +120,12 @@ def class_state(cls: type) -> dict:
 
 
 def _function_state(func) -> dict:
-    if isinstance(func, caches.ProgramCache):
-        return caches.state(func)
+    """A function's attributes and changeable defaults; a ``ProgramCache``'s attributes are its
+    entries and counts (it has no defaults)."""
     state = {name: value for name, value in vars(func).items() if not name.startswith("__")}
-    if func.__defaults__ and not all(map(_immutable, func.__defaults__)):
+    if getattr(func, "__defaults__", None) and not all(map(_immutable, func.__defaults__)):
         state["__defaults__"] = func.__defaults__
-    if func.__kwdefaults__ and not all(map(_immutable, func.__kwdefaults__.values())):
+    if getattr(func, "__kwdefaults__", None) and not all(map(_immutable, func.__kwdefaults__.values())):
         state["__kwdefaults__"] = func.__kwdefaults__
     return state
 

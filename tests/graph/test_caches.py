@@ -120,7 +120,7 @@ def test_only_the_programs_own_functions_get_a_program_cache(monkeypatch):
 
     library = load_program(monkeypatch, "/site-packages/lib/mod.py", "lib")
     for name in ("bounded", "stats", "bare", "typed"):
-        assert type(library[name]) is type(caches._C_CACHE(len)), name
+        assert type(library[name]) is type(caches._C_LRU_CACHE(None)(len)), name
 
 
 def test_a_snapshot_keeps_a_caches_entries_and_the_merge_gives_them_back_shared_as_they_were(monkeypatch):

@@ -62,6 +62,7 @@ from gpusnap.graph.load import (
     _set_state,
     _set_state_by_class,
     _with_run_id,
+    findable,
 )
 from gpusnap.graph.walk import slot_values
 from gpusnap.stage.drain import Drained
@@ -144,20 +145,6 @@ def type_name(obj) -> str:
 # ``itertools.cycle`` past its first pass is one of these over the batches it saved; a list of
 # batches the program advances by hand (``next(it)``) is another.
 _SEQUENCE_ITERATORS = tuple({type(iter(x)) for x in ([], (), range(0), "", b"", bytearray())} | {type(reversed([]))})
-
-
-def _findable(obj) -> bool:
-    """True when pickle can save ``obj`` (a function or class) by reference to its name."""
-    module = sys.modules.get(getattr(obj, "__module__", None) or "")
-    qualname = getattr(obj, "__qualname__", None)
-    if module is None or not qualname or "<" in qualname:
-        return False
-    found = module
-    for part in qualname.split("."):
-        found = getattr(found, part, None)
-        if found is None:
-            return False
-    return found is obj
 
 
 def _programs(cls: type) -> bool:
@@ -258,7 +245,7 @@ class GraphPickler(BufferReducers, pickle.Pickler):
                 return self._live_generator(obj, ahead)
         if isinstance(obj, self._live_types) or (LIVE_NAMES and _is_named(type(obj), LIVE_NAMES)):
             return self._live(obj)
-        if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)) and _findable(obj):
+        if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)) and findable(obj):
             return NotImplemented
         if type(obj) in (types.MethodType, types.BuiltinFunctionType):
             return self._reduce_method(obj)
@@ -270,7 +257,7 @@ class GraphPickler(BufferReducers, pickle.Pickler):
             return self._live(obj)
         if type(obj) in _SEQUENCE_ITERATORS:
             return _guarded(obj, obj.__reduce_ex__(PROTOCOL))
-        if not _findable(type(obj)):
+        if not findable(type(obj)):
             return self._live_object(obj)
         try:
             reducer = copyreg.dispatch_table.get(type(obj))
