@@ -10,6 +10,14 @@ keeps every attribute that a torch optimizer does not set itself, where the clas
 ``__getstate__`` is torch's (a framework's optimizer class that writes its own decides for
 itself).
 
+Its hooks are kept too (``register_step_post_hook`` and the others, in dicts torch sets on each
+optimizer): scripts hang an EMA or a weight constraint there once warmup is over, a step the
+replay skips. Without them the replay's optimizer stepped without the hook, and an EMA that only
+the hook updates (no parameter the witness compares) restarted "verified" to other bytes
+(``tests/programs/corpus/optimizer_hooks.py``, 3 of 3; a weight constraint was refused). The
+merge makes the replay's dicts the run's, hooks registered in setup included; the ids they are
+kept under are the run's (``graph.settings`` keeps torch's counter of them).
+
 Not kept: the wrapper an LR scheduler sets as the optimizer's ``step`` (``_wrapped_by_lr_sched``),
 a function made inside the scheduler's ``__init__``, which no snapshot can name. An optimizer and
 scheduler made mid-run (a head's, from a phase on) came back with a placeholder for it, and its
@@ -32,7 +40,8 @@ def _own_attributes(optimizer) -> dict:
         return {}
     torch_sets = _set_by_torch()
     return {name: value for name, value in vars(optimizer).items()
-            if name not in torch_sets and not (name == "step" and getattr(value, "_wrapped_by_lr_sched", False))}
+            if (name not in torch_sets or name.endswith("_hooks"))
+            and not (name == "step" and getattr(value, "_wrapped_by_lr_sched", False))}
 
 
 @functools.cache

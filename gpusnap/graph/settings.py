@@ -16,6 +16,13 @@ Hydra's `hydra.job.chdir` makes, is another one in the replay, and the files the
 and reads back by relative paths are in the run's. The threads likewise, where the program set
 them away from what torch chose at its import. The torch settings are read and set only where
 the program has imported torch.
+
+And torch's counter of hook handles (``RemovableHandle.next_id``): the hooks a module or an
+optimizer holds are kept in dicts under the ids it gave out, and the merge gives them the run's.
+The replay, which skipped the steps that registered some, counted fewer; the program's next
+`register_forward_hook` (one hung for an evaluation and removed after it, as feature extractors
+do) took the id of a hook the run had registered in a step, wrote over it, and its `remove()`
+took both away. The counter goes on from the run's where it is behind.
 """
 
 from __future__ import annotations
@@ -75,6 +82,7 @@ def capture() -> dict:
         out["matmul_precision"] = torch.get_float32_matmul_precision()
         out["deterministic"] = [torch.are_deterministic_algorithms_enabled(),
                                 torch.is_deterministic_algorithms_warn_only_enabled()]
+        out["hook_ids"] = torch.utils.hooks.RemovableHandle.next_id
     return out
 
 
@@ -112,4 +120,7 @@ def restore(saved: dict) -> list[str]:
     if [torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()] != [mode, warn_only]:
         torch.use_deterministic_algorithms(mode, warn_only=warn_only)
         put.append("deterministic algorithms " + ("on" if mode else "off"))
+    handles = torch.utils.hooks.RemovableHandle
+    if saved.get("hook_ids", 0) > handles.next_id:  # (not said: the program cannot tell)
+        handles.next_id = saved["hook_ids"]
     return put

@@ -341,8 +341,10 @@ class KindMerges:
             self._deferred.append((live, snap, path))
             return live
         merged = []
+        elsewhere = _functions_under_other_keys(live, keys, snap)
         for live_key, (key, value) in zip(keys, snap.items()):
-            merged.append((live_key, (yield (live.get(live_key), value, path + f"[{_key_text(key)}]"))))
+            here = live.get(live_key, elsewhere.get(live_key))
+            merged.append((live_key, (yield (here, value, path + f"[{_key_text(key)}]"))))
         live.clear()
         for key, value in merged:
             self._store(live, key, value)
@@ -470,6 +472,29 @@ def _plain_key(key) -> bool:
         elif not isinstance(item, _ATOMS + (type, enum.Enum)):
             return False
     return True
+
+
+def _functions_under_other_keys(live: dict, keys: list, snap: dict) -> dict:
+    """For each snapshot key the live dict lacks whose value is a function of the program, the
+    replay's function of the same code that this dict holds under a key the snapshot lacks. Hook
+    dicts (a module's `_forward_hooks`, an optimizer's) are keyed by the ids torch's counter gave
+    out: a hook registered at a phase change, in a loop's body prefix the replay runs again, has
+    another id in the replay where the run registered other hooks before it (an evaluation's,
+    registered and removed each epoch)."""
+    missing = [(key, value) for key, value in zip(keys, snap.values())
+               if isinstance(value, LiveFunction) and key not in live]
+    if not missing:
+        return {}
+    taken = set(keys)
+    spare = [value for key, value in live.items() if key not in taken and type(value) is types.FunctionType]
+    found = {}
+    for key, value in missing:
+        for function in spare:
+            if function.__code__.co_qualname == value.qualname and function.__code__.co_firstlineno == value.line:
+                found[key] = function
+                spare.remove(function)
+                break
+    return found
 
 
 def _has_object_keys(value) -> bool:

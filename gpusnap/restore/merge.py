@@ -108,6 +108,15 @@ class _LivePlace(_Pending):
         self.live = live
 
 
+class _LiveLater(_Pending):
+    """A place of a live-only placeholder where the replay holds nothing, met before a place
+    where it holds the object (an optimizer's hooks merge before the frame's local that holds
+    the hook function): it settles to the live object placed for the placeholder there, and
+    refuses the restart at ``finish`` where there is none."""
+
+    __slots__ = ()
+
+
 class _IdOf(_Pending):
     """A place holding an int the run took as ``id()`` of a tensor or module (graph.load.RUN_IDS),
     whose live counterpart was not known when met: it settles to that counterpart's id."""
@@ -191,6 +200,14 @@ class Merger(KindMerges):
         return found
 
     def _settle(self, pending: _Pending):
+        if isinstance(pending, _LiveLater):
+            found = self.aligned.get(id(pending.snap), self._live_only.get(id(pending.snap), _MISSING))
+            if found is _MISSING:
+                # The program would meet None where it held a live object (a DataLoader iterator
+                # inside a framework's fetcher): it cannot continue from this state.
+                raise StateMismatch(f"{pending.path}: the snapshot's {pending.snap.type_name} is not captured (live-only), "
+                                    "and the replayed program has nothing at this place")
+            return found
         found = self.aligned.get(id(pending.snap), _MISSING)
         if found is _MISSING and isinstance(pending, _LivePlace):
             return pending.live  # before finish (a tuple's item cannot wait)
@@ -276,11 +293,11 @@ class Merger(KindMerges):
                     return _LivePlace(snap, path, live)
             if live is None and isinstance(snap, LiveOnly):
                 _name_place(snap, path)
-            if live is None and (isinstance(snap, Unbuilt) or path.depth > 1):
-                # The program would meet None where it held a live object (a DataLoader iterator
-                # inside a framework's fetcher): it cannot continue from this state.
-                why = f"cannot be rebuilt here ({snap.error})" if isinstance(snap, Unbuilt) else "is not captured (live-only)"
-                raise StateMismatch(f"{path}: the snapshot's {snap.type_name} {why}, and the replayed program has nothing at this place")
+            if live is None and isinstance(snap, LiveOnly) and path.depth > 1:
+                return _LiveLater(snap, path)
+            if live is None and isinstance(snap, Unbuilt):
+                raise StateMismatch(f"{path}: the snapshot's {snap.type_name} cannot be rebuilt here ({snap.error}), "
+                                    "and the replayed program has nothing at this place")
             if isinstance(snap, Unbuilt) and live is not None and id(snap) not in self._state_merged:
                 self._state_merged.add(id(snap))
                 return _Steps(self._merge_unbuilt(live, snap, path))

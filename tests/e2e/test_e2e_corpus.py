@@ -20,7 +20,7 @@ a curriculum that switches loaders by its accuracies; sharpness-aware minimizati
 their ids; a head replaced or tied at a phase change; an EMA that starts as the parameters;
 settings changed process-wide: environment variables, torch's threads and default dtype; SWA
 switched on late; objects that only a cached getter holds; a helper module imported inside the
-loop; an output directory the script entered) continue
+loop; an output directory the script entered; an EMA on an optimizer's step hook) continue
 with the same bytes after a kill: each is run uninterrupted, and again under `gpusnap run` with
 SIGUSR1 at a random step, kill -9 of the whole process group a few steps later, then `gpusnap
 restart`. One seed per program by default (printed; pytest shows it on failure);
@@ -107,8 +107,18 @@ CORPUS = {
     # and the restart said "verified" with other bytes, 3 of 3, until the working directory the
     # program changed was kept (graph.settings)
     "chdir_outputs-setup": ("chdir_outputs.py", ["setup"], 9, "settings the run's steps had changed"),
+    # an EMA that an optimizer step hook registered after warmup updates: "verified" with other
+    # bytes, 3 of 3, until the optimizer's hooks were kept (frameworks.optimizers)
+    "optimizer_hooks": ("optimizer_hooks.py", [], 21, "gpusnap: fast-forward "),
+    # a forward hook registered at a phase change, after evaluations that registered and removed
+    # hooks of their own: refused, 3 of 3 (the replay's hook had another id); with the hook found
+    # by its code alone, "verified" with other bytes, 3 of 3 (the next evaluation's hook took the
+    # run's id, and its remove() the phase's hook), until torch's counter of ids was kept
+    "late_hooks-forward_hook-dead_units": ("late_hooks.py", ["forward_hook", "--dead-units"], 25, "gpusnap: fast-forward "),
 }
 MORE = {
+    # the same, a weight constraint in the hook: refused by the witness, 3 of 3 (the parameters differ)
+    "optimizer_hooks-clip": ("optimizer_hooks.py", ["--hook", "clip"], 21, "gpusnap: fast-forward "),
     # class weights an `lru_cache`'d getter made, reweighted in place each epoch: refused by the
     # witness, 2 of 2 each (made in the loop or in setup), until kept (graph.caches); the counter
     # made in setup, "verified" with other state as above

@@ -466,6 +466,90 @@ def test_what_an_optimizer_subclass_adds_is_in_the_snapshot_though_torch_s_getst
         assert torch.equal(optimizer.base_optimizer.state[p]["momentum_buffer"], live.base_optimizer.state[q]["momentum_buffer"])
 
 
+class StepCounter:
+    def __init__(self):
+        self.steps = 0
+
+    def __call__(self, optimizer, args, kwargs):
+        self.steps += 1
+
+
+def test_optimizer_hooks_the_run_registered_in_a_skipped_step_are_the_replays_after_the_merge(tmp_path):
+    """`optimizer.register_step_post_hook(update_ema)` once warmup is over (optimizer_hooks.py):
+    torch's getstate leaves the hooks out, the replay's optimizer stepped without them, and an EMA
+    only the hook updates restarted "verified" to other bytes (3 of 3). The optimizer merges
+    before the frame's local that holds the hook function: its place waits for that function.
+    And torch's counter of hook ids goes on from the run's: the replay counted fewer, and a hook
+    registered and removed after the restart took the EMA hook's id and took it away."""
+    import gpusnap.frameworks.optimizers  # noqa: F401 - registers what the snapshot keeps of optimizers
+    from gpusnap.graph import settings
+    from torch.utils.hooks import RemovableHandle
+
+    def made():
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(3, 2)
+        ema = copy.deepcopy(layer).requires_grad_(False)
+
+        def update_ema(optimizer, args, kwargs):
+            with torch.no_grad():
+                for avg, p in zip(ema.parameters(), layer.parameters()):
+                    avg.lerp_(p, 0.1)
+        return {"optimizer": torch.optim.SGD(layer.parameters(), lr=0.1), "update_ema": update_ema,
+                "counter": StepCounter(), "layer": layer, "ema": ema}
+
+    def step(objects, seed):
+        torch.manual_seed(seed)
+        objects["layer"](torch.randn(4, 3)).sum().backward()
+        objects["optimizer"].step()
+        objects["optimizer"].zero_grad()
+
+    counted_before = RemovableHandle.next_id
+    run = made()
+    step(run, 1)
+    handle = run["optimizer"].register_step_post_hook(run["update_ema"])
+    run["optimizer"].register_step_pre_hook(run["counter"])
+    step(run, 2)
+    saved = settings.capture()
+    snap, _ = snapshot_and_load(tmp_path, run)
+    live = made()
+    merger = Merger()
+    values = {name: merger.value(live[name], snap[name], f"locals.{name}") for name in snap}  # optimizer first
+    merger.finish()
+    assert all(merger.settled(values[name]) is live[name] for name in live)
+    assert list(live["optimizer"]._optimizer_step_post_hooks.items()) == [(handle.id, live["update_ema"])]
+    step(run, 3)
+    step(live, 3)
+    assert live["counter"].steps == run["counter"].steps == 2
+    assert torch.equal(live["ema"].weight, run["ema"].weight)
+
+    RemovableHandle.next_id = counted_before  # the replay's count: it registered no hook
+    settings.restore(saved)
+    assert RemovableHandle.next_id > handle.id
+    live["optimizer"].register_step_post_hook(lambda *_: None).remove()  # an evaluation's, say
+    assert list(live["optimizer"]._optimizer_step_post_hooks.values()) == [live["update_ema"]]
+
+
+def test_a_hook_the_replay_registered_under_another_id_takes_the_run_s_place_in_the_hook_dict(tmp_path):
+    """A forward hook made at a phase change, in the body prefix the replay runs again, after the
+    run had registered and removed an evaluation's hook (late_hooks.py forward_hook --dead-units):
+    the replay's hook has another id, and the merge, keyed by the run's, found nothing at its
+    place and refused (3 of 3). The replay's function of the same code takes the run's key."""
+    def phase_change(model, scale):
+        return model.register_forward_hook(lambda module, inputs, output: output * scale)
+
+    run = torch.nn.Linear(2, 2)
+    run.register_forward_hook(lambda *_: None).remove()  # an evaluation's
+    phase_change(run, 0.5)
+    snap, _ = snapshot_and_load(tmp_path, run)
+    live = torch.nn.Linear(2, 2)
+    phase_change(live, 1.0)
+    assert list(live._forward_hooks) != list(run._forward_hooks)
+    replayed = live._forward_hooks[next(iter(live._forward_hooks))]
+    assert merge_into(live, snap) is live
+    assert list(live._forward_hooks.items()) == [(next(iter(run._forward_hooks)), replayed)]
+    assert replayed.__closure__[0].cell_contents == 0.5  # the run's scale
+
+
 @pytest.mark.parametrize("order", [("easy", "hard", "loader"), ("loader", "easy", "hard"), ("easy", "loader", "hard")])
 def test_a_live_only_object_the_run_held_at_two_places_is_one_live_object_after_the_merge(tmp_path, order):
     """A curriculum chose `loader = hard_loader` in an epoch the replay skipped; the replay's

@@ -2,7 +2,9 @@
 --phase-epoch on, a manual decay through a NumPy view of a weight (`numpy`), a shrink of a slice
 of the head's rows through a view held since (`slice`), gradient clamps registered on every
 parameter (`grad_hook`), or a forward hook that scales a layer's output (`forward_hook`).
-usage: late_hooks.py OUT MODE [--epochs N] [--phase-epoch N]"""
+With --dead-units, each epoch ends with an evaluation that counts the hidden layer's dead units
+through a forward hook it registers on that layer and removes after, as feature probes do.
+usage: late_hooks.py OUT MODE [--epochs N] [--phase-epoch N] [--dead-units]"""
 import argparse
 
 import torch
@@ -19,6 +21,7 @@ def main():
     parser.add_argument("mode", choices=["numpy", "slice", "grad_hook", "forward_hook"])
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--phase-epoch", type=int, default=2)
+    parser.add_argument("--dead-units", action="store_true")
     args = parser.parse_args()
 
     torch.manual_seed(11)
@@ -29,7 +32,7 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     decay_view = head_rows = None
     scale = 1.0
-    step, losses = 0, []
+    step, losses, dead = 0, [], []
     for epoch in range(args.epochs):
         if epoch == args.phase_epoch:
             if args.mode == "numpy":
@@ -54,7 +57,19 @@ def main():
             losses.append(loss.item())
             step += 1
             progress(step)
-    finish(model=model.state_dict(), optimizer=optimizer.state_dict(), losses=losses)
+        if args.dead_units:
+            dead.append(count_dead_units(model, x))
+    finish(model=model.state_dict(), optimizer=optimizer.state_dict(), losses=losses, dead=dead)
+
+
+def count_dead_units(model, x):
+    """How many hidden units saturate on every input: read by a hook while it lasts."""
+    seen = []
+    handle = model[1].register_forward_hook(lambda module, inputs, output: seen.append(output.detach()))
+    with torch.no_grad():
+        model(x)
+    handle.remove()
+    return int((seen[0].abs() > 0.99).all(0).sum())
 
 
 if __name__ == "__main__":
