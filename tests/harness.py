@@ -188,17 +188,19 @@ def run_log(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in lines[:-1]]
 
 
-def request_snapshot(run: Run, run_dir: Path, hold: Path | None = None) -> str:
+def request_snapshot(run: Run, run_dir: Path, hold: Path | None = None, committed=None) -> str:
     """SIGUSR1 to the supervisor; returns the id of the snapshot once committed. ``hold``: a
     file locked here from the snapshot's fork to its commit, which programs/notorch/pace.py
     waits for after each step (on a loaded machine the commit came after the program's last
     step, and there was nothing left to kill). Not before the fork: the snapshot waits for the
-    program's next safe point."""
+    program's next safe point. ``committed``: what counts as committed, the ids it sees (default:
+    new ones in ``run_dir``; a run directory on an object store: those the store lists)."""
     before = committed_ids(run_dir)
+    committed = committed or (lambda: committed_ids(run_dir) - before)
     forked = sum(e.get("event") == "forked" for e in run_log(run_dir))
     run.signal(signal.SIGUSR1)
     if hold is None:
-        return max(wait_for(lambda: committed_ids(run_dir) - before, "a committed snapshot", proc=run))
+        return max(wait_for(committed, "a committed snapshot", proc=run))
     wait_for(lambda: sum(e.get("event") == "forked" for e in run_log(run_dir)) > forked or committed_ids(run_dir) - before,
              "the snapshot's fork", proc=run)
     locked = hold.with_name(hold.name + ".locked")
@@ -206,7 +208,7 @@ def request_snapshot(run: Run, run_dir: Path, hold: Path | None = None) -> str:
         fcntl.flock(f, fcntl.LOCK_EX)
         os.replace(locked, hold)  # a program that finds it finds it locked
         try:
-            return max(wait_for(lambda: committed_ids(run_dir) - before, "a committed snapshot", proc=run))
+            return max(wait_for(committed, "a committed snapshot", proc=run))
         finally:
             hold.unlink(missing_ok=True)
 

@@ -16,6 +16,9 @@ importable by both sides: restore must never import capture. Placeholders:
 - ``Unbuilt`` stands where an object was captured but cannot be rebuilt in this process (its
   constructor refused an argument that is itself live-only, such as a ``functools.partial`` of a
   local function): restore keeps the replayed object there, and refuses if there is none;
+- ``HookHandle`` stands where the snapshot held a torch hook handle (``RemovableHandle``): the
+  dict of hooks it removes from, held strongly, and its id there; the merge points the
+  replay's handle at the live dict;
 - ``CoreBuffer`` stands where the snapshot held a cuda.core Buffer: its bytes on the host, which
   the merge copies into the replayed program's Buffer at that place, or into one it makes.
 """
@@ -126,6 +129,27 @@ class Unbuilt:
 
     def holds_anything(self) -> bool:
         return self.state is not None or bool(self.items) or bool(self.entries)
+
+
+class HookHandle:
+    """A torch hook handle of the snapshot (``torch.utils.hooks.RemovableHandle``: what
+    ``register_forward_hook`` and the others return). Torch's own state holds the dict of hooks
+    by a weak reference, which the load pointed at the snapshot's copy of that dict: the handle of
+    a warmup's hook registered in setup removed nothing after a restart, and the hook went on
+    (``tests/programs/corpus/late_hooks.py remove_hook``). ``hooks``: that dict (None where it
+    was gone); ``extra``: the other dicts the handle removes its id from."""
+
+    __slots__ = ("hooks", "id", "extra")
+
+    def __init__(self, hooks, id, extra):
+        self.hooks, self.id, self.extra = hooks, id, extra
+
+    def __repr__(self) -> str:
+        return f"<hook handle {self.id}>"
+
+
+def _hook_handle(hooks, id, extra):
+    return HookHandle(hooks, id, extra)
 
 
 class ShardedState:

@@ -13,14 +13,17 @@ import bisect
 import collections
 import enum
 import functools
+import io
 import random
 import sys
 import types
+import weakref
 
 from gpusnap.errors import StateMismatch
 from gpusnap.graph.load import (
     GRAD_HOOKS,
     RUN_IDS,
+    HookHandle,
     LiveClass,
     LiveFunction,
     LiveGenerator,
@@ -62,9 +65,35 @@ class _Attr:
         setattr(self.obj, name, value)
 
 
+class _HandleDicts:
+    """A torch hook handle's dicts as a container, for ``_store``: the handle holds each by a weak
+    reference, set when the dict's live counterpart is known (``finish``, where it waited)."""
+
+    __slots__ = ("handle", "refs")
+
+    def __init__(self, handle, count: int):
+        self.handle, self.refs = handle, [_dead_ref()] * count
+
+    def __setitem__(self, i, value) -> None:
+        self.refs[i] = weakref.ref(value) if isinstance(value, dict) else _dead_ref()
+        self.handle.hooks_dict_ref = self.refs[0]
+        self.handle.extra_dict_ref = tuple(self.refs[1:])
+
+
+def _dead_ref():
+    return weakref.ref(collections.OrderedDict())  # what torch's own __setstate__ gives a handle whose dict was gone
+
+
 class KindMerges:
     def _merge_by_state(self, live, snap) -> bool:
-        """Arrays and random generators: the live object takes the snapshot's state."""
+        """Arrays, random generators and in-memory files: the live object takes the snapshot's
+        state (a csv.writer the replay made over its StringIO writes on into the run's report)."""
+        if type(snap) in (io.BytesIO, io.StringIO):
+            live.seek(0)
+            live.truncate()
+            live.write(snap.getvalue())
+            live.seek(snap.tell())
+            return True
         np, torch = self._np, self._torch
         if np is not None and isinstance(snap, np.ndarray):
             if live.shape == snap.shape and live.dtype == snap.dtype and live.flags.writeable:
@@ -394,6 +423,23 @@ class KindMerges:
         # Attributes the snapshot lacks stay: a class whose __getstate__ leaves some out
         # (torch's optimizers keep only defaults, state and param_groups) rebuilds them itself.
         return live
+
+    def _merge_hook_handle(self, live, snap: HookHandle, path: Path):
+        """The handle the program holds of a hook (``register_forward_hook``'s, kept to remove
+        the hook later) removes it from the live dict, under the run's id: the replay's handle
+        where it holds one at this place, else a handle made here."""
+        torch = self._torch
+        handle_type = torch.utils.hooks.RemovableHandle
+        handle = live if type(live) is handle_type else handle_type.__new__(handle_type)
+        lives = [live.hooks_dict_ref(), *(ref() for ref in live.extra_dict_ref)] if handle is live else []
+        snaps = [snap.hooks, *snap.extra]
+        dicts = _HandleDicts(handle, len(snaps))
+        handle.id = snap.id
+        self._align(snap, handle, path)
+        for i, snap_dict in enumerate(snaps):
+            where = path + (".hooks_dict" if i == 0 else f".extra_dict[{i - 1}]")
+            self._store(dicts, i, (yield (lives[i] if i < len(lives) else None, snap_dict, where)) if snap_dict is not None else None)
+        return handle
 
     def _merge_generator(self, live, snap: LiveGenerator, path: Path):
         """A generator the replay ran to the saved place (livecheck) takes the snapshot's locals;

@@ -59,6 +59,7 @@ from gpusnap.graph.load import (
     ADDED_BY_SETSTATE,
     RUN_IDS,
     CoreBuffer,
+    HookHandle,
     LiveClass,
     LiveFunction,
     LiveGenerator,
@@ -322,6 +323,8 @@ class Merger(KindMerges):
             return done
         if id(snap) in self._building:
             return snap  # a tuple reached through its own items: the one place it cannot be rebuilt
+        if isinstance(snap, HookHandle):
+            return _Steps(self._merge_hook_handle(live, snap, path))
         if isinstance(snap, ShardedState):
             if live is None or not hasattr(live, "_local_tensor"):
                 return self._wait(snap, path)

@@ -20,7 +20,8 @@ a curriculum that switches loaders by its accuracies; sharpness-aware minimizati
 their ids; a head replaced or tied at a phase change; an EMA that starts as the parameters;
 settings changed process-wide: environment variables, torch's threads and default dtype; SWA
 switched on late; objects that only a cached getter holds; a helper module imported inside the
-loop; an output directory the script entered; an EMA on an optimizer's step hook) continue
+loop; an output directory the script entered; an EMA on an optimizer's step hook; a warmup's hook removed
+by its handle; a report kept in a StringIO) continue
 with the same bytes after a kill: each is run uninterrupted, and again under `gpusnap run` with
 SIGUSR1 at a random step, kill -9 of the whole process group a few steps later, then `gpusnap
 restart`. One seed per program by default (printed; pytest shows it on failure);
@@ -115,8 +116,19 @@ CORPUS = {
     # by its code alone, "verified" with other bytes, 3 of 3 (the next evaluation's hook took the
     # run's id, and its remove() the phase's hook), until torch's counter of ids was kept
     "late_hooks-forward_hook-dead_units": ("late_hooks.py", ["forward_hook", "--dead-units"], 25, "gpusnap: fast-forward "),
+    # a warmup's forward hook registered in setup, its handle's remove() at the phase change: the
+    # restored handle's weak reference named the snapshot's copy of the hook dict, the hook stayed,
+    # and the restart said "verified" with other bytes, 3 of 3, until handles were kept with their dicts
+    "late_hooks-remove_hook": ("late_hooks.py", ["remove_hook"], 0, "gpusnap: fast-forward "),
+    # an epoch report kept in an io.StringIO through a csv.writer, written out at the end: files
+    # are live-only, and the restart said "verified" with setup's header and the later epochs'
+    # rows only, 3 of 3, until in-memory files were kept
+    "memory_buffers-report": ("memory_buffers.py", ["report"], 12, "gpusnap: fast-forward "),
 }
 MORE = {
+    "late_hooks-remove_hook": ("late_hooks.py", ["remove_hook"], 0, "gpusnap: fast-forward "),
+    "memory_buffers-report": ("memory_buffers.py", ["report"], 12, "gpusnap: fast-forward "),
+    "memory_buffers-best": ("memory_buffers.py", ["best"], 31, "gpusnap: fast-forward "),
     # the same, a weight constraint in the hook: refused by the witness, 3 of 3 (the parameters differ)
     "optimizer_hooks-clip": ("optimizer_hooks.py", ["--hook", "clip"], 21, "gpusnap: fast-forward "),
     # class weights an `lru_cache`'d getter made, reweighted in place each epoch: refused by the

@@ -550,6 +550,65 @@ def test_a_hook_the_replay_registered_under_another_id_takes_the_run_s_place_in_
     assert replayed.__closure__[0].cell_contents == 0.5  # the run's scale
 
 
+def test_a_hook_handle_removes_the_live_hook_after_the_merge(tmp_path):
+    """A warmup's forward hook registered in setup, its handle kept to remove it at a phase
+    change (late_hooks.py remove_hook): torch's handle holds the hook dict by a weak reference,
+    which the load pointed at the snapshot's copy; after a restart `remove()` took nothing away
+    and the hook went on. A handle the run made in a step (the replay holds none) is made."""
+    def setup():
+        model = torch.nn.Linear(2, 2)
+        return {"model": model, "warmup": model.register_forward_hook(torch.nn.functional.relu), "late": None}
+
+    run = setup()
+    run["late"] = run["model"].register_forward_pre_hook(torch.nn.functional.gelu)
+    snap, _ = snapshot_and_load(tmp_path, run)
+    live = setup()
+    replayed = live["warmup"]
+    merged = merge_into(live, snap)
+    model = live["model"]
+    assert merged["warmup"] is replayed and merged["warmup"].id == run["warmup"].id
+    assert merged["late"].id == run["late"].id and list(model._forward_pre_hooks) == [run["late"].id]
+    merged["warmup"].remove()
+    merged["late"].remove()
+    assert not model._forward_hooks and not model._forward_pre_hooks
+
+
+def test_in_memory_files_take_the_run_s_contents_in_place(tmp_path):
+    """A report kept in an `io.StringIO` until the end, through a csv.writer made over it, and
+    the best weights torch.save'd into an `io.BytesIO` (memory_buffers.py): files, so live-only,
+    and the restart wrote the replay's (setup's header, the initial weights) with "verified".
+    They are the program's state: the replay's objects take the run's contents and positions,
+    and the replay's csv.writer writes on after the run's rows. One made after setup is adopted."""
+    import csv
+
+    def setup():
+        report = io.StringIO()
+        table = csv.writer(report)
+        table.writerow(["epoch", "loss"])
+        best = io.BytesIO()
+        torch.save({"w": torch.zeros(2)}, best)
+        return {"report": report, "table": table, "best": best, "late": None}
+
+    run = setup()
+    run["table"].writerow([0, 0.5])
+    run["best"].seek(0)
+    run["best"].truncate()
+    torch.save({"w": torch.ones(2)}, run["best"])
+    run["late"] = io.BytesIO(b"made in a step")
+    run["late"].seek(5)
+    snap, _ = snapshot_and_load(tmp_path, run)
+    live = setup()
+    replayed = dict(live)
+    merged = merge_into(live, snap)
+    assert merged["report"] is replayed["report"] and merged["best"] is replayed["best"]
+    merged["table"].writerow([1, 0.25])
+    assert merged["report"].getvalue() == "epoch,loss\r\n0,0.5\r\n1,0.25\r\n"
+    assert merged["best"].tell() == run["best"].tell()
+    merged["best"].seek(0)
+    assert torch.equal(torch.load(merged["best"])["w"], torch.ones(2))
+    assert merged["late"].getvalue() == b"made in a step" and merged["late"].tell() == 5
+
+
 @pytest.mark.parametrize("order", [("easy", "hard", "loader"), ("loader", "easy", "hard"), ("easy", "loader", "hard")])
 def test_a_live_only_object_the_run_held_at_two_places_is_one_live_object_after_the_merge(tmp_path, order):
     """A curriculum chose `loader = hard_loader` in an epoch the replay skipped; the replay's

@@ -31,7 +31,7 @@ import pytest
 from gpusnap import atomic
 from gpusnap.store.local import LocalBackend
 from gpusnap.store.memory import MemoryBackend
-from harness import PROGRAMS, REPO, Run, as_host, assert_same, gpusnap, load_final, progress, wait_for
+from harness import PROGRAMS, REPO, Run, as_host, assert_same, gpusnap, load_final, progress, request_snapshot, wait_for
 
 obstore = pytest.importorskip("obstore", reason="run directories on an object store need obstore: pip install 'gpusnap[s3]'")
 
@@ -351,8 +351,10 @@ def test_drill_a_reclaimed_vm_restarts_from_the_store_on_a_fresh_machine(store, 
     env1 = {**store.env, "GPUSNAP_LEVEL_DIR": str(first / "cache"), "TEST_STEP_SLEEP_S": "0.05"}
     run = Run("run", "--dir", url, "progs/style_a.py", "out", 0, 3, cwd=first, env=env1)
     wait_for(lambda: progress(first / "out") >= 8, "step 8", proc=run)
-    run.signal(__import__("signal").SIGUSR1)
-    wait_for(lambda: _store_ids(url, env1, first), "a snapshot in the store", proc=run)
+    # The program waits from the fork until the store lists the snapshot: on a loaded machine it
+    # ended before that (the copy and the listing took longer than its last 50 paced steps).
+    level = wait_for(lambda: next((first / "cache").rglob("log.jsonl"), None), "the run's local level", proc=run).parent
+    request_snapshot(run, level, hold=first / "out" / "hold", committed=lambda: _store_ids(url, env1, first))
     at = progress(first / "out")
     wait_for(lambda: progress(first / "out") >= at + 3, "three more steps", proc=run)
     run.kill_group()

@@ -13,6 +13,12 @@ intercepts, through ``reducer_override``:
   generators, DataLoaders and their iterators, functions that cannot be found by name, anything
   whose ``__reduce_ex__`` raises) -> ``_live_only(serial, type)``: restore keeps the object the
   replayed program built at that place.
+- torch hook handles -> ``_hook_handle(hooks dict, id, extra dicts)``, the dicts held strongly
+  (torch's own state holds them by weak reference, which restore could not point at the live
+  dicts).
+- in-memory files (``io.BytesIO``, ``io.StringIO``) -> their own reduction, contents and position:
+  a report kept in a StringIO until the end, the best weights torch.save'd into a BytesIO. Other
+  files are the replay's; these hold nothing but program state.
 - local functions -> ``_live_function(serial, type)`` with their first line and what their cells hold
   as its state: restore keeps the replayed function and merges the cells' contents into its
   cells (an optimizer that only a ``train_step`` closure refers to).
@@ -53,6 +59,7 @@ from gpusnap.graph.iterpickle import IterativePickler
 from gpusnap.graph.load import (
     _construct,
     _device_pointer,
+    _hook_handle,
     _live_class,
     _live_function,
     _live_generator,
@@ -89,6 +96,8 @@ _ALWAYS_LIVE = (
     threading.Barrier,
     io.IOBase,
 )
+
+_MEMORY_FILES = (io.BytesIO, io.StringIO)
 
 
 # Classes named "module.Qualname" (any class in the MRO; gpusnap.frameworks adds them):
@@ -195,6 +204,8 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         core = sys.modules.get("cuda.core")
         self._core_buffer = getattr(core, "Buffer", None)
         self._live_types = _ALWAYS_LIVE + _torch_live_types(self._torch)
+        hooks = getattr(getattr(self._torch, "utils", None), "hooks", None)  # (None: no torch, or half imported)
+        self._handle_type = getattr(hooks, "RemovableHandle", None)
         # CUdeviceptr values inside a staged raw allocation are saved as (allocation, offset):
         # the replay's allocation has another base (stage.device.DeviceStage.pointer).
         self.device = device
@@ -243,6 +254,11 @@ class GraphPickler(BufferReducers, pickle.Pickler):
             ahead = FETCHED_AHEAD.get(f"{obj.gi_frame.f_globals.get('__name__')}.{obj.__qualname__}") if FETCHED_AHEAD else None
             if ahead:
                 return self._live_generator(obj, ahead)
+        if self._handle_type is not None and type(obj) is self._handle_type:
+            hooks = obj.hooks_dict_ref()
+            return _hook_handle, (hooks, obj.id, tuple(ref() for ref in obj.extra_dict_ref or ()))
+        if type(obj) in _MEMORY_FILES:
+            return self._reduce_by_pickle(obj)  # (a closed one has no state: live-only)
         if isinstance(obj, self._live_types) or (LIVE_NAMES and _is_named(type(obj), LIVE_NAMES)):
             return self._live(obj)
         if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)) and findable(obj):
