@@ -111,6 +111,12 @@ class KindMerges:
             live.setstate(snap.getstate())
         elif np is not None and isinstance(snap, np.random.Generator):
             live.bit_generator.state = snap.bit_generator.state
+        elif np is not None and isinstance(snap, np.random.RandomState):
+            # in place, as the others: the legacy generator was adopted whole, and what the replay
+            # bound to its own (`draw = rng.rand`, a partial of `rng.normal`) drew from setup's state
+            live.set_state(snap.get_state())
+        elif np is not None and isinstance(snap, np.random.BitGenerator):
+            live.state = snap.state
         elif torch is not None and isinstance(snap, torch.Generator):
             live.set_state(snap.get_state())
         else:

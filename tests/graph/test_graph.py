@@ -573,6 +573,30 @@ def test_a_hook_handle_removes_the_live_hook_after_the_merge(tmp_path):
     assert not model._forward_hooks and not model._forward_pre_hooks
 
 
+def test_random_generators_take_the_run_s_state_in_place_so_methods_bound_to_them_draw_alike(tmp_path):
+    """`rng = np.random.RandomState(7)` with `draw = rng.rand` kept beside it: the legacy generator
+    was adopted whole, the replay's `draw` (live-only: a builtin bound to an instance) stayed bound
+    to the replay's generator, and drew from setup's state. Every kind of generator now takes the
+    run's state in place."""
+    def setup():
+        legacy, bits, generator = np.random.RandomState(7), np.random.PCG64(8), np.random.default_rng(9)
+        return {"legacy": legacy, "draw": legacy.rand, "bits": bits, "bits_draw": bits.random_raw,
+                "generator": generator, "normal": generator.normal, "stdlib": random.Random(10)}
+
+    run = setup()
+    for name in ("draw", "bits_draw", "normal"):
+        run[name](5)
+    run["stdlib"].random()
+    snap, _ = snapshot_and_load(tmp_path, run)
+    live = setup()
+    replayed = dict(live)
+    merged = merge_into(live, snap)
+    assert all(merged[name] is replayed[name] for name in replayed)
+    for name in ("draw", "bits_draw", "normal"):
+        assert np.array_equal(merged[name](3), run[name](3)), name
+    assert merged["stdlib"].random() == run["stdlib"].random()
+
+
 def test_in_memory_files_take_the_run_s_contents_in_place(tmp_path):
     """A report kept in an `io.StringIO` until the end, through a csv.writer made over it, and
     the best weights torch.save'd into an `io.BytesIO` (memory_buffers.py): files, so live-only,
