@@ -437,7 +437,7 @@ class KindMerges:
         torch = self._torch
         handle_type = torch.utils.hooks.RemovableHandle
         handle = live if type(live) is handle_type else handle_type.__new__(handle_type)
-        lives = [live.hooks_dict_ref(), *(ref() for ref in live.extra_dict_ref)] if handle is live else []
+        lives = [live.hooks_dict_ref(), *(ref() for ref in live.extra_dict_ref or ())] if handle is live else []
         snaps = [snap.hooks, *snap.extra]
         dicts = _HandleDicts(handle, len(snaps))
         handle.id = snap.id

@@ -450,8 +450,9 @@ class Merger(KindMerges):
     def _resolver(self, todo: list):
         def resolve(item, path: Path):
             if isinstance(item, LiveOnly):
-                if id(item) in self.aligned:  # the live object it stands for (_match_live_only)
-                    return self.aligned[id(item)]
+                found = self.counterpart(item)  # the live object it stands for (_match_live_only, or placed first)
+                if found is not None:
+                    return found
                 _name_place(item, path)
             if type(item) is int and item in RUN_IDS:
                 return id(resolve(RUN_IDS[item], path))

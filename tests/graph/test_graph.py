@@ -529,6 +529,27 @@ def test_optimizer_hooks_the_run_registered_in_a_skipped_step_are_the_replays_af
     assert list(live["optimizer"]._optimizer_step_post_hooks.values()) == [live["update_ema"]]
 
 
+def test_a_tuple_made_in_a_step_holds_the_replay_s_function_met_after_it(tmp_path):
+    """`pair = (scale, 3)` made in a step, before the frame's local `scale` in the merge's order:
+    the tuple is built at finish, and its function is the one the replay placed for it later, not
+    the snapshot's placeholder (which refuses its first call)."""
+    def setup():
+        factor = 0.5
+
+        def scale(x):
+            return x * factor
+        return {"pair": None, "scale": scale}
+
+    run = setup()
+    run["pair"] = (run["scale"], 3)
+    snap, _ = snapshot_and_load(tmp_path, run)
+    live = setup()
+    merger = Merger()
+    values = {name: merger.value(live[name], snap[name], f"locals.{name}") for name in ("pair", "scale")}
+    merger.finish()
+    assert merger.settled(values["pair"]) == (live["scale"], 3)
+
+
 def test_a_hook_the_replay_registered_under_another_id_takes_the_run_s_place_in_the_hook_dict(tmp_path):
     """A forward hook made at a phase change, in the body prefix the replay runs again, after the
     run had registered and removed an evaluation's hook (late_hooks.py forward_hook --dead-units):
