@@ -341,11 +341,14 @@ class KindMerges:
         return built
 
     # -- containers: generators that yield (live child, snapshot child, path) ------------
-    def _merge_list(self, live: list, snap: list, path: Path):
+    def _merge_list(self, live, snap, path: Path):
+        """A list, or a deque of the same bound (a ring of recent losses): in place, so what holds
+        the live one (`push = recent.append`, bound in setup) holds the run's items."""
         merged = []
         for i, item in enumerate(snap):
             merged.append((yield (live[i] if i < len(live) else None, item, path + f"[{i}]")))
-        live[:] = [None] * len(merged)
+        live.clear()
+        live.extend([None] * len(merged))
         for i, value in enumerate(merged):
             self._store(live, i, value)
         return live

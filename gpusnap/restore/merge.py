@@ -352,7 +352,7 @@ class Merger(KindMerges):
             # and the run's steps made `state.params` anew. Merging both into it would leave it the
             # second's; this place waits for a counterpart of its own, or takes the snapshot's.
             return self._wait(snap, path)
-        if isinstance(snap, list):
+        if isinstance(snap, list) or (type(snap) is collections.deque and live.maxlen == snap.maxlen):
             self._align(snap, live, path)
             return _Steps(self._merge_list(live, snap, path))
         if isinstance(snap, dict):

@@ -618,6 +618,30 @@ def test_random_generators_take_the_run_s_state_in_place_so_methods_bound_to_the
     assert merged["stdlib"].random() == run["stdlib"].random()
 
 
+def test_a_deque_takes_the_run_s_items_in_place_so_a_method_bound_to_it_appends_there(tmp_path):
+    """`recent = deque(maxlen=4)` with `push = recent.append` bound in setup: the deque was
+    adopted whole, and the replay's `push` (live-only: a builtin bound to an instance) appended
+    to the replay's, which nothing read. A deque of another bound is still adopted."""
+    def setup(bound=4):
+        recent = collections.deque(maxlen=bound)
+        return {"recent": recent, "push": recent.append, "losses": collections.deque([torch.zeros(2)])}
+
+    run = setup()
+    for loss in (0.9, 0.7, 0.6, 0.5, 0.4):
+        run["push"](loss)
+    run["losses"].append(torch.ones(2))
+    snap, _ = snapshot_and_load(tmp_path, run)
+    live = setup()
+    replayed = dict(live)
+    merged = merge_into(live, snap)
+    assert merged["recent"] is replayed["recent"] and merged["losses"] is replayed["losses"]
+    merged["push"](0.3)
+    assert list(merged["recent"]) == [0.6, 0.5, 0.4, 0.3]
+    assert [t.tolist() for t in merged["losses"]] == [[0.0, 0.0], [1.0, 1.0]]
+    other = merge_into(setup(bound=8), snap)["recent"]
+    assert other.maxlen == 4 and list(other) == [0.7, 0.6, 0.5, 0.4]
+
+
 def test_in_memory_files_take_the_run_s_contents_in_place(tmp_path):
     """A report kept in an `io.StringIO` until the end, through a csv.writer made over it, and
     the best weights torch.save'd into an `io.BytesIO` (memory_buffers.py): files, so live-only,
