@@ -163,6 +163,8 @@ class Merger(KindMerges):
         self.joined = 0  # tensors moved onto the memory they shared in the run (kinds._join_shared)
         # (start, end, snapshot array, live array) of the arrays merged into live ones, by start
         self._live_arrays: list[tuple[int, int, object, object]] = []
+        self._live_sets: dict[int, set] = {}  # id(snapshot set) -> the live set at its first place
+        self._set_claims: dict[int, int] = {}  # id(live set) -> id(the snapshot set that claimed it first)
 
     def value(self, live, snap, path: str | Path):
         return self._drive(self._place(live, snap, Path(path) if isinstance(path, str) else path))
@@ -367,6 +369,8 @@ class Merger(KindMerges):
             self._align(snap, live, path)
             return _Steps(self._merge_attrs(live, snap.__dict__, path, added=ADDED_BY_SETSTATE.get(id(snap), ())))
         if type(snap) in (set, frozenset):
+            if type(snap) is set and self._set_claims.setdefault(id(live), id(snap)) == id(snap):
+                self._live_sets.setdefault(id(snap), live)  # refilled at finish (_rebuilt), if no other set claimed it
             return self._wait(snap, path)  # its items' counterparts are all known at finish
         return self._adopt(snap, path)
 
@@ -407,11 +411,14 @@ class Merger(KindMerges):
         # What resolving adopts is remapped in turn: by _remap_adopted's walk where it runs now.
         resolve = self._resolver(self._remapping if self._remapping is not None else [])
         items = [resolve(item, path + f"[{i}]") for i, item in enumerate(snap)]
-        if all(a is b for a, b in zip(items, snap)):
-            return snap
         if type(snap) is set:
-            snap.clear()
-            snap.update(items)
+            # The live set where the replay held one at its place, as a list's merge keeps the
+            # live list: what the replay bound to it in setup (`mark = seen.add`) adds to the run's.
+            into = self._live_sets.get(id(snap), snap)
+            into.clear()
+            into.update(items)
+            return into
+        if all(a is b for a, b in zip(items, snap)):
             return snap
         if type(snap) in (tuple, frozenset):
             return type(snap)(items)

@@ -618,17 +618,20 @@ def test_random_generators_take_the_run_s_state_in_place_so_methods_bound_to_the
     assert merged["stdlib"].random() == run["stdlib"].random()
 
 
-def test_a_deque_takes_the_run_s_items_in_place_so_a_method_bound_to_it_appends_there(tmp_path):
+def test_a_deque_or_set_takes_the_run_s_items_in_place_so_a_method_bound_to_it_adds_there(tmp_path):
     """`recent = deque(maxlen=4)` with `push = recent.append` bound in setup: the deque was
     adopted whole, and the replay's `push` (live-only: a builtin bound to an instance) appended
-    to the replay's, which nothing read. A deque of another bound is still adopted."""
+    to the replay's, which nothing read; a set and `mark = seen.add` likewise. A deque of another
+    bound is still adopted."""
     def setup(bound=4):
-        recent = collections.deque(maxlen=bound)
-        return {"recent": recent, "push": recent.append, "losses": collections.deque([torch.zeros(2)])}
+        recent, seen = collections.deque(maxlen=bound), set()
+        return {"recent": recent, "push": recent.append, "losses": collections.deque([torch.zeros(2)]),
+                "seen": seen, "mark": seen.add}
 
     run = setup()
     for loss in (0.9, 0.7, 0.6, 0.5, 0.4):
         run["push"](loss)
+        run["mark"](loss)
     run["losses"].append(torch.ones(2))
     snap, _ = snapshot_and_load(tmp_path, run)
     live = setup()
@@ -638,6 +641,17 @@ def test_a_deque_takes_the_run_s_items_in_place_so_a_method_bound_to_it_appends_
     merged["push"](0.3)
     assert list(merged["recent"]) == [0.6, 0.5, 0.4, 0.3]
     assert [t.tolist() for t in merged["losses"]] == [[0.0, 0.0], [1.0, 1.0]]
+    merged["mark"](0.3)
+    assert merged["seen"] is replayed["seen"] and merged["seen"] == {0.9, 0.7, 0.6, 0.5, 0.4, 0.3}
+    # two sets of the run where the replay holds one (`kept = seen` in setup, a copy in a step):
+    # the first keeps the live set, the second its own
+    run["kept"] = set(run["seen"]) | {0.1}
+    snap, _ = snapshot_and_load(tmp_path / "two", run)
+    live = setup()
+    live["kept"] = live["seen"]
+    merged = merge_into(live, snap)
+    assert merged["seen"] is live["seen"] and merged["seen"] == {0.9, 0.7, 0.6, 0.5, 0.4}
+    assert merged["kept"] is not merged["seen"] and merged["kept"] == {0.9, 0.7, 0.6, 0.5, 0.4, 0.1}
     other = merge_into(setup(bound=8), snap)["recent"]
     assert other.maxlen == 4 and list(other) == [0.7, 0.6, 0.5, 0.4]
 
