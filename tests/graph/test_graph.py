@@ -158,6 +158,15 @@ def merge_into(live, snap, same_sources=True):
     return merger.settled(result)
 
 
+def merged_into_replay(tmp_path, run: dict, setup) -> tuple[dict, dict]:
+    """The snapshot of ``run`` merged into a replay made by ``setup()``: (merged, what the replay
+    held at each key before the merge)."""
+    snap, _ = snapshot_and_load(tmp_path, run)
+    live = setup()
+    replayed = dict(live)
+    return merge_into(live, snap), replayed
+
+
 @pytest.mark.parametrize("iterative", [False, True], ids=["c-pickler", "iterative-pickler"])
 @pytest.mark.parametrize("seed", SEEDS)
 def test_random_graph_merges_into_a_replayed_copy(tmp_path, seed, iterative):
@@ -608,10 +617,7 @@ def test_random_generators_take_the_run_s_state_in_place_so_methods_bound_to_the
     for name in ("draw", "bits_draw", "normal"):
         run[name](5)
     run["stdlib"].random()
-    snap, _ = snapshot_and_load(tmp_path, run)
-    live = setup()
-    replayed = dict(live)
-    merged = merge_into(live, snap)
+    merged, replayed = merged_into_replay(tmp_path, run, setup)
     assert all(merged[name] is replayed[name] for name in replayed)
     for name in ("draw", "bits_draw", "normal"):
         assert np.array_equal(merged[name](3), run[name](3)), name
@@ -633,10 +639,7 @@ def test_a_deque_or_set_takes_the_run_s_items_in_place_so_a_method_bound_to_it_a
         run["push"](loss)
         run["mark"](loss)
     run["losses"].append(torch.ones(2))
-    snap, _ = snapshot_and_load(tmp_path, run)
-    live = setup()
-    replayed = dict(live)
-    merged = merge_into(live, snap)
+    merged, replayed = merged_into_replay(tmp_path, run, setup)
     assert merged["recent"] is replayed["recent"] and merged["losses"] is replayed["losses"]
     merged["push"](0.3)
     assert list(merged["recent"]) == [0.6, 0.5, 0.4, 0.3]
@@ -679,10 +682,7 @@ def test_in_memory_files_take_the_run_s_contents_in_place(tmp_path):
     torch.save({"w": torch.ones(2)}, run["best"])
     run["late"] = io.BytesIO(b"made in a step")
     run["late"].seek(5)
-    snap, _ = snapshot_and_load(tmp_path, run)
-    live = setup()
-    replayed = dict(live)
-    merged = merge_into(live, snap)
+    merged, replayed = merged_into_replay(tmp_path, run, setup)
     assert merged["report"] is replayed["report"] and merged["best"] is replayed["best"]
     merged["table"].writerow([1, 0.25])
     assert merged["report"].getvalue() == "epoch,loss\r\n0,0.5\r\n1,0.25\r\n"
