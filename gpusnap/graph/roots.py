@@ -7,6 +7,7 @@ with the replayed program by path::
     {"frames":  [{"file", "function", "firstlineno", "line", "locals": {name: value}}, ...],
      "globals": {module name: {name: value}},
      "statics": {module name: {class or function name: {attribute: value}}},
+     "torch_hooks": {name: value} (torch's process-wide module hooks; where torch is imported),
      "rng":     {"random": ..., "numpy": ..., "torch": ..., "torch.cuda": ...},
      "loops":   [{"frame": index into frames, "loop_id": "LINE:COL", "index": n,
                   "kind": "for"|"while", "resume": {...} | None,
@@ -24,6 +25,12 @@ singleton, ``graph.caches``). Methods, nested classes, descriptors, dunder names
 registry (``_abc_impl``) are definitions, not state. A closure the program's code made and bound
 to a global (``tick = make_counter()``, its count in a cell) is kept with the globals: its cells
 are state.
+
+``torch_hooks`` are the hooks ``torch.nn.modules.module.register_module_forward_hook`` and its
+siblings hold for every module: dicts (and one flag) in that module's globals, which no object
+the program holds carries. A hook registered so in a step the replay skips was lost, and a
+count it kept of every layer's outputs restarted "verified" to other final state
+(``tests/programs/corpus/global_hooks.py``, 3 of 3).
 """
 
 from __future__ import annotations
@@ -164,6 +171,15 @@ def instrumented_modules() -> dict[str, dict]:
     return found
 
 
+TORCH_HOOKS_MODULE = "torch.nn.modules.module"
+
+
+def torch_hooks() -> dict:
+    """torch's process-wide module hooks, as the module holds them now (none without torch)."""
+    module = sys.modules.get(TORCH_HOOKS_MODULE)
+    return {name: value for name, value in vars(module).items() if name.startswith("_global_")} if module is not None else {}
+
+
 def collect(innermost_frame, active_loops: list, rng_states: dict, loop_record=None, loop_ahead=None, settings=None) -> dict:
     """The payload; ``loop_record(loop)`` adds to each loop's entry, ``loop_ahead(loop)`` gives
     what the loop's source fetched ahead of the item the loop holds (payload ``"ahead"``, by
@@ -211,6 +227,8 @@ def collect(innermost_frame, active_loops: list, rng_states: dict, loop_record=N
         loop_entries.append(entry)
     statics = {name: found for name, namespace in modules.items() if (found := _statics(name, namespace))}
     payload = {"frames": frame_entries, "globals": module_globals, "statics": statics, "rng": rng_states, "loops": loop_entries}
+    if hooks := torch_hooks():
+        payload["torch_hooks"] = hooks
     if settings:
         payload["settings"] = settings
     if ahead:
@@ -229,6 +247,7 @@ def named_roots(roots: dict) -> list[tuple[str, object]]:
         named += [(f"statics[{module}].{owner}.{k}", v) for owner, values in owners.items() for k, v in values.items()]
     for i, frame in enumerate(roots["frames"]):
         named += [(f"frame[{i}].locals.{k}", v) for k, v in frame["locals"].items()]
+    named += [(f"torch_hooks.{k}", v) for k, v in (roots.get("torch_hooks") or {}).items()]
     named += [(f"loops[{i}].source", v) for i, v in (roots.get("ahead") or {}).items()]
     named += [(f"loops[{i}].loaders", v) for i, v in (roots.get("loaders") or {}).items()]
     return named

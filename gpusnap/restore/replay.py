@@ -270,6 +270,9 @@ class Replay:
         for i, (frame, saved) in enumerate(zip(live_frames, saved_frames)):
             if saved["locals"]:
                 merged_locals.append((frame, _merge_all(merger, dict(frame.f_locals), saved["locals"], f"frame[{i}].locals")))
+        live_hooks = roots.torch_hooks()
+        merged_hooks = {name: merger.value(live_hooks.get(name), saved, f"torch_hooks.{name}")
+                        for name, saved in (payload.get("torch_hooks") or {}).items() if name in live_hooks}
         for i, saved in (payload.get("ahead") or {}).items():
             # What a loop's source had fetched ahead (accelerate's shard collates one batch
             # ahead): into the source fast-forward made, which stands at the same batch.
@@ -290,6 +293,8 @@ class Replay:
                 setattr(owner, name, merger.settled(value))
         for frame, values in merged_locals:
             write_locals(frame, {name: merger.settled(value) for name, value in values.items()})
+        for name, value in merged_hooks.items():  # (a dict is merged in place; the flag is set)
+            setattr(sys.modules[roots.TORCH_HOOKS_MODULE], name, merger.settled(value))
         self._stage = "drawing again the order of DataLoaders whose samplers the replay made otherwise"
         self._redraw_orders()
         if device_tensors:

@@ -21,7 +21,7 @@ their ids; a head replaced or tied at a phase change; an EMA that starts as the 
 settings changed process-wide: environment variables, torch's threads and default dtype; SWA
 switched on late; objects that only a cached getter holds; a helper module imported inside the
 loop; an output directory the script entered; an EMA on an optimizer's step hook; a warmup's hook removed
-by its handle; a report kept in a StringIO) continue
+by its handle; a report kept in a StringIO; a hook for every module) continue
 with the same bytes after a kill: each is run uninterrupted, and again under `gpusnap run` with
 SIGUSR1 at a random step, kill -9 of the whole process group a few steps later, then `gpusnap
 restart`. One seed per program by default (printed; pytest shows it on failure);
@@ -124,6 +124,10 @@ CORPUS = {
     # are live-only, and the restart said "verified" with setup's header and the later epochs'
     # rows only, 3 of 3, until in-memory files were kept
     "memory_buffers-report": ("memory_buffers.py", ["report"], 12, "gpusnap: fast-forward "),
+    # a hook for every module (register_module_forward_hook) registered at the second epoch,
+    # counting what each Tanh puts out: "verified" with another count, 3 of 3, until torch's
+    # process-wide module hooks were kept (graph.roots)
+    "global_hooks": ("global_hooks.py", [], 21, "gpusnap: fast-forward "),
 }
 MORE = {
     "late_hooks-remove_hook": ("late_hooks.py", ["remove_hook"], 0, "gpusnap: fast-forward "),
