@@ -26,6 +26,7 @@ importable by both sides: restore must never import capture. Placeholders:
 from __future__ import annotations
 
 import importlib
+import io
 import pickle
 import sys
 import threading
@@ -146,6 +147,11 @@ class HookHandle:
 
     def __repr__(self) -> str:
         return f"<hook handle {self.id}>"
+
+
+# In-memory files: pickled by their own reduction (contents, position), and merged in place;
+# every other file is live-only.
+MEMORY_FILES = (io.BytesIO, io.StringIO)
 
 
 def _hook_handle(hooks, id, extra):

@@ -13,7 +13,6 @@ import bisect
 import collections
 import enum
 import functools
-import io
 import random
 import sys
 import types
@@ -22,6 +21,7 @@ import weakref
 from gpusnap.errors import StateMismatch
 from gpusnap.graph.load import (
     GRAD_HOOKS,
+    MEMORY_FILES,
     RUN_IDS,
     HookHandle,
     LiveClass,
@@ -88,7 +88,7 @@ class KindMerges:
     def _merge_by_state(self, live, snap) -> bool:
         """Arrays, random generators and in-memory files: the live object takes the snapshot's
         state (a csv.writer the replay made over its StringIO writes on into the run's report)."""
-        if type(snap) in (io.BytesIO, io.StringIO):
+        if type(snap) in MEMORY_FILES:
             live.seek(0)
             live.truncate()
             live.write(snap.getvalue())

@@ -270,9 +270,7 @@ class Replay:
         for i, (frame, saved) in enumerate(zip(live_frames, saved_frames)):
             if saved["locals"]:
                 merged_locals.append((frame, _merge_all(merger, dict(frame.f_locals), saved["locals"], f"frame[{i}].locals")))
-        live_hooks = roots.torch_hooks()
-        merged_hooks = {name: merger.value(live_hooks.get(name), saved, f"torch_hooks.{name}")
-                        for name, saved in (payload.get("torch_hooks") or {}).items() if name in live_hooks}
+        merged_hooks = _merge_all(merger, roots.torch_hooks(), payload.get("torch_hooks") or {}, "torch_hooks")
         for i, saved in (payload.get("ahead") or {}).items():
             # What a loop's source had fetched ahead (accelerate's shard collates one batch
             # ahead): into the source fast-forward made, which stands at the same batch.

@@ -57,6 +57,7 @@ from gpusnap.capture.safepoints import returnable as safepoints
 from gpusnap.graph import roots
 from gpusnap.graph.iterpickle import IterativePickler
 from gpusnap.graph.load import (
+    MEMORY_FILES,
     _construct,
     _device_pointer,
     _hook_handle,
@@ -96,8 +97,6 @@ _ALWAYS_LIVE = (
     threading.Barrier,
     io.IOBase,
 )
-
-_MEMORY_FILES = (io.BytesIO, io.StringIO)
 
 
 # Classes named "module.Qualname" (any class in the MRO; gpusnap.frameworks adds them):
@@ -257,7 +256,7 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         if self._handle_type is not None and type(obj) is self._handle_type:
             hooks = obj.hooks_dict_ref()
             return _hook_handle, (hooks, obj.id, tuple(ref() for ref in obj.extra_dict_ref or ()))
-        if type(obj) in _MEMORY_FILES:
+        if type(obj) in MEMORY_FILES:
             return self._reduce_by_pickle(obj)  # (a closed one has no state: live-only)
         if isinstance(obj, self._live_types) or (LIVE_NAMES and _is_named(type(obj), LIVE_NAMES)):
             return self._live(obj)
