@@ -7,7 +7,7 @@ with the replayed program by path::
     {"frames":  [{"file", "function", "firstlineno", "line", "locals": {name: value}}, ...],
      "globals": {module name: {name: value}},
      "statics": {module name: {class or function name: {attribute: value}}},
-     "torch_hooks": {name: value} (torch's process-wide module hooks; where torch is imported),
+     "torch_hooks": {name: value} (torch's process-wide module and optimizer hooks),
      "rng":     {"random": ..., "numpy": ..., "torch": ..., "torch.cuda": ...},
      "loops":   [{"frame": index into frames, "loop_id": "LINE:COL", "index": n,
                   "kind": "for"|"while", "resume": {...} | None,
@@ -27,10 +27,12 @@ to a global (``tick = make_counter()``, its count in a cell) is kept with the gl
 are state.
 
 ``torch_hooks`` are the hooks ``torch.nn.modules.module.register_module_forward_hook`` and its
-siblings hold for every module: dicts (and one flag) in that module's globals, which no object
-the program holds carries. A hook registered so in a step the replay skips was lost, and a
-count it kept of every layer's outputs restarted "verified" to other final state
-(``tests/programs/corpus/global_hooks.py``, 3 of 3).
+siblings hold for every module, and ``torch.optim.optimizer.register_optimizer_step_post_hook``
+and its sibling for every optimizer: dicts (and one flag) in those modules' globals, which no
+object the program holds carries. A hook registered so in a step the replay skips was lost, and a
+count it kept of every layer's outputs, or of every optimizer step, restarted "verified" to other
+final state (``tests/programs/corpus/global_hooks.py``, 3 of 3 each). gpusnap's own optimizer
+hooks are among them: functions of its modules, which pickle by name and merge as themselves.
 """
 
 from __future__ import annotations
@@ -171,13 +173,23 @@ def instrumented_modules() -> dict[str, dict]:
     return found
 
 
-TORCH_HOOKS_MODULE = "torch.nn.modules.module"
+# Where torch keeps the hooks it calls for every module and every optimizer. Their ``_global_*``
+# names differ across the two, so the payload keeps them by name alone (as it did with one).
+TORCH_HOOK_MODULES = ("torch.nn.modules.module", "torch.optim.optimizer")
 
 
 def torch_hooks() -> dict:
-    """torch's process-wide module hooks, as the module holds them now (none without torch)."""
-    module = sys.modules.get(TORCH_HOOKS_MODULE)
-    return {name: value for name, value in vars(module).items() if name.startswith("_global_")} if module is not None else {}
+    """torch's process-wide hooks, as its modules hold them now (none without torch)."""
+    return {name: value for module in _torch_hook_modules() for name, value in vars(module).items() if name.startswith("_global_")}
+
+
+def set_torch_hook(name: str, value) -> None:
+    """Put ``value`` back where torch keeps the process-wide hook state called ``name``."""
+    setattr(next(m for m in _torch_hook_modules() if hasattr(m, name)), name, value)
+
+
+def _torch_hook_modules() -> list:
+    return [module for name in TORCH_HOOK_MODULES if (module := sys.modules.get(name)) is not None]
 
 
 def collect(innermost_frame, active_loops: list, rng_states: dict, loop_record=None, loop_ahead=None, settings=None) -> dict:

@@ -292,7 +292,7 @@ class Replay:
         for frame, values in merged_locals:
             write_locals(frame, {name: merger.settled(value) for name, value in values.items()})
         for name, value in merged_hooks.items():  # (a dict is merged in place; the flag is set)
-            setattr(sys.modules[roots.TORCH_HOOKS_MODULE], name, merger.settled(value))
+            roots.set_torch_hook(name, merger.settled(value))
         self._stage = "drawing again the order of DataLoaders whose samplers the replay made otherwise"
         self._redraw_orders()
         if device_tensors:

@@ -128,6 +128,9 @@ CORPUS = {
     # counting what each Tanh puts out: "verified" with another count, 3 of 3, until torch's
     # process-wide module hooks were kept (graph.roots)
     "global_hooks": ("global_hooks.py", [], 21, "gpusnap: fast-forward "),
+    # the same for every optimizer (register_optimizer_step_post_hook), counting steps: "verified"
+    # with another count, 3 of 3, until torch.optim.optimizer's hooks were kept with them
+    "global_hooks-optimizer": ("global_hooks.py", ["--optimizer"], 21, "gpusnap: fast-forward "),
 }
 MORE = {
     "late_hooks-remove_hook": ("late_hooks.py", ["remove_hook"], 0, "gpusnap: fast-forward "),
