@@ -66,7 +66,7 @@ def _files_options(f):
                      help="Leave the files matching GLOB alone: not recorded, never put back (repeatable). A GLOB without / "
                           "matches a file or directory name anywhere (__pycache__, *.lock); one with / a path and everything "
                           "under it (~/scratch, ./wandb, /data/*/tmp; relative to the working directory). Always left "
-                          f"alone: the run directory, /dev, /proc, /sys, files made by tempfile, and the caches {defaults}. "
+                          f"alone: the run directory, /dev, /proc, /sys, files tempfile makes for libraries, and the caches {defaults}. "
                           "`--files-exclude /` leaves every file alone."),
         click.option("--files-max", "files_max", metavar="SIZE", default=None,
                      help=f"Keep at most SIZE of file contents per snapshot, smallest files first (default "

@@ -30,10 +30,15 @@ counts rewrites in place in every process: the snapshot writer, which reads some
 fork, checks by it that none changed under it.
 
 Left out: gpusnap's run directory and cache, paths the user excludes (``paths.Excludes``), and the
-files and directories ``tempfile`` makes (scratch by name), though a scratch file renamed onto a
-kept path counts there. Unseen: writes by native code that is handed a path without an adapter,
-by processes the program starts with exec (spawn and forkserver workers, subprocesses), and
-through file descriptors inherited or passed in.
+files and directories ``tempfile`` makes when library code asks for them (scratch: its
+machinery, as multiprocessing's listener sockets, which the replay makes again and a restart
+must not take away), though a scratch file renamed onto a kept path counts there. What
+``tempfile`` makes for the program's own code is its state like any other file: a script that
+keeps its epochs' weights or a loss log in a ``TemporaryDirectory`` reads them back, and such a
+log appended after the snapshot, left alone, restarted "verified" with its lines twice
+(``tests/programs/corpus/scratch_average.py``, 5 of 6). Unseen: writes by native code that is
+handed a path without an adapter, by processes the program starts with exec (spawn and
+forkserver workers, subprocesses), and through file descriptors inherited or passed in.
 """
 
 from __future__ import annotations
@@ -152,10 +157,25 @@ def _on(event: str, args: tuple) -> None:
         fileno, _, access, _ = args
         if fileno >= 0 and access != mmap.ACCESS_READ and access != mmap.ACCESS_COPY:
             _touch(fd_path(fileno), "rewrite")
-    elif event == "tempfile.mkstemp":
+    elif event in ("tempfile.mkstemp", "tempfile.mkdtemp") and _asked_by_library():
         _temp.add(normalize(args[0]))
-    elif event == "tempfile.mkdtemp":
-        _temp.add(normalize(args[0]))
+
+
+_TEMPFILE = getattr(sys.modules.get("tempfile"), "__file__", None) or os.path.join(os.path.dirname(os.__file__), "tempfile.py")
+_LIBRARY_DIRS = (os.path.dirname(os.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)  # stdlib, gpusnap
+_LIBRARY_PARTS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
+
+
+def _asked_by_library() -> bool:
+    """Whether the code that called ``tempfile`` (the first frame above tempfile's own) is the
+    standard library's, an installed package's or gpusnap's, rather than the program's."""
+    frame = sys._getframe(1)
+    while frame is not None and (frame.f_code.co_filename == _TEMPFILE or frame.f_code.co_filename == __file__):
+        frame = frame.f_back
+    if frame is None:
+        return True
+    name = frame.f_code.co_filename
+    return name.startswith(("<", *_LIBRARY_DIRS)) or any(part in name for part in _LIBRARY_PARTS)
 
 
 def _write_open(path: str | None, flags: int) -> None:

@@ -21,7 +21,8 @@ their ids; a head replaced or tied at a phase change; an EMA that starts as the 
 settings changed process-wide: environment variables, torch's threads and default dtype; SWA
 switched on late; objects that only a cached getter holds; a helper module imported inside the
 loop; an output directory the script entered; an EMA on an optimizer's step hook; a warmup's hook removed
-by its handle; a report kept in a StringIO; a hook for every module) continue
+by its handle; a report kept in a StringIO; a hook for every module or optimizer; epochs' weights
+and a loss log kept in a TemporaryDirectory) continue
 with the same bytes after a kill: each is run uninterrupted, and again under `gpusnap run` with
 SIGUSR1 at a random step, kill -9 of the whole process group a few steps later, then `gpusnap
 restart`. One seed per program by default (printed; pytest shows it on failure);
@@ -131,8 +132,13 @@ CORPUS = {
     # the same for every optimizer (register_optimizer_step_post_hook), counting steps: "verified"
     # with another count, 3 of 3, until torch.optim.optimizer's hooks were kept with them
     "global_hooks-optimizer": ("global_hooks.py", ["--optimizer"], 21, "gpusnap: fast-forward "),
+    # epochs' weights and a loss log kept in a tempfile.TemporaryDirectory, averaged and read back
+    # at the end: tempfile's files were left alone, and the log appended after the snapshot got
+    # those lines again, "verified", 5 of 6 (with --mkdtemp too), until they were kept
+    "scratch_average": ("scratch_average.py", [], 13, "gpusnap: fast-forward "),
 }
 MORE = {
+    "scratch_average-mkdtemp": ("scratch_average.py", ["--mkdtemp"], 13, "gpusnap: fast-forward "),
     "late_hooks-remove_hook": ("late_hooks.py", ["remove_hook"], 0, "gpusnap: fast-forward "),
     "memory_buffers-report": ("memory_buffers.py", ["report"], 12, "gpusnap: fast-forward "),
     "memory_buffers-best": ("memory_buffers.py", ["best"], 31, "gpusnap: fast-forward "),

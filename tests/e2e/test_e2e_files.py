@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,9 @@ from harness import (
     assert_same,
     copy_programs,
     gpusnap,
+    interrupt,
     kill_and_restart,
+    load_final,
     plain,
     programs_and_out,
     progress,
@@ -210,6 +213,35 @@ def test_verify_replay_leaves_the_programs_files_as_it_found_them(tmp_path):
     assert "the replay wrote" in verified.stderr, verified.stderr
     assert {name: (None if path.is_dir() else path.read_bytes()) for name, path in _tree(out).items()} == finished
     assert sorted(os.listdir(tmp_path / "snaps")) == top
+
+
+def test_a_scratch_directory_gone_with_the_machine_comes_back(tmp_path):
+    """A `TemporaryDirectory` the program keeps each epoch's weights and a loss log in, and reads
+    back at the end (corpus/scratch_average.py): after the kill every scratch directory is removed,
+    as a spot VM's successor starts with an empty /tmp, and the restart puts the snapshot's back,
+    so the run ends as an uninterrupted one. (Before tempfile's files were kept, the restored
+    program's save into it failed; on the same machine its log got the lines after the snapshot
+    twice.)"""
+    script = copy_programs(tmp_path) / "corpus" / "scratch_average.py"
+    ref, out, scratch = tmp_path / "ref", tmp_path / "out", tmp_path / "tmp"
+    for d in (ref, out, scratch):
+        d.mkdir()
+    env = {**ENV, "TMPDIR": str(scratch)}
+    plain(script, ref, cwd=tmp_path, env=env)
+    total = progress(ref)
+    made_by_ref = set(scratch.iterdir())
+    run = Run("run", "--dir", "snaps", script, out, cwd=tmp_path, env={**env, "TEST_STEP_SLEEP_S": "0.04"})
+    seed = random.randrange(1 << 16)
+    print(f"seed {seed}")
+    interrupt(run, out, tmp_path / "snaps", tmp_path, random.Random(seed), total, floor=13)  # past the first epoch
+    gone = [d for d in scratch.iterdir() if d not in made_by_ref]
+    assert gone and any(d.glob("epoch*.pt") for d in gone)
+    for d in gone:
+        shutil.rmtree(d)
+    restarted = gpusnap("restart", "snaps", cwd=tmp_path, env=env)
+    assert restarted.returncode == 0, restarted.stderr
+    assert "made again" in restarted.stderr, restarted.stderr
+    assert_same(load_final(ref), load_final(out))
 
 
 def test_a_snapshot_without_a_file_table_restarts_leaving_files_alone(tmp_path):

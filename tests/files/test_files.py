@@ -42,7 +42,7 @@ def test_exclusion_patterns_match_names_anywhere_and_paths_with_what_is_under_th
 
 
 WATCHED = """
-import json, mmap, os, shutil, sys, tempfile
+import json, mmap, multiprocessing.util, os, shutil, sys, tempfile
 from pathlib import Path
 from gpusnap.files import watch
 from gpusnap.files.paths import Excludes
@@ -60,8 +60,13 @@ with open("pre.txt", "a") as f: f.write("x")
 os.truncate("log.txt", 1)
 shutil.rmtree("d")
 os.makedirs("skip/inner"); open("skip/inner/x", "w").close()
-fd, name = tempfile.mkstemp(dir=work); os.close(fd)
-os.replace(name, "final.txt")                               # a scratch file renamed onto a kept name
+fd, name = tempfile.mkstemp(prefix="own", dir=work); os.close(fd)
+os.replace(name, "final.txt")                               # the program's temporary file renamed onto a kept name
+os.environ["TMPDIR"] = work; tempfile.tempdir = None
+library = multiprocessing.util.get_temp_dir()               # a library's scratch: pymp-*
+open(os.path.join(library, "socket.txt"), "w").close()
+own = tempfile.mkdtemp(prefix="own-dir", dir=work)          # the program's own scratch: its state
+open(os.path.join(own, "kept.txt"), "w").close()
 open(os.path.join(work, "read.txt")).close()               # a read: not the program's writes
 notes = {os.path.relpath(p, work): {"kinds": sorted(n.kinds), "made": n.made, "before": n.before is not None}
          for p, n in watch.notes.items()}
@@ -88,7 +93,11 @@ def test_the_hook_records_each_write_with_what_was_there_before(tmp_path):
     assert notes["d/q.txt"]["kinds"] == ["remove", "replaced"] and notes["d"]["kinds"] == ["mkdir", "remove"]
     assert notes["d/e"]["made"] and notes["raw.bin"]["kinds"] == ["write"]
     assert notes["final.txt"]["kinds"] == ["replaced"]
-    assert not any(name.startswith(("skip", "tmp", "read", "journal")) for name in notes), notes
+    own_file = next(name for name in notes if name.startswith("own") and "dir" not in name)
+    assert notes[own_file] == {"kinds": ["moved", "write"], "made": True, "before": False}
+    own_dir = next(name for name in notes if name.startswith("own-dir") and "/" not in name)
+    assert notes[own_dir]["kinds"] == ["mkdir"] and notes[f"{own_dir}/kept.txt"]["kinds"] == ["write"]
+    assert not any(name.startswith(("skip", "pymp-", "read", "journal")) for name in notes), notes
     # One line per path and kind of touch, and nothing else.
     assert seen["lines"] == sum(len(n["kinds"]) for n in notes.values())
 
