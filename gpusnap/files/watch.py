@@ -49,6 +49,7 @@ import os
 import stat as stat_
 import struct
 import sys
+import urllib.parse
 
 import xxhash
 
@@ -62,7 +63,7 @@ TAIL_BYTES = 64 << 10
 _WRITES = os.O_WRONLY | os.O_RDWR
 _EVENTS = frozenset({
     "open", "os.rename", "os.remove", "os.rmdir", "os.mkdir", "shutil.rmtree", "os.truncate",
-    "os.link", "os.symlink", "mmap.__new__", "tempfile.mkstemp", "tempfile.mkdtemp",
+    "os.link", "os.symlink", "mmap.__new__", "tempfile.mkstemp", "tempfile.mkdtemp", "sqlite3.connect",
 })
 _MAKES = frozenset({"append", "write", "mkdir", "replaced"})
 
@@ -159,6 +160,21 @@ def _on(event: str, args: tuple) -> None:
             _touch(fd_path(fileno), "rewrite")
     elif event in ("tempfile.mkstemp", "tempfile.mkdtemp") and _asked_by_library():
         _temp.add(normalize(args[0]))
+    elif event == "sqlite3.connect":
+        _sqlite(args[0])
+
+
+def _sqlite(database) -> None:
+    """SQLite writes its database natively, through the path it was opened by: the file, and
+    the write-ahead log and its index where the database uses them (``-wal``, ``-shm``, which
+    hold commits until a checkpoint moves them into the file). Each is a file rewritten in place."""
+    name = os.fsdecode(database) if isinstance(database, (str, bytes, os.PathLike)) else ""
+    if name.startswith("file:"):  # a URI (uri=True): its path, unquoted
+        name = urllib.parse.unquote(urllib.parse.urlsplit(name).path)
+    if name in ("", ":memory:"):
+        return
+    for path in (name, f"{name}-wal", f"{name}-shm"):
+        _write_open(normalize(path), os.O_RDWR)
 
 
 _TEMPFILE = getattr(sys.modules.get("tempfile"), "__file__", None) or os.path.join(os.path.dirname(os.__file__), "tempfile.py")

@@ -20,7 +20,9 @@ importable by both sides: restore must never import capture. Placeholders:
   dict of hooks it removes from, held strongly, and its id there; the merge points the
   replay's handle at the live dict;
 - ``CoreBuffer`` stands where the snapshot held a cuda.core Buffer: its bytes on the host, which
-  the merge copies into the replayed program's Buffer at that place, or into one it makes.
+  the merge copies into the replayed program's Buffer at that place, or into one it makes;
+- ``Unkept`` stands where the snapshot met state it cannot hold and a restart must not go on
+  without (an SQLite connection's changes not yet committed): the merge refuses, saying why.
 """
 
 from __future__ import annotations
@@ -156,6 +158,27 @@ MEMORY_FILES = (io.BytesIO, io.StringIO)
 
 def _hook_handle(hooks, id, extra):
     return HookHandle(hooks, id, extra)
+
+
+class Unkept:
+    """State the snapshot could not hold, where the replay's object would stand in for it with
+    other state: an ``sqlite3.Connection`` inside a transaction holds the rows the program
+    inserted since its last commit in SQLite's own pages, which neither the object graph nor the
+    database file carries; the replay's connection has none of them, and a program that commits
+    once at the end restarted "verified" without the epochs before the snapshot
+    (``tests/programs/corpus/sqlite_metrics.py --commit-at-end``, 3 of 3)."""
+
+    __slots__ = ("type_name", "why", "hint")
+
+    def __init__(self, type_name: str, why: str, hint: str):
+        self.type_name, self.why, self.hint = type_name, why, hint
+
+    def __repr__(self) -> str:
+        return f"<unkept {self.type_name}: {self.why}>"
+
+
+def _unkept(type_name, why, hint):
+    return Unkept(type_name, why, hint)
 
 
 class ShardedState:

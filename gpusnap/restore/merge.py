@@ -67,6 +67,7 @@ from gpusnap.graph.load import (
     LiveOnly,
     ShardedState,
     Unbuilt,
+    Unkept,
 )
 from gpusnap.graph.walk import ATOMS as _ATOMS
 from gpusnap.graph.walk import Path, slot_values
@@ -283,6 +284,8 @@ class Merger(KindMerges):
             return id(found) if found is not _MISSING else _IdOf(obj, path)
         if isinstance(snap, _ATOMS):
             return snap
+        if isinstance(snap, Unkept):
+            raise StateMismatch(f"{path}: the snapshot's {snap.type_name} {snap.why}: a restart cannot have them", snap.hint)
         if isinstance(snap, (LiveOnly, Unbuilt)):
             if live is None:
                 # The same object at several places in the snapshot (one weakref, listed once per

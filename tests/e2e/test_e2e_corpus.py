@@ -22,7 +22,7 @@ settings changed process-wide: environment variables, torch's threads and defaul
 switched on late; objects that only a cached getter holds; a helper module imported inside the
 loop; an output directory the script entered; an EMA on an optimizer's step hook; a warmup's hook removed
 by its handle; a report kept in a StringIO; a hook for every module or optimizer; epochs' weights
-and a loss log kept in a TemporaryDirectory) continue
+and a loss log kept in a TemporaryDirectory; metrics in an SQLite database) continue
 with the same bytes after a kill: each is run uninterrupted, and again under `gpusnap run` with
 SIGUSR1 at a random step, kill -9 of the whole process group a few steps later, then `gpusnap
 restart`. One seed per program by default (printed; pytest shows it on failure);
@@ -136,8 +136,14 @@ CORPUS = {
     # at the end: tempfile's files were left alone, and the log appended after the snapshot got
     # those lines again, "verified", 5 of 6 (with --mkdtemp too), until they were kept
     "scratch_average": ("scratch_average.py", [], 13, "gpusnap: fast-forward "),
+    # each epoch's metrics inserted into an SQLite database, the best read back at the end: SQLite
+    # writes natively, unseen, and the rows after the snapshot were there twice, exit 0, 2 of 6,
+    # until the database was kept by the path sqlite3.connect opens
+    "sqlite_metrics": ("sqlite_metrics.py", [], 13, "gpusnap: fast-forward "),
 }
 MORE = {
+    # the same with the database in write-ahead-log mode (its commits in metrics.db-wal): 3 of 6 so before
+    "sqlite_metrics-wal": ("sqlite_metrics.py", ["--wal"], 13, "gpusnap: fast-forward "),
     "scratch_average-mkdtemp": ("scratch_average.py", ["--mkdtemp"], 13, "gpusnap: fast-forward "),
     "late_hooks-remove_hook": ("late_hooks.py", ["remove_hook"], 0, "gpusnap: fast-forward "),
     "memory_buffers-report": ("memory_buffers.py", ["report"], 12, "gpusnap: fast-forward "),

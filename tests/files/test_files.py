@@ -42,7 +42,7 @@ def test_exclusion_patterns_match_names_anywhere_and_paths_with_what_is_under_th
 
 
 WATCHED = """
-import json, mmap, multiprocessing.util, os, shutil, sys, tempfile
+import json, mmap, multiprocessing.util, os, shutil, sqlite3, sys, tempfile
 from pathlib import Path
 from gpusnap.files import watch
 from gpusnap.files.paths import Excludes
@@ -68,6 +68,9 @@ open(os.path.join(library, "socket.txt"), "w").close()
 own = tempfile.mkdtemp(prefix="own-dir", dir=work)          # the program's own scratch: its state
 open(os.path.join(own, "kept.txt"), "w").close()
 open(os.path.join(work, "read.txt")).close()               # a read: not the program's writes
+db = sqlite3.connect("metrics.db")                          # native writes, by the path it is opened by
+db.execute("CREATE TABLE t (a)"); db.commit(); db.close()
+sqlite3.connect(":memory:").close()
 notes = {os.path.relpath(p, work): {"kinds": sorted(n.kinds), "made": n.made, "before": n.before is not None}
          for p, n in watch.notes.items()}
 lines = [json.loads(l) for l in open(os.path.join(work, "journal.jsonl"))]
@@ -97,7 +100,9 @@ def test_the_hook_records_each_write_with_what_was_there_before(tmp_path):
     assert notes[own_file] == {"kinds": ["moved", "write"], "made": True, "before": False}
     own_dir = next(name for name in notes if name.startswith("own-dir") and "/" not in name)
     assert notes[own_dir]["kinds"] == ["mkdir"] and notes[f"{own_dir}/kept.txt"]["kinds"] == ["write"]
-    assert not any(name.startswith(("skip", "pymp-", "read", "journal")) for name in notes), notes
+    assert notes["metrics.db"] == {"kinds": ["write"], "made": True, "before": False}
+    assert notes["metrics.db-wal"]["kinds"] == notes["metrics.db-shm"]["kinds"] == ["write"]  # (where it keeps a log)
+    assert not any(name.startswith(("skip", "pymp-", "read", "journal", ":memory:")) for name in notes), notes
     # One line per path and kind of touch, and nothing else.
     assert seen["lines"] == sum(len(n["kinds"]) for n in notes.values())
 

@@ -13,6 +13,8 @@ intercepts, through ``reducer_override``:
   generators, DataLoaders and their iterators, functions that cannot be found by name, anything
   whose ``__reduce_ex__`` raises) -> ``_live_only(serial, type)``: restore keeps the object the
   replayed program built at that place.
+- an SQLite connection inside a transaction -> ``_unkept(type, why, hint)``: its uncommitted
+  changes are in SQLite's memory, and restore refuses (one outside a transaction is live-only).
 - torch hook handles -> ``_hook_handle(hooks dict, id, extra dicts)``, the dicts held strongly
   (torch's own state holds them by weak reference, which restore could not point at the live
   dicts).
@@ -69,6 +71,7 @@ from gpusnap.graph.load import (
     _module_attribute,
     _set_state,
     _set_state_by_class,
+    _unkept,
     _with_run_id,
     findable,
 )
@@ -205,6 +208,7 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         self._live_types = _ALWAYS_LIVE + _torch_live_types(self._torch)
         hooks = getattr(getattr(self._torch, "utils", None), "hooks", None)  # (None: no torch, or half imported)
         self._handle_type = getattr(hooks, "RemovableHandle", None)
+        self._sqlite_connection = getattr(sys.modules.get("sqlite3"), "Connection", None)
         # CUdeviceptr values inside a staged raw allocation are saved as (allocation, offset):
         # the replay's allocation has another base (stage.device.DeviceStage.pointer).
         self.device = device
@@ -256,6 +260,10 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         if self._handle_type is not None and type(obj) is self._handle_type:
             hooks = obj.hooks_dict_ref()
             return _hook_handle, (hooks, obj.id, tuple(ref() for ref in obj.extra_dict_ref or ()))
+        if self._sqlite_connection is not None and isinstance(obj, self._sqlite_connection) and _in_transaction(obj):
+            return _unkept, (type_name(obj), "held changes not yet committed, which live in SQLite's memory, not in the "
+                             "database file", "commit after each write (db.commit(), or `with db:`) so that a snapshot "
+                             "finds them in the file; --snapshot ID restores an earlier snapshot")
         if type(obj) in MEMORY_FILES:
             return self._reduce_by_pickle(obj)  # (a closed one has no state: live-only)
         if isinstance(obj, self._live_types) or (LIVE_NAMES and _is_named(type(obj), LIVE_NAMES)):
@@ -370,6 +378,13 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         name = type_name(obj) if not isinstance(obj, type) else f"class {obj.__module__}.{obj.__qualname__}"
         self.live_only.append((obj, name))
         return _live_only, (serial, name)
+
+
+def _in_transaction(connection) -> bool:
+    try:
+        return connection.in_transaction  # (sqlite3_get_autocommit: a field, safe in the forked writer)
+    except Exception:  # noqa: BLE001 - a closed connection holds nothing
+        return False
 
 
 def _guarded(obj, rv):
