@@ -22,7 +22,8 @@ importable by both sides: restore must never import capture. Placeholders:
 - ``CoreBuffer`` stands where the snapshot held a cuda.core Buffer: its bytes on the host, which
   the merge copies into the replayed program's Buffer at that place, or into one it makes;
 - ``Unkept`` stands where the snapshot met state it cannot hold and a restart must not go on
-  without (an SQLite connection's changes not yet committed): the merge refuses, saying why.
+  without (what a native library holds: an SQLite connection's changes not yet committed): the
+  merge refuses, saying why.
 """
 
 from __future__ import annotations
@@ -162,11 +163,9 @@ def _hook_handle(hooks, id, extra):
 
 class Unkept:
     """State the snapshot could not hold, where the replay's object would stand in for it with
-    other state: an ``sqlite3.Connection`` inside a transaction holds the rows the program
-    inserted since its last commit in SQLite's own pages, which neither the object graph nor the
-    database file carries; the replay's connection has none of them, and a program that commits
-    once at the end restarted "verified" without the epochs before the snapshot
-    (``tests/programs/corpus/sqlite_metrics.py --commit-at-end``, 3 of 3)."""
+    other state: what a native library holds in its own memory (``frameworks/writers.py``: an
+    SQLite connection's rows not yet committed, an open Parquet writer's footer). ``why`` and
+    ``hint`` are the refusal's."""
 
     __slots__ = ("type_name", "why", "hint")
 

@@ -285,7 +285,7 @@ class Merger(KindMerges):
         if isinstance(snap, _ATOMS):
             return snap
         if isinstance(snap, Unkept):
-            raise StateMismatch(f"{path}: the snapshot's {snap.type_name} {snap.why}: a restart cannot have them", snap.hint)
+            raise StateMismatch(f"{path}: the snapshot's {snap.type_name} {snap.why}; no snapshot can hold that", snap.hint)
         if isinstance(snap, (LiveOnly, Unbuilt)):
             if live is None:
                 # The same object at several places in the snapshot (one weakref, listed once per

@@ -1276,3 +1276,37 @@ def test_a_cached_getter_made_inside_a_function_round_trips_by_value_and_merges_
     live = merge_into({"getter": replay, "counts": replay()}, snap)
     assert live["getter"] is replay and replay.cache_info() == run.cache_info()
     assert replay() is live["counts"] and live["counts"] == collections.Counter(seen=96)
+
+
+def test_a_native_writer_holding_state_is_refused_by_name_and_an_idle_one_is_the_replay_s(tmp_path):
+    """An SQLite connection with rows not yet committed, and an open Parquet writer, hold state in
+    their library's memory (frameworks/writers.py): the merge refuses at their place, with a
+    hint. The same connection once committed holds nothing of its own: the replay's stays."""
+    import sqlite3
+
+    import gpusnap.frameworks.writers  # noqa: F401  (boot loads it; registers the writers)
+
+    def setup():
+        db = sqlite3.connect(tmp_path / "m.db")
+        db.execute("CREATE TABLE IF NOT EXISTS t (a)")
+        db.commit()
+        return {"db": db}
+
+    run = setup()
+    run["db"].execute("INSERT INTO t VALUES (1)")
+    with pytest.raises(StateMismatch) as refused:
+        merged_into_replay(tmp_path / "uncommitted", run, setup)
+    assert "root['db']: the snapshot's sqlite3.Connection held changes not yet committed" in refused.value.message
+    assert "db.commit()" in refused.value.hint
+    run["db"].commit()
+    merged, replayed = merged_into_replay(tmp_path / "committed", run, setup)
+    assert merged["db"] is replayed["db"]
+
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([("epoch", pa.int64())])
+    run = {"writer": pq.ParquetWriter(tmp_path / "m.parquet", schema)}
+    with pytest.raises(StateMismatch, match=r"root\['writer'\]: the snapshot's pyarrow.parquet.core.ParquetWriter was open"):
+        merged_into_replay(tmp_path / "parquet", run, lambda: {"writer": pq.ParquetWriter(tmp_path / "r.parquet", schema)})
+    run["writer"].close()

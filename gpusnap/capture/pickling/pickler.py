@@ -13,8 +13,8 @@ intercepts, through ``reducer_override``:
   generators, DataLoaders and their iterators, functions that cannot be found by name, anything
   whose ``__reduce_ex__`` raises) -> ``_live_only(serial, type)``: restore keeps the object the
   replayed program built at that place.
-- an SQLite connection inside a transaction -> ``_unkept(type, why, hint)``: its uncommitted
-  changes are in SQLite's memory, and restore refuses (one outside a transaction is live-only).
+- objects whose state a native library holds (``UNKEPT``: an SQLite connection inside a
+  transaction, an open Parquet writer) -> ``_unkept(type, why, hint)``: restore refuses there.
 - torch hook handles -> ``_hook_handle(hooks dict, id, extra dicts)``, the dicts held strongly
   (torch's own state holds them by weak reference, which restore could not point at the live
   dicts).
@@ -124,6 +124,12 @@ EXTRA_STATE: dict[str, object] = {}
 # with the random numbers its collation drew. Pickled as a live-only generator with those locals;
 # restore writes them into the replay's generator, which livecheck has put at the same place.
 FETCHED_AHEAD: dict[str, tuple[str, ...]] = {}
+# "module.Qualname" (any class in the MRO) -> (holds(obj), why, hint): an object whose state lives
+# where neither the object graph nor a file the snapshot keeps can carry it (a native library's
+# memory), while ``holds(obj)`` says it holds some. Pickled as ``_unkept``: restore refuses there,
+# saying why, rather than go on with the replay's object (gpusnap.frameworks.writers). ``holds``
+# runs in the forked writer: it reads a field, and calls nothing that could wait on a lock.
+UNKEPT: dict[str, tuple] = {}
 _replayed_attrs_of: dict[type, frozenset[str]] = {}
 _extra_state_of: dict[tuple, object] = {}
 
@@ -143,6 +149,18 @@ def _extra_state(cls):
         names = (f"{k.__module__}.{k.__qualname__}" for k in cls.__mro__)
         found = _extra_state_of[key] = next((EXTRA_STATE[name] for name in names if name in EXTRA_STATE), None)
     return found
+
+
+def _unkept_state(obj) -> tuple[str, str] | None:
+    """(why, hint) where ``obj`` holds state UNKEPT names, else None."""
+    entry = next((UNKEPT[name] for k in type(obj).__mro__ if (name := f"{k.__module__}.{k.__qualname__}") in UNKEPT), None)
+    if entry is None:
+        return None
+    holds, why, hint = entry
+    try:
+        return (why, hint) if holds(obj) else None
+    except Exception:  # noqa: BLE001 - a closed or broken object holds nothing
+        return None
 
 
 def type_name(obj) -> str:
@@ -208,7 +226,6 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         self._live_types = _ALWAYS_LIVE + _torch_live_types(self._torch)
         hooks = getattr(getattr(self._torch, "utils", None), "hooks", None)  # (None: no torch, or half imported)
         self._handle_type = getattr(hooks, "RemovableHandle", None)
-        self._sqlite_connection = getattr(sys.modules.get("sqlite3"), "Connection", None)
         # CUdeviceptr values inside a staged raw allocation are saved as (allocation, offset):
         # the replay's allocation has another base (stage.device.DeviceStage.pointer).
         self.device = device
@@ -260,10 +277,8 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         if self._handle_type is not None and type(obj) is self._handle_type:
             hooks = obj.hooks_dict_ref()
             return _hook_handle, (hooks, obj.id, tuple(ref() for ref in obj.extra_dict_ref or ()))
-        if self._sqlite_connection is not None and isinstance(obj, self._sqlite_connection) and _in_transaction(obj):
-            return _unkept, (type_name(obj), "held changes not yet committed, which live in SQLite's memory, not in the "
-                             "database file", "commit after each write (db.commit(), or `with db:`) so that a snapshot "
-                             "finds them in the file; --snapshot ID restores an earlier snapshot")
+        if UNKEPT and (unkept := _unkept_state(obj)) is not None:
+            return _unkept, (type_name(obj), *unkept)
         if type(obj) in MEMORY_FILES:
             return self._reduce_by_pickle(obj)  # (a closed one has no state: live-only)
         if isinstance(obj, self._live_types) or (LIVE_NAMES and _is_named(type(obj), LIVE_NAMES)):
@@ -378,13 +393,6 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         name = type_name(obj) if not isinstance(obj, type) else f"class {obj.__module__}.{obj.__qualname__}"
         self.live_only.append((obj, name))
         return _live_only, (serial, name)
-
-
-def _in_transaction(connection) -> bool:
-    try:
-        return connection.in_transaction  # (sqlite3_get_autocommit: a field, safe in the forked writer)
-    except Exception:  # noqa: BLE001 - a closed connection holds nothing
-        return False
 
 
 def _guarded(obj, rv):

@@ -1,0 +1,31 @@
+"""Writers whose state a native library holds in its own memory, where neither the snapshot's
+object graph nor the files it keeps can carry it: at a snapshot where one holds some, restore
+refuses, naming it, rather than go on with the replay's writer, which holds none of it
+(``capture.pickling.pickler.UNKEPT``). Outside those moments each is live-only, as before.
+
+- An ``sqlite3.Connection`` inside a transaction holds the rows inserted since its last commit
+  in SQLite's pages; its database file is kept with the program's files (``files.watch``). Rows
+  inserted each epoch and committed once at the end restarted "verified" without the epochs
+  before the snapshot (``tests/programs/corpus/sqlite_metrics.py --commit-at-end``, 3 of 3).
+- An open ``pyarrow.parquet.ParquetWriter`` holds the footer that lists its row groups, written
+  at ``close()``; the replay's writer truncated the file in setup, and a metrics file streamed a
+  row group per epoch restarted "verified" with the epochs after the snapshot only
+  (``tests/programs/corpus/parquet_log.py``, 3 of 3).
+"""
+
+from __future__ import annotations
+
+from gpusnap.capture.pickling.pickler import UNKEPT
+
+UNKEPT["sqlite3.Connection"] = (
+    lambda connection: connection.in_transaction,  # sqlite3_get_autocommit: a field
+    "held changes not yet committed, which live in SQLite's memory, not in the database file",
+    "commit after each write (db.commit(), or `with db:`) so that a snapshot finds them in the file; "
+    "--snapshot ID restores an earlier snapshot",
+)
+UNKEPT["pyarrow.parquet.core.ParquetWriter"] = (
+    lambda writer: writer.is_open,  # a Python attribute; close() clears it
+    "was open, and the footer listing the row groups it wrote lives in Arrow's memory until close()",
+    "write each epoch's rows as a file of its own (pyarrow.parquet.write_table), or open the writer after "
+    "training; --snapshot ID restores an earlier snapshot",
+)
