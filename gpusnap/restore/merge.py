@@ -68,6 +68,7 @@ from gpusnap.graph.load import (
     ShardedState,
     Unbuilt,
     Unkept,
+    WEAK_MAPPINGS,
 )
 from gpusnap.graph.walk import ATOMS as _ATOMS
 from gpusnap.graph.walk import Path, slot_values
@@ -350,6 +351,13 @@ class Merger(KindMerges):
             if merged is live and snap.__dict__:  # what the program set on it (p.lr_scale = 0.1)
                 return _Steps(self._merge_attrs(live, snap.__dict__, path))
             return merged
+        if type(snap) in WEAK_MAPPINGS:
+            # Merged by its items, in place: what the replay bound to its mapping in setup (a
+            # hook's `stats[module] = ...`) writes into the run's entries. Where the replay holds
+            # none, a new one: adopted, it would stay keyed by the snapshot's objects.
+            into = live if type(live) is type(snap) else type(snap)()
+            self._align(snap, into, path)
+            return _Steps(self._merge_dict(into, dict(snap.items()), path))
         if live is None or type(live) is not type(snap):
             return self._wait(snap, path)
         if not isinstance(snap, tuple) and self._stands_for.get(id(live), snap) is not snap:

@@ -22,7 +22,8 @@ settings changed process-wide: environment variables, torch's threads and defaul
 switched on late; objects that only a cached getter holds; a helper module imported inside the
 loop; an output directory the script entered; an EMA on an optimizer's step hook; a warmup's hook removed
 by its handle; a report kept in a StringIO; a hook for every module or optimizer; epochs' weights
-and a loss log kept in a TemporaryDirectory; metrics in an SQLite database) continue
+and a loss log kept in a TemporaryDirectory; metrics in an SQLite database; statistics in a
+WeakKeyDictionary) continue
 with the same bytes after a kill: each is run uninterrupted, and again under `gpusnap run` with
 SIGUSR1 at a random step, kill -9 of the whole process group a few steps later, then `gpusnap
 restart`. One seed per program by default (printed; pytest shows it on failure);
@@ -140,6 +141,10 @@ CORPUS = {
     # writes natively, unseen, and the rows after the snapshot were there twice, exit 0, 2 of 6,
     # until the database was kept by the path sqlite3.connect opens
     "sqlite_metrics": ("sqlite_metrics.py", [], 13, "gpusnap: fast-forward "),
+    # activation statistics a forward hook keeps per module in a weakref.WeakKeyDictionary made in
+    # setup: its weak references were live-only and the replay's mapping kept setup's entries,
+    # "verified", 3 of 3, until weak mappings were kept by their items
+    "weak_stats": ("weak_stats.py", [], 0, "gpusnap: fast-forward "),
 }
 MORE = {
     # the same with the database in write-ahead-log mode (its commits in metrics.db-wal): 3 of 6 so before

@@ -1310,3 +1310,29 @@ def test_a_native_writer_holding_state_is_refused_by_name_and_an_idle_one_is_the
     with pytest.raises(StateMismatch, match=r"root\['writer'\]: the snapshot's pyarrow.parquet.core.ParquetWriter was open"):
         merged_into_replay(tmp_path / "parquet", run, lambda: {"writer": pq.ParquetWriter(tmp_path / "r.parquet", schema)})
     run["writer"].close()
+
+
+def test_weak_mappings_take_the_run_s_entries_in_place_keyed_by_the_live_objects(tmp_path):
+    """Activation statistics kept per module in a `weakref.WeakKeyDictionary` made in setup
+    (weak_stats.py): its weak references were live-only, the replay's mapping kept setup's
+    entries, and the restart said "verified". Now merged by its items, in place, keyed by the
+    replay's modules; a WeakValueDictionary likewise; one made after setup is a new mapping
+    over the live objects, not the snapshot's copies."""
+    import weakref
+
+    def setup():
+        model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+        return {"model": model, "activity": weakref.WeakKeyDictionary({model[0]: 0.0}),
+                "by_name": weakref.WeakValueDictionary({"first": model[0]}), "late": None}
+
+    run = setup()
+    run["activity"][run["model"][0]] = 2.5
+    run["activity"][run["model"][1]] = 1.5
+    run["by_name"]["act"] = run["model"][1]
+    run["late"] = weakref.WeakKeyDictionary({run["model"][1]: "made in a step"})
+    merged, replayed = merged_into_replay(tmp_path, run, setup)
+    model = merged["model"]
+    assert merged["activity"] is replayed["activity"]
+    assert dict(merged["activity"]) == {model[0]: 2.5, model[1]: 1.5}
+    assert merged["by_name"] is replayed["by_name"] and dict(merged["by_name"]) == {"first": model[0], "act": model[1]}
+    assert type(merged["late"]) is weakref.WeakKeyDictionary and dict(merged["late"]) == {model[1]: "made in a step"}

@@ -15,6 +15,9 @@ intercepts, through ``reducer_override``:
   replayed program built at that place.
 - objects whose state a native library holds (``UNKEPT``: an SQLite connection inside a
   transaction, an open Parquet writer) -> ``_unkept(type, why, hint)``: restore refuses there.
+- weak mappings (``WeakKeyDictionary``, ``WeakValueDictionary``: activation statistics keyed by
+  module) -> ``_weak_mapping(kind, items)``: their weak references would be live-only, and the
+  replay's mapping kept setup's entries.
 - torch hook handles -> ``_hook_handle(hooks dict, id, extra dicts)``, the dicts held strongly
   (torch's own state holds them by weak reference, which restore could not point at the live
   dicts).
@@ -60,6 +63,7 @@ from gpusnap.graph import roots
 from gpusnap.graph.iterpickle import IterativePickler
 from gpusnap.graph.load import (
     MEMORY_FILES,
+    WEAK_MAPPINGS,
     _construct,
     _device_pointer,
     _hook_handle,
@@ -72,6 +76,7 @@ from gpusnap.graph.load import (
     _set_state,
     _set_state_by_class,
     _unkept,
+    _weak_mapping,
     _with_run_id,
     findable,
 )
@@ -279,6 +284,8 @@ class GraphPickler(BufferReducers, pickle.Pickler):
             return _hook_handle, (hooks, obj.id, tuple(ref() for ref in obj.extra_dict_ref or ()))
         if UNKEPT and (unkept := _unkept_state(obj)) is not None:
             return _unkept, (type_name(obj), *unkept)
+        if type(obj) in WEAK_MAPPINGS:
+            return _weak_mapping, (type(obj), list(obj.items()))
         if type(obj) in MEMORY_FILES:
             return self._reduce_by_pickle(obj)  # (a closed one has no state: live-only)
         if isinstance(obj, self._live_types) or (LIVE_NAMES and _is_named(type(obj), LIVE_NAMES)):
