@@ -23,7 +23,7 @@ switched on late; objects that only a cached getter holds; a helper module impor
 loop; an output directory the script entered; an EMA on an optimizer's step hook; a warmup's hook removed
 by its handle; a report kept in a StringIO; a hook for every module or optimizer; epochs' weights
 and a loss log kept in a TemporaryDirectory; metrics in an SQLite database; statistics in a
-WeakKeyDictionary) continue
+WeakKeyDictionary; a log file never flushed by hand) continue
 with the same bytes after a kill: each is run uninterrupted, and again under `gpusnap run` with
 SIGUSR1 at a random step, kill -9 of the whole process group a few steps later, then `gpusnap
 restart`. One seed per program by default (printed; pytest shows it on failure);
@@ -145,8 +145,15 @@ CORPUS = {
     # setup: its weak references were live-only and the replay's mapping kept setup's entries,
     # "verified", 3 of 3, until weak mappings were kept by their items
     "weak_stats": ("weak_stats.py", [], 0, "gpusnap: fast-forward "),
+    # a metrics file opened in setup, a line per step, never flushed by hand: the lines in its
+    # buffer at the snapshot were lost, "verified", 3 of 3, until buffers were flushed in the stall
+    "buffered_log": ("buffered_log.py", [], 0, "gpusnap: fast-forward "),
 }
 MORE = {
+    # each epoch's predictions a member of one zip archive opened in setup, closed at the end:
+    # its directory, in the ZipFile's attributes, merged into the replay's, which writes on after
+    # the run's members (exact from the start, 3 of 3)
+    "zip_samples": ("zip_samples.py", [], 13, "gpusnap: fast-forward "),
     # the same with the database in write-ahead-log mode (its commits in metrics.db-wal): 3 of 6 so before
     "sqlite_metrics-wal": ("sqlite_metrics.py", ["--wal"], 13, "gpusnap: fast-forward "),
     "scratch_average-mkdtemp": ("scratch_average.py", ["--mkdtemp"], 13, "gpusnap: fast-forward "),

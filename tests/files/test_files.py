@@ -107,6 +107,45 @@ def test_the_hook_records_each_write_with_what_was_there_before(tmp_path):
     assert seen["lines"] == sum(len(n["kinds"]) for n in notes.values())
 
 
+STAGED = """
+import gzip, json, os, sys
+from gpusnap.files import record, watch
+from gpusnap.files.paths import Excludes
+work = sys.argv[1]
+os.chdir(work)
+watch.install(os.path.join(work, "journal.jsonl"), Excludes([], work, always=[os.path.join(work, "journal.jsonl")]))
+record.install(1 << 20)
+log = open("metrics.txt", "w")                              # a line per step, never flushed by hand
+for step in range(3):
+    log.write(f"step {step}\\n")
+raw = open("raw.bin", "wb")
+raw.write(b"x" * 100)
+packed = gzip.open("events.gz", "wt")                       # a subclass: its compressor keeps its bytes
+packed.write("event\\n" * 50)
+job = record.stage("000001", work)
+sizes = {e["path"].rsplit("/", 1)[1]: e.get("size") for e in job.entries}
+packed.close()
+print(json.dumps({"sizes": sizes, "on_disk": os.path.getsize("metrics.txt")}))
+"""
+
+
+def test_a_snapshot_flushes_what_the_program_s_buffered_files_hold_and_leaves_a_compressor_s(tmp_path):
+    """buffered_log.py wrote a line per step into a file it never flushed: the lines its buffer
+    held at the snapshot were not in the file the snapshot kept, and the restart said "verified"
+    without them. The stall flushes open()'s buffered files; a GzipFile's flush would change the
+    bytes it compresses, so only the file under it is flushed (its header, nothing more)."""
+    script = tmp_path / "staged.py"
+    script.write_text(textwrap.dedent(STAGED))
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["sizes"]["metrics.txt"] == seen["on_disk"] == len("step 0\n") * 3
+    assert seen["sizes"]["raw.bin"] == 100
+    # gzip's header alone (10 bytes, the file's name and a NUL): the deflate stream is still the compressor's
+    assert seen["sizes"]["events.gz"] == 10 + len("events") + 1
+
+
 @pytest.mark.parametrize("value", ["12 parsecs", "-1", "1.5x"])
 def test_a_malformed_files_max_is_refused_before_anything_runs(tmp_path, value):
     (tmp_path / "train.py").write_text("print('never')\n")
