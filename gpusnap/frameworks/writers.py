@@ -11,6 +11,11 @@ refuses, naming it, rather than go on with the replay's writer, which holds none
   at ``close()``; the replay's writer truncated the file in setup, and a metrics file streamed a
   row group per epoch restarted "verified" with the epochs after the snapshot only
   (``tests/programs/corpus/parquet_log.py``, 3 of 3).
+- A ``gzip.GzipFile``, ``bz2.BZ2File`` or ``lzma.LZMAFile`` open for writing holds its
+  compressor's state (zlib's, libbz2's, liblzma's), which no Python API reads out; the replay's
+  compressor would go on with a stream of its own after the run's bytes, and the file would end
+  with a checksum of neither (a snapshot cannot flush it either: that adds a sync point, and the
+  file would differ from an uninterrupted run's).
 """
 
 from __future__ import annotations
@@ -29,3 +34,11 @@ UNKEPT["pyarrow.parquet.core.ParquetWriter"] = (
     "write each epoch's rows as a file of its own (pyarrow.parquet.write_table), or open the writer after "
     "training; --snapshot ID restores an earlier snapshot",
 )
+_COMPRESSING = (
+    lambda stream: not stream.closed and stream.writable(),  # Python attributes: mode, fileobj
+    "was open for writing: its compressor's state lives in the compression library's memory",
+    "open it in each epoch to append a member of its own (gzip.open(path, 'at'), closed before the next "
+    "snapshot), or write the file uncompressed; --snapshot ID restores an earlier snapshot",
+)
+for _name in ("gzip.GzipFile", "bz2.BZ2File", "lzma.LZMAFile"):
+    UNKEPT[_name] = _COMPRESSING

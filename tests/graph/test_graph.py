@@ -1311,6 +1311,14 @@ def test_a_native_writer_holding_state_is_refused_by_name_and_an_idle_one_is_the
         merged_into_replay(tmp_path / "parquet", run, lambda: {"writer": pq.ParquetWriter(tmp_path / "r.parquet", schema)})
     run["writer"].close()
 
+    import gzip
+
+    run = {"events": gzip.open(tmp_path / "e.gz", "wt")}
+    run["events"].write("event\n")
+    with pytest.raises(StateMismatch, match=r"the snapshot's gzip.GzipFile was open for writing"):
+        merged_into_replay(tmp_path / "gzip", run, lambda: {"events": gzip.open(tmp_path / "r.gz", "wt")})
+    run["events"].close()
+
 
 def test_weak_mappings_take_the_run_s_entries_in_place_keyed_by_the_live_objects(tmp_path):
     """Activation statistics kept per module in a `weakref.WeakKeyDictionary` made in setup

@@ -156,14 +156,20 @@ def _extra_state(cls):
     return found
 
 
-def _unkept_state(obj) -> tuple[str, str] | None:
-    """(why, hint) where ``obj`` holds state UNKEPT names, else None."""
+def _unkept_state(obj) -> tuple[str, str, str] | None:
+    """(type name, why, hint) where ``obj`` holds state UNKEPT names, else None. Text over such a
+    stream (``gzip.open(path, "wt")``) is judged by the stream: it is all the graph holds."""
+    if type(obj) is io.TextIOWrapper:
+        try:
+            obj = obj.buffer
+        except Exception:  # noqa: BLE001 - detached
+            return None
     entry = next((UNKEPT[name] for k in type(obj).__mro__ if (name := f"{k.__module__}.{k.__qualname__}") in UNKEPT), None)
     if entry is None:
         return None
     holds, why, hint = entry
     try:
-        return (why, hint) if holds(obj) else None
+        return (type_name(obj), why, hint) if holds(obj) else None
     except Exception:  # noqa: BLE001 - a closed or broken object holds nothing
         return None
 
@@ -283,7 +289,7 @@ class GraphPickler(BufferReducers, pickle.Pickler):
             hooks = obj.hooks_dict_ref()
             return _hook_handle, (hooks, obj.id, tuple(ref() for ref in obj.extra_dict_ref or ()))
         if UNKEPT and (unkept := _unkept_state(obj)) is not None:
-            return _unkept, (type_name(obj), *unkept)
+            return _unkept, unkept
         if type(obj) in WEAK_MAPPINGS:
             return _weak_mapping, (type(obj), list(obj.items()))
         if type(obj) in MEMORY_FILES:
