@@ -179,8 +179,8 @@ def _weak_mapping(kind, items):
 class Unkept:
     """State the snapshot could not hold, where the replay's object would stand in for it with
     other state: what a native library holds in its own memory (``frameworks/writers.py``: an
-    SQLite connection's rows not yet committed, an open Parquet writer's footer). ``why`` and
-    ``hint`` are the refusal's."""
+    SQLite connection's rows not yet committed, an open Parquet writer's footer, a compressor's
+    state). ``why`` and ``hint`` are the refusal's."""
 
     __slots__ = ("type_name", "why", "hint")
 

@@ -184,8 +184,11 @@ def torch_hooks() -> dict:
 
 
 def set_torch_hook(name: str, value) -> None:
-    """Put ``value`` back where torch keeps the process-wide hook state called ``name``."""
-    setattr(next(m for m in _torch_hook_modules() if hasattr(m, name)), name, value)
+    """Put ``value`` back where torch keeps the process-wide hook state called ``name`` (nowhere
+    where this torch keeps none by that name)."""
+    owner = next((m for m in _torch_hook_modules() if hasattr(m, name)), None)
+    if owner is not None:
+        setattr(owner, name, value)
 
 
 def _torch_hook_modules() -> list:

@@ -58,6 +58,7 @@ from gpusnap.errors import StateMismatch
 from gpusnap.graph.load import (
     ADDED_BY_SETSTATE,
     RUN_IDS,
+    WEAK_MAPPINGS,
     CoreBuffer,
     HookHandle,
     LiveClass,
@@ -68,7 +69,6 @@ from gpusnap.graph.load import (
     ShardedState,
     Unbuilt,
     Unkept,
-    WEAK_MAPPINGS,
 )
 from gpusnap.graph.walk import ATOMS as _ATOMS
 from gpusnap.graph.walk import Path, slot_values

@@ -78,15 +78,20 @@ print(json.dumps({"notes": notes, "lines": len(lines)}))
 """
 
 
-def test_the_hook_records_each_write_with_what_was_there_before(tmp_path):
-    (tmp_path / "pre.txt").write_text("existing")
-    (tmp_path / "read.txt").write_text("read")
+def _watched(tmp_path, text: str) -> dict:
+    """What the script ``text``, run in a process of its own in ``tmp_path``, prints as JSON."""
     script = tmp_path / "watched.py"
-    script.write_text(textwrap.dedent(WATCHED))
+    script.write_text(textwrap.dedent(text))
     done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=60,
                           env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout)
+    return json.loads(done.stdout)
+
+
+def test_the_hook_records_each_write_with_what_was_there_before(tmp_path):
+    (tmp_path / "pre.txt").write_text("existing")
+    (tmp_path / "read.txt").write_text("read")
+    seen = _watched(tmp_path, WATCHED)
     notes = seen["notes"]
     assert notes["new.txt"] == {"kinds": ["rewrite", "write"], "made": True, "before": False}
     assert notes["log.txt"] == {"kinds": ["append", "rewrite"], "made": True, "before": False}  # truncated
@@ -134,12 +139,7 @@ def test_a_snapshot_flushes_what_the_program_s_buffered_files_hold_and_leaves_a_
     held at the snapshot were not in the file the snapshot kept, and the restart said "verified"
     without them. The stall flushes open()'s buffered files; a GzipFile's flush would change the
     bytes it compresses, so only the file under it is flushed (its header, nothing more)."""
-    script = tmp_path / "staged.py"
-    script.write_text(textwrap.dedent(STAGED))
-    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=60,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout)
+    seen = _watched(tmp_path, STAGED)
     assert seen["sizes"]["metrics.txt"] == seen["on_disk"] == len("step 0\n") * 3
     assert seen["sizes"]["raw.bin"] == 100
     # gzip's header alone (10 bytes, the file's name and a NUL): the deflate stream is still the compressor's

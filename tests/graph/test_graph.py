@@ -1279,9 +1279,10 @@ def test_a_cached_getter_made_inside_a_function_round_trips_by_value_and_merges_
 
 
 def test_a_native_writer_holding_state_is_refused_by_name_and_an_idle_one_is_the_replay_s(tmp_path):
-    """An SQLite connection with rows not yet committed, and an open Parquet writer, hold state in
-    their library's memory (frameworks/writers.py): the merge refuses at their place, with a
-    hint. The same connection once committed holds nothing of its own: the replay's stays."""
+    """An SQLite connection with rows not yet committed, an open Parquet writer and a gzip file
+    open for writing hold state in their library's memory (frameworks/writers.py): the merge
+    refuses at their place, with a hint. The same connection once committed holds nothing of its
+    own: the replay's stays."""
     import sqlite3
 
     import gpusnap.frameworks.writers  # noqa: F401  (boot loads it; registers the writers)

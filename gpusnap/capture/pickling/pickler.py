@@ -13,8 +13,9 @@ intercepts, through ``reducer_override``:
   generators, DataLoaders and their iterators, functions that cannot be found by name, anything
   whose ``__reduce_ex__`` raises) -> ``_live_only(serial, type)``: restore keeps the object the
   replayed program built at that place.
-- objects whose state a native library holds (``UNKEPT``: an SQLite connection inside a
-  transaction, an open Parquet writer) -> ``_unkept(type, why, hint)``: restore refuses there.
+- objects whose state a native library holds (``UNKEPT``, ``frameworks/writers.py``: an SQLite
+  connection inside a transaction, an open Parquet writer, a gzip file open for writing) ->
+  ``_unkept(type, why, hint)``: restore refuses there.
 - weak mappings (``WeakKeyDictionary``, ``WeakValueDictionary``: activation statistics keyed by
   module) -> ``_weak_mapping(kind, items)``: their weak references would be live-only, and the
   replay's mapping kept setup's entries.
@@ -135,6 +136,7 @@ FETCHED_AHEAD: dict[str, tuple[str, ...]] = {}
 # saying why, rather than go on with the replay's object (gpusnap.frameworks.writers). ``holds``
 # runs in the forked writer: it reads a field, and calls nothing that could wait on a lock.
 UNKEPT: dict[str, tuple] = {}
+_unkept_of: dict[tuple, tuple | None] = {}
 _replayed_attrs_of: dict[type, frozenset[str]] = {}
 _extra_state_of: dict[tuple, object] = {}
 
@@ -147,13 +149,18 @@ def _replayed_attrs(cls) -> frozenset[str]:
     return found
 
 
-def _extra_state(cls):
-    key = (cls, len(EXTRA_STATE))  # a framework registered later is seen
-    found = _extra_state_of.get(key, _extra_state_of)
-    if found is _extra_state_of:
+def _by_class(table: dict, cache: dict, cls):
+    """``table``'s entry for the first class in ``cls``'s MRO it names ("module.Qualname"), or None."""
+    key = (cls, len(table))  # a framework registered later is seen
+    found = cache.get(key, cache)
+    if found is cache:
         names = (f"{k.__module__}.{k.__qualname__}" for k in cls.__mro__)
-        found = _extra_state_of[key] = next((EXTRA_STATE[name] for name in names if name in EXTRA_STATE), None)
+        found = cache[key] = next((table[name] for name in names if name in table), None)
     return found
+
+
+def _extra_state(cls):
+    return _by_class(EXTRA_STATE, _extra_state_of, cls)
 
 
 def _unkept_state(obj) -> tuple[str, str, str] | None:
@@ -164,7 +171,7 @@ def _unkept_state(obj) -> tuple[str, str, str] | None:
             obj = obj.buffer
         except Exception:  # noqa: BLE001 - detached
             return None
-    entry = next((UNKEPT[name] for k in type(obj).__mro__ if (name := f"{k.__module__}.{k.__qualname__}") in UNKEPT), None)
+    entry = _by_class(UNKEPT, _unkept_of, type(obj))
     if entry is None:
         return None
     holds, why, hint = entry
