@@ -186,6 +186,20 @@ def test_program_can_ask_for_a_snapshot(tmp_path):
     assert manifest["reason"] == "program"
 
 
+def test_what_the_program_printed_before_a_snapshot_is_out_when_it_is_killed_after(tmp_path):
+    """stdout into a pipe (a job's log) is block-buffered: a program killed after a snapshot took
+    with it the lines its buffer held, and the restarted run goes on from the snapshot, after
+    them, so the log never had them. The stall flushes the program's stdout and stderr."""
+    programs, out = programs_and_out(tmp_path)
+    buffered = {"TEST_STEP_SLEEP_S": "0.03", "PYTHONUNBUFFERED": ""}  # (empty: unset, as a user's shell has it)
+    run = Run("run", "--dir", "snaps", programs / "notorch" / "prints.py", out, 200, cwd=tmp_path, env=buffered)
+    wait_for(lambda: progress(out) >= 5, "step 5", proc=run)
+    snap = snapshot_now(run, tmp_path / "snaps", tmp_path)
+    run.kill_group()
+    printed = [line for line in run.proc.stdout.read().splitlines() if line.startswith("step ")]
+    assert [int(line.split()[1]) for line in printed][:snap["iteration"]] == list(range(1, snap["iteration"] + 1)), printed
+
+
 def test_snapshot_outside_gpusnap_warns_and_does_nothing(tmp_path):
     programs = copy_programs(tmp_path)
     (tmp_path / "out").mkdir()

@@ -216,6 +216,7 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         hint = "this snapshot is skipped, training goes on; please report this"
     files_job = None
     if refusal is None:
+        _flush_console()
         try:
             files_job = files.stage(snap_id, session.rundir.path)
         except Exception as exc:  # noqa: BLE001 - never into the program's loop
@@ -291,6 +292,19 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
             # talk to the others (Lightning's broadcasts).
             coordinator.stop_after()
         _exit_after_stop(loop)
+
+
+
+def _flush_console() -> None:
+    """What the program printed before the snapshot leaves its buffer now, before the fork: stdout
+    into a pipe or a file (a job's log) is block-buffered, a process killed after the snapshot
+    took those lines with it, and the restart goes on after them (``prints.py``: the log had none
+    of the snapshot's first lines). The same bytes, only earlier."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed or replaced stream: the program meets it itself
+            pass
 
 
 def _written(snap_id: str) -> frozenset | None:
