@@ -16,8 +16,8 @@ importable by both sides: restore must never import capture. Placeholders:
 - ``Unbuilt`` stands where an object was captured but cannot be rebuilt in this process (its
   constructor refused an argument that is itself live-only, such as a ``functools.partial`` of a
   local function): restore keeps the replayed object there, and refuses if there is none;
-- a ``weakref.WeakKeyDictionary`` or ``WeakValueDictionary`` is pickled by its items
-  (``_weak_mapping``), and merged by them into the replay's;
+- a ``weakref.WeakKeyDictionary``, ``WeakValueDictionary`` or ``WeakSet`` is pickled by its
+  items (``_weak_mapping``, ``_weak_set``), and merged by them into the replay's;
 - ``HookHandle`` stands where the snapshot held a torch hook handle (``RemovableHandle``): the
   dict of hooks it removes from, held strongly, and its id there; the merge points the
   replay's handle at the live dict;
@@ -164,9 +164,9 @@ def _hook_handle(hooks, id, extra):
     return HookHandle(hooks, id, extra)
 
 
-# Mappings keyed (or valued) by weak references, which no snapshot holds as such: pickled by
-# their items, each held strongly in the stream (an entry whose key nothing else holds goes at
-# the load's next collection, as it would have in the run), and merged by them.
+# Mappings keyed (or valued) by weak references, and weak sets, which no snapshot holds as such:
+# pickled by their items, each held strongly in the stream (an entry whose key nothing else holds
+# goes at the load's next collection, as it would have in the run), and merged by them.
 WEAK_MAPPINGS = (weakref.WeakKeyDictionary, weakref.WeakValueDictionary)
 
 
@@ -174,6 +174,10 @@ def _weak_mapping(kind, items):
     mapping = kind()
     mapping.update(items)
     return mapping
+
+
+def _weak_set(items):
+    return weakref.WeakSet(items)
 
 
 class Unkept:

@@ -353,6 +353,12 @@ class KindMerges:
             self._store(live, i, value)
         return live
 
+    def _merge_weak_set(self, live, snap, path: Path):
+        """A ``weakref.WeakSet``: refilled in place with its items' live counterparts, which align
+        as a dict's keys do."""
+        yield from self._merge_dict(_SetItems(live), dict.fromkeys(snap), path)
+        return live
+
     def _merge_tuple(self, live: tuple, snap: tuple, path: Path):
         merged = []
         for i, item in enumerate(snap):
@@ -514,6 +520,22 @@ class KindMerges:
         return live
 
     # -- adopted objects -----------------------------------------------------------------
+
+
+class _SetItems:
+    """A set seen as a mapping of its items to None: what ``_merge_dict`` refills."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def get(self, key, default=None):
+        return None
+
+    def clear(self) -> None:
+        self.items.clear()
+
+    def __setitem__(self, key, value) -> None:
+        self.items.add(key)
 
 
 def _plain_key(key) -> bool:

@@ -53,6 +53,7 @@ import collections
 import functools
 import sys
 import types
+import weakref
 
 from gpusnap.errors import StateMismatch
 from gpusnap.graph.load import (
@@ -358,6 +359,10 @@ class Merger(KindMerges):
             into = live if type(live) is type(snap) else type(snap)()
             self._align(snap, into, path)
             return _Steps(self._merge_dict(into, dict(snap.items()), path))
+        if type(snap) is weakref.WeakSet:  # likewise, by its items
+            into = live if type(live) is weakref.WeakSet else weakref.WeakSet()
+            self._align(snap, into, path)
+            return _Steps(self._merge_weak_set(into, snap, path))
         if live is None or type(live) is not type(snap):
             return self._wait(snap, path)
         if not isinstance(snap, tuple) and self._stands_for.get(id(live), snap) is not snap:

@@ -1345,3 +1345,22 @@ def test_weak_mappings_take_the_run_s_entries_in_place_keyed_by_the_live_objects
     assert dict(merged["activity"]) == {model[0]: 2.5, model[1]: 1.5}
     assert merged["by_name"] is replayed["by_name"] and dict(merged["by_name"]) == {"first": model[0], "act": model[1]}
     assert type(merged["late"]) is weakref.WeakKeyDictionary and dict(merged["late"]) == {model[1]: "made in a step"}
+
+
+def test_a_weak_set_takes_the_run_s_items_in_place_as_the_live_objects(tmp_path):
+    """A `weakref.WeakSet` of the modules frozen at a phase change, made in setup and filled in a
+    step, and one made in a step: their weak references would be live-only. The replay's set
+    holds the replay's modules the run put in it; the one made later is a new set of live ones."""
+    import weakref
+
+    def setup():
+        model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1))
+        return {"model": model, "frozen": weakref.WeakSet(), "late": None}
+
+    run = setup()
+    run["frozen"].add(run["model"][0])
+    run["late"] = weakref.WeakSet([run["model"][2]])
+    merged, replayed = merged_into_replay(tmp_path, run, setup)
+    model = merged["model"]
+    assert merged["frozen"] is replayed["frozen"] and set(merged["frozen"]) == {model[0]}
+    assert type(merged["late"]) is weakref.WeakSet and set(merged["late"]) == {model[2]}

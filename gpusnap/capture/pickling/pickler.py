@@ -16,9 +16,9 @@ intercepts, through ``reducer_override``:
 - objects whose state a native library holds (``UNKEPT``, ``frameworks/writers.py``: an SQLite
   connection inside a transaction, an open Parquet writer, a gzip file open for writing) ->
   ``_unkept(type, why, hint)``: restore refuses there.
-- weak mappings (``WeakKeyDictionary``, ``WeakValueDictionary``: activation statistics keyed by
-  module) -> ``_weak_mapping(kind, items)``: their weak references would be live-only, and the
-  replay's mapping kept setup's entries.
+- weak mappings and sets (``WeakKeyDictionary``, ``WeakValueDictionary``: activation statistics
+  keyed by module; ``WeakSet``) -> ``_weak_mapping(kind, items)``, ``_weak_set(items)``: their
+  weak references would be live-only, and the replay's kept setup's entries.
 - torch hook handles -> ``_hook_handle(hooks dict, id, extra dicts)``, the dicts held strongly
   (torch's own state holds them by weak reference, which restore could not point at the live
   dicts).
@@ -78,6 +78,7 @@ from gpusnap.graph.load import (
     _set_state_by_class,
     _unkept,
     _weak_mapping,
+    _weak_set,
     _with_run_id,
     findable,
 )
@@ -299,6 +300,8 @@ class GraphPickler(BufferReducers, pickle.Pickler):
             return _unkept, unkept
         if type(obj) in WEAK_MAPPINGS:
             return _weak_mapping, (type(obj), list(obj.items()))
+        if type(obj) is weakref.WeakSet:
+            return _weak_set, (list(obj),)
         if type(obj) in MEMORY_FILES:
             return self._reduce_by_pickle(obj)  # (a closed one has no state: live-only)
         if isinstance(obj, self._live_types) or (LIVE_NAMES and _is_named(type(obj), LIVE_NAMES)):
