@@ -18,6 +18,8 @@ importable by both sides: restore must never import capture. Placeholders:
   local function): restore keeps the replayed object there, and refuses if there is none;
 - a ``weakref.WeakKeyDictionary``, ``WeakValueDictionary`` or ``WeakSet`` is pickled by its
   items (``_weak_mapping``, ``_weak_set``), and merged by them into the replay's;
+- a ``logging.Handler`` is ``_log_handler(class, state)``: made again around its state, its
+  file reopened at the next record;
 - ``HookHandle`` stands where the snapshot held a torch hook handle (``RemovableHandle``): the
   dict of hooks it removes from, held strongly, and its id there; the merge points the
   replay's handle at the live dict;
@@ -178,6 +180,19 @@ def _weak_mapping(kind, items):
 
 def _weak_set(items):
     return weakref.WeakSet(items)
+
+
+def _log_handler(cls, state):
+    """A ``logging.Handler`` of the snapshot, with a lock of its own. A ``FileHandler``'s file is
+    opened again at its next record, to append (the restart put the file back as it was); a
+    ``StreamHandler`` on the standard streams writes to this process's (``state["stream"]``:
+    their name)."""
+    handler = cls.__new__(cls)
+    vars(handler).update(state)
+    handler.createLock()
+    if state.get("stream") in ("stdout", "stderr"):
+        handler.stream = getattr(sys, state["stream"])
+    return handler
 
 
 class Unkept:

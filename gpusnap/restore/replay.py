@@ -271,6 +271,8 @@ class Replay:
             if saved["locals"]:
                 merged_locals.append((frame, _merge_all(merger, dict(frame.f_locals), saved["locals"], f"frame[{i}].locals")))
         merged_hooks = _merge_all(merger, roots.torch_hooks(), payload.get("torch_hooks") or {}, "torch_hooks")
+        saved_loggers = payload.get("loggers") or {}
+        merged_loggers = _merge_all(merger, roots.live_loggers(saved_loggers), saved_loggers, "loggers")
         for i, saved in (payload.get("ahead") or {}).items():
             # What a loop's source had fetched ahead (accelerate's shard collates one batch
             # ahead): into the source fast-forward made, which stands at the same batch.
@@ -293,6 +295,8 @@ class Replay:
             write_locals(frame, {name: merger.settled(value) for name, value in values.items()})
         for name, value in merged_hooks.items():  # (a dict is merged in place; the flag is set)
             roots.set_torch_hook(name, merger.settled(value))
+        for name, config in merged_loggers.items():
+            roots.set_logger(name, merger.settled(config))
         self._stage = "drawing again the order of DataLoaders whose samplers the replay made otherwise"
         self._redraw_orders()
         if device_tensors:

@@ -23,7 +23,7 @@ switched on late; objects that only a cached getter holds; a helper module impor
 loop; an output directory the script entered; an EMA on an optimizer's step hook; a warmup's hook removed
 by its handle; a report kept in a StringIO; a hook for every module or optimizer; epochs' weights
 and a loss log kept in a TemporaryDirectory; metrics in an SQLite database; statistics in a
-WeakKeyDictionary; a log file never flushed by hand) continue
+WeakKeyDictionary; a log file never flushed by hand; a log handler added mid-run) continue
 with the same bytes after a kill: each is run uninterrupted, and again under `gpusnap run` with
 SIGUSR1 at a random step, kill -9 of the whole process group a few steps later, then `gpusnap
 restart`. One seed per program by default (printed; pytest shows it on failure);
@@ -148,6 +148,10 @@ CORPUS = {
     # a metrics file opened in setup, a line per step, never flushed by hand: the lines in its
     # buffer at the snapshot were lost, "verified", 3 of 3, until buffers were flushed in the stall
     "buffered_log": ("buffered_log.py", [], 0, "gpusnap: fast-forward "),
+    # a logging.FileHandler added to the script's logger at the third epoch: loggers pickle by
+    # name and logging's registry held its handlers, so the restarted logger had none and the log
+    # lost every line after the snapshot, "verified", 2 of 3, until the loggers were kept
+    "late_logger": ("late_logger.py", [], 21, "gpusnap: fast-forward "),
 }
 MORE = {
     # each epoch's predictions a member of one zip archive opened in setup, closed at the end:

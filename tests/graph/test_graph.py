@@ -1364,3 +1364,25 @@ def test_a_weak_set_takes_the_run_s_items_in_place_as_the_live_objects(tmp_path)
     model = merged["model"]
     assert merged["frozen"] is replayed["frozen"] and set(merged["frozen"]) == {model[0]}
     assert type(merged["late"]) is weakref.WeakSet and set(merged["late"]) == {model[2]}
+
+
+def test_logging_handlers_are_made_again_around_their_state_and_reopen_their_file_to_append(tmp_path):
+    """A FileHandler added in a step (late_logger.py) and a StreamHandler on stderr: their locks
+    and open files are the process's, so a handler comes back with a lock of its own, a file it
+    reopens at its next record to append to (opened with "w" in the run: the restart has put the
+    file back), and this process's stderr."""
+    import logging
+
+    log_path = tmp_path / "finetune.log"
+    run = {"file": logging.FileHandler(log_path, mode="w"), "console": logging.StreamHandler(sys.stderr), "late": None}
+    run["file"].setFormatter(logging.Formatter("%(message)s"))
+    run["file"].emit(logging.makeLogRecord({"msg": "before the snapshot"}))
+    merged, _ = merged_into_replay(tmp_path / "run", run, lambda: {"file": None, "console": None, "late": None})
+    handler = merged["file"]
+    assert type(handler) is logging.FileHandler and handler.stream is None and handler.mode == "a"
+    assert handler.lock is not run["file"].lock and handler.formatter._fmt == "%(message)s"
+    handler.emit(logging.makeLogRecord({"msg": "after it"}))
+    handler.close()
+    assert log_path.read_text() == "before the snapshot\nafter it\n"
+    assert merged["console"].stream is sys.stderr
+    run["file"].close()

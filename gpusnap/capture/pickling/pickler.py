@@ -19,6 +19,9 @@ intercepts, through ``reducer_override``:
 - weak mappings and sets (``WeakKeyDictionary``, ``WeakValueDictionary``: activation statistics
   keyed by module; ``WeakSet``) -> ``_weak_mapping(kind, items)``, ``_weak_set(items)``: their
   weak references would be live-only, and the replay's kept setup's entries.
+- logging handlers -> ``_log_handler(class, state)`` (their lock left out, a FileHandler's file
+  reopened at its next record, the standard streams by name): the loggers that hold them are kept
+  by ``graph.roots.loggers``.
 - torch hook handles -> ``_hook_handle(hooks dict, id, extra dicts)``, the dicts held strongly
   (torch's own state holds them by weak reference, which restore could not point at the live
   dicts).
@@ -79,6 +82,7 @@ from gpusnap.graph.load import (
     _unkept,
     _weak_mapping,
     _weak_set,
+    _log_handler,
     _with_run_id,
     findable,
 )
@@ -245,6 +249,7 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         self._live_types = _ALWAYS_LIVE + _torch_live_types(self._torch)
         hooks = getattr(getattr(self._torch, "utils", None), "hooks", None)  # (None: no torch, or half imported)
         self._handle_type = getattr(hooks, "RemovableHandle", None)
+        self._log_handler_type = getattr(sys.modules.get("logging"), "Handler", None)
         # CUdeviceptr values inside a staged raw allocation are saved as (allocation, offset):
         # the replay's allocation has another base (stage.device.DeviceStage.pointer).
         self.device = device
@@ -302,6 +307,8 @@ class GraphPickler(BufferReducers, pickle.Pickler):
             return _weak_mapping, (type(obj), list(obj.items()))
         if type(obj) is weakref.WeakSet:
             return _weak_set, (list(obj),)
+        if self._log_handler_type is not None and isinstance(obj, self._log_handler_type) and findable(type(obj)):
+            return _log_handler, (type(obj), _log_handler_state(obj))
         if type(obj) in MEMORY_FILES:
             return self._reduce_by_pickle(obj)  # (a closed one has no state: live-only)
         if isinstance(obj, self._live_types) or (LIVE_NAMES and _is_named(type(obj), LIVE_NAMES)):
@@ -416,6 +423,23 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         name = type_name(obj) if not isinstance(obj, type) else f"class {obj.__module__}.{obj.__qualname__}"
         self.live_only.append((obj, name))
         return _live_only, (serial, name)
+
+
+def _log_handler_state(handler) -> dict:
+    """A logging handler's attributes without its lock and open file: a FileHandler opens its file
+    again at its next record, appending where it had opened it to write (the restart has put the
+    file back); a stream handler on the standard streams names them."""
+    import logging
+
+    state = {k: v for k, v in vars(handler).items() if k != "lock"}
+    stream = state.get("stream")
+    if isinstance(handler, logging.FileHandler):
+        if stream is not None:
+            state["stream"] = None
+            state["mode"] = state.get("mode", "a").replace("w", "a")
+    elif stream is not None and stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        state["stream"] = "stdout" if stream in (sys.stdout, sys.__stdout__) else "stderr"
+    return state
 
 
 def _guarded(obj, rv):
