@@ -294,7 +294,6 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
         _exit_after_stop(loop)
 
 
-
 def _flush_console() -> None:
     """What the program printed before the snapshot leaves its buffer now, before the fork: stdout
     into a pipe or a file (a job's log) is block-buffered, a process killed after the snapshot
