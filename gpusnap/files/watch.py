@@ -53,6 +53,7 @@ import urllib.parse
 
 import xxhash
 
+from gpusnap import sources
 from gpusnap.files import guard
 from gpusnap.files.journal import JOURNAL  # noqa: F401  (where install's caller puts it)
 from gpusnap.files.paths import Excludes, fd_path, normalize
@@ -178,8 +179,6 @@ def _sqlite(database) -> None:
 
 
 _TEMPFILE = getattr(sys.modules.get("tempfile"), "__file__", None) or os.path.join(os.path.dirname(os.__file__), "tempfile.py")
-_LIBRARY_DIRS = (os.path.dirname(os.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)  # stdlib, gpusnap
-_LIBRARY_PARTS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 
 
 def _asked_by_library() -> bool:
@@ -191,7 +190,7 @@ def _asked_by_library() -> bool:
     if frame is None:
         return True
     name = frame.f_code.co_filename
-    return name.startswith(("<", *_LIBRARY_DIRS)) or any(part in name for part in _LIBRARY_PARTS)
+    return name.startswith("<") or sources.library_file(sources.real(name))
 
 
 def _write_open(path: str | None, flags: int) -> None:

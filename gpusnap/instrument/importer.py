@@ -17,7 +17,6 @@ xxh3-128 hex digest of its bytes: the run identity uses it to refuse a changed p
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from importlib import _bootstrap
@@ -26,10 +25,10 @@ from importlib.machinery import PathFinder, SourceFileLoader
 import xxhash
 
 from gpusnap.instrument import cache, loops, transform
+from gpusnap.sources import library_file, real, under
 
 SOURCES: dict[str, str] = {}
 
-_EXCLUDED_PARTS = ("site-packages", "dist-packages")
 
 
 def compile_module(data: bytes, path: str):
@@ -87,39 +86,13 @@ class InstrumentingLoader(SourceFileLoader):
         return None
 
 
-def _real(path: str) -> str:
-    """``path`` with every symbolic link resolved. Asked of every module the program imports
-    (thousands with a framework), so each directory is resolved once, and the file itself
-    costs one lstat unless it is a link."""
-    if os.path.islink(path):
-        return os.path.normcase(os.path.realpath(path))
-    head, tail = os.path.split(os.path.abspath(path))
-    return os.path.join(_real_dir(head), os.path.normcase(tail))
-
-
-@functools.lru_cache(maxsize=None)
-def _real_dir(directory: str) -> str:
-    return os.path.normcase(os.path.realpath(directory))
-
-
-def _under(path: str, prefixes: tuple[str, ...]) -> bool:
-    for prefix in prefixes:
-        if path == prefix or path.startswith(prefix if prefix.endswith(os.sep) else prefix + os.sep):
-            return True
-    return False
-
-
 class Policy:
     """Decides which modules are the user's (see the module docstring)."""
 
     def __init__(self, roots=(), paths=(), names=()):
-        self.roots = tuple(_real(p) for p in roots)
-        self.paths = tuple(_real(p) for p in paths)
+        self.roots = tuple(real(p) for p in roots)
+        self.paths = tuple(real(p) for p in paths)
         self.names = tuple(names)
-        self.excluded = (
-            _real(os.path.dirname(os.__file__)),
-            _real(os.path.dirname(os.path.dirname(loops.__file__))),
-        )
 
     @classmethod
     def from_config(cls, roots, instrument) -> Policy:
@@ -139,13 +112,10 @@ class Policy:
         for name in self.names:
             if fullname == name or fullname.startswith(name + "."):
                 return True
-        real = _real(filename)
-        if _under(real, self.paths):
+        path = real(filename)
+        if under(path, self.paths):
             return True
-        if not _under(real, self.roots) or _under(real, self.excluded):
-            return False
-        parts = real.split(os.sep)
-        return not any(p in parts for p in _EXCLUDED_PARTS)
+        return under(path, self.roots) and not library_file(path)
 
 
 class InstrumentFinder:
