@@ -103,25 +103,38 @@ def write_in_place(path: str, data, mode: int) -> None:
     seek_writers(path, len(data))
 
 
-def open_fds():
-    """(fd, path, flags) of this process's open files."""
+def _targets():
+    """(fd, path) of this process's open descriptors."""
     try:
         names = os.listdir("/proc/self/fd")
     except OSError:
         return
     for name in names:
-        fd = int(name)
         try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-            with open(f"/proc/self/fdinfo/{fd}") as info:
-                flags = next((int(line.split()[1], 8) for line in info if line.startswith("flags:")), 0)
-        except (OSError, ValueError):
+            yield int(name), os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
             continue
-        yield fd, target, flags
+
+
+def writing_fds(paths) -> dict[int, tuple[str, int]]:
+    """{fd: (path, flags)} of this process's descriptors open for writing on one of ``paths``. Only
+    theirs have their flags read: a snapshot's stall asks, where a program with DataLoader
+    workers holds hundreds of pipes."""
+    found = {}
+    for fd, target in _targets():
+        if target in paths:
+            try:
+                with open(f"/proc/self/fdinfo/{fd}") as info:
+                    flags = next((int(line.split()[1], 8) for line in info if line.startswith("flags:")), 0)
+            except (OSError, ValueError):
+                continue
+            if flags & (os.O_WRONLY | os.O_RDWR):
+                found[fd] = (target, flags)
+    return found
 
 
 def open_paths() -> frozenset:
-    return frozenset(target for _, target, _ in open_fds() if target.startswith("/"))
+    return frozenset(target for _, target in _targets() if target.startswith("/"))
 
 
 # Python's own buffered files over a file descriptor: a flush moves their bytes to the file and
@@ -133,14 +146,14 @@ _writers_of: dict[int, list] = {}  # fd -> weak references to the buffered files
 _unbuffered: set[tuple[int, str]] = set()  # (fd, path) found with none: a native writer's
 
 
-def flush_writers(paths: set) -> None:
+def flush_writers(paths) -> None:
     """Flush the program's buffered Python files that write ``paths``. At a snapshot, so that the
     file holds every line the program wrote before it: a metrics file written a line per step,
     never flushed by hand, restarted "verified" without the lines its buffer held
     (``tests/programs/corpus/buffered_log.py``, 3 of 3). At the merge, so that what the replayed
     setup left in a buffer reaches the file before it is put back, not after (a header written
     twice). The heap is scanned for them only where a descriptor is new to this search."""
-    fds = {fd: target for fd, target, flags in open_fds() if target in paths and flags & (os.O_WRONLY | os.O_RDWR)}
+    fds = {fd: target for fd, (target, _) in writing_fds(paths).items()}
     if any(not _open_writers(fd) and (fd, target) not in _unbuffered for fd, target in fds.items()):
         _find_writers(fds)
     for fd in fds:
@@ -190,9 +203,8 @@ def held(path: str, open_paths: frozenset) -> bool:
 def seek_writers(path: str, length: int) -> None:
     """The program's descriptors that write ``path`` without appending go on at ``length``, where
     the file stood at the snapshot (a handler opened with mode ``w`` at setup)."""
-    real = os.path.realpath(path)
-    for fd, target, flags in list(open_fds()):
-        if target == real and flags & (os.O_WRONLY | os.O_RDWR) and not flags & os.O_APPEND:
+    for fd, (_, flags) in writing_fds({os.path.realpath(path)}).items():
+        if not flags & os.O_APPEND:
             try:
                 os.lseek(fd, length, os.SEEK_SET)
             except OSError:

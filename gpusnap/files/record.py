@@ -90,7 +90,7 @@ def stage(snap_id: str, rundir_path) -> FilesJob | None:
             _committed, _committed_id, _committed_rewrites = _pending.kept, _pending.snap_id, _pending.rewrites
         _pending = None
     token = watch.mark(snap_id)
-    disk.flush_writers(set(watch.notes))  # what the program's file objects still buffer is the file's
+    disk.flush_writers(watch.notes)  # what the program's file objects still buffer is the file's
     watch.forget_gone_temps()
     job = FilesJob(snap_id, token, [], previous=_committed_id, rewrites=watch.rewrites())
     files = []

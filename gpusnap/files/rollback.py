@@ -417,7 +417,7 @@ def settle(source: Source, after_dir: str) -> Plan:
     """Plan undoing what the replay wrote before the merge (``watch.notes``: this process's and
     its workers'): the paths it touched go back to the snapshot's state, in place."""
     watch.merge_journal()
-    disk.flush_writers(set(watch.notes))
+    disk.flush_writers(watch.notes)
     plan = Plan(after_dir, in_place=True, open_paths=disk.open_paths())
     excluded = excludes_of(source.table)
     entries = {e["path"]: e for e in source.table.get("entries") or ()}
