@@ -37,6 +37,7 @@ _committed: dict[str, tuple] = {}  # path -> (ino, size, mtime_ns, ctime_ns) kep
 _committed_id: str | None = None  # which snapshot that is
 _committed_rewrites = 0  # the shared rewrite counter at its stall
 max_bytes = 512 << 20  # --files-max, set by install
+CHILD_UNCHANGED = "not kept: only a process the program started was handed its name, and it had not changed"
 
 
 @dataclass
@@ -66,7 +67,9 @@ def resumed(snap_id: str, table: dict) -> None:
     global _committed, _committed_id
     _committed = {}
     for entry in table.get("entries") or ():
-        watch.adopt(entry["path"], bool(entry.get("made")), entry.get("kind"))
+        unchanged = entry.get("why") == CHILD_UNCHANGED
+        before = [entry["mode"], entry["size"], entry["mtime_ns"], entry["ino"], entry.get("tail")] if unchanged else None
+        watch.adopt(entry["path"], bool(entry.get("made")), entry.get("kind"), bool(entry.get("child")), before)
         if entry.get("kind") == "file" and entry.get("buffer"):
             _committed[entry["path"]] = _key_of(entry)
     _committed_id = snap_id
@@ -157,6 +160,16 @@ def _keep(job: FilesJob, files: list) -> None:
     total = 0
     for entry, st in sorted(files, key=lambda pair: pair[0]["size"]):
         path, size = entry["path"], st.st_size
+        note = watch.notes.get(path)
+        if note is not None and "child" in note.kinds:
+            entry["child"] = True
+            if note.kinds == {"child"} and _as_before(note.before, st):
+                # Only handed to a process the program started, and as it was then (an input,
+                # most often: a script, a dataset's file): its length and last bytes tell a
+                # restart whether a later child appended to it or rewrote it.
+                entry["why"] = CHILD_UNCHANGED
+                entry["tail"] = note.before[4]
+                continue
         if total + size > max_bytes:
             entry["why"] = "too large"
             entry["tail"] = watch.tail_digest(path, size)
@@ -192,11 +205,16 @@ def _keep(job: FilesJob, files: list) -> None:
     job.kept_bytes = total
 
 
+def _as_before(before, st) -> bool:
+    return before is not None and (before[1], before[2], before[3]) == (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
 def _grown_only(note, since: int) -> bool:
     """Has the file only grown since the shared rewrite counter stood at ``since`` (no rewrite in
     place)? Not known for a file the hook never saw written (a native writer's in a directory
-    the program made): its bytes may have changed anywhere."""
-    return note is not None and note.rewritten_at <= since
+    the program made, or one a process the program started was handed): its bytes may have
+    changed anywhere."""
+    return note is not None and note.rewritten_at <= since and "child" not in note.kinds
 
 
 def _read(path: str, st) -> bytes | None:
@@ -271,7 +289,7 @@ def put(job: FilesJob, sink, rundir) -> tuple[dict, dict]:
         # A file that only grew while it was read keeps the bytes below its length; one that may
         # have been rewritten in place meanwhile (the shared counter moved; or a file written by
         # code the hook does not see) is not kept this time: the next snapshot keeps it.
-        if changed and entry.get("buffer") and (moved or watch.notes.get(entry["path"]) is None):
+        if changed and entry.get("buffer") and (moved or not _grown_only(watch.notes.get(entry["path"]), job.rewrites)):
             buffers.pop(entry.pop("buffer"), None)
             entry["why"] = "changed while the snapshot was written"
     kept = sum(e["size"] for e in job.entries if e.get("buffer"))

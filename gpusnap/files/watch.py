@@ -14,7 +14,8 @@ last bytes, or None when it did not exist) and the kinds of touch seen since:
     write     opened for writing, new or empty               opened for writing without append,
     mkdir     made a directory                               truncated, or mapped writable
     remove    removed (os.remove, rmdir, rmtree)   moved     renamed away
-    replaced  renamed (or linked) onto
+    replaced  renamed (or linked) onto         child     named on the command line of a process
+                                                         the program started (``commands``)
 
 Every first sight of a path, and every new kind of touch, is appended to the run's *journal*
 (``DIR/files.jsonl``, one JSON object a line; a distributed rank's in its shard): the trainee's
@@ -38,7 +39,8 @@ keeps its epochs' weights or a loss log in a ``TemporaryDirectory`` reads them b
 log appended after the snapshot, left alone, restarted "verified" with its lines twice
 (``tests/programs/corpus/scratch_average.py``, 5 of 6). Unseen: writes by native code that is
 handed a path without an adapter, by processes the program starts with exec (spawn and
-forkserver workers, subprocesses), and through file descriptors inherited or passed in.
+forkserver workers; a subprocess's files that its command line does not name: ``commands``),
+and through file descriptors inherited or passed in.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ import urllib.parse
 import xxhash
 
 from gpusnap import sources
-from gpusnap.files import guard
+from gpusnap.files import commands, guard
 from gpusnap.files.journal import JOURNAL  # noqa: F401  (where install's caller puts it)
 from gpusnap.files.paths import Excludes, fd_path, normalize
 
@@ -65,8 +67,10 @@ _WRITES = os.O_WRONLY | os.O_RDWR
 _EVENTS = frozenset({
     "open", "os.rename", "os.remove", "os.rmdir", "os.mkdir", "shutil.rmtree", "os.truncate",
     "os.link", "os.symlink", "mmap.__new__", "tempfile.mkstemp", "tempfile.mkdtemp", "sqlite3.connect",
+    *commands.EVENTS,
 })
-_MAKES = frozenset({"append", "write", "mkdir", "replaced"})
+_MAKES = frozenset({"append", "write", "mkdir", "replaced", "child"})
+_IN_PLACE = frozenset({"rewrite", "child"})  # a child may rewrite in place: the shared counter says one may have
 
 
 class Note:
@@ -163,6 +167,9 @@ def _on(event: str, args: tuple) -> None:
         _temp.add(normalize(args[0]))
     elif event == "sqlite3.connect":
         _sqlite(args[0])
+    else:  # a process started by exec, which writes unseen: the files its command names
+        for path in commands.command_paths(event, args):
+            _touch(normalize(path), "child")
 
 
 def _sqlite(database) -> None:
@@ -223,7 +230,7 @@ def _touch(path: str | None, kind: str) -> None:
         note = notes[path] = Note(state_of(path))
         note.made = note.before is None and kind in _MAKES
         line = {"path": path, "kind": kind, "pid": os.getpid(), "before": note.before}
-    if kind == "rewrite":
+    if kind in _IN_PLACE:
         note.rewritten_at = _bump()
     if kind not in note.kinds:
         note.kinds.add(kind)
@@ -324,16 +331,20 @@ def merge_journal() -> None:
         if note is None:
             note = notes[path] = Note(record.get("before"))
             note.made = note.before is None and kind in _MAKES
-        if kind == "rewrite":
+        if kind in _IN_PLACE:
             note.rewritten_at = rewrites()  # a worker logs its first rewrite only: count it as recent
         note.kinds.add(kind)
 
 
-def adopt(path: str, made: bool, kind: str) -> None:
+def adopt(path: str, made: bool, kind: str, child: bool = False, before: list | None = None) -> None:
     """Take over a path an earlier run wrote (a restart, from its snapshot's table); ``kind``
-    as the table's: a directory the program made is searched at each snapshot, as it was."""
+    as the table's: a directory the program made is searched at each snapshot, as it was, and
+    a path named to a process the program started (``child``) stays one, unchanged since
+    ``before`` where the table kept it by its length."""
     if path not in notes and not skipped(path):
-        note = notes[path] = Note(None)
+        note = notes[path] = Note(before)
         note.made = made
         if kind == "dir":
             note.kinds.add("mkdir")
+        if child:
+            note.kinds.add("child")

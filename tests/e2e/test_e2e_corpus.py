@@ -23,7 +23,8 @@ switched on late; objects that only a cached getter holds; a helper module impor
 loop; an output directory the script entered; an EMA on an optimizer's step hook; a warmup's hook removed
 by its handle; a report kept in a StringIO; a hook for every module or optimizer; epochs' weights
 and a loss log kept in a TemporaryDirectory; metrics in an SQLite database; statistics in a
-WeakKeyDictionary; a log file never flushed by hand; a log handler added mid-run) continue
+WeakKeyDictionary; a log file never flushed by hand; a log handler added mid-run; an evaluator
+run as a subprocess that appends to a results file) continue
 with the same bytes after a kill: each is run uninterrupted, and again under `gpusnap run` with
 SIGUSR1 at a random step, kill -9 of the whole process group a few steps later, then `gpusnap
 restart`. One seed per program by default (printed; pytest shows it on failure);
@@ -152,8 +153,16 @@ CORPUS = {
     # name and logging's registry held its handlers, so the restarted logger had none and the log
     # lost every line after the snapshot, "verified", 2 of 3, until the loggers were kept
     "late_logger": ("late_logger.py", [], 21, "gpusnap: fast-forward "),
+    # each epoch's weights handed to an evaluator started with subprocess.run, which appends its
+    # line to the results file it was also handed: the child's writes were unseen, and the line
+    # of an epoch after the snapshot was there twice, "verified", 1 of 3, until the paths a
+    # started command names were kept (files.commands)
+    "eval_subprocess": ("eval_subprocess.py", [], 0, "gpusnap: fast-forward "),
 }
 MORE = {
+    # everything printed goes to a log file too, through a Tee object put in place of sys.stdout
+    # at start (exact at the first try, 3 of 3)
+    "tee_stdout": ("tee_stdout.py", [], 0, "gpusnap: fast-forward "),
     # each epoch's predictions a member of one zip archive opened in setup, closed at the end:
     # its directory, in the ZipFile's attributes, merged into the replay's, which writes on after
     # the run's members (exact from the start, 3 of 3)

@@ -12,6 +12,7 @@ import textwrap
 import pytest
 from harness import REPO, gpusnap
 
+from gpusnap.files import record
 from gpusnap.files.paths import DEFAULT_EXCLUDES, Excludes
 
 
@@ -144,6 +145,47 @@ def test_a_snapshot_flushes_what_the_program_s_buffered_files_hold_and_leaves_a_
     assert seen["sizes"]["raw.bin"] == 100
     # gzip's header alone (10 bytes, the file's name and a NUL): the deflate stream is still the compressor's
     assert seen["sizes"]["events.gz"] == 10 + len("events") + 1
+
+
+COMMANDS = """
+import json, os, subprocess, sys
+from gpusnap.files import record, watch
+from gpusnap.files.paths import Excludes
+work = sys.argv[1]
+os.chdir(work)
+open("val.bin", "wb").write(b"v" * 1000)                    # an input the child reads, there before the run
+watch.install(os.path.join(work, "journal.jsonl"), Excludes([], work, always=[os.path.join(work, "journal.jsonl")]))
+record.install(1 << 20)
+open("eval.py", "w").write("import sys; print('line', file=open(sys.argv[2], 'a'))")
+os.mkdir("data")
+subprocess.run([sys.executable, "eval.py", "val.bin", "results.txt", "3"], check=True)
+subprocess.run("cat val.bin > copy.bin && echo done >>shell.log", shell=True, check=True)
+subprocess.run(["cp", "--no-clobber", "val.bin", f"--target-directory=data"], check=True)
+os.system("echo x > sys.txt")
+subprocess.run([sys.executable, "-c", "open('hidden.txt', 'w').write('unseen')"], check=True)
+job = record.stage("000001", work)
+entries = {os.path.relpath(e["path"], work): {k: e.get(k) for k in ("child", "why", "made")} for e in job.entries}
+notes = {os.path.relpath(p, work): sorted(n.kinds) for p, n in watch.notes.items()}
+print(json.dumps({"entries": entries, "notes": notes, "kept": sorted(os.path.relpath(p, work) for p in job.read)}))
+"""
+
+
+def test_the_files_a_started_process_is_handed_are_the_program_s_and_an_unchanged_input_costs_nothing(tmp_path):
+    """A process started by exec runs without the audit hook: an evaluator appending to the
+    results file it was handed wrote that line twice across a restart, "verified"
+    (corpus/eval_subprocess.py). The paths its command line names are the program's files: an
+    argument, a shell's redirection, an option's value, a file the child makes. One the child
+    only read, unchanged, is recorded by its length (its content is not kept), and a directory
+    or the command itself is not recorded; a file named nowhere on the command line stays unseen."""
+    seen = _watched(tmp_path, COMMANDS)
+    entries, notes = seen["entries"], seen["notes"]
+    for made in ("results.txt", "copy.bin", "shell.log", "sys.txt"):
+        assert notes[made] == ["child"] and entries[made]["made"] and made in seen["kept"], (made, entries)
+    assert entries["val.bin"] == {"child": True, "why": record.CHILD_UNCHANGED, "made": False}
+    assert "val.bin" not in seen["kept"]
+    assert entries["eval.py"]["child"] and notes["eval.py"] == ["child", "write"]  # the program wrote it too: kept
+    assert notes["data"] == ["mkdir"]  # the program made it; a directory on a command line is not taken
+    assert "hidden.txt" not in notes and "cp" not in notes and not any("python" in n for n in notes)
 
 
 @pytest.mark.parametrize("value", ["12 parsecs", "-1", "1.5x"])
