@@ -144,6 +144,7 @@ def open_paths() -> frozenset:
 _BUFFERED = (io.BufferedWriter, io.BufferedRandom)
 _writers_of: dict[int, list] = {}  # fd -> weak references to the buffered files found over it
 _unbuffered: set[tuple[int, str]] = set()  # (fd, path) found with none: a native writer's
+_places: dict[int, tuple[str, int]] = {}  # fd -> (path, offset) of each writing descriptor at the last flush
 
 
 def flush_writers(paths) -> None:
@@ -156,12 +157,34 @@ def flush_writers(paths) -> None:
     fds = {fd: target for fd, (target, _) in writing_fds(paths).items()}
     if any(not _open_writers(fd) and (fd, target) not in _unbuffered for fd, target in fds.items()):
         _find_writers(fds)
-    for fd in fds:
+    _places.clear()
+    for fd, target in fds.items():
         for obj in _open_writers(fd):
             try:
                 obj.flush()
             except Exception:  # noqa: BLE001 - a broken stream: the program meets its error itself
                 pass
+        try:
+            _places[fd] = (target, os.lseek(fd, 0, os.SEEK_CUR))
+        except OSError:
+            pass
+
+
+def reopen_state(obj) -> dict | None:
+    """How to open again a plain Python file (``open()``'s) the program writes through, as the
+    last flush (the stall's, before the fork) found it: its path, mode, offset and text settings.
+    None for any other file. A restart opens such a file again where the replay, which skipped
+    the step that opened it, holds none (a CSV logger made at its first record)."""
+    if not _plain(obj) or obj.closed:
+        return None
+    place = _places.get(_fileno(obj))
+    if place is None:
+        return None
+    text = type(obj) is io.TextIOWrapper
+    state = {"path": place[0], "offset": place[1], "mode": (obj.buffer if text else obj).raw.mode, "text": text}
+    if text:
+        state.update(encoding=obj.encoding, errors=obj.errors, line_buffering=obj.line_buffering, write_through=obj.write_through)
+    return state
 
 
 def _open_writers(fd: int) -> list:

@@ -13,6 +13,8 @@ importable by both sides: restore must never import capture. Placeholders:
   defined inside a function, or made at run time as torch's parametrizations make
   ``ParametrizedLinear``): restore keeps the replayed object and merges the snapshot's
   attributes into it;
+- ``LiveFile``, a ``LiveOnly`` for a file the program writes through (``open()``'s): where the
+  replay made none at its place (it was opened after setup), restore opens its path again;
 - ``Unbuilt`` stands where an object was captured but cannot be rebuilt in this process (its
   constructor refused an argument that is itself live-only, such as a ``functools.partial`` of a
   local function): restore keeps the replayed object there, and refuses if there is none;
@@ -316,6 +318,36 @@ class LiveObject(LiveOnly):
         self.qualname, self.attrs, self.slots = state
 
 
+class LiveFile(LiveOnly):
+    """Stands where the snapshot held a plain Python file the program writes through, made after
+    setup (a CSV logger's, opened at its first record): the replay's file where it made one at
+    this place, as for any ``LiveOnly``; where it made none, the same path opened again
+    (``open_again``), which the restart has put back as it was at the snapshot. ``state``:
+    ``files.disk.reopen_state``'s."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, serial: int, type_name: str, state: dict):
+        super().__init__(serial, type_name)
+        self.state = state
+
+    def open_again(self):
+        """The file opened again to go on where it stood: appending where it appended, else
+        written in place (never truncated: ``w`` becomes ``r+``) from its offset at the snapshot.
+        (A text file's ``newline`` is not known to Python: it writes ``\n`` as the default does.)"""
+        s = self.state
+        mode = ("a+" if "+" in s["mode"] else "a") if "a" in s["mode"] else "r+"
+        if s["text"]:
+            f = open(s["path"], mode, buffering=1 if s["line_buffering"] else -1, encoding=s["encoding"], errors=s["errors"])
+            if s["write_through"]:
+                f.reconfigure(write_through=True)
+        else:
+            f = open(s["path"], mode + "b")
+        if "a" not in mode:
+            f.seek(s["offset"])
+        return f
+
+
 class LiveGenerator(LiveOnly):
     """Stands where the snapshot held a suspended generator of instrumented code: the generator
     is the replay's, run to the same place (``restore.livecheck``), its locals the snapshot's."""
@@ -335,6 +367,10 @@ _loading = threading.local()
 
 def _live_only(serial, name):
     return LiveOnly(serial, name)
+
+
+def _live_file(serial, name, state):
+    return LiveFile(serial, name, state)
 
 
 def _live_function(serial, name):

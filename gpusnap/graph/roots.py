@@ -9,6 +9,7 @@ with the replayed program by path::
      "statics": {module name: {class or function name: {attribute: value}}},
      "torch_hooks": {name: value} (torch's process-wide module and optimizer hooks),
      "loggers": {name: {"level", "propagate", "disabled", "handlers"}} (``loggers()``),
+     "exits":   [(func, args, kwargs)] (what the program registered with atexit: ``graph.exits``),
      "rng":     {"random": ..., "numpy": ..., "torch": ..., "torch.cuda": ...},
      "loops":   [{"frame": index into frames, "loop_id": "LINE:COL", "index": n,
                   "kind": "for"|"while", "resume": {...} | None,
@@ -41,7 +42,7 @@ from __future__ import annotations
 import sys
 import types
 
-from gpusnap.graph import caches
+from gpusnap.graph import caches, exits
 from gpusnap.instrument import loops
 
 _DEFINITIONS = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type, caches.ProgramCache)
@@ -281,6 +282,8 @@ def collect(innermost_frame, active_loops: list, rng_states: dict, loop_record=N
         payload["torch_hooks"] = hooks
     if logs := loggers():
         payload["loggers"] = logs
+    if exits.registered:
+        payload["exits"] = exits.registered
     if settings:
         payload["settings"] = settings
     if ahead:
@@ -301,6 +304,7 @@ def named_roots(roots: dict) -> list[tuple[str, object]]:
         named += [(f"frame[{i}].locals.{k}", v) for k, v in frame["locals"].items()]
     named += [(f"torch_hooks.{k}", v) for k, v in (roots.get("torch_hooks") or {}).items()]
     named += [(f"loggers[{k!r}]", v) for k, v in (roots.get("loggers") or {}).items()]
+    named += [(f"exits[{i}]", v) for i, v in enumerate(roots.get("exits") or ())]
     named += [(f"loops[{i}].source", v) for i, v in (roots.get("ahead") or {}).items()]
     named += [(f"loops[{i}].loaders", v) for i, v in (roots.get("loaders") or {}).items()]
     return named

@@ -25,6 +25,7 @@ from gpusnap.graph.load import (
     RUN_IDS,
     HookHandle,
     LiveClass,
+    LiveFile,
     LiveFunction,
     LiveGenerator,
     LiveOnly,
@@ -426,8 +427,8 @@ class KindMerges:
         # Object-keyed dicts (optimizer.state) come last: their keys align while the rest merges.
         for name in sorted(snap_attrs, key=lambda k: _has_object_keys(snap_attrs[k])):
             value = snap_attrs[name]
-            if isinstance(value, LiveOnly) and name not in live_attrs:
-                continue  # nothing to keep, and nothing the snapshot could give
+            if isinstance(value, LiveOnly) and name not in live_attrs and not isinstance(value, LiveFile):
+                continue  # nothing to keep, and nothing the snapshot could give (a file is opened again)
             if name in added and name in live_attrs and not _picklable(value):
                 # Not saved: the class's __setstate__ made it for the loaded copy (DDP's reducer,
                 # hooked to the copy's parameters). The live object keeps its own.

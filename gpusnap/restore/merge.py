@@ -63,6 +63,7 @@ from gpusnap.graph.load import (
     CoreBuffer,
     HookHandle,
     LiveClass,
+    LiveFile,
     LiveFunction,
     LiveGenerator,
     LiveObject,
@@ -299,6 +300,8 @@ class Merger(KindMerges):
                     self._live_only_at.setdefault(id(snap), []).append(live)
                     self._keep.append(snap)
                     return _LivePlace(snap, path, live)
+            if live is None and isinstance(snap, LiveFile) and (opened := self._opened_again(snap)) is not None:
+                return opened
             if live is None and isinstance(snap, LiveOnly):
                 _name_place(snap, path)
             if live is None and isinstance(snap, LiveOnly) and path.depth > 1:
@@ -474,6 +477,8 @@ class Merger(KindMerges):
         def resolve(item, path: Path):
             if isinstance(item, LiveOnly):
                 found = self.counterpart(item)  # the live object it stands for (_match_live_only, or placed first)
+                if found is None and isinstance(item, LiveFile):
+                    found = self._opened_again(item)
                 if found is not None:
                     return found
                 _name_place(item, path)
@@ -502,6 +507,17 @@ class Merger(KindMerges):
             return self._adopt(item, path)
 
         return resolve
+
+    def _opened_again(self, snap: LiveFile):
+        """A file the program opened after setup, opened again once for all its places; None
+        where it cannot be (gone, or not allowed): the placeholder then stands there, and
+        refuses the restore where the program uses it."""
+        try:
+            opened = snap.open_again()
+        except (OSError, ValueError, LookupError):
+            return None
+        self._live_only[id(snap)] = opened
+        return opened
 
     def _is_tensor(self, obj) -> bool:
         return self._torch is not None and isinstance(obj, self._torch.Tensor)

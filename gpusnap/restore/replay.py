@@ -28,8 +28,8 @@ import types
 
 from gpusnap import files, knobs
 from gpusnap.console import Console
-from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, ReplayDiverged, RestoreError
-from gpusnap.graph import iterators, rng, roots, settings, witness, workers
+from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, ReplayDiverged, RestoreError, StateMismatch
+from gpusnap.graph import exits, iterators, rng, roots, settings, witness, workers
 from gpusnap.graph.load import DEVICE_BASES, LiveOnly, NotCaptured
 from gpusnap.instrument import loops
 from gpusnap.restore import devices, fastforward, itemcheck, livecheck, load
@@ -273,6 +273,7 @@ class Replay:
         merged_hooks = _merge_all(merger, roots.torch_hooks(), payload.get("torch_hooks") or {}, "torch_hooks")
         saved_loggers = payload.get("loggers") or {}
         merged_loggers = _merge_all(merger, roots.live_loggers(saved_loggers), saved_loggers, "loggers")
+        merged_exits = merger.value(None, payload.get("exits") or [], "exits")  # (a new list: adopted)
         for i, saved in (payload.get("ahead") or {}).items():
             # What a loop's source had fetched ahead (accelerate's shard collates one batch
             # ahead): into the source fast-forward made, which stands at the same batch.
@@ -297,6 +298,11 @@ class Replay:
             roots.set_torch_hook(name, merger.settled(value))
         for name, config in merged_loggers.items():
             roots.set_logger(name, merger.settled(config))
+        lost = exits.register_missing(merger.settled(merged_exits))
+        if lost:
+            raise StateMismatch(f"the run registered the {lost[0].type_name} with atexit in a step the replay skips, and the "
+                                "snapshot could not hold it: the restarted run would end without calling it",
+                                "register a module-level function or a method of an object the program keeps")
         self._stage = "drawing again the order of DataLoaders whose samplers the replay made otherwise"
         self._redraw_orders()
         if device_tensors:

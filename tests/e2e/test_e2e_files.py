@@ -244,6 +244,23 @@ def test_a_scratch_directory_gone_with_the_machine_comes_back(tmp_path):
     assert_same(load_final(ref), load_final(out))
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_file_opened_mid_run_goes_on_and_the_call_it_registered_with_atexit_runs(tmp_path, seed):
+    """corpus/exit_summary.py: a CSV logger made at the first step keeps its file open, and
+    registers its close() with atexit, which writes a summary line as the interpreter exits. The
+    restart was refused at the logger's first write (its file was live-only, the replay made
+    none) until a file opened after setup was opened again; it then ended without the summary
+    line, "verified", 3 of 3, until the program's atexit calls were kept (graph.exits)."""
+    script = copy_programs(tmp_path) / "corpus" / "exit_summary.py"
+    ref, out = ref_and_out(tmp_path)
+    plain(script, ref, cwd=tmp_path, env=ENV)
+    print(f"seed {seed}")
+    kill_and_restart(script, [], tmp_path, out, random.Random(seed), progress(ref), ENV, {**ENV, "TEST_STEP_SLEEP_S": "0.04"})
+    summary = (out / "summary.csv").read_text()
+    assert summary == (ref / "summary.csv").read_text() and summary.endswith("# 72 rows\n"), summary[-200:]
+    assert_same(load_final(ref), load_final(out))
+
+
 def test_a_snapshot_without_a_file_table_restarts_leaving_files_alone(tmp_path):
     """`--files-exclude /` records no file (as snapshots made before gpusnap kept files): the
     restart continues the program and touches none of its files."""

@@ -222,15 +222,21 @@ EXACT_OR_REFUSED = {
     # setup: its footer lives in Arrow's memory until close(), and the replay's writer had truncated
     # the file: "verified" with the later epochs' rows only, 3 of 3, until an open writer was refused.
     "parquet_log": ("parquet_log.py", [], ("ParquetWriter was open",)),
+    # A CSV logger made at the first step registers `lambda: self.close()` with atexit: a function
+    # made after setup, which the snapshot cannot hold. Its registration is lost to a restart (the
+    # summary line close() writes at exit): refused by name (exit_summary.py, registering the
+    # method itself, restarts exactly: test_e2e_files.py)
+    "exit_summary-lambda": ("exit_summary.py", ["--lambda"], ("with atexit in a step the replay skips",)),
 }
 # Shapes the others cover (the full set runs them: GPUSNAP_TEST_CORPUS=all): a refusal by the witness
 # (hard_mining-online, prefetch_thread: scripted-jit-optimize's), by the merge (grad_hook: a unit
 # test, test_graph.py::test_gradient_hooks_...), a loop passed over
 # whose results the code after it needs (lr_finder: noisy_student's), a function made in the loop
 # (phase_schedules: test_a_lambda_made_mid_run_that_the_program_calls_later_is_a_refusal), a native
-# writer's state (parquet_log: sqlite_metrics-commit_at_end's).
+# writer's state (parquet_log: sqlite_metrics-commit_at_end's), an atexit call the snapshot cannot hold (exit_summary-lambda:
+# a unit test, test_graph.py::test_atexit_calls_...).
 MORE_EXACT_OR_REFUSED = ("late_hooks-grad_hook", "hard_mining-online", "lr_finder", "phase_schedules", "prefetch_thread",
-                         "parquet_log")
+                         "parquet_log", "exit_summary-lambda")
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -1386,3 +1386,59 @@ def test_logging_handlers_are_made_again_around_their_state_and_reopen_their_fil
     assert log_path.read_text() == "before the snapshot\nafter it\n"
     assert merged["console"].stream is sys.stderr
     run["file"].close()
+
+
+def test_a_file_opened_after_setup_is_opened_again_where_it_stood_and_the_replay_s_own_is_kept(tmp_path):
+    """A CSV logger made at its first record holds an open file the replay, which skips that
+    step, never makes (corpus/exit_summary.py): the restart was refused at its next write. The
+    stall's flush notes where each of the program's writing files stands; the merge opens such a
+    file again there (written in place, never truncated: "w" becomes "r+"; appending where it
+    appended), and keeps the replay's own file where the replay made one at the place."""
+    from gpusnap.files import disk
+
+    rows_path, raw_path, setup_path = tmp_path / "rows.csv", tmp_path / "raw.bin", tmp_path / "setup.log"
+    run = {"rows": open(rows_path, "w"), "raw": open(raw_path, "ab"), "setup": open(setup_path, "w")}
+    run["rows"].write("step,loss\n1,0.5\n")
+    run["raw"].write(b"\x01\x02")
+    run["setup"].write("setup\n")
+    disk.flush_writers({str(p.resolve()) for p in (rows_path, raw_path, setup_path)})  # as the stall does
+    replayed_setup = open(setup_path, "a")
+    merged, _ = merged_into_replay(tmp_path / "sub", run, lambda: {"rows": None, "raw": None, "setup": replayed_setup})
+    for f in run.values():
+        f.close()
+    assert merged["setup"] is replayed_setup
+    rows, raw = merged["rows"], merged["raw"]
+    assert rows.mode == "r+" and raw.mode == "ab" and rows.encoding == "UTF-8"
+    rows.write("2,0.25\n")
+    raw.write(b"\x03")
+    for f in (rows, raw, replayed_setup):
+        f.close()
+    assert rows_path.read_text() == "step,loss\n1,0.5\n2,0.25\n"
+    assert raw_path.read_bytes() == b"\x01\x02\x03"
+
+
+def test_atexit_calls_the_run_registered_are_registered_again_once_and_one_the_snapshot_lost_is_named():
+    """What the program registers with atexit lives in C: a logger's close() registered in a
+    step the replay skips was gone after a restart, and the run ended without the summary line
+    it writes (corpus/exit_summary.py, "verified"). The run's calls, merged, are registered
+    where the replay has not registered them (its setup's are there already); a function the
+    snapshot could not hold (a lambda made in a step) is returned for the restore to refuse."""
+    from gpusnap.graph import exits
+    from gpusnap.graph.load import LiveFunction
+
+    class Logger:
+        def close(self, why):
+            pass
+
+    logger = Logger()
+    kept = list(exits.registered)
+    try:
+        exits.register(logger.close, "setup")  # the replayed setup's, through atexit.register once boot installed it
+        assert exits.registered[len(kept):] == [(logger.close, ("setup",), {})], "the program's own call is kept"
+        lambda_made_in_a_step = LiveFunction(0, "function")
+        lost = exits.register_missing([(logger.close, ("setup",), {}), (logger.close, ("run",), {}), (lambda_made_in_a_step, (), {})])
+        assert [args for _, args, _ in exits.registered[len(kept):]] == [("setup",), ("run",)]
+        assert lost == [lambda_made_in_a_step]
+    finally:
+        exits.unregister(logger.close)
+        exits.registered[:] = kept

@@ -25,6 +25,9 @@ intercepts, through ``reducer_override``:
 - torch hook handles -> ``_hook_handle(hooks dict, id, extra dicts)``, the dicts held strongly
   (torch's own state holds them by weak reference, which restore could not point at the live
   dicts).
+- files the program writes through (``open()``'s, on a path the file watch records) ->
+  ``_live_file(serial, type, reopen state)``: live-only, and where the replay made none at
+  their place (opened after setup), restore opens the path again at the snapshot's offset.
 - in-memory files (``io.BytesIO``, ``io.StringIO``) -> their own reduction, contents and position:
   a report kept in a StringIO until the end, the best weights torch.save'd into a BytesIO. Other
   files are the replay's; these hold nothing but program state.
@@ -63,6 +66,7 @@ import weakref
 
 from gpusnap.capture.pickling.reducers import BufferReducers, HostMemory, _is_named
 from gpusnap.capture.safepoints import returnable as safepoints
+from gpusnap.files import disk
 from gpusnap.graph import roots
 from gpusnap.graph.iterpickle import IterativePickler
 from gpusnap.graph.load import (
@@ -72,6 +76,7 @@ from gpusnap.graph.load import (
     _device_pointer,
     _hook_handle,
     _live_class,
+    _live_file,
     _live_function,
     _live_generator,
     _live_object,
@@ -311,6 +316,9 @@ class GraphPickler(BufferReducers, pickle.Pickler):
             return _log_handler, (type(obj), _log_handler_state(obj))
         if type(obj) in MEMORY_FILES:
             return self._reduce_by_pickle(obj)  # (a closed one has no state: live-only)
+        if isinstance(obj, io.IOBase) and (state := disk.reopen_state(obj)) is not None:
+            _, args = self._live(obj)
+            return _live_file, (*args, state)
         if isinstance(obj, self._live_types) or (LIVE_NAMES and _is_named(type(obj), LIVE_NAMES)):
             return self._live(obj)
         if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)) and findable(obj):

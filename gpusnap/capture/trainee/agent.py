@@ -34,7 +34,7 @@ from gpusnap.capture.trainee import children, control, handlers, pace, session
 from gpusnap.capture.trainee import witness as witnessing
 from gpusnap.capture.writer import fork
 from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, ChildRunning, StageError
-from gpusnap.graph import caches, rng, roots, settings, workers
+from gpusnap.graph import caches, exits, rng, roots, settings, workers
 from gpusnap.instrument import loops
 from gpusnap.stage import limits
 
@@ -79,6 +79,7 @@ def install(config: dict, note_source) -> None:
     atexit.register(witnessing.flush)  # after the writer's wait (atexit runs in reverse): its commit frees the witness
     atexit.register(fork.wait_for_writer_at_exit)
     settings.note_start()  # what the program changes process-wide from here on is its own
+    exits.install()  # and what it registers with atexit
 
 
 def resuming():
