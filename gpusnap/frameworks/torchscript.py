@@ -7,6 +7,14 @@ replay had made it, and the witness refused the restart (the parameters after th
 differed). Its parameters are reached through its submodules and the optimizer, and need
 nothing. So the snapshot keeps each scripted module's buffers beside its state, and once merged
 they are copied into the replay's module.
+
+TorchScript's executor (on by default) profiles a graph's first calls in a process and then runs
+an optimized graph, whose last bits differ: a restarted process runs the profiling calls again
+where the run ran the optimized graph. The witness caught that while it held enough iterations
+(8 of 8), and said "verified" with one (corpus/scripted.py --jit-optimize, other bytes, 3 of 3
+on a faster machine). So a snapshot taken while the executor optimizes (the flag
+``torch.jit.optimized_execution`` sets, in the snapshot's thread) is refused at its restart, by
+name; inside ``optimized_execution(False)`` it restarts exactly.
 """
 
 from __future__ import annotations
@@ -19,13 +27,17 @@ from gpusnap.restore import replay
 
 _SCRIPTED = "torch.jit._script.RecursiveScriptModule"
 _BUFFERS = "_gpusnap_buffers"
+_OPTIMIZED = "_gpusnap_optimized"  # whether TorchScript's executor optimized graphs at the snapshot
 
 
 def _buffers(module) -> dict:
     try:
-        return {_BUFFERS: {name: tensor for name, tensor in module._buffers.items() if tensor is not None}}
+        kept = {_BUFFERS: {name: tensor for name, tensor in module._buffers.items() if tensor is not None}}
     except Exception:  # noqa: BLE001 - a scripted module without a C++ object: nothing more to keep
         return {}
+    optimizing = getattr(sys.modules["torch"]._C, "_get_graph_executor_optimize", None)
+    kept[_OPTIMIZED] = bool(optimizing()) if optimizing is not None else False
+    return kept
 
 
 def _give_buffers(objects) -> None:
@@ -33,6 +45,12 @@ def _give_buffers(objects) -> None:
     if torch is None:
         return
     for module in objects:
+        if isinstance(module, torch.jit.RecursiveScriptModule) and module.__dict__.pop(_OPTIMIZED, False):
+            raise StateMismatch(
+                f"the snapshot holds the TorchScript module {module.original_name}, run under TorchScript's optimizing "
+                "executor, which optimizes each graph after its first calls in a process: the restarted process would run "
+                "other graphs than the run did from there, with other last bits (a witness of a few iterations may not see it)",
+                "run the training loop inside torch.jit.optimized_execution(False), or train the eager module")
         if isinstance(module, torch.jit.RecursiveScriptModule) and _BUFFERS in module.__dict__:
             for name, saved in module.__dict__.pop(_BUFFERS).items():
                 live = module._buffers[name] if name in module._buffers else None
