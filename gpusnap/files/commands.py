@@ -11,9 +11,9 @@ writes that its command line does not name stays unseen (docs/files.md).
 
 A token is taken as a path when it names a regular file that is there, or a name with a
 directory part or a suffix (``out/eval.json``, ``results.txt``) in a directory that is there:
-the child may make it. Options' values (``--out=PATH``) and a shell's redirections (``>>PATH``)
-are looked into; the command itself (the first token) is not. Directories are not: a dataset's
-folder handed to a reader is not the program's to put back.
+the child may make it. Options' and settings' values (``--out=PATH``, ``out=PATH``) and a
+shell's redirections (``>>PATH``) are looked into; the command itself (the first token) is not,
+nor are directories: a dataset's folder handed to a reader is not the program's to put back.
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ def _words(argv) -> list[str]:
 
 def _as_path(token: str, base: str) -> str | None:
     token = _REDIRECT.sub("", token)
-    if token.startswith("-"):
-        token = token.partition("=")[2]
+    if token.startswith("-") or ("=" in token and not os.path.lexists(os.path.join(base, token))):
+        token = token.partition("=")[2]  # an option's value, or a setting's (Hydra's out=results.json)
     if not token or len(token) > _LONGEST or "\n" in token or "\0" in token or "://" in token:
         return None
     path = os.path.normpath(os.path.join(base, os.path.expanduser(token)))

@@ -167,7 +167,7 @@ def _on(event: str, args: tuple) -> None:
         _temp.add(normalize(args[0]))
     elif event == "sqlite3.connect":
         _sqlite(args[0])
-    else:  # a process started by exec, which writes unseen: the files its command names
+    elif event in commands.EVENTS:  # a process started by exec, which writes unseen: the files its command names
         for path in commands.command_paths(event, args):
             _touch(normalize(path), "child")
 
