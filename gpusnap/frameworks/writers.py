@@ -16,11 +16,21 @@ refuses, naming it, rather than go on with the replay's writer, which holds none
   compressor would go on with a stream of its own after the run's bytes, and the file would end
   with a checksum of neither (a snapshot cannot flush it either: that adds a sync point, and the
   file would differ from an uninterrupted run's).
+
+A ``csv.writer`` (over a file the program keeps open, or a ``StringIO``) holds its file in C,
+where pickle cannot reach it: it was live-only, and one made after setup (a logger's, at its
+first record) was gone after a restart. Where the program held it in a local that the replay
+bound to None, the program made it again over its log opened anew, truncated: "verified", the
+rows before the snapshot lost (``tests/programs/corpus/csv_log.py --lazy``, 2 of 2). So
+``csv.writer`` is wrapped to note the file each writer writes through (``csv_writer``), and a
+snapshot keeps the writer as that file and its dialect (``pickler.OVER_FILES``): restore makes
+it again over the file's live counterpart (the file opened again, where the replay made none).
 """
 
 from __future__ import annotations
 
-from gpusnap.capture.pickling.pickler import UNKEPT
+from gpusnap.capture.pickling.pickler import OVER_FILES, UNKEPT
+from gpusnap.onimport import after_import
 
 UNKEPT["sqlite3.Connection"] = (
     lambda connection: connection.in_transaction,  # sqlite3_get_autocommit: a field
@@ -42,3 +52,43 @@ _COMPRESSING = (
 )
 for _name in ("gzip.GzipFile", "bz2.BZ2File", "lzma.LZMAFile"):
     UNKEPT[_name] = _COMPRESSING
+
+
+_DIALECT = ("delimiter", "doublequote", "escapechar", "lineterminator", "quotechar", "quoting", "skipinitialspace", "strict")
+_made: dict[int, tuple] = {}  # id(writer) -> (writer, its file): held, so that an id is never another writer's
+_csv_writer = None  # the csv module's own
+
+
+def csv_writer(csvfile, *args, **kwargs):
+    """``csv.writer``, noting the file the writer writes through."""
+    made = _csv_writer(csvfile, *args, **kwargs)
+    if len(_made) >= 256:  # a writer per row, or per epoch's file: let go of those over closed files
+        for key, (_, file) in list(_made.items()):
+            if getattr(file, "closed", False):
+                del _made[key]
+    _made[id(made)] = (made, csvfile)
+    return made
+
+
+csv_writer.__gpusnap_wrapped__ = True
+
+
+def _over_its_file(writer):
+    entry = _made.get(id(writer))
+    if entry is None or entry[0] is not writer:
+        return None
+    dialect = writer.dialect
+    return entry[1], csv_writer, {name: getattr(dialect, name) for name in _DIALECT}
+
+
+def _csv(module) -> None:
+    global _csv_writer
+    if getattr(module.writer, "__gpusnap_wrapped__", False):
+        return
+    _csv_writer = module.writer
+    csv_writer.__doc__ = _csv_writer.__doc__
+    module.writer = csv_writer  # DictWriter makes its writer through the module's name too
+
+
+OVER_FILES["_csv.writer"] = _over_its_file
+after_import("csv", _csv)

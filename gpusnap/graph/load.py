@@ -15,6 +15,8 @@ importable by both sides: restore must never import capture. Placeholders:
   attributes into it;
 - ``LiveFile``, a ``LiveOnly`` for a file the program writes through (``open()``'s): where the
   replay made none at its place (it was opened after setup), restore opens its path again;
+- ``LiveOverFile``, a ``LiveOnly`` for an object that writes through a file (a ``csv.writer``):
+  where the replay made none at its place, restore makes it again over its file;
 - ``Unbuilt`` stands where an object was captured but cannot be rebuilt in this process (its
   constructor refused an argument that is itself live-only, such as a ``functools.partial`` of a
   local function): restore keeps the replayed object there, and refuses if there is none;
@@ -348,6 +350,22 @@ class LiveFile(LiveOnly):
         return f
 
 
+class LiveOverFile(LiveOnly):
+    """Stands where the snapshot held an object that writes through a file it holds where Python
+    cannot reach it (a ``csv.writer``, made at a logger's first record): the replay's object where
+    it made one at this place; where it made none, ``build(file, **params)`` over the live
+    counterpart of the file (the replay's, or the file opened again: ``LiveFile``)."""
+
+    __slots__ = ("file", "build", "params")
+
+    def __init__(self, serial: int, type_name: str):
+        super().__init__(serial, type_name)
+        self.file, self.build, self.params = None, None, {}
+
+    def __setstate__(self, state) -> None:  # after the placeholder is memoized
+        self.file, self.build, self.params = state
+
+
 class LiveGenerator(LiveOnly):
     """Stands where the snapshot held a suspended generator of instrumented code: the generator
     is the replay's, run to the same place (``restore.livecheck``), its locals the snapshot's."""
@@ -371,6 +389,10 @@ def _live_only(serial, name):
 
 def _live_file(serial, name, state):
     return LiveFile(serial, name, state)
+
+
+def _live_over_file(serial, name):
+    return LiveOverFile(serial, name)
 
 
 def _live_function(serial, name):

@@ -24,7 +24,7 @@ loop; an output directory the script entered; an EMA on an optimizer's step hook
 by its handle; a report kept in a StringIO; a hook for every module or optimizer; epochs' weights
 and a loss log kept in a TemporaryDirectory; metrics in an SQLite database; statistics in a
 WeakKeyDictionary; a log file never flushed by hand; a log handler added mid-run; an evaluator
-run as a subprocess that appends to a results file) continue
+run as a subprocess that appends to a results file; a CSV writer made at the first step) continue
 with the same bytes after a kill: each is run uninterrupted, and again under `gpusnap run` with
 SIGUSR1 at a random step, kill -9 of the whole process group a few steps later, then `gpusnap
 restart`. One seed per program by default (printed; pytest shows it on failure);
@@ -158,11 +158,20 @@ CORPUS = {
     # of an epoch after the snapshot was there twice, "verified", 1 of 3, until the paths a
     # started command names were kept (files.commands)
     "eval_subprocess": ("eval_subprocess.py", [], 0, "gpusnap: fast-forward "),
+    # a CSV file and its csv.writer made at the first step, kept in locals: the writer was
+    # live-only, the replay's locals held None, and the program made both again, the log
+    # truncated: "verified", the rows before the snapshot lost, 2 of 2, until such a name held a
+    # placeholder (refused) and the writer was made again over its file opened again (exact)
+    "csv_log-lazy": ("csv_log.py", ["--lazy"], 0, "gpusnap: fast-forward "),
 }
 MORE = {
     # everything printed goes to a log file too, through a Tee object put in place of sys.stdout
     # at start (exact at the first try, 3 of 3)
     "tee_stdout": ("tee_stdout.py", [], 0, "gpusnap: fast-forward "),
+    # the same log and writer made in setup (exact before and after), or a DictWriter made at the
+    # first step (refused at its writerow before: its csv.writer was live-only)
+    "csv_log": ("csv_log.py", [], 0, "gpusnap: fast-forward "),
+    "csv_log-lazy_dict": ("csv_log.py", ["--lazy", "--dict"], 0, "gpusnap: fast-forward "),
     # each epoch's predictions a member of one zip archive opened in setup, closed at the end:
     # its directory, in the ZipFile's attributes, merged into the replay's, which writes on after
     # the run's members (exact from the start, 3 of 3)

@@ -28,6 +28,8 @@ intercepts, through ``reducer_override``:
 - files the program writes through (``open()``'s, on a path the file watch records) ->
   ``_live_file(serial, type, reopen state)``: live-only, and where the replay made none at
   their place (opened after setup), restore opens the path again at the snapshot's offset.
+- objects that write through a file (``OVER_FILES``: a ``csv.writer``) -> ``_live_over_file``
+  with their file and how to make them again over it.
 - in-memory files (``io.BytesIO``, ``io.StringIO``) -> their own reduction, contents and position:
   a report kept in a StringIO until the end, the best weights torch.save'd into a BytesIO. Other
   files are the replay's; these hold nothing but program state.
@@ -81,6 +83,7 @@ from gpusnap.graph.load import (
     _live_generator,
     _live_object,
     _live_only,
+    _live_over_file,
     _log_handler,
     _module_attribute,
     _set_state,
@@ -147,6 +150,12 @@ FETCHED_AHEAD: dict[str, tuple[str, ...]] = {}
 # runs in the forked writer: it reads a field, and calls nothing that could wait on a lock.
 UNKEPT: dict[str, tuple] = {}
 _unkept_of: dict[tuple, tuple | None] = {}
+# "module.Qualname" (any class in the MRO) -> a function of the object giving (file, build, params)
+# or None: an object that writes through a file it holds where pickle cannot reach (a
+# csv.writer), pickled as ``_live_over_file`` with those: restore keeps the replay's, or makes it
+# again over the file's live counterpart (gpusnap.frameworks.writers).
+OVER_FILES: dict[str, object] = {}
+_over_files_of: dict[tuple, object] = {}
 _replayed_attrs_of: dict[type, frozenset[str]] = {}
 _extra_state_of: dict[tuple, object] = {}
 
@@ -316,6 +325,9 @@ class GraphPickler(BufferReducers, pickle.Pickler):
             return _log_handler, (type(obj), _log_handler_state(obj))
         if type(obj) in MEMORY_FILES:
             return self._reduce_by_pickle(obj)  # (a closed one has no state: live-only)
+        if OVER_FILES and (over := _by_class(OVER_FILES, _over_files_of, type(obj))) is not None and (made := over(obj)):
+            _, args = self._live(obj)
+            return _live_over_file, args, made
         if isinstance(obj, io.IOBase) and (state := disk.reopen_state(obj)) is not None:
             _, args = self._live(obj)
             return _live_file, (*args, state)
