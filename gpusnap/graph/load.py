@@ -15,6 +15,7 @@ importable by both sides: restore must never import capture. Placeholders:
   attributes into it;
 - ``LiveFile``, a ``LiveOnly`` for a file the program writes through (``open()``'s): where the
   replay made none at its place (it was opened after setup), restore opens its path again;
+- ``LiveMemmap``, a ``LiveFile`` for a NumPy memmap (read-only, or written in place): mapped again;
 - ``LiveOverFile``, a ``LiveOnly`` for an object that writes through a file (a ``csv.writer``):
   where the replay made none at its place, restore makes it again over its file;
 - ``Unbuilt`` stands where an object was captured but cannot be rebuilt in this process (its
@@ -350,6 +351,22 @@ class LiveFile(LiveOnly):
         return f
 
 
+class LiveMemmap(LiveFile):
+    """A ``LiveFile`` for a NumPy memmap over the whole mapping it made (``np.memmap``,
+    ``np.lib.format.open_memmap``): the file mapped again, read-only where it was, else to write
+    (``r+``, never truncated). Pickled by value it was an array over no file, which a step's
+    writes and ``flush()`` never reached. ``state``: path, dtype, offset, shape, order, mode."""
+
+    __slots__ = ()
+
+    def open_again(self):
+        import numpy as np
+
+        s = self.state
+        return np.memmap(s["path"], dtype=s["dtype"], mode="r" if s["mode"] == "r" else "r+", offset=s["offset"],
+                         shape=s["shape"], order=s["order"])
+
+
 class LiveOverFile(LiveOnly):
     """Stands where the snapshot held an object that writes through a file it holds where Python
     cannot reach it (a ``csv.writer``, made at a logger's first record): the replay's object where
@@ -389,6 +406,10 @@ def _live_only(serial, name):
 
 def _live_file(serial, name, state):
     return LiveFile(serial, name, state)
+
+
+def _live_memmap(serial, name, state):
+    return LiveMemmap(serial, name, state)
 
 
 def _live_over_file(serial, name):

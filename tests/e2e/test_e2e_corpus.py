@@ -24,7 +24,7 @@ loop; an output directory the script entered; an EMA on an optimizer's step hook
 by its handle; a report kept in a StringIO; a hook for every module or optimizer; epochs' weights
 and a loss log kept in a TemporaryDirectory; metrics in an SQLite database; statistics in a
 WeakKeyDictionary; a log file never flushed by hand; a log handler added mid-run; an evaluator
-run as a subprocess that appends to a results file; a CSV writer made at the first step) continue
+run as a subprocess that appends to a results file; a CSV writer made at the first step; predictions written into a NumPy memmap) continue
 with the same bytes after a kill: each is run uninterrupted, and again under `gpusnap run` with
 SIGUSR1 at a random step, kill -9 of the whole process group a few steps later, then `gpusnap
 restart`. One seed per program by default (printed; pytest shows it on failure);
@@ -163,6 +163,11 @@ CORPUS = {
     # truncated: "verified", the rows before the snapshot lost, 2 of 2, until such a name held a
     # placeholder (refused) and the writer was made again over its file opened again (exact)
     "csv_log-lazy": ("csv_log.py", ["--lazy"], 0, "gpusnap: fast-forward "),
+    # each epoch's predictions a row of a NumPy memmap made at the first evaluation, flushed, the
+    # file loaded at the end: pickled by value, the memmap was an array over no file after a
+    # restart, and the rows after the snapshot never reached it, "verified", 1 of 3, until a
+    # memmap was kept as its file and mapped again (graph.load.LiveMemmap)
+    "memmap_preds": ("memmap_preds.py", [], 0, "gpusnap: fast-forward "),
 }
 MORE = {
     # everything printed goes to a log file too, through a Tee object put in place of sys.stdout
@@ -172,6 +177,8 @@ MORE = {
     # first step (refused at its writerow before: its csv.writer was live-only)
     "csv_log": ("csv_log.py", [], 0, "gpusnap: fast-forward "),
     "csv_log-lazy_dict": ("csv_log.py", ["--lazy", "--dict"], 0, "gpusnap: fast-forward "),
+    # the same memmap made before training (exact before and after: the replay's is kept)
+    "memmap_preds-setup": ("memmap_preds.py", ["--setup"], 0, "gpusnap: fast-forward "),
     # each epoch's predictions a member of one zip archive opened in setup, closed at the end:
     # its directory, in the ZipFile's attributes, merged into the replay's, which writes on after
     # the run's members (exact from the start, 3 of 3)

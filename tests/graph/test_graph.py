@@ -1505,3 +1505,25 @@ def test_a_live_only_object_the_replay_left_none_stands_as_a_placeholder_that_re
     assert barrier is not None
     with pytest.raises(NotCaptured, match="threading.Barrier at frame.1..locals.barrier"):
         barrier.wait()
+
+
+def test_a_numpy_memmap_is_mapped_again_over_its_file_not_copied(tmp_path):
+    """A memmap pickled by value was an array over no file after a restart: predictions written
+    into one made at the first evaluation, a row per epoch, never reached the file, and the
+    restart said "verified" (corpus/memmap_preds.py, 1 of 3). Its bytes went into the snapshot,
+    too (a dataset read through np.memmap(mode="r"): all of it). A memmap over its whole mapping
+    is kept as its file: mapped again where the replay made none, to write where it wrote."""
+    preds = np.lib.format.open_memmap(tmp_path / "preds.npy", mode="w+", dtype=np.float32, shape=(4, 3))
+    preds[0] = 1.0
+    preds.flush()
+    np.arange(1000, dtype=np.uint16).tofile(tmp_path / "train.bin")
+    data = np.memmap(tmp_path / "train.bin", dtype=np.uint16, mode="r")
+    snap, _ = snapshot_and_load(tmp_path, {"preds": preds, "data": data})
+    buffers = RunDir.open(tmp_path / "run").load_manifest("000001")["buffers"]
+    assert sum(b["nbytes"] for b in buffers.values()) < 1000, "the arrays' bytes were copied"
+    merged = merge_into({"preds": None, "data": None}, snap)
+    assert type(merged["preds"]) is np.memmap and merged["preds"].mode == "r+" and merged["data"].mode == "r"
+    merged["preds"][1] = 2.0
+    merged["preds"].flush()
+    assert np.load(tmp_path / "preds.npy").tolist() == [[1.0] * 3, [2.0] * 3, [0.0] * 3, [0.0] * 3]
+    assert merged["data"][999] == 999 and merged["data"] is not data

@@ -25,6 +25,9 @@ intercepts, through ``reducer_override``:
 - torch hook handles -> ``_hook_handle(hooks dict, id, extra dicts)``, the dicts held strongly
   (torch's own state holds them by weak reference, which restore could not point at the live
   dicts).
+- NumPy memmaps over a file (read-only, or written in place) -> ``_live_memmap(serial, type,
+  state)``: the file mapped again where the replay made none (by value, their bytes went into
+  every snapshot, and a step's writes reached no file after a restart).
 - files the program writes through (``open()``'s, on a path the file watch records) ->
   ``_live_file(serial, type, reopen state)``: live-only, and where the replay made none at
   their place (opened after setup), restore opens the path again at the snapshot's offset.
@@ -60,6 +63,7 @@ from __future__ import annotations
 import contextlib
 import copyreg
 import io
+import mmap
 import pickle
 import sys
 import threading
@@ -81,6 +85,7 @@ from gpusnap.graph.load import (
     _live_file,
     _live_function,
     _live_generator,
+    _live_memmap,
     _live_object,
     _live_only,
     _live_over_file,
@@ -300,6 +305,9 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         np = self._np
         if np is not None and type(obj) is np.ndarray and not obj.dtype.hasobject and obj.dtype.names is None:
             return self._reduce_ndarray(obj)
+        if np is not None and isinstance(obj, np.memmap) and (state := _memmap_state(obj)) is not None:
+            _, args = self._live(obj)
+            return _live_memmap, (*args, state)
         if self._cupy is not None and type(obj) is self._cupy.ndarray:
             return self._reduce_cupy(obj)
         if self._core_buffer is not None and isinstance(obj, self._core_buffer):
@@ -443,6 +451,16 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         name = type_name(obj) if not isinstance(obj, type) else f"class {obj.__module__}.{obj.__qualname__}"
         self.live_only.append((obj, name))
         return _live_only, (serial, name)
+
+
+def _memmap_state(array) -> dict | None:
+    """How to map a NumPy memmap's file again: one over the whole mapping it made (not a view
+    of one, nor copy-on-write, whose writes the file never sees), read-only or written in place."""
+    if array.mode not in ("r", "r+", "w+") or not isinstance(array.base, mmap.mmap) or not array.filename:
+        return None
+    order = "F" if array.flags.f_contiguous and not array.flags.c_contiguous else "C"
+    return {"path": array.filename, "dtype": array.dtype, "offset": array.offset, "shape": array.shape, "order": order,
+            "mode": array.mode}
 
 
 def _log_handler_state(handler) -> dict:
