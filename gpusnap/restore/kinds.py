@@ -29,6 +29,7 @@ from gpusnap.graph.load import (
     LiveFunction,
     LiveGenerator,
     LiveOnly,
+    LiveOverFile,
     ShardedState,
     Unbuilt,
     _ndarray_over,
@@ -427,8 +428,8 @@ class KindMerges:
         # Object-keyed dicts (optimizer.state) come last: their keys align while the rest merges.
         for name in sorted(snap_attrs, key=lambda k: _has_object_keys(snap_attrs[k])):
             value = snap_attrs[name]
-            if isinstance(value, LiveOnly) and name not in live_attrs and not isinstance(value, LiveFile):
-                continue  # nothing to keep, and nothing the snapshot could give (a file is opened again)
+            if isinstance(value, LiveOnly) and name not in live_attrs and not isinstance(value, (LiveFile, LiveOverFile)):
+                continue  # nothing to keep, and nothing the snapshot could give (a file is opened again, a writer made)
             if name in added and name in live_attrs and not _picklable(value):
                 # Not saved: the class's __setstate__ made it for the loaded copy (DDP's reducer,
                 # hooked to the copy's parameters). The live object keeps its own.

@@ -550,8 +550,7 @@ class Merger(KindMerges):
             return _MISSING
         try:
             made = snap.build(live, **snap.params)
-        except Exception as exc:  # noqa: BLE001 - any failure: the placeholder stands, and refuses where used
-            _name_place(snap, path)
+        except Exception as exc:  # noqa: BLE001 - any failure: refused here, naming the place
             raise StateMismatch(f"{path}: the snapshot's {snap.type_name} could not be made again over its file "
                                 f"({type(exc).__name__}: {exc})") from None
         self._live_only[id(snap)] = made

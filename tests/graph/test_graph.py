@@ -1464,6 +1464,10 @@ def test_atexit_calls_the_run_registered_in_steps_are_registered_again_once_and_
         exits.registered[:] = kept
 
 
+class CsvLogger:
+    pass
+
+
 def test_a_csv_writer_made_after_setup_is_made_again_over_its_file(tmp_path):
     """A csv.writer holds its file in C, where pickle cannot reach it: one made at a logger's
     first record was live-only, and the program, finding None where the replay had not made it,
@@ -1483,9 +1487,12 @@ def test_a_csv_writer_made_after_setup_is_made_again_over_its_file(tmp_path):
     summary = csv.writer(report)
     summary.writerow(["x"])
     disk.flush_writers({str(path.resolve())})  # as the stall does
-    run = {"log": log, "rows": rows, "report": report, "summary": summary}
-    merged, _ = merged_into_replay(tmp_path / "sub", run, lambda: dict.fromkeys(run))
+    logger = CsvLogger()  # made in setup, its writer set at its first record
+    logger.writer = rows
+    run = {"log": log, "rows": rows, "report": report, "summary": summary, "logger": logger}
+    merged, _ = merged_into_replay(tmp_path / "sub", run, lambda: {**dict.fromkeys(run), "logger": CsvLogger()})
     log.close()
+    assert merged["logger"].writer is merged["rows"]
     merged["rows"].writerow(["b", 2])
     merged["log"].close()
     assert path.read_bytes() == b"a;1\r\nb;2\r\n"
