@@ -1,7 +1,8 @@
 """Everything the script prints goes to the terminal and to a log file too, through a Tee object
 put in place of sys.stdout at start, as many research scripts do; the log is read back at the end.
-An MLP, SGD with momentum, a shuffled DataLoader.
-usage: tee_stdout.py OUT [--epochs N]"""
+--late puts the Tee in place at the second epoch (logging set up once the first has shown the
+run is sound). An MLP, SGD with momentum, a shuffled DataLoader.
+usage: tee_stdout.py OUT [--epochs N] [--late]"""
 import argparse
 import os
 import sys
@@ -32,10 +33,13 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--late", action="store_true")
     args = parser.parse_args()
 
     path = os.path.join(args.out, "train.log")
-    sys.stdout = Tee(path)
+    open(path, "w").close()
+    if not args.late:
+        sys.stdout = Tee(path)
     print("start")
     torch.manual_seed(31)
     x = torch.randn(192, 10)
@@ -46,6 +50,8 @@ def main():
 
     step = 0
     for epoch in range(args.epochs):
+        if args.late and epoch == 1:
+            sys.stdout = Tee(path)
         for xb, yb in loader:
             loss = F.cross_entropy(model(xb), yb)
             optimizer.zero_grad()
