@@ -31,6 +31,7 @@ import os
 import sys
 
 from gpusnap import onimport
+from gpusnap.errors import StateMismatch
 
 _start_environ: dict[str, str] | None = None  # os.environ as the program's code began
 _start_cwd: str | None = None  # the working directory it began in
@@ -83,7 +84,32 @@ def capture() -> dict:
         out["deterministic"] = [torch.are_deterministic_algorithms_enabled(),
                                 torch.is_deterministic_algorithms_warn_only_enabled()]
         out["hook_ids"] = torch.utils.hooks.RemovableHandle.next_id
+    streams = {name: _kind(stream) for name in _STREAMS if (stream := getattr(sys, name)) is not getattr(sys, f"__{name}__")}
+    if streams:
+        out["streams"] = streams
     return out
+
+
+_STREAMS = ("stdout", "stderr")
+
+
+def _kind(obj) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def check_streams(saved: dict) -> None:
+    """Refuse where the run had put an object of its own in place of ``sys.stdout`` or
+    ``sys.stderr`` (a Tee that also writes a log file) and the replay has not: the restarted
+    run would print to the process's own stream, and its log would lack every line after the
+    snapshot (``tests/programs/corpus/tee_stdout.py --late``: the lines were lost). Not kept:
+    the object is the program's, but ``sys`` is no root of a snapshot."""
+    for name, kind in (saved.get("streams") or {}).items():
+        live = getattr(sys, name)
+        if live is getattr(sys, f"__{name}__") or _kind(live) != kind:
+            raise StateMismatch(f"the run had put a {kind} in place of sys.{name} in a step the replay skips, and the "
+                                f"restarted run would write to {_kind(live)} instead",
+                                f"replace sys.{name} before the training loop (the replay then does it again), or "
+                                "log through the logging module")
 
 
 def restore(saved: dict) -> list[str]:

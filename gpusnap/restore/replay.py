@@ -320,6 +320,7 @@ class Replay:
         rng.restore(payload["rng"])
         self._stage = "restoring the program's process-wide settings"
         saved_settings = payload.get("settings") or {}
+        settings.check_streams(saved_settings)
         if knobs.MOVED_FROM and saved_settings.get("cwd"):  # a working directory inside the program's tree
             saved_settings = {**saved_settings, "cwd": rebase(saved_settings["cwd"], knobs.MOVED_FROM, settings.start_cwd() or os.getcwd())}
         put = settings.restore(saved_settings)
