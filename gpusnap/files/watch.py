@@ -196,8 +196,7 @@ def _asked_by_library() -> bool:
         frame = frame.f_back
     if frame is None:
         return True
-    name = frame.f_code.co_filename
-    return name.startswith("<") or sources.library_file(sources.real(name))
+    return sources.library_code(frame.f_code.co_filename)
 
 
 def _write_open(path: str | None, flags: int) -> None:

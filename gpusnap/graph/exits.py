@@ -60,7 +60,7 @@ def _by_program() -> bool:
         name = sys._getframe(2).f_code.co_filename
     except ValueError:  # called from C, no frame of Python's above
         return False
-    return not name.startswith("<") and not sources.library_file(sources.real(name))
+    return not sources.library_code(name)
 
 
 def register_missing(calls: list) -> list:

@@ -9,7 +9,8 @@ with the replayed program by path::
      "statics": {module name: {class or function name: {attribute: value}}},
      "torch_hooks": {name: value} (torch's process-wide module and optimizer hooks),
      "loggers": {name: {"level", "propagate", "disabled", "handlers"}} (``loggers()``),
-     "exits":   [(func, args, kwargs)] (what the program registered with atexit: ``graph.exits``),
+     "exits":   [(func, args, kwargs, where its loops stood)] (what the program registered with
+                 atexit in a step: ``graph.exits``),
      "rng":     {"random": ..., "numpy": ..., "torch": ..., "torch.cuda": ...},
      "loops":   [{"frame": index into frames, "loop_id": "LINE:COL", "index": n,
                   "kind": "for"|"while", "resume": {...} | None,
