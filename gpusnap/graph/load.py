@@ -576,6 +576,19 @@ def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, i
     return t
 
 
+def _inline_array(kind, dtype, shape, data: bytes):
+    """An array a reduction made in the writer (a generator's state), from its bytes: a NumPy
+    array, or a torch tensor where ``kind`` is "torch"."""
+    import numpy as np
+
+    array = np.frombuffer(bytearray(data), dtype=np.dtype(dtype)).reshape(shape)
+    if kind != "torch":
+        return array
+    import torch
+
+    return torch.from_numpy(array)
+
+
 def _rebuild_cupy(name, offset, nbytes, dtype, shape, strides, device, start=0):
     """A CuPy array saved on ``device``: on the GPU the map gives when CuPy and a GPU are here
     (``graph.devicemap``), else a NumPy array with the same bytes. The merge copies it into the

@@ -32,6 +32,8 @@ from gpusnap.instrument import importer
 from gpusnap.restore.merge import Merger
 from gpusnap.store import RunDir
 
+from device_helpers import in_child
+
 SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1,2,3,4,5,6,7,8").split(",")]
 ATOMS = (str, bytes, int, float, bool, type(None))
 
@@ -622,6 +624,33 @@ def test_random_generators_take_the_run_s_state_in_place_so_methods_bound_to_the
     for name in ("draw", "bits_draw", "normal"):
         assert np.array_equal(merged[name](3), run[name](3)), name
     assert merged["stdlib"].random() == run["stdlib"].random()
+
+
+def test_a_torch_generator_s_state_is_saved_where_the_writer_s_own_heap_grew_past_its_map(tmp_path):
+    """Pickling a torch.Generator asks it for its state, a tensor made in the writer. Where the
+    writer's heap had to grow for it, the tensor lay past the map the writer froze at fork, and
+    the snapshot failed as if the program held page-locked memory ("a CPU tensor of 5,056 bytes
+    ... is not in the forked writer's memory"): now and then, as the heap happened to stand."""
+    from gpusnap import rawmem
+
+    sampler = torch.Generator().manual_seed(12)
+    torch.randint(300, (32,), generator=sampler)
+    legacy, twister = np.random.RandomState(3), np.random.Generator(np.random.MT19937(4))
+    legacy.rand(5), twister.random(5)
+
+    def writer():
+        rawmem.freeze_maps()
+        grown = [torch.empty(4096, dtype=torch.uint8) for _ in range(20000)]  # the heap past its frozen end
+        assert not rawmem.mapped(grown[-1].data_ptr(), 4096)
+        snapshot_and_load(tmp_path, {"sampler": sampler, "legacy": legacy, "twister": twister})
+        return len(grown)
+
+    assert in_child(writer) == {"ok": 20000}
+    _, payload = restore.load(RunDir.open(tmp_path / "run"), "000001")
+    saved = payload["root"]
+    assert torch.equal(saved["sampler"].get_state(), sampler.get_state())
+    assert np.array_equal(saved["legacy"].rand(3), legacy.rand(3))
+    assert np.array_equal(saved["twister"].random(3), twister.random(3))
 
 
 def test_a_deque_or_set_takes_the_run_s_items_in_place_so_a_method_bound_to_it_adds_there(tmp_path):

@@ -70,7 +70,7 @@ import threading
 import types
 import weakref
 
-from gpusnap.capture.pickling.reducers import BufferReducers, HostMemory, _is_named
+from gpusnap.capture.pickling.reducers import BufferReducers, HostMemory, InlineArray, _is_named
 from gpusnap.capture.safepoints import returnable as safepoints
 from gpusnap.files import disk
 from gpusnap.graph import roots
@@ -263,6 +263,11 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         self._torch = sys.modules.get("torch")
         self._np = sys.modules.get("numpy")
         self._cupy = sys.modules.get("cupy")
+        # Generators whose reduction makes their state anew (``BufferReducers._reduce_made_state``)
+        numpy_random = sys.modules.get("numpy.random")
+        self._generator_types = tuple(kind for kind in (getattr(self._torch, "Generator", None),
+                                                        getattr(numpy_random, "RandomState", None),
+                                                        getattr(numpy_random, "BitGenerator", None)) if kind is not None)
         core = sys.modules.get("cuda.core")
         self._core_buffer = getattr(core, "Buffer", None)
         self._live_types = _ALWAYS_LIVE + _torch_live_types(self._torch)
@@ -305,6 +310,10 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         np = self._np
         if np is not None and type(obj) is np.ndarray and not obj.dtype.hasobject and obj.dtype.names is None:
             return self._reduce_ndarray(obj)
+        if type(obj) is InlineArray:
+            return obj.__reduce__()
+        if isinstance(obj, self._generator_types):
+            return self._reduce_made_state(obj)
         if np is not None and isinstance(obj, np.memmap) and (state := _memmap_state(obj)) is not None:
             _, args = self._live(obj)
             return _live_memmap, (*args, state)

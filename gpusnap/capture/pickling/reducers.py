@@ -13,6 +13,7 @@ from __future__ import annotations
 from gpusnap.errors import CaptureError
 from gpusnap.graph.load import (
     _core_buffer,
+    _inline_array,
     _load_device_storage,
     _load_storage,
     _ndarray_over,
@@ -76,6 +77,27 @@ class BufferReducers:
         args = (storage, t.storage_offset(), tuple(t.size()), tuple(t.stride()), dtype, requires_grad, grad, is_param, attrs, id(t))
         hooks = grad_hooks(t) if t.is_leaf else 0
         return _rebuild_tensor, (args + (hooks,) if hooks else args)
+
+    def _reduce_made_state(self, generator):
+        """A random generator: torch's, or NumPy's RandomState or bit generator. Its reduction
+        asks for its state, arrays made here in the writer, where the writer's heap may have
+        grown past the map frozen at fork (``rawmem.freeze_maps``): read through ``HostMemory``,
+        that memory passed for page-locked memory the fork did not pass on, and the snapshot
+        failed. Their few bytes go inline instead (``InlineArray``)."""
+        rv = generator.__reduce__()
+        return (*rv[:2], *(self._inlined(part) for part in rv[2:]))
+
+    def _inlined(self, value):
+        if isinstance(value, dict):
+            return {key: self._inlined(item) for key, item in value.items()}
+        if type(value) in (tuple, list):
+            return type(value)(self._inlined(item) for item in value)
+        np, torch = self._np, self._torch
+        if np is not None and type(value) is np.ndarray:
+            return InlineArray("numpy", value)
+        if torch is not None and type(value) is torch.Tensor:
+            return InlineArray("torch", value.numpy())
+        return value
 
     def _reduce_storage(self, storage):
         torch = self._torch
@@ -325,3 +347,16 @@ def _start_address(owner) -> int:
     """Where the host memory of ``owner`` (``_shared_host``'s: an untyped storage or an array) starts."""
     data_ptr = getattr(owner, "data_ptr", None)  # (a storage: torch is imported)
     return data_ptr() if data_ptr is not None else owner.__array_interface__["data"][0]
+
+
+class InlineArray:
+    """A small array pickled by its bytes, not through ``HostMemory``: one the writer made."""
+
+    __slots__ = ("kind", "array")
+
+    def __init__(self, kind: str, array):
+        self.kind, self.array = kind, array
+
+    def __reduce__(self):
+        array = self.array
+        return _inline_array, (self.kind, array.dtype.str, array.shape, array.tobytes())
