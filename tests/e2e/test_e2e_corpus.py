@@ -157,7 +157,7 @@ CORPUS = {
     # line to the results file it was also handed: the child's writes were unseen, and the line
     # of an epoch after the snapshot was there twice, "verified", 1 of 3, until the paths a
     # started command names were kept (files.commands)
-    "eval_subprocess": ("eval_subprocess.py", [], 0, "gpusnap: fast-forward "),
+    "eval_subprocess": ("eval_subprocess.py", ["--epochs", "4"], 0, "gpusnap: fast-forward "),
     # a CSV file and its csv.writer made at the first step, kept in locals: the writer was
     # live-only, the replay's locals held None, and the program made both again, the log
     # truncated: "verified", the rows before the snapshot lost, 2 of 2, until such a name held a
@@ -454,6 +454,19 @@ MORE = {
     # SAM: an Optimizer subclass wrapping a base optimizer, whose momentum torch's __getstate__ left
     # out of the snapshot (refused by its witness, 3 of 3, until an optimizer's own attributes were kept)
     "sam_optimizer": ("sam_optimizer.py", []),
+    # one root SeedSequence spawning an epoch's Philox stream, SFC64 and MT19937 generators beside
+    # a torch.Generator: their states are made in the writer (pickled inline since a snapshot
+    # failed where the writer's heap grew past its map, tests/graph/test_graph.py)
+    "seed_tree": ("seed_tree.py", []),
+    # Forward-Forward: layers in a plain list, each an nn.Linear with its own Adam and a
+    # `train(x_pos, x_neg)` loop shadowing nn.Module.train, trained one after another
+    "forward_forward": ("forward_forward.py", []),
+    # pairs a Dataset draws with `random` in __getitem__, an epoch log appended to, the best
+    # weights saved with torch.save
+    "siamese_pairs": ("siamese_pairs.py", []),
+    # a flat script: module-level model and optimizer, train(epoch)/test(epoch) module functions,
+    # a decoded sample written with np.save after each epoch
+    "vae_globals": ("vae_globals.py", []),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)
