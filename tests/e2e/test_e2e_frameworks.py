@@ -71,6 +71,9 @@ TRAINERS = {
     "transformers-best": ("transformers", "hf_best.py", [], (10,), "0.15", "started the DataLoaderShard iterator at"),
     # a GPT-2 in a hand-written loop: accumulation, a linear warmup schedule, sampled generations
     "transformers-loop": ("transformers", "gpt_loop.py", ["--epochs", "3"], (0,), "0.1", "in main to iteration"),
+    # a Lightning Fabric loop with torchmetrics objects, its loader's DistributedSampler set to the
+    # epoch by Fabric's wrapper: a snapshot in the second or third epoch
+    "fabric": ("lightning", "fabric_loop.py", ["--epochs", "3", "--distributed-sampler"], (10,), "0.1", "in main to iteration"),
 }
 
 
