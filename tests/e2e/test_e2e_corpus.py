@@ -464,9 +464,9 @@ MORE = {
     # pairs a Dataset draws with `random` in __getitem__, an epoch log appended to, the best
     # weights saved with torch.save
     "siamese_pairs": ("siamese_pairs.py", []),
-    # a flat script: module-level model and optimizer, train(epoch)/test(epoch) module functions,
-    # a decoded sample written with np.save after each epoch
-    "vae_globals": ("vae_globals.py", []),
+    # a metrics log written with os.write through a descriptor that `os.open` made in setup with
+    # O_TRUNC, which the replay opens (and truncates) again
+    "raw_fd_log-trunc": ("raw_fd_log.py", ["--trunc"]),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)
