@@ -62,16 +62,6 @@ def _by_sampler(shard) -> bool:
     return shard.skip_batches == 0 and isinstance(base, DataLoader) and fastforward.samples_by_index(base)
 
 
-def _advanced(gen, shard, taken: int, loader_note: dict, ctx=None, at: tuple = ()):
-    """``gen`` (the shard's generator, not started) after yielding ``taken`` batches."""
-    if taken:
-        with fastforward.skipping(shard.base_dataloader, taken - 1, loader_note) as built:
-            next(gen)
-        for it in built:
-            fastforward.start_skipping(it, ctx, at)
-    return gen
-
-
 class ShardLoop:
     """A loop over a ``DataLoaderShard`` (``fastforward.ADAPTERS``). The shard is live-only, and
     its epoch count (``iteration``, which its ``__iter__`` hands to ``set_epoch``) is what the
@@ -87,7 +77,7 @@ class ShardLoop:
         if not (note and note.get("kind") == "dataloader_shard" and _by_sampler(shard)):
             return fastforward.consume(shard, skip, ctx, at, pure=False)
         shard.iteration = note["iteration"]
-        return _advanced(iter(shard), shard, skip, note["inner"], ctx, at), "by batch sampler"
+        return fastforward.wrapper_at(iter(shard), shard.base_dataloader, skip, note["inner"], ctx, at), "by batch sampler"
 
 
 class ShardIterator:
@@ -138,7 +128,7 @@ class ShardIterator:
                 continue
             if state is not _CURRENT:
                 rng.restore_json(state)
-            gen = _advanced(iter(shard), shard, taken, {})
+            gen = fastforward.wrapper_at(iter(shard), shard.base_dataloader, taken, {})
             if _base(gen)._base_seed == inner.get("base_seed"):
                 break
         else:

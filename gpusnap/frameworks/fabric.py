@@ -46,13 +46,7 @@ class FabricLoaderLoop:
         if not (inner and inner.get("kind") == "dataloader" and not inner.get("consumed") and _by_sampler(wrapper)):
             return fastforward.consume(wrapper, skip, ctx, at, pure=False)
         wrapper._num_iter_calls = note["iter_calls"]
-        gen = iter(wrapper)
-        if skip:
-            with fastforward.skipping(wrapper._dataloader, skip - 1, inner) as built:
-                next(gen)
-            for it in built:
-                fastforward.start_skipping(it, ctx, at)
-        return gen, "by batch sampler"
+        return fastforward.wrapper_at(iter(wrapper), wrapper._dataloader, skip, inner, ctx, at), "by batch sampler"
 
 
 fastforward.ADAPTERS[LOADER] = FabricLoaderLoop()

@@ -515,6 +515,19 @@ def skipping(loader, skip: int, note: dict, restore_torch: bool = True):
             it._num_yielded += skip
 
 
+def wrapper_at(gen, loader, taken: int, note: dict, ctx: Context | None = None, at: tuple = ()):
+    """``gen``, the generator of a wrapper over ``loader`` (Accelerate's shard, Fabric's loader),
+    not started, after yielding ``taken`` batches: the loader's index sampler skips ``taken - 1``
+    (no skipped sample is loaded), and one ``next()`` runs the wrapper's own start (its
+    ``set_epoch``, a look-ahead) and takes batch ``taken - 1``."""
+    if taken:
+        with skipping(loader, taken - 1, note) as built:
+            next(gen)
+        for it in built:
+            start_skipping(it, ctx, at)
+    return gen
+
+
 def skips_by_sampler(loader) -> bool:
     """Can ``loader_iterator_at`` make ``loader``'s iterator?"""
     return isinstance(_adapter(type(loader)), DataLoaderAdapter) and samples_by_index(loader)
