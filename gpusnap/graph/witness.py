@@ -54,6 +54,7 @@ nothing between windows but one global lookup per DataLoader batch.
 
 from __future__ import annotations
 
+import collections
 import sys
 
 import xxhash
@@ -84,7 +85,12 @@ class _Watch:
         self._keys = {tuple(key) for key in self.loops}
         self.snap_id = snap_id
         self.window = window  # iterations of the window still to record
-        self.batches: list[tuple[int, str | None, str | None]] = []  # (id, digest, why) of this iteration's batches
+        self.batches: list[tuple[str | None, str | None]] = []  # (digest, why) of this iteration's batches
+        # The last batches fetched, held: is the loop's item one of them? By id() alone, an item
+        # could take the address of a batch fetched and freed earlier in the iteration (an
+        # evaluation's, in the record after the next iter(loader)) and go undigested in one
+        # process and not in the other. Two: a loader that looks one batch ahead.
+        self.recent: collections.deque = collections.deque(maxlen=2)
         self.params_due = True
         self.param_optimizer = None  # the optimizer ``params`` digested: again at each boundary
         self.epoch_armed = False  # the window is over: the next iter(loader) starts the epoch record
@@ -102,7 +108,8 @@ class _Watch:
 
     def fetched(self, batch) -> None:
         if self.window > 0 or self.epoch_due:
-            self.batches.append((id(batch), *host_digest(batch)))
+            self.batches.append(host_digest(batch))
+            self.recent.append(batch)
 
     def loader_made(self) -> bool:
         """An ``iter(loader)``; True when the next boundary must be watched."""
@@ -113,10 +120,11 @@ class _Watch:
 
     def record(self, item, iteration: int) -> dict:
         parts, why = [], None
-        if item is not _NO_ITEM and all(seen != id(item) for seen, _, _ in self.batches):
+        if item is not _NO_ITEM and all(item is not batch for batch in self.recent):
             parts.append(host_digest(item))
-        parts += [(value, reason) for _, value, reason in self.batches]
+        parts += self.batches
         self.batches = []
+        self.recent.clear()
         h = xxhash.xxh3_128()
         for value, reason in parts:
             if value is None:

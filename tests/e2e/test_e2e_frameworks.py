@@ -58,6 +58,11 @@ TRAINERS = {
     "accelerate": ("accelerate", "accelerate_loop.py", ["--epochs", "4"], (15,), "0.1", "in main to iteration"),
     # a collate function that draws, which accelerate's shard runs one batch ahead of the loop
     "accelerate-noisy": ("accelerate", "accelerate_loop.py", ["--epochs", "3", "--noisy"], (0,), "0.1", "in main to iteration"),
+    # accelerator.accumulate(model) over 3 micro-batches, an evaluation after each epoch: the
+    # witness's record of the next epoch's first iteration digests the evaluation's batches, and
+    # its item took a freed one's address now and then (refused, 2 of 15, until the item was
+    # told from the batches by identity)
+    "accelerate-accumulate": ("accelerate", "accelerate_accumulate.py", [], (0,), "0.1", "in main to iteration"),
     # masked-LM pretraining on a `datasets` corpus: the collator draws the masks one batch ahead
     # (from the global generator; whole words, from a generator of its own seeded by `seed`)
     "transformers-mlm": ("datasets", "hf_mlm.py", ["--epochs", "2"], (0,), "0.15", "started the DataLoaderShard iterator at"),
@@ -85,7 +90,7 @@ TRAINERS = {
 # test_e2e_restart.py's snapshot while the program evaluates, and the Lightning tests).
 # The plain Trainer itself: transformers-mlm, and test_e2e_files.py's hf_trainer.py.
 MORE_TRAINERS = ("transformers-auto-batch", "transformers-loop", "accelerate-noisy", "transformers-best", "transformers-custom",
-                 "transformers")
+                 "transformers", "accelerate-accumulate")
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -202,3 +202,28 @@ def test_a_fault_of_the_witness_stops_it_and_never_reaches_the_program(monkeypat
     assert witnessing.at_boundary(loop) is False
     assert witness.active is None
     assert "gpusnap: warning: the witness of snapshot 000007 stops at what it recorded (RuntimeError" in capsys.readouterr().err
+
+
+def test_an_item_at_the_address_of_a_batch_fetched_and_freed_earlier_is_still_digested():
+    """Accelerate's loader yields a copy of each batch its DataLoader fetched (a new list). An
+    iteration's record digests its item unless it is one of the batches fetched: that was asked by
+    `id()`, and the epoch record spans an evaluation whose batches are freed by then, so the item
+    could take a freed batch's address and go undigested in one process and not in the other. A
+    restart was refused, now and then ("consumed another batch than in the run that took it")."""
+    def record(reuse: bool) -> dict:
+        recorder = witness.Recorder("000001", lambda doc: None, [["f", "g", "1:0"]], window=1)
+        evaluated = [torch.ones(2)]
+        recorder.fetched(evaluated)
+        for later in ([torch.ones(3)], [torch.ones(4)]):  # the evaluation's next batches, the epoch's first
+            recorder.fetched(later)
+        freed, kept = id(evaluated), [evaluated]
+        if reuse:
+            del evaluated, kept[0]
+        item = [torch.zeros(2)]
+        while id(item) != freed and len(kept) < 10000:  # a list of the same size class takes a freed one's place
+            kept.append(item)
+            item = [torch.zeros(2)]
+        assert (id(item) == freed) == reuse
+        return recorder.record(item, 1)
+
+    assert record(reuse=True)["batch"] == record(reuse=False)["batch"]
