@@ -42,11 +42,10 @@ class FabricLoaderLoop:
         return {"kind": "fabric_loader", "iter_calls": wrapper._num_iter_calls, "inner": inner}
 
     def position(self, wrapper, skip, note, ctx, at):
-        inner = note.get("inner") if note and note.get("kind") == "fabric_loader" else None
-        if not (inner and inner.get("kind") == "dataloader" and not inner.get("consumed") and _by_sampler(wrapper)):
+        if not (note and note.get("kind") == "fabric_loader" and _by_sampler(wrapper)):
             return fastforward.consume(wrapper, skip, ctx, at, pure=False)
         wrapper._num_iter_calls = note["iter_calls"]
-        return fastforward.wrapper_at(iter(wrapper), wrapper._dataloader, skip, inner, ctx, at), "by batch sampler"
+        return fastforward.wrapper_at(iter(wrapper), wrapper._dataloader, skip, note["inner"], ctx, at), "by batch sampler"
 
 
 fastforward.ADAPTERS[LOADER] = FabricLoaderLoop()
