@@ -13,7 +13,8 @@ then refused. Here, as for Accelerate's shard, a generator of the wrapper's own 
 original stood after yielding n batches: the count is the run's as the loop started, the inner
 loader's index sampler skips n - 1 batches (no skipped sample is loaded), and one ``next()`` runs
 the generator's start and takes batch n - 1. Anything else (a loader with workers that draw
-random numbers, an iterable-style dataset) is consumed and checked by digest, or refused.
+random numbers, an iterable-style dataset) is consumed, from the run's count too, and checked by
+digest, or refused.
 
 Fabric's loop is the program's own: no module needs instrumenting.
 """
@@ -37,14 +38,15 @@ class FabricLoaderLoop:
 
     def describe(self, wrapper) -> dict:
         if not _by_sampler(wrapper):
-            return {"kind": "iter"}
+            return {"kind": "iter", "iter_calls": wrapper._num_iter_calls}
         inner = fastforward.DataLoaderAdapter().describe(wrapper._dataloader)
         return {"kind": "fabric_loader", "iter_calls": wrapper._num_iter_calls, "inner": inner}
 
     def position(self, wrapper, skip, note, ctx, at):
+        if note and "iter_calls" in note:  # (the epoch its iter() hands to a DistributedSampler, consumed or not)
+            wrapper._num_iter_calls = note["iter_calls"]
         if not (note and note.get("kind") == "fabric_loader" and _by_sampler(wrapper)):
             return fastforward.consume(wrapper, skip, ctx, at, pure=False)
-        wrapper._num_iter_calls = note["iter_calls"]
         return fastforward.wrapper_at(iter(wrapper), wrapper._dataloader, skip, note["inner"], ctx, at), "by batch sampler"
 
 

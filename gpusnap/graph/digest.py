@@ -92,6 +92,9 @@ class _Walk:
         if torch is not None and isinstance(x, torch.Tensor):
             self.tensor(x)
             return []
+        if torch is not None and isinstance(x, (torch.dtype, torch.device)):  # (a batch's description holds them)
+            self.tag(_type_name(x), str(x))
+            return []
         if np is not None and isinstance(x, np.ndarray):
             self.ndarray(x)
             return []

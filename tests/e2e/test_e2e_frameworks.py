@@ -42,7 +42,8 @@ ENV = {"OMP_NUM_THREADS": "1"}
 
 # name: (module to import, program, arguments after OUT, the optimizer steps after which each
 # snapshot is taken (one epoch's: replay skips whole epochs; several: the run is killed and
-# restarted that many times before it may finish), pause per step (s), what restart must say).
+# restarted that many times before it may finish), pause per step (s), what restart must say[, and
+# how it must say it positioned the loader: by batch sampler unless named]).
 # Steps are paced so that a snapshot commits well before the end, even on a loaded machine.
 TRAINERS = {
     "transformers": (
@@ -79,6 +80,31 @@ TRAINERS = {
     # a Lightning Fabric loop with torchmetrics objects, its loader's DistributedSampler set to the
     # epoch by Fabric's wrapper: a snapshot in the second or third epoch
     "fabric": ("lightning", "fabric_loop.py", ["--epochs", "3", "--distributed-sampler"], (10,), "0.1", "in main to iteration"),
+    # a fabric loop whose 2 workers jitter each sample: consumed, and past the first epoch refused
+    # (3 of 3: the replay's count of iter() calls gave the DistributedSampler another epoch),
+    # until the count was put back on that path too
+    "fabric-workers": (
+        "lightning", "fabric_loop.py", ["--epochs", "3", "--distributed-sampler", "--workers", "2"], (10,), "0.1",
+        "in main to iteration", "by consuming",
+    ),
+    # an Accelerate loop over a streaming IterableDataset (a DataLoaderDispatcher, consumed):
+    # refused past the first epoch (3 of 3: the replay's epoch count went to set_epoch) until the
+    # count was put back
+    "accelerate-stream": ("accelerate", "accelerate_stream.py", [], (20,), "0.1", "in main to iteration", "by consuming"),
+    # a streaming IterableDataset split between 2 workers, a collator that draws, `max_steps`:
+    # Accelerate dispatches such a loader's batches, and the Trainer advances the dispatcher's
+    # iterator by hand, which has no index sampler to skip by. Refused, 3 of 3, until a new one
+    # took the batches again and had to hold the batches the run's held
+    "transformers-stream": (
+        "transformers", "hf_stream.py", ["--workers", "2", "--drop-tokens"], (0,), "0.15",
+        "started the DataLoaderDispatcher iterator at", "by taking batches",
+    ),
+    # the same with no workers: the collator draws from the global generator, and the batches
+    # taken again differ; the dataset's own iterator then proves the place
+    "transformers-stream-main": (
+        "transformers", "hf_stream.py", ["--drop-tokens"], (0,), "0.15", "started the DataLoaderDispatcher iterator at",
+        "by taking batches",
+    ),
 }
 
 
@@ -90,13 +116,13 @@ TRAINERS = {
 # test_e2e_restart.py's snapshot while the program evaluates, and the Lightning tests).
 # The plain Trainer itself: transformers-mlm, and test_e2e_files.py's hf_trainer.py.
 MORE_TRAINERS = ("transformers-auto-batch", "transformers-loop", "accelerate-noisy", "transformers-best", "transformers-custom",
-                 "transformers", "accelerate-accumulate")
+                 "transformers", "accelerate-accumulate", "transformers-stream-main", "fabric-workers")
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.more) if n in MORE_TRAINERS else n for n in TRAINERS])
 def test_a_framework_trainer_restarts_to_the_same_bytes(tmp_path, name, seed):
-    module, program, args, floors, pause_s, how = TRAINERS[name]
+    module, program, args, floors, pause_s, how, positioned = (*TRAINERS[name], "by batch sampler")[:7]
     pytest.importorskip(module)
     started = time.monotonic()
     rnd = random.Random(f"{name}/{seed}")
@@ -111,7 +137,7 @@ def test_a_framework_trainer_restarts_to_the_same_bytes(tmp_path, name, seed):
 
     slow = {**ENV, "TEST_STEP_SLEEP_S": pause_s}
     restarted = kill_and_restart(script, args, tmp_path, out, rnd, total, ENV, slow, floors)
-    assert f"{how} " in restarted.stderr and "by batch sampler" in restarted.stderr, "positioned otherwise"
+    assert f"{how} " in restarted.stderr and positioned in restarted.stderr, "positioned otherwise"
     assert_same(load_final(ref), load_final(out))
     print(f"{name}: {time.monotonic() - started:.1f} s")
 

@@ -395,6 +395,16 @@ def test_consumption_is_checked_against_the_snapshots_digest():
     assert itemcheck.verify(ctx.consumed, digest_of) == []
 
 
+def test_a_batch_described_by_its_dtypes_and_devices_is_digested():
+    """Accelerate's dispatcher holds each batch's description (shapes and dtypes) beside it: a
+    digest refused there, and a restart over an iterable dataset with workers was refused."""
+    described = {"shape": torch.Size([8, 12]), "dtype": torch.int64, "device": torch.device("cpu")}
+    value, why = digest.digest(described)
+    assert value is not None, why
+    assert digest.digest({**described, "dtype": torch.int32})[0] != value
+    assert digest.digest({**described, "device": torch.device("meta")})[0] != value
+
+
 OWNED = {
     "random.Random": lambda: random.Random(3),
     "numpy default_rng (PCG64)": lambda: np.random.default_rng(3),

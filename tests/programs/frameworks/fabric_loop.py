@@ -4,7 +4,9 @@ torchmetrics objects, a MetricCollection of accuracy and F1 updated every batch 
 of the loss, computed, logged and reset at each epoch's end; a cosine schedule per epoch. With
 --distributed-sampler the loader shuffles through a DistributedSampler (one replica), whose
 order Fabric sets per epoch, as it does for the sampler it puts in a multi-process run's loader.
-usage: fabric_loop.py OUT [--epochs N] [--distributed-sampler]"""
+With --workers N, N DataLoader workers load the samples, each jittered with noise drawn in the
+worker (an augmentation).
+usage: fabric_loop.py OUT [--epochs N] [--distributed-sampler] [--workers N]"""
 import argparse
 import os
 import sys
@@ -21,11 +23,18 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 from common import finish, progress
 
 
+class Jittered(TensorDataset):
+    def __getitem__(self, index):
+        x, y = super().__getitem__(index)
+        return x + 0.05 * torch.randn_like(x), y
+
+
 def main():
     parser = argparse.ArgumentParser(description="a small classifier under Lightning Fabric")
     parser.add_argument("out")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--distributed-sampler", action="store_true", help="shuffle through a DistributedSampler")
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader workers, which jitter each sample")
     args = parser.parse_args()
 
     fabric = Fabric(accelerator="cpu", devices=1)
@@ -38,11 +47,12 @@ def main():
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs)
     model, optimizer = fabric.setup(model, optimizer)
-    dataset = TensorDataset(x, y)
+    dataset = Jittered(x, y) if args.workers else TensorDataset(x, y)
     if args.distributed_sampler:
-        loader = DataLoader(dataset, batch_size=16, sampler=DistributedSampler(dataset, num_replicas=1, rank=0, seed=5))
+        sampler = DistributedSampler(dataset, num_replicas=1, rank=0, seed=5)
+        loader = DataLoader(dataset, batch_size=16, sampler=sampler, num_workers=args.workers)
     else:
-        loader = DataLoader(dataset, batch_size=16, shuffle=True)
+        loader = DataLoader(dataset, batch_size=16, shuffle=True, num_workers=args.workers)
     loader = fabric.setup_dataloaders(loader)
     metrics = MetricCollection({"acc": MulticlassAccuracy(num_classes=4), "f1": MulticlassF1Score(num_classes=4)})
     mean_loss = MeanMetric()
