@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from harness import Run, assert_same, gpusnap, load_final, plain, progress, snapshot_now, wait_for
+from harness import Run, assert_same, committed_ids, gpusnap, load_final, plain, programs_and_out, progress, snapshot_now, wait_for
 
 pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
 
@@ -95,3 +95,24 @@ def test_with_the_library_instrumented_the_snapshot_lands_inside_its_loop(tmp_pa
     assert restarted.returncode == 0, restarted.stderr
     assert f"restored snapshot {snap['id']}" in restarted.stderr
     assert_same(load_final(tmp_path / "ref"), load_final(tmp_path / "out"))
+
+
+def test_a_step_loop_in_a_coroutine_is_named_and_never_snapshotted(tmp_path):
+    """async_learner.py steps the optimizer in an `async def` that asyncio's event loop drives.
+    The first step said to instrument asyncio's modules; with them instrumented, a snapshot
+    landed in the event loop's own loop, and its restart was refused ("the program took an
+    optimizer step before reaching the saved position"): replay cannot bring suspended
+    coroutines back. Now the first step says so, and no boundary is a safe point while an event
+    loop runs, even with asyncio instrumented: the request is never served."""
+    asyncio_modules = [arg for module in ("asyncio.runners", "asyncio.base_events", "asyncio.events") for arg in ("--instrument", module)]
+    programs, out = programs_and_out(tmp_path)
+    run = Run("run", "--dir", "snaps", *asyncio_modules, programs / "async_learner.py", out, 60, cwd=tmp_path,
+              env={"TEST_STEP_SLEEP_S": "0.05"})
+    wait_for(lambda: progress(out) >= 3, "step 3", proc=run)
+    run.signal(signal.SIGUSR1)
+    code, _, err = run.wait()
+    assert code == 0 and progress(out) == 60, err
+    notice = f"gpusnap: the optimizer steps inside a coroutine at {programs / 'async_learner.py'}:"
+    assert err.count(notice) == 1 and "(learn), which an event loop drives: no snapshot can be taken there" in err, err
+    assert "--instrument" not in err
+    assert not committed_ids(tmp_path / "snaps"), err

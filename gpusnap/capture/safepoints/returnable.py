@@ -4,19 +4,24 @@ Replay rebuilds the call stack by running the program again, so a snapshot may o
 where every frame from the script's module frame down to the loop runs instrumented code:
 replay fast-forwards those loops and re-enters those calls. A boundary inside a model's forward
 called back from ``torch.optim`` (LBFGS's closure), inside a generator being iterated, or below
-any library frame is not such a place.
+any library frame is not such a place; nor is any boundary inside a coroutine (an ``async def``
+an event loop drives): replay cannot bring suspended coroutines back, even where the event
+loop's modules are instrumented.
 """
 
 from __future__ import annotations
 
 import ast
+import inspect
 import linecache
 import os
+import sys
 
 from gpusnap.instrument import loops
 
 _returnable: dict[object, bool] = {}  # code object -> its frames may lie on a snapshot's path
 _GPUSNAP_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ASYNC_FLAGS = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 
 def _instrumented(code) -> bool:
@@ -34,15 +39,33 @@ def instrumented(code) -> bool:
 
 
 def returnable(frame) -> bool:
-    """True when every frame from the main module frame down to ``frame`` is instrumented."""
+    """True when every frame from the main module frame down to ``frame`` is instrumented, none
+    is a coroutine's, and no event loop is running (its tasks' coroutines wait, suspended)."""
+    if _event_loop_running():
+        return False
     main = loops.MAIN_CODE
     while frame is not None:
-        if not _instrumented(frame.f_code):
+        if not _instrumented(frame.f_code) or frame.f_code.co_flags & _ASYNC_FLAGS:
             return False
         if frame.f_code is main:
             return True
         frame = frame.f_back
     return main is None  # no main frame recorded (a bare test harness): nothing to compare with
+
+
+def _event_loop_running() -> bool:
+    events = sys.modules.get("asyncio.events")
+    return events is not None and events._get_running_loop() is not None
+
+
+def coroutine_on_path(frame) -> str | None:
+    """The innermost coroutine's frame from ``frame`` up, as "file:line (function)"; None if none."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_flags & _ASYNC_FLAGS:
+            return f"{os.path.normpath(code.co_filename)}:{frame.f_lineno} ({code.co_qualname})"
+        frame = frame.f_back
+    return None
 
 
 def uninstrumented_step_loop(frame) -> tuple[str, list[str]] | None:

@@ -292,6 +292,16 @@ def _check_stepper(frame) -> None:
     framework's trainer) runs the steps, say so now, not when a snapshot never comes."""
     global _stepper_checked
     _stepper_checked = True
+    coroutine = safepoints.coroutine_on_path(frame)
+    if coroutine is not None:
+        print(
+            f"gpusnap: the optimizer steps inside a coroutine at {coroutine}, which an event loop drives: no snapshot "
+            "can be taken there (replay cannot bring suspended coroutines back); run the training loop in plain "
+            "functions, outside the event loop",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
     found = safepoints.uninstrumented_step_loop(frame)
     if found is not None:
         where, modules = found
