@@ -17,7 +17,7 @@ import random
 import signal
 
 import pytest
-from harness import REPO, Run, assert_same, copy_programs, gpusnap, load_final, plain, progress, ref_and_out, wait_for
+from harness import REPO, Run, assert_same, copy_programs, gpusnap, load_final, plain, programs_and_out, progress, ref_and_out, wait_for
 
 pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick loop
 
@@ -197,8 +197,28 @@ def test_no_snapshot_while_a_process_the_program_started_runs(tmp_path):
     run.signal(signal.SIGUSR1)
     rc, _, err = run.wait()
     assert rc == 0, err
+    started = [line for line in err.splitlines() if line.startswith("gpusnap: the program started process ")]
+    assert len(started) == 1 and "at programs/corpus/hogwild.py:41 (__main__.train): while a process it started runs" in started[0], err
     skipped = [line for line in err.splitlines() if line.startswith("gpusnap: snapshot skipped:")]
     assert len(skipped) == 1, err
     assert "that the program started at programs/corpus/hogwild.py:41 (__main__.train) is running" in skipped[0]
     assert "hint: take the snapshot once the processes the program starts itself have ended" in err
+    assert not list((tmp_path / "snaps" / "snapshots").glob("*.json"))
+
+
+def test_ranks_the_program_spawns_itself_are_named_when_they_start(tmp_path):
+    """The PyTorch examples' multi-process shape: `torch.multiprocessing.spawn` starts the ranks
+    and joins them in torch's own code, where the main process reaches no boundary. A snapshot
+    request then waited, without a word, until the program ended (a SIGTERM: until its grace ran
+    out). Now the start says at once that no snapshot can be taken while they run, and how to
+    launch ranks that gpusnap snapshots."""
+    programs, out = programs_and_out(tmp_path)
+    run = Run("run", "--dir", "snaps", programs / "spawned_ranks.py", out, 30, cwd=tmp_path, env={**ENV, "TEST_STEP_SLEEP_S": "0.05"})
+    wait_for(lambda: progress(out) >= 3, "rank 0's third step", proc=run)
+    run.signal(signal.SIGUSR1)
+    rc, _, err = run.wait()
+    assert rc == 0 and progress(out) == 30, err
+    said = [line for line in err.splitlines() if line.startswith("gpusnap: the program spawned processes at ")]
+    assert len(said) == 1 and "spawned_ranks.py:27 (torch.multiprocessing.spawn): while they run, no snapshot can be taken" in said[0], err
+    assert "launch them with `gpusnap run --nproc-per-node N`" in said[0]
     assert not list((tmp_path / "snaps" / "snapshots").glob("*.json"))

@@ -1,7 +1,10 @@
 """Processes the program starts itself (``multiprocessing``/``torch.multiprocessing`` workers
 that are not DataLoader workers: Hogwild training, a Pool, a Manager). Their work is their own
 memory, which a snapshot of the program cannot hold, and a restart would replay the setup that
-starts them. So while one runs, a snapshot is refused with one line naming where it started.
+starts them. So while one runs, a snapshot is refused with one line naming where it started. The
+first one started says so at once: a program that waits for them in library code
+(``torch.multiprocessing.spawn`` joins its ranks so) reaches no boundary where the refusal could
+be said, and its snapshots would wait, silently, until the processes end.
 
 ``install`` wraps ``multiprocessing.process.BaseProcess.start`` (every context's ``Process``
 inherits it) to note each process and the program's line that started it.
@@ -19,6 +22,8 @@ _installed = False
 # Frames in these directories are the machinery between the program's line and the start.
 _MACHINERY = (os.path.dirname(multiprocessing.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _DATALOADER_WORKER = "torch.utils.data._utils.worker._worker_loop"
+_SPAWNED_RANK = "torch.multiprocessing.spawn._wrap"  # what torch.multiprocessing.spawn starts
+_said = False
 
 
 def install() -> None:
@@ -34,9 +39,25 @@ def install() -> None:
         if target != _DATALOADER_WORKER:  # their batches are the loader's: fast-forward remakes them
             self._gpusnap_site, self._gpusnap_target = _site(sys._getframe(1)), target.lstrip(".")
             _running.add(self)
+            _say_once(self)
 
     noted_start.__wrapped__ = start
     multiprocessing.process.BaseProcess.start = noted_start
+
+
+def _say_once(process) -> None:
+    global _said
+    if _said or getattr(process, "_parent_pid", None) != os.getpid():
+        return
+    _said = True
+    if process._gpusnap_target == _SPAWNED_RANK:
+        line = (f"gpusnap: the program spawned processes at {process._gpusnap_site} (torch.multiprocessing.spawn): while "
+                "they run, no snapshot can be taken, since a snapshot of this process cannot hold their work; to "
+                "snapshot a job's ranks, launch them with `gpusnap run --nproc-per-node N` (torchrun's way)")
+    else:
+        line = (f"gpusnap: the program started process {process.pid} at {process._gpusnap_site} ({process._gpusnap_target}): "
+                "while a process it started runs, no snapshot can be taken, since a snapshot of this process cannot hold its work")
+    print(line, file=sys.stderr, flush=True)
 
 
 def _target_name(process) -> str:
