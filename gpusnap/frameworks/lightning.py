@@ -19,16 +19,23 @@ and at replay puts the running epoch's back there (see ``check``) or refuses.
 
 from __future__ import annotations
 
+import os
+import sys
+
 from gpusnap.capture.pickling import pickler
-from gpusnap.capture.trainee import loopnotes
+from gpusnap.capture.trainee import children, loopnotes
 from gpusnap.frameworks import LOOP_MODULES
 from gpusnap.graph import iterators, workers
 from gpusnap.graph.digest import fingerprint
 from gpusnap.instrument import loops
+from gpusnap.onimport import after_import
 from gpusnap.restore import fastforward, livecheck
 
 _PACKAGES = ("lightning.pytorch", "pytorch_lightning")
-_LOOPS = ("trainer.trainer", "trainer.call", "loops.fit_loop", "loops.training_epoch_loop")
+# The launcher's launch() calls fit's function under a distributed strategy (ddp): instrumented,
+# so that the path from the script to the step loop is, under torchrun, where it starts no process
+_LAUNCHER = "strategies.launchers.subprocess_script"
+_LOOPS = ("trainer.trainer", "trainer.call", "loops.fit_loop", "loops.training_epoch_loop", _LAUNCHER)
 _MODE_ITERATOR = "utilities.combined_loader._ModeIterator"
 # Their __getstate__ drops what the running trainer needs: the module's trainer, the strategy's
 # LightningOptimizers (live-only: their class is made at run time, so the replay's are kept),
@@ -51,6 +58,9 @@ class ModeIteratorAdapter:
             "counters": {name: getattr(it, name) for name in _COUNTERS if name in vars(it)},
             "limits": repr(it.limits),  # batches per loader: inf where a loader has no length
             "iterators": [loopnotes.describe(sub, read) for sub in it.iterators],
+            # what each loader's DistributedSampler was set to (the fit loop's epoch count, which
+            # reads 0 in the replay until the merge): its order is drawn from it at iter()
+            "sampler_epochs": [[sampler.epoch for sampler in _epoch_samplers(loader)] for loader in it.iterables],
         }
 
     def check(self, live, info: dict, path: str, scene) -> str | None:
@@ -68,6 +78,9 @@ class ModeIteratorAdapter:
             return f"found the combined loader at {path} over other data loaders than in the run that took the snapshot"
         if any(not sub or sub.get("kind") != "dataloader_iter" for sub in saved):
             return f"cannot position the combined loader at {path}: it iterates something other than DataLoaders"
+        for loader, epochs in zip(live.iterables, info.get("sampler_epochs") or []):
+            for sampler, epoch in zip(_epoch_samplers(loader), epochs):
+                sampler.set_epoch(epoch)
         import torch  # the program has: it runs Lightning
 
         before = torch.get_rng_state()
@@ -110,6 +123,13 @@ class ModeIteratorAdapter:
             return problem
         _set_counters(live, info)
         return None
+
+
+def _epoch_samplers(loader) -> list:
+    """The samplers of ``loader`` that draw their order from an epoch set on them (a
+    DistributedSampler, which Lightning puts in a distributed run's loaders)."""
+    found = [getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)]
+    return [s for i, s in enumerate(found) if hasattr(s, "set_epoch") and type(getattr(s, "epoch", None)) is int and s not in found[:i]]
 
 
 def _drawing_persistent(live) -> list[int]:
@@ -165,18 +185,40 @@ def _seed_differs(it, info: dict) -> bool:
     return info.get("base_seed") is not None and getattr(it, "_base_seed", None) != info["base_seed"]
 
 
+def _note_launched_ranks(module) -> None:
+    """Without torchrun, Lightning's launcher starts a job's other ranks itself, as ``subprocess``es
+    running the script: gpusnap runs none of them, so a snapshot of this rank alone is refused
+    while they run (``children``), and the launch says so once."""
+    launcher = module._SubprocessScriptLauncher
+    call_children = launcher._call_children_scripts
+
+    def _call_children_scripts(self):
+        call_children(self)
+        site = f"{os.path.relpath(sys.argv[0]) if sys.argv and sys.argv[0] else '?'}"
+        line = (f"gpusnap: Lightning started this job's other ranks as processes of its own ({len(self.procs)}, by its "
+                f"subprocess launcher for devices={self.num_processes}): while they run, no snapshot can be taken, since a "
+                "snapshot of this process cannot hold their work; launch the job with `gpusnap run --nproc-per-node "
+                f"{self.num_processes}` instead, and Lightning takes torchrun's ranks, each snapshotted")
+        children.note_launched(list(self.procs), site, "Lightning's subprocess launcher", line)
+
+    launcher._call_children_scripts = _call_children_scripts
+
+
 def _register() -> None:
     """The loop modules, and what the pickler and the iterator checks must know of Lightning's
     objects: names only, so a program that does not use Lightning pays nothing for it."""
     adapter = ModeIteratorAdapter()
     for package in _PACKAGES:
-        # Trainer.fit -> call._call_and_handle_interrupt -> Trainer._run_stage -> FitLoop.run
-        # (epochs) -> _TrainingEpochLoop.run, whose `while not self.done` steps the optimizer.
+        # Trainer.fit -> call._call_and_handle_interrupt (-> the launcher's launch, under a
+        # distributed strategy) -> Trainer._run_stage -> FitLoop.run (epochs) ->
+        # _TrainingEpochLoop.run, whose `while not self.done` steps the optimizer.
         LOOP_MODULES[package] = tuple(f"{package}.{m}" for m in _LOOPS)
         name = f"{package}.{_MODE_ITERATOR}"
         pickler.LIVE_NAMES.add(name)
         iterators.ADAPTERS[name] = adapter
         pickler.WHOLE_STATE.update(f"{package}.{cls}" for cls in _WHOLE_STATE)
+    for package in (*_PACKAGES, "lightning.fabric", "lightning_fabric"):  # (Fabric's launcher is the same)
+        after_import(f"{package}.{_LAUNCHER}", _note_launched_ranks)
 
 
 _register()

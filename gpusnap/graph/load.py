@@ -509,8 +509,24 @@ def grad_hooks(t) -> int:
 def _set_state_by_class(obj, state):
     """pickle's BUILD for a class with its own ``__setstate__``, noting what that method added
     besides the saved state: DistributedDataParallel's builds a new reducer, logger and process
-    group reference for the copy, which must not replace the live object's own (merge)."""
-    obj.__setstate__(state)
+    group reference for the copy, which must not replace the live object's own (merge).
+
+    A ``__setstate__`` that reads objects its state reaches can meet one that pickle has made but
+    not yet built, on a reference cycle: Lightning's module, wrapped in DDP under a distributed
+    strategy, holds the trainer that holds that DDP, whose ``__setstate__`` walks the module's
+    parameters. Where it fails so (AttributeError), it runs again once the whole graph is built."""
+    deferred = getattr(_loading, "deferred", None)
+    try:
+        obj.__setstate__(state)
+    except AttributeError:
+        if deferred is None:
+            raise
+        deferred.append((obj, state))
+        return
+    _note_added(obj, state)
+
+
+def _note_added(obj, state) -> None:
     saved = state[0] if isinstance(state, tuple) and len(state) == 2 else state
     attrs = getattr(obj, "__dict__", None)
     if isinstance(saved, dict) and isinstance(attrs, dict):
@@ -695,11 +711,16 @@ def load_graph(stream: bytes, read_buffer, device_tensors: list | None = None):
     _loading.device_storages = {}
     _loading.device_tensors = device_tensors if device_tensors is not None else []
     _loading.read_buffer = read_buffer
+    _loading.deferred = []
     ADDED_BY_SETSTATE.clear()
     RUN_IDS.clear()
     GRAD_HOOKS.clear()
     try:
-        return pickle.loads(stream)
+        loaded = pickle.loads(stream)
+        for obj, state in _loading.deferred:  # (built now: a failure now is the load's)
+            obj.__setstate__(state)
+            _note_added(obj, state)
+        return loaded
     finally:
-        _loading.storages = _loading.device_storages = _loading.device_tensors = None
+        _loading.storages = _loading.device_storages = _loading.device_tensors = _loading.deferred = None
         _loading.read_buffer = None

@@ -171,9 +171,17 @@ def instrumented_modules() -> dict[str, dict]:
     SOURCES = instrumented_sources()
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
-        if path in SOURCES and name != "__main__" and isinstance(getattr(module, "__dict__", None), dict):
+        if path in SOURCES and name != "__main__" and isinstance(getattr(module, "__dict__", None), dict) and not _alias(name, module):
             found[name] = module.__dict__
     return found
+
+
+def _alias(name: str, module) -> bool:
+    """Is ``sys.modules[name]`` a module held under another name too? ``multiprocess`` (the one
+    Hugging Face ``datasets`` uses) puts the script's module at ``__mp_main__`` when first
+    imported, which a replay that has not imported it yet could not import by that name."""
+    real = getattr(module, "__name__", name)
+    return module.__dict__ is getattr(loops, "MAIN_GLOBALS", None) or (real != name and sys.modules.get(real) is module)
 
 
 # Where torch keeps the hooks it calls for every module and every optimizer. Their ``_global_*``

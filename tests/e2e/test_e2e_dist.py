@@ -162,8 +162,14 @@ def _setup(tmp_path: Path):
     # (test_forged_keys_in_the_jobs_store_steer_nothing and the shard tests)
     pytest.param("allreduce.py", ["150"], 4, "all", marks=pytest.mark.more),
     ("fsdp.py", ["150"], 2, "all"),
+    # Lightning's Trainer(strategy="ddp") taking torchrun's ranks: its launcher's frame was not
+    # instrumented (no snapshot ever), then its DistributedSampler's epoch read the replay's 0
+    # (refused), then DDP's __setstate__ met the module on a cycle not yet built (refused)
+    ("lightning_ddp.py", ["8"], 2, "all"),
 ])
 def test_kill_and_restart_matches_uninterrupted(tmp_path, program, args, ranks, victim):
+    if program.startswith("lightning"):
+        pytest.importorskip("lightning")
     seed = int(os.environ.get("TEST_SEED") or random.randrange(1 << 30))
     print(f"seed {seed}")
     rnd = random.Random(seed)
@@ -480,3 +486,22 @@ def test_forged_keys_in_the_jobs_store_steer_nothing(tmp_path):
     assert [p for p in tmp_path.rglob("outside*")] == []
     verified = gpusnap("verify", run_dir, cwd=progs)
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_ranks_lightning_starts_itself_are_named_and_no_snapshot_is_taken(tmp_path):
+    """The same Lightning program under the plain `gpusnap run`: Lightning's launcher starts the
+    other rank as a process of its own, which gpusnap does not run. With the launcher's module
+    instrumented (for torchrun's ranks, above), a snapshot of rank 0 alone would be taken; the
+    launch says so instead, and a request is skipped while that rank runs."""
+    pytest.importorskip("lightning")
+    progs, _, out, run_dir = _setup(tmp_path)
+    run = Run("run", "--dir", run_dir, "lightning_ddp.py", out, "4", cwd=progs, env={**STEP_SLEEP, "TEST_STEP_SLEEP_S": "0.1"})
+    with running(run):
+        wait_for(lambda: least_progress(out, 2) >= 3, "step 3 on both ranks", proc=run, timeout=180)
+        run.signal(signal.SIGUSR1)
+        code, _, err = run.wait(timeout=180)
+    assert code == 0, err[-3000:]
+    said = [line for line in err.splitlines() if line.startswith("gpusnap: Lightning started this job's other ranks")]
+    assert len(said) == 1 and "launch the job with `gpusnap run --nproc-per-node 2`" in said[0], err[-3000:]
+    assert "(Lightning's subprocess launcher) is running, and a snapshot cannot hold its work" in err, err[-3000:]
+    assert not committed_ids(run_dir)

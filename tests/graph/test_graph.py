@@ -1563,3 +1563,24 @@ def test_a_numpy_memmap_is_mapped_again_over_its_file_not_copied(tmp_path):
     merged["preds"].flush()
     assert np.load(tmp_path / "preds.npy").tolist() == [[1.0] * 3, [2.0] * 3, [0.0] * 3, [0.0] * 3]
     assert merged["data"][999] == 999 and merged["data"] is not data
+
+
+def test_a_module_held_under_a_second_name_is_one_module_of_the_program(tmp_path, monkeypatch):
+    """`multiprocess` (Hugging Face datasets' multiprocessing) puts the script's module in
+    sys.modules as `__mp_main__` too, when first imported. Imported in a step the replay skipped,
+    the snapshot named that alias among the program's modules, and the restart, unable to import
+    it, was refused ("module __mp_main__ held state in the snapshot but is not imported at the
+    resume point")."""
+    import types
+
+    from gpusnap.graph import roots
+    from gpusnap.instrument import importer
+
+    path = str(tmp_path / "helpers_with_alias.py")
+    module = types.ModuleType("helpers_with_alias")
+    module.__file__ = path
+    monkeypatch.setitem(importer.SOURCES, path, "digest")
+    monkeypatch.setitem(sys.modules, "helpers_with_alias", module)
+    monkeypatch.setitem(sys.modules, "__mp_main__", module)
+    found = roots.instrumented_modules()
+    assert "helpers_with_alias" in found and "__mp_main__" not in found

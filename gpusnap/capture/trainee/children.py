@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing.process
 import os
+import subprocess
 import sys
 import weakref
 
@@ -45,11 +46,26 @@ def install() -> None:
     multiprocessing.process.BaseProcess.start = noted_start
 
 
-def _say_once(process) -> None:
+def note_launched(processes, site: str, what: str, line: str) -> None:
+    """Processes a library started with ``subprocess`` (Lightning's launcher of a job's other
+    ranks): refused as the program's own, and ``line`` said once."""
+    for process in processes:
+        process._gpusnap_site, process._gpusnap_target = site, what
+        _running.add(process)
+    if processes:
+        _say(line)
+
+
+def _say(line: str) -> None:
     global _said
+    if not _said:
+        _said = True
+        print(line, file=sys.stderr, flush=True)
+
+
+def _say_once(process) -> None:
     if _said or getattr(process, "_parent_pid", None) != os.getpid():
         return
-    _said = True
     if process._gpusnap_target == _SPAWNED_RANK:
         line = (f"gpusnap: the program spawned processes at {process._gpusnap_site} (torch.multiprocessing.spawn): while "
                 "they run, no snapshot can be taken, since a snapshot of this process cannot hold their work; to "
@@ -57,7 +73,7 @@ def _say_once(process) -> None:
     else:
         line = (f"gpusnap: the program started process {process.pid} at {process._gpusnap_site} ({process._gpusnap_target}): "
                 "while a process it started runs, no snapshot can be taken, since a snapshot of this process cannot hold its work")
-    print(line, file=sys.stderr, flush=True)
+    _say(line)
 
 
 def _target_name(process) -> str:
@@ -78,7 +94,7 @@ def refusal() -> str | None:
     """Why no snapshot can be taken now: a process the program started is running."""
     for process in list(_running):
         try:
-            alive = process.is_alive()
+            alive = process.poll() is None if isinstance(process, subprocess.Popen) else process.is_alive()
         except (AssertionError, ValueError):  # not ours to ask (a child's child), or closed
             alive = False
         if alive:
