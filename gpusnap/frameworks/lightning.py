@@ -194,7 +194,7 @@ def _note_launched_ranks(module) -> None:
 
     def _call_children_scripts(self):
         call_children(self)
-        site = f"{os.path.relpath(sys.argv[0]) if sys.argv and sys.argv[0] else '?'}"
+        site = os.path.relpath(sys.argv[0]) if sys.argv and sys.argv[0] else "?"  # (what the launcher runs again)
         line = (f"gpusnap: Lightning started this job's other ranks as processes of its own ({len(self.procs)}, by its "
                 f"subprocess launcher for devices={self.num_processes}): while they run, no snapshot can be taken, since a "
                 "snapshot of this process cannot hold their work; launch the job with `gpusnap run --nproc-per-node "

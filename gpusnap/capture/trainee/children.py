@@ -40,7 +40,7 @@ def install() -> None:
         if target != _DATALOADER_WORKER:  # their batches are the loader's: fast-forward remakes them
             self._gpusnap_site, self._gpusnap_target = _site(sys._getframe(1)), target.lstrip(".")
             _running.add(self)
-            _say_once(self)
+            _say_started(self)
 
     noted_start.__wrapped__ = start
     multiprocessing.process.BaseProcess.start = noted_start
@@ -63,7 +63,7 @@ def _say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-def _say_once(process) -> None:
+def _say_started(process) -> None:
     if _said or getattr(process, "_parent_pid", None) != os.getpid():
         return
     if process._gpusnap_target == _SPAWNED_RANK:
