@@ -386,6 +386,13 @@ MORE = {
     # forward hook over a local of main(): exact at the first try, 3 of 3 each
     "late_hooks-slice": ("late_hooks.py", ["slice"], 25, "gpusnap: fast-forward "),
     "late_hooks-forward_hook": ("late_hooks.py", ["forward_hook"], 25, "gpusnap: fast-forward "),
+    # bookkeeping written thread-safe in a one-thread loop: a queue.Queue of hard batches, a meter
+    # guarded by a threading.Lock, itertools.count, iter([...]) advanced at each epoch: exact at
+    # the first try, 3 of 3
+    "queue_meters": ("queue_meters.py", []),
+    # a plain loop over a Hugging Face `datasets` stream (an IterableDataset of shards, a shuffle
+    # buffer, set_epoch each epoch) batched by a DataLoader: consumed, exact at the first try, 3 of 3
+    "hf_datasets_stream": ("hf_datasets_stream.py", [], 0, "by consuming"),
     # SWA switched on at an epoch (an AveragedModel and SWALR made then, None before), past it:
     # exact at the first try, 3 of 3
     "swa_late": ("swa_late.py", [], 17, "gpusnap: fast-forward "),
@@ -481,6 +488,8 @@ SLOW = {**ENV, "TEST_STEP_SLEEP_S": "0.04"}
 def test_corpus_program_restarts_to_the_same_bytes(tmp_path, name, seed):
     if name.startswith("tqdm_loop"):
         pytest.importorskip("tqdm")
+    if name.startswith("hf_datasets"):
+        pytest.importorskip("datasets")
     started = time.monotonic()
     # A restart says how it brought each loop to its place; where no way is named, it must say one.
     program, args, floor, says = (*CORPUS[name], 0, "gpusnap: fast-forward ")[:4]

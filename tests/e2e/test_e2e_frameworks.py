@@ -189,6 +189,9 @@ if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":  # CI time: it passes where "
     # Lightning's BackboneFinetuning past the unfreezing (epoch 2: a parameter group added to the
     # optimizer, its rate raised each epoch by the callback): exact at the first try, 3 of 3
     LIGHTNING["finetune"] = ("lightning_finetune.py", [], 20, 80, 45, "again at their saved batches (by batch sampler)")
+    # a GAN with manual optimization (two optimizers, toggle_optimizer, manual_backward), past its
+    # first epoch: exact at the first try, 3 of 3
+    LIGHTNING["gan-manual"] = ("lightning_gan_manual.py", [], 16, 48, 18, "again at their saved batches (by batch sampler)")
 
 
 # The full set runs both (CI's time): lightning_fit.py restarts to the same bytes in the SIGTERM
