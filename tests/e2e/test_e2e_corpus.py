@@ -393,6 +393,10 @@ MORE = {
     # a plain loop over a Hugging Face `datasets` stream (an IterableDataset of shards, a shuffle
     # buffer, set_epoch each epoch) batched by a DataLoader: consumed, exact at the first try, 3 of 3
     "hf_datasets_stream": ("hf_datasets_stream.py", [], 0, "by consuming"),
+    # the transfer-learning tutorial's train_model: `for phase in ['train', 'val']` around one inner
+    # loop over dataloaders[phase] under `with torch.set_grad_enabled(phase == 'train')`, the best
+    # weights deep-copied and loaded back at the end: exact at the first try, 6 of 6
+    "phase_dict": ("phase_dict.py", []),
     # SWA switched on at an epoch (an AveragedModel and SWALR made then, None before), past it:
     # exact at the first try, 3 of 3
     "swa_late": ("swa_late.py", [], 17, "gpusnap: fast-forward "),
