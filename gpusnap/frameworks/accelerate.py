@@ -117,8 +117,8 @@ class ShardIterator:
     then its sampler must stand at the same indices, or, consumed, it must hold what the
     original held (``_place_when_consumed``). Otherwise restart refuses."""
 
-    def __init__(self, kind: str, cls: str, base: str, held: tuple[str, ...]):
-        self.kind, self.cls = kind, cls
+    def __init__(self, kind: str, cls: str, base: str, held: tuple[str, ...], by_sampler: bool = True):
+        self.kind, self.cls, self.by_sampler = kind, cls, by_sampler  # by_sampler: as ShardLoop's
         self.base, self.held = base, held  # its locals: the base iterator, the batches it holds
 
     def describe(self, gen, read) -> dict | None:
@@ -136,7 +136,7 @@ class ShardIterator:
             "inner": loopnotes.describe(local[self.base], read),
             "rng": rng.to_json(_made_with[gen], read) if gen in _made_with else None,
         }
-        if self.cls != "DataLoaderShard" or not _by_sampler(wrapper):
+        if not (self.by_sampler and _by_sampler(wrapper)):
             info["consume"] = self._place_when_consumed(gen, read)
         return info
 
@@ -150,7 +150,7 @@ class ShardIterator:
                 f"the run that took the snapshot's for epoch {info['iteration']}"
             )
         consume = info.get("consume")
-        if not (_over_dataloader(wrapper) and (consume is not None or _by_sampler(wrapper))):
+        if not (_over_dataloader(wrapper) and (consume is not None or (self.by_sampler and _by_sampler(wrapper)))):
             return f"cannot position the {self.cls} iterator at {path}: its loader skips batches or has no index sampler"
         if consume is not None and _in_a_group():
             return (f"cannot position the {self.cls} iterator at {path}: its loader has no index sampler, and taking its "
@@ -228,5 +228,5 @@ fastforward.ADAPTERS[SHARD] = ShardLoop()
 fastforward.ADAPTERS[DISPATCHER] = ShardLoop(by_sampler=False)
 iterators.ADAPTERS[f"{SHARD}.__iter__"] = ShardIterator("dataloader_shard_iter", "DataLoaderShard", "dataloader_iter", SHARD_HELD)
 iterators.ADAPTERS[f"{DISPATCHER}.__iter__"] = ShardIterator(
-    "dataloader_dispatcher_iter", "DataLoaderDispatcher", "main_iterator", DISPATCHER_HELD
+    "dataloader_dispatcher_iter", "DataLoaderDispatcher", "main_iterator", DISPATCHER_HELD, by_sampler=False
 )

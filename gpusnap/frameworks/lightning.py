@@ -128,8 +128,11 @@ class ModeIteratorAdapter:
 def _epoch_samplers(loader) -> list:
     """The samplers of ``loader`` that draw their order from an epoch set on them (a
     DistributedSampler, which Lightning puts in a distributed run's loaders)."""
-    found = [getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)]
-    return [s for i, s in enumerate(found) if hasattr(s, "set_epoch") and type(getattr(s, "epoch", None)) is int and s not in found[:i]]
+    found = []
+    for sampler in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        if hasattr(sampler, "set_epoch") and type(getattr(sampler, "epoch", None)) is int and all(sampler is not s for s in found):
+            found.append(sampler)
+    return found
 
 
 def _drawing_persistent(live) -> list[int]:
