@@ -117,12 +117,14 @@ class LiveOnly:
 class Unbuilt:
     """Stands where an object's reconstruction failed. Keeps what pickle applies to it next (its
     state, list items, dict entries): the merge puts them into the replayed object where it
-    knows how (a ``functools.partial``, a ``defaultdict``) and refuses where it does not."""
+    knows how (a ``functools.partial``, a ``defaultdict``) and refuses where it does not.
+    ``func`` and ``args``: the reconstruction that failed (where the replay made no such object,
+    the merge builds a ``partial`` or ``defaultdict`` again over its function made again)."""
 
-    __slots__ = ("type_name", "error", "state", "items", "entries")
+    __slots__ = ("type_name", "error", "state", "items", "entries", "func", "args")
 
-    def __init__(self, type_name: str, error: str):
-        self.type_name, self.error = type_name, error
+    def __init__(self, type_name: str, error: str, func=None, args=()):
+        self.type_name, self.error, self.func, self.args = type_name, error, func, args
         self.state, self.items, self.entries = None, [], {}
 
     def __repr__(self) -> str:
@@ -279,16 +281,21 @@ class LiveFunction(LiveOnly):
     """Stands where the snapshot held a local function: the function is the replay's, but its
     closure cells hold state the program goes on with (an optimizer a factory made and only a
     ``train_step`` closure refers to). ``cells``: {free variable name: what the cell held};
-    ``line``: its code's first line (None in snapshots made before it was kept)."""
+    ``line``: its code's first line (None in snapshots made before it was kept); ``made``:
+    what makes it again where the replay made none (``capture.pickling.pickler``'s
+    ``_live_function``: "module", "frames", "cell_ids", "defaults", "kwdefaults", "attrs"; empty in
+    snapshots made before it was kept)."""
 
-    __slots__ = ("qualname", "cells", "line")
+    __slots__ = ("qualname", "cells", "line", "made")
 
     def __init__(self, serial: int, type_name: str):
         super().__init__(serial, type_name)
-        self.qualname, self.cells, self.line = "", {}, None
+        self.qualname, self.cells, self.line, self.made = "", {}, None, {}
 
     def __setstate__(self, state) -> None:  # after the placeholder is memoized: cells may hold it
-        self.qualname, self.cells, self.line = (*state, None)[:3]
+        self.qualname, self.cells = state[:2]
+        self.line = state[2] if len(state) > 2 else None
+        self.made = state[3] if len(state) > 3 else {}
 
 
 class LiveClass(LiveOnly):
@@ -446,7 +453,7 @@ def _construct(func, args, type_name):
     try:
         return func(*args)
     except Exception as exc:  # noqa: BLE001 - any failure: the merge decides what it means
-        return Unbuilt(type_name, f"{type(exc).__name__}: {exc}")
+        return Unbuilt(type_name, f"{type(exc).__name__}: {exc}", func, args)
 
 
 def findable(obj) -> bool:

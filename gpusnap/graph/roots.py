@@ -44,7 +44,7 @@ import sys
 import types
 
 from gpusnap.graph import caches, exits
-from gpusnap.instrument import loops
+from gpusnap.instrument import loops, transform
 
 _DEFINITIONS = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type, caches.ProgramCache)
 
@@ -66,6 +66,19 @@ def frames_on_path(innermost) -> list:
             path.pop()
     path.reverse()
     return path
+
+
+def frame_cells(frames: list) -> dict[int, tuple[int, str]]:
+    """{id(cell): (index in ``frames``, variable)} of the closure cells of the frames, as
+    ``instrument.transform`` keeps them reachable: a local function whose cell is one of these
+    was made over that frame's variable, and is made again over the replay's."""
+    found = {}
+    for i, frame in enumerate(frames):
+        keeper = frame.f_locals.get(transform.CELLS_NAME)
+        if isinstance(keeper, types.FunctionType):
+            for name, cell in zip(keeper.__code__.co_freevars, keeper.__closure__ or ()):
+                found.setdefault(id(cell), (i, name))
+    return found
 
 
 def _keep_local(name: str) -> bool:

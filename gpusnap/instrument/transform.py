@@ -33,6 +33,19 @@ boundary inside the body is a place a restart resumes at: the replay entered the
 own state, so the merge must give the entered object the run's. The names are not ``__gpusnap_``:
 the snapshot keeps them. Cleared at exit, they never hold an object a finished ``with`` left.
 
+Every function whose frame holds closure cells (variables a nested function refers to, or that it
+refers to from an enclosing one) keeps them reachable from its frame::
+
+    def main(): BODY            ->  def main():
+                                        __gpusnap_cells__ = lambda: (scale, model)
+                                        BODY
+
+Python gives no way to reach a running frame's cells, only their contents; a function the run
+made in a step the replay skipped (a hook registered at a phase change, closing over ``scale``)
+must be made again over the replay's frame's cell, or it would read a copy that the loop never
+updates. ``__gpusnap_cells__.__closure__`` is that cell. It goes after a docstring and carries
+the location of the statement it precedes, so no line event is added.
+
 Every node made here carries the location of the statement it replaces (its ``for T in E`` /
 ``while C`` header) and the ``for``/``while`` node keeps its own, so line numbers and tracebacks
 stay the user's. ``__gpusnap_loops__`` is not
@@ -44,13 +57,15 @@ from __future__ import annotations
 
 import ast
 import sys
+import types
 
 # Enters the compiled-code cache key: bump on any change to what is emitted.
-VERSION = 3
+VERSION = 4
 
 LOOPS_NAME = "__gpusnap_loops__"
 WHILE_PREFIX = "__gpusnap_w_"
 WITH_PREFIX = "_gpusnap_with_"
+CELLS_NAME = "__gpusnap_cells__"
 _DEFERRED_CALLS = frozenset({"enumerate", "zip", "islice"})
 _WRAPPERS = frozenset({"tqdm"})  # calls whose first argument is the iterable they wrap
 _ITER_AT_EXPR = sys.version_info >= (3, 13)
@@ -185,6 +200,46 @@ class LoopTransformer(ast.NodeTransformer):
         return stmt
 
 
+def _closure_names(code: types.CodeType, found: dict) -> dict:
+    """{(first line, name): the cell and free variables} of every function compiled in ``code``
+    (its first line is its first decorator's, as the key ``_CellsBinder`` makes)."""
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            # (zero-argument super()'s __class__: the class, which every replay defines anew)
+            names = tuple(n for n in (*const.co_cellvars, *const.co_freevars) if n != "__class__")
+            if names:
+                found[(const.co_firstlineno, const.co_name)] = names
+            _closure_names(const, found)
+    return found
+
+
+class _CellsBinder(ast.NodeVisitor):
+    """Puts ``__gpusnap_cells__ = lambda: (cells...)`` first in each function that has cells."""
+
+    def __init__(self, closures: dict):
+        self.closures = closures
+
+    def visit_FunctionDef(self, node) -> None:
+        self.generic_visit(node)
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        names = self.closures.get((first, node.name))
+        if not names:
+            return
+        at = 1 if _is_docstring(node.body[0]) and len(node.body) > 1 else 0
+        lam = ast.Lambda(args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]),
+                         body=ast.Tuple(elts=[ast.Name(id=n, ctx=ast.Load()) for n in names], ctx=ast.Load()))
+        bind = ast.Assign(targets=[ast.Name(id=CELLS_NAME, ctx=ast.Store())], value=lam)
+        for made in ast.walk(bind):
+            ast.copy_location(made, node.body[at])
+        node.body.insert(at, bind)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+
+def _is_docstring(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+
+
 def transform_tree(tree: ast.Module) -> int:
     """Instrument ``tree`` in place; returns the number of loops rewritten."""
     transformer = LoopTransformer()
@@ -200,5 +255,13 @@ def transform_source(source: str | bytes, filename: str = "<unknown>") -> ast.Mo
 
 
 def compile_instrumented(source: str | bytes, filename: str):
-    """Code object of ``source`` with its loops instrumented (``exec`` mode, no inherited flags)."""
-    return compile(transform_source(source, filename), filename, "exec", dont_inherit=True)
+    """Code object of ``source`` with its loops instrumented and its functions' cells reachable
+    (``exec`` mode, no inherited flags). Which variables are cells only the compiler knows: a
+    module with any is compiled twice."""
+    tree = transform_source(source, filename)
+    code = compile(tree, filename, "exec", dont_inherit=True)
+    closures = _closure_names(code, {})
+    if not closures:
+        return code
+    _CellsBinder(closures).visit(tree)
+    return compile(tree, filename, "exec", dont_inherit=True)

@@ -470,21 +470,30 @@ class KindMerges:
         self._generator_locals.append((live.gi_frame, merged))
         return live
 
-    def _merge_cells(self, live, snap: LiveFunction, path: Path):
+    def _other_function(self, live, snap: LiveFunction, path: Path) -> StateMismatch | None:
+        """Where the replay holds another function than the run's at a place (a lambda the loop
+        made after setup, where the replay holds setup's), the refusal should the run's not be
+        made again: its cells must not go into the replay's code, nor, without cells, the
+        replay's code go on in its place. None where the replay holds the run's."""
         code = getattr(live, "__code__", None)
         if type(live) is not types.FunctionType or code.co_qualname != snap.qualname:
             found = code.co_qualname if type(live) is types.FunctionType else type(live).__name__
-            raise StateMismatch(f"{path}: the snapshot holds function {snap.qualname} here, the replayed program {found}")
+            return StateMismatch(f"{path}: the snapshot holds function {snap.qualname} here, the replayed program {found}")
         if snap.line is not None and self.same_sources and code.co_firstlineno != snap.line:
-            # Another function of the same name: a lambda the loop made after setup where the
-            # replay holds setup's. Its cells went into the wrong code, or, without cells, the
-            # replay's code went on in its place.
-            raise StateMismatch(
+            return StateMismatch(
                 f"{path}: the snapshot holds {snap.qualname} of line {snap.line} here, the replayed program the "
-                f"one of line {code.co_firstlineno}: a function made inside the training loop is not made again",
+                f"one of line {code.co_firstlineno}, and the run's could not be made again here (its code, or a cell "
+                "it shares with a frame, is not in the replayed program)",
                 hint="make it before the loop, or at module level (functools.partial for its values), "
                      "or restart from a snapshot taken before the loop made it")
+        return None
+
+    def _merge_cells(self, live, snap: LiveFunction, path: Path):
+        code = live.__code__
         cells = {name: (i, cell) for i, (name, cell) in enumerate(zip(code.co_freevars, live.__closure__ or ()))}
+        for name, run_id in snap.made.get("cell_ids", {}).items():  # a function made again shares them
+            if name in cells:
+                self._run_cells.setdefault(run_id, cells[name][1])
         for name, value in snap.cells.items():
             if name not in cells:
                 raise StateMismatch(f"{path}: the replayed {snap.qualname} has no variable {name} in its closure")

@@ -76,7 +76,7 @@ from gpusnap.graph.load import (
 from gpusnap.graph.walk import ATOMS as _ATOMS
 from gpusnap.graph.walk import Path, slot_values
 from gpusnap.graph.walk import key_text as _key_text
-from gpusnap.restore import corebuffers
+from gpusnap.restore import corebuffers, functions
 from gpusnap.restore.frames import write_locals
 from gpusnap.restore.kinds import KindMerges
 from gpusnap.traverse import walk
@@ -134,8 +134,9 @@ class Merger(KindMerges):
     """``write_device(address, data, host)`` copies bytes into the program's device or pinned
     memory (``stage.device.write_device_memory``, which boot hands down): cuda.core Buffers need it."""
 
-    def __init__(self, write_device=None, same_sources: bool = True):
+    def __init__(self, write_device=None, same_sources: bool = True, frames: list | None = None):
         self.write_device = write_device or _no_device_writes
+        self.frames = frames or []  # the replay's frames on the path, outermost first: functions made again share their cells
         # The replay runs the snapshot's own source: a host parameter or buffer whose shape or dtype
         # differs from the replay's took it in the run's steps (kinds._takes_shape). A changed
         # source, forced, may have built it otherwise: then such a place is refused.
@@ -153,6 +154,12 @@ class Merger(KindMerges):
         self._stands_for: dict[int, object] = {}  # id(live object) -> the snapshot object it was aligned with first
         self._state_merged: set[int] = set()  # ids of the LiveFunctions and LiveObjects merged
         self._generator_locals: list = []  # (suspended generator frame, merged locals) for finish()
+        # (LiveFunction, path, refusal or None) of the places where the replay holds none, or another function
+        self._functions_missing: list = []
+        self._made: dict[int, LiveFunction] = {}  # id(function made again) -> its placeholder (restore.functions)
+        self._run_cells: dict[int, object] = {}  # the run's id of a local function's cell -> the live cell
+        self.made_again: list[str] = []  # "qualname (line N)" of each function made again
+        self._unbuilt_missing: list = []  # (Unbuilt, path): a partial or defaultdict over a local function, the replay's none
         self.path: Path | str = ""  # the place being merged, for errors raised outside the merger
         self.tensors = 0
         self.nbytes = 0
@@ -186,6 +193,12 @@ class Merger(KindMerges):
         places that waited, point adopted objects at the live counterparts of what they refer
         to, then make the tensors that shared memory in the run share it again."""
         self._match_live_only()
+        for snap, path, refusal in self._functions_missing:  # where no place held the replay's own
+            if self._made_function(snap, path) is None and refusal is not None:
+                raise refusal
+        for snap, path in self._unbuilt_missing:
+            if id(snap) not in self.aligned:
+                self._align(snap, self._built_again(snap, path), path)
         self._merge_deferred()
         while self._fixups:
             fixups, self._fixups = self._fixups, []
@@ -212,6 +225,10 @@ class Merger(KindMerges):
             found = self.aligned.get(id(pending.snap), self._live_only.get(id(pending.snap), _MISSING))
             if found is _MISSING and isinstance(pending.snap, LiveOverFile):
                 found = self._made_over_file(pending.snap, pending.path)
+            if found is _MISSING and isinstance(pending.snap, LiveFunction):
+                found = self._made_function(pending.snap, pending.path)  # (placed after finish began)
+                if found is None:
+                    found = pending.snap if pending.path.depth <= 1 else _MISSING  # a name: refuses where called
             if found is _MISSING:
                 # The program would meet None where it held a live object (a DataLoader iterator
                 # inside a framework's fetcher): it cannot continue from this state.
@@ -284,6 +301,10 @@ class Merger(KindMerges):
     # -- one place -----------------------------------------------------------------------
     def _place(self, live, snap, path: Path):
         self.path = path
+        if isinstance(live, _Pending):
+            # What this merge stored in a closure cell, waiting for finish, read again through
+            # another frame that shares the cell: the replay held nothing there.
+            live = None
         if type(snap) is int and snap in RUN_IDS:  # `names = {id(p): name ...}`: the live object's id
             obj = RUN_IDS[snap]
             found = self.aligned.get(id(obj), _MISSING)
@@ -293,6 +314,9 @@ class Merger(KindMerges):
         if isinstance(snap, Unkept):
             raise StateMismatch(f"{path}: the snapshot's {snap.type_name} {snap.why}; no snapshot can hold that", snap.hint)
         if isinstance(snap, (LiveOnly, Unbuilt)):
+            refusal = self._other_function(live, snap, path) if isinstance(snap, LiveFunction) and live is not None else None
+            if refusal is not None:
+                live = None  # the run's is made again (at finish), or this refuses the restart
             if live is None:
                 # The same object at several places in the snapshot (one weakref, listed once per
                 # epoch by a framework): where the replay has none, the one placed first stands.
@@ -307,6 +331,11 @@ class Merger(KindMerges):
                 return opened
             if live is None and isinstance(snap, LiveOverFile):
                 return _LiveLater(snap, path)  # made at finish, over its file's counterpart
+            if live is None and isinstance(snap, LiveFunction):
+                # Made again at finish (restore.functions), unless a place met later holds the replay's.
+                _name_place(snap, path)
+                self._functions_missing.append((snap, path, refusal))
+                return _LiveLater(snap, path)
             if live is None and isinstance(snap, LiveOnly):
                 _name_place(snap, path)
             if live is None and isinstance(snap, LiveOnly):
@@ -316,12 +345,16 @@ class Merger(KindMerges):
                 # for a first use, and a CSV writer made at the first step was made again over
                 # its log truncated, "verified" (corpus/csv_log.py --lazy, 2 of 2).
                 return _LiveLater(snap, path) if path.depth > 1 else snap
+            if live is None and isinstance(snap, Unbuilt) and _over_a_local_function(snap):
+                self._unbuilt_missing.append((snap, path))  # built again at finish
+                return _LiveLater(snap, path)
             if live is None and isinstance(snap, Unbuilt):
-                raise StateMismatch(f"{path}: the snapshot's {snap.type_name} cannot be rebuilt here ({snap.error}), "
-                                    "and the replayed program has nothing at this place")
+                raise _unbuilt_here(snap, path)
             if isinstance(snap, Unbuilt) and live is not None and id(snap) not in self._state_merged:
                 self._state_merged.add(id(snap))
                 return _Steps(self._merge_unbuilt(live, snap, path))
+            if isinstance(snap, LiveFunction) and id(first := self._live_only.get(id(snap))) in self._made:
+                return first  # made again at its first place: the run's one function at all of them
             if isinstance(snap, _WITH_STATE) and live is not None and id(snap) not in self._state_merged:
                 self._state_merged.add(id(snap))
                 if isinstance(snap, LiveFunction):
@@ -466,6 +499,12 @@ class Merger(KindMerges):
 
         for obj, path in walk(self._adopted, expand):
             self.path = path
+            if id(obj) in self._made:
+                self._fill_made(obj, self._made[id(obj)], resolve, path)
+                continue
+            if type(obj) is functools.partial:  # (built again: _built_again)
+                obj.__setstate__((obj.func, tuple(resolve(a, path + f".args[{i}]") for i, a in enumerate(obj.args)),
+                                  {k: resolve(v, path + f".keywords[{k!r}]") for k, v in obj.keywords.items()}, None))
             if type(obj) is list:
                 obj[:] = [resolve(item, path + f"[{i}]") for i, item in enumerate(obj)]
             elif type(obj) is collections.deque:
@@ -492,6 +531,8 @@ class Merger(KindMerges):
                 if found is None and isinstance(item, LiveOverFile):
                     found = self._made_over_file(item, path)
                     found = None if found is _MISSING else found
+                if found is None and isinstance(item, LiveFunction):
+                    found = self._made_function(item, path)  # (a LambdaLR made in a step the replay skipped)
                 if found is not None:
                     return found
                 _name_place(item, path)
@@ -556,6 +597,53 @@ class Merger(KindMerges):
         self._live_only[id(snap)] = made
         return made
 
+    def _made_function(self, snap: LiveFunction, path: Path):
+        """A local function the replay did not make, made again once for all its places
+        (``restore.functions``); None where it cannot be. What its cells, defaults and attributes
+        held in the run goes in with the adopted objects' remap (``_fill_made``)."""
+        made = self._live_only.get(id(snap))
+        if made is not None:
+            return made
+        made = functions.make_again(snap, self.frames, self._run_cells) if self.same_sources else None
+        if made is None:
+            return None
+        self._live_only[id(snap)] = made
+        self._made[id(made)] = snap
+        self.made_again.append(f"{snap.qualname} (line {snap.line})")
+        self._keep.append(snap)
+        (self._remapping if self._remapping is not None else self._adopted).append((made, path))
+        return made
+
+    def _built_again(self, snap: Unbuilt, path: Path):
+        """A ``functools.partial`` or ``defaultdict`` the run made over a local function in a step
+        the replay skipped, built again over that function made again; its arguments or entries
+        go in with the adopted objects' remap. Refused where the function cannot be made."""
+        made = self._made_function(snap.args[0], path + ".func")
+        if made is None:
+            raise _unbuilt_here(snap, path)
+        if snap.func is collections.defaultdict:
+            built = collections.defaultdict(made)
+            dict.update(built, snap.entries)
+        else:
+            _, args, keywords, attrs = snap.state
+            built = functools.partial(made, *args, **(keywords or {}))
+            built.__dict__.update(attrs or {})
+        self._adopted.append((built, path))
+        return built
+
+    def _fill_made(self, func, snap: LiveFunction, resolve, path: Path) -> None:
+        on_frames = snap.made.get("frames", {})
+        for i, (name, cell) in enumerate(zip(func.__code__.co_freevars, func.__closure__ or ())):
+            # A frame's cell holds what the merge of that frame's locals writes.
+            if name in snap.cells and name not in on_frames:
+                cell.cell_contents = resolve(snap.cells[name], path + f".__closure__[{i}].cell_contents")
+        if defaults := snap.made.get("defaults"):
+            func.__defaults__ = tuple(resolve(value, path + f".__defaults__[{i}]") for i, value in enumerate(defaults))
+        if kwdefaults := snap.made.get("kwdefaults"):
+            func.__kwdefaults__ = {k: resolve(value, path + f".__kwdefaults__[{k!r}]") for k, value in kwdefaults.items()}
+        for name, value in snap.made.get("attrs", {}).items():
+            setattr(func, name, resolve(value, path + f".{name}"))
+
     def _is_tensor(self, obj) -> bool:
         return self._torch is not None and isinstance(obj, self._torch.Tensor)
 
@@ -575,6 +663,19 @@ def _resolve_items(obj: dict, resolve, path: Path) -> None:
     for key, value, _, new in items:
         if new is not value:
             dict.__setitem__(obj, key, new)
+
+
+def _over_a_local_function(snap: Unbuilt) -> bool:
+    """A ``defaultdict(lambda: 0)`` or ``functools.partial(local_function, ...)``: what failed to
+    build is one of those, over a function the snapshot holds as a placeholder."""
+    return (snap.func in (collections.defaultdict, functools.partial) and len(snap.args) == 1
+            and isinstance(snap.args[0], LiveFunction)
+            and (snap.func is collections.defaultdict or (isinstance(snap.state, tuple) and len(snap.state) == 4)))
+
+
+def _unbuilt_here(snap: Unbuilt, path: Path) -> StateMismatch:
+    return StateMismatch(f"{path}: the snapshot's {snap.type_name} cannot be rebuilt here ({snap.error}), "
+                         "and the replayed program has nothing at this place")
 
 
 def _name_place(placeholder: LiveOnly, path: Path) -> None:

@@ -252,7 +252,7 @@ class Replay:
             for f in saved_frames:
                 f["file"] = rebase(f["file"], knobs.MOVED_FROM, os.getcwd())
         _check_frames(live_frames, saved_frames)
-        merger = Merger(self.write_device, same_sources=same_sources)
+        merger = Merger(self.write_device, same_sources=same_sources, frames=live_frames)
         self._stage = "merging"
         self._merger = merger
         _import_what_the_run_imported_later(payload["globals"])
@@ -286,6 +286,9 @@ class Replay:
                     merger.value(live, snap, f"loops[{i}].loaders[{k}]")  # where met first here: the replay's own
                     loaders.append((live, snap))
         merger.finish()
+        if merger.made_again:
+            _say(f"made again from their code the functions the run made in steps the replay skipped: "
+                 f"{', '.join(merger.made_again)}", level=1)
         self._run_loaders = {id(live): merger.counterpart(snap, live) for live, snap in loaders}
         for live, values in merged_globals:
             live.update({name: merger.settled(value) for name, value in values.items()})

@@ -119,6 +119,16 @@ CORPUS = {
     # by its code alone, "verified" with other bytes, 3 of 3 (the next evaluation's hook took the
     # run's id, and its remove() the phase's hook), until torch's counter of ids was kept
     "late_hooks-forward_hook-dead_units": ("late_hooks.py", ["forward_hook", "--dead-units"], 25, "gpusnap: fast-forward "),
+    # a defaultdict(lambda: 0) made at a phase change inside a nested train() that binds it to
+    # main()'s local through `nonlocal`, from a later epoch: refused, 2 of 2 ("cannot be rebuilt
+    # here ... the replayed program has nothing at this place"), until it was built again over its
+    # function made again (restore.functions); the full set has the hook, LambdaLR and partial
+    "late_closures-counts": ("late_closures.py", ["counts"], 22, "gpusnap: fast-forward "),
+    # A LambdaLR made anew at a phase change in the epoch loop, its lambda over a local of main()
+    # (`start`), from a later epoch: the replay holds setup's LambdaLR and lambda there. The merge
+    # once put the snapshot's cells into setup's lambda, or kept setup's code; then it refused by
+    # the lambdas' lines (3 of 3), until the run's function was made again from its code
+    "phase_schedules": ("phase_schedules.py", ["--epochs", "4"], 21, "gpusnap: fast-forward "),
     # a warmup's forward hook registered in setup, its handle's remove() at the phase change: the
     # restored handle's weak reference named the snapshot's copy of the hook dict, the hook stayed,
     # and the restart said "verified" with other bytes, 3 of 3, until handles were kept with their dicts
@@ -382,10 +392,24 @@ MORE = {
     "context_phases-lr": ("context_phases.py", ["lr"], 19, "gpusnap: fast-forward "),
     "context_phases-frozen": ("context_phases.py", ["frozen"], 19, "gpusnap: fast-forward "),
     "context_phases-fork_rng": ("context_phases.py", ["fork_rng"], 19, "gpusnap: fast-forward "),
-    # past a phase change that made a view of a slice of the head's rows (a torch view), or added a
-    # forward hook over a local of main(): exact at the first try, 3 of 3 each
+    # past a phase change that made a view of a slice of the head's rows (a torch view): exact at
+    # the first try, 3 of 3
     "late_hooks-slice": ("late_hooks.py", ["slice"], 25, "gpusnap: fast-forward "),
-    "late_hooks-forward_hook": ("late_hooks.py", ["forward_hook"], 25, "gpusnap: fast-forward "),
+    # the Adam phase's LambdaLR, past the epoch that made it (phase_schedules, default set): its
+    # lambda over `decay`, a local of main(): refused 2 of 3 before functions were made again
+    "phase_schedules-adam": ("phase_schedules.py", [], 45, "gpusnap: fast-forward "),
+    # the forward hook of late_hooks-forward_hook-dead_units (a lambda over `scale`, a local of
+    # main() the loop rebinds each step), from an epoch after the one that registered it:
+    # refused, 3 of 3 ("the snapshot's builtins.function is not captured (live-only), and the
+    # replayed program has nothing at this place"), until the run's function was made again from
+    # its code over main()'s own cell (restore.functions)
+    "late_hooks-forward_hook": ("late_hooks.py", ["forward_hook"], 37, "gpusnap: fast-forward "),
+    # late_closures' other functions made at its phase change (a hook a helper registered, over
+    # main()'s list; a LambdaLR's lambda over train()'s `warm`; a partial over a local function):
+    # refused, 2 of 2 each, before functions were made again
+    "late_closures-probe": ("late_closures.py", ["probe"], 22, "gpusnap: fast-forward "),
+    "late_closures-nested": ("late_closures.py", ["nested"], 22, "gpusnap: fast-forward "),
+    "late_closures-partial": ("late_closures.py", ["partial"], 22, "gpusnap: fast-forward "),
     # bookkeeping written thread-safe in a one-thread loop: a queue.Queue of hard batches, a meter
     # guarded by a threading.Lock, itertools.count, iter([...]) advanced at each epoch: exact at
     # the first try, 3 of 3

@@ -245,17 +245,21 @@ def test_a_scratch_directory_gone_with_the_machine_comes_back(tmp_path):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_a_file_opened_mid_run_goes_on_and_the_call_it_registered_with_atexit_runs(tmp_path, seed):
+@pytest.mark.parametrize("registered", ["method", "lambda"])
+def test_a_file_opened_mid_run_goes_on_and_the_call_it_registered_with_atexit_runs(tmp_path, seed, registered):
     """corpus/exit_summary.py: a CSV logger made at the first step keeps its file open, and
     registers its close() with atexit, which writes a summary line as the interpreter exits. The
     restart was refused at the logger's first write (its file was live-only, the replay made
     none) until a file opened after setup was opened again; it then ended without the summary
-    line, "verified", 3 of 3, until the program's atexit calls were kept (graph.exits)."""
+    line, "verified", 3 of 3, until the program's atexit calls were kept (graph.exits). Where it
+    registers `lambda: self.close()`, a function the replay never made, the restart was refused
+    by name (3 of 3) until such a function was made again from its code (restore.functions)."""
     script = copy_programs(tmp_path) / "corpus" / "exit_summary.py"
+    args = ["--lambda"] if registered == "lambda" else []
     ref, out = ref_and_out(tmp_path)
-    plain(script, ref, cwd=tmp_path, env=ENV)
+    plain(script, ref, *args, cwd=tmp_path, env=ENV)
     print(f"seed {seed}")
-    kill_and_restart(script, [], tmp_path, out, random.Random(seed), progress(ref), ENV, {**ENV, "TEST_STEP_SLEEP_S": "0.04"})
+    kill_and_restart(script, args, tmp_path, out, random.Random(seed), progress(ref), ENV, {**ENV, "TEST_STEP_SLEEP_S": "0.04"})
     summary = (out / "summary.csv").read_text()
     assert summary == (ref / "summary.csv").read_text() and summary.endswith("# 72 rows\n"), summary[-200:]
     assert_same(load_final(ref), load_final(out))

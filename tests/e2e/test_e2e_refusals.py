@@ -142,14 +142,26 @@ def test_workers_that_would_copy_a_dataset_the_epochs_changed_are_refused_before
     assert not (out / "final.pt").exists()
 
 
-def test_a_lambda_made_mid_run_that_the_program_calls_later_is_a_refusal(tmp_path):
+@pytest.mark.parametrize("script_changed", [False, True], ids=["made-again", "forced-over-a-changed-script"])
+def test_a_lambda_made_mid_run_that_the_program_calls_later(tmp_path, script_changed):
     """late_hook.py makes a Hooks object holding a lambda at step 3 and applies it every tenth
-    step. The restart gives the object back whole, with a placeholder for the lambda: calling it,
-    steps after the merge, raised a TypeError that ended the restart with exit 1, blamed on the
-    program. It is the restore's failure: exit 6, saying so."""
-    _, out, snap = _snapshot_then_kill(tmp_path, "late_hook.py", (22,), at=11, step_sleep_s="0.05")
+    step. The restart gives the object back whole; the lambda, which the replay never made,
+    came back a placeholder: calling it, steps after the merge, raised a TypeError that ended
+    the restart with exit 1, blamed on the program, and then was refused (exit 6). It is made
+    again from its code (restore.functions): the restart is exact. Forced over a changed script
+    its code may be another, so it is not made, and the call is the restore's failure: exit 6."""
+    script, out, snap = _snapshot_then_kill(tmp_path, "late_hook.py", (22,), at=11, step_sleep_s="0.05")
     assert 11 <= snap["iteration"] < 18, "the hooks run at step 19: the call must come after the first iteration after the merge"
-    refused = gpusnap("restart", "snaps", cwd=tmp_path, env=ENV)
+    if not script_changed:
+        restarted = gpusnap("restart", "snaps", cwd=tmp_path, env=ENV)
+        assert restarted.returncode == 0, restarted.stderr
+        ref = tmp_path / "ref"
+        ref.mkdir()
+        plain(script, ref, 22, cwd=tmp_path, env=ENV)
+        assert_same(load_final(ref), load_final(out))
+        return
+    _edit(script, "grad * scale)", "grad * scale)  # scaled")  # the same lines, other bytes
+    refused = gpusnap("restart", "snaps", "--force", cwd=tmp_path, env=ENV)
     assert refused.returncode == 6, refused.stderr
     assert ("gpusnap: restore refused: the program stopped on TypeError: 'LiveFunction' object is not callable: it called or "
             "iterated an object the snapshot could not hold") in refused.stderr
@@ -203,12 +215,6 @@ EXACT_OR_REFUSED = {
     # backward meets weights the merge wrote. Refused in the first iteration, with a hint (2 of
     # 3 here; a snapshot taken where the next step recomputes the loss first restarts exactly).
     "adaptive_inner": ("adaptive_inner.py", [], ("a snapshot holds no autograd graph",)),
-    # A LambdaLR made again at a phase change in the epoch loop, its lambda over a local of main():
-    # the replay runs the resumed epoch's prefix, so from the epoch that made it the restart is
-    # exact; from a later epoch the replay holds setup's lambda there. The merge once put the
-    # snapshot's cells into it, or, for a lambda without cells, kept setup's code (refused as
-    # "no variable start in its closure", or not at all). Now refused by the lambdas' lines
-    "phase_schedules": ("phase_schedules.py", [], ("a function made inside the training loop is not made again",)),
     # Gradient clamps registered on every parameter at a phase change (`p.register_hook(lambda g:
     # ...)`): a snapshot holds no tensor's hooks, only how many each had, so from a snapshot past
     # that epoch the merge refuses, naming the parameter (the witness refused, naming nothing,
@@ -224,11 +230,6 @@ EXACT_OR_REFUSED = {
     # setup: its footer lives in Arrow's memory until close(), and the replay's writer had truncated
     # the file: "verified" with the later epochs' rows only, 3 of 3, until an open writer was refused.
     "parquet_log": ("parquet_log.py", [], ("ParquetWriter was open",)),
-    # A CSV logger made at the first step registers `lambda: self.close()` with atexit: a function
-    # made after setup, which the snapshot cannot hold. Its registration is lost to a restart (the
-    # summary line close() writes at exit): refused by name (exit_summary.py, registering the
-    # method itself, restarts exactly: test_e2e_files.py)
-    "exit_summary-lambda": ("exit_summary.py", ["--lambda"], ("with atexit in a step the replay skips",)),
     # Everything printed also goes to a log file through a Tee put in place of sys.stdout at the
     # second epoch: sys is no root of a snapshot, and past that epoch the restarted run printed to
     # the process's stdout, the log without a line after the snapshot (found by the program's own
@@ -237,13 +238,10 @@ EXACT_OR_REFUSED = {
 }
 # Shapes the others cover (the full set runs them: GPUSNAP_TEST_CORPUS=all): a refusal by the witness
 # (hard_mining-online, prefetch_thread: scripted-jit-optimize's), by the merge (grad_hook: a unit
-# test, test_graph.py::test_gradient_hooks_...), a loop passed over
-# whose results the code after it needs (lr_finder: noisy_student's), a function made in the loop
-# (phase_schedules: test_a_lambda_made_mid_run_that_the_program_calls_later_is_a_refusal), a native
-# writer's state (parquet_log: sqlite_metrics-commit_at_end's), an atexit call the snapshot cannot hold (exit_summary-lambda:
-# a unit test, test_graph.py::test_atexit_calls_...).
-MORE_EXACT_OR_REFUSED = ("late_hooks-grad_hook", "hard_mining-online", "lr_finder", "phase_schedules", "prefetch_thread",
-                         "parquet_log", "exit_summary-lambda")
+# test, test_graph.py::test_gradient_hooks_...), a loop passed over whose results the code after it
+# needs (lr_finder: noisy_student's), a native writer's state (parquet_log: sqlite_metrics-commit_at_end's).
+MORE_EXACT_OR_REFUSED = ("late_hooks-grad_hook", "hard_mining-online", "lr_finder", "prefetch_thread",
+                         "parquet_log")
 
 
 @pytest.mark.parametrize("seed", SEEDS)

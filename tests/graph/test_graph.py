@@ -1139,10 +1139,24 @@ def test_what_closures_hold_merges_into_the_replayed_closures(tmp_path, iterativ
     assert live["countdown"](3) == 0
 
 
-def test_a_closure_of_another_function_at_its_place_refuses(tmp_path):
-    snap, _ = snapshot_and_load(tmp_path, {"fn": make_closures(1)["step"]})
-    with pytest.raises(StateMismatch, match=r"root\['fn'\]: the snapshot holds function make_closures.<locals>.step here, the replayed program make_closures.<locals>.report"):
-        merge_into({"fn": make_closures(0)["report"]}, snap)
+def test_where_the_replay_holds_another_closure_the_run_s_is_made_again_sharing_its_cells(tmp_path):
+    """`fn = closures["step"]` rebound in a step the replay skipped: the replay holds `report`
+    there. The run's `step` is made again from its code (restore.functions), over the cells of the
+    run's `report`, which the replay holds elsewhere: a step it takes is one `report` reports."""
+    trained = make_closures(1)
+    trained["step"](torch.ones(3))
+    snap, _ = snapshot_and_load(tmp_path, {"fn": trained["step"], "report": trained["report"]})
+    replayed = make_closures(0)
+    live = {"fn": replayed["report"], "report": replayed["report"]}
+    merge_into(live, snap)
+    made = live["fn"]
+    assert made is not replayed["report"] and made.__code__ is replayed["step"].__code__
+    assert live["report"] is replayed["report"] and replayed["report"]()[0] == 2
+    assert made(torch.ones(3)) == 3 and replayed["report"]()[0] == 3  # one cell, as in the run
+    assert torch.equal(replayed["report"]()[1]["momentum"], torch.full((3,), 1.0 * 0.9 * 0.9 + 0.9 + 1.0))
+    with pytest.raises(StateMismatch, match=r"root\['fn'\]: the snapshot holds function make_closures.<locals>.step here, "
+                       r"the replayed program make_closures.<locals>.report"):
+        merge_into({"fn": make_closures(0)["report"]}, snap, same_sources=False)  # a changed source: never made
 
 
 def make_local_model(seed: int):
@@ -1268,20 +1282,53 @@ def test_places_the_run_held_on_one_memory_share_it_again_after_the_merge(tmp_pa
 
 def test_a_function_the_loop_made_is_told_from_setup_s_of_the_same_name_by_its_line(tmp_path):
     """Two lambdas of one function share a qualified name: the one the loop made after setup
-    (the snapshot's) is not the replay's, and merging it kept setup's code in its place."""
+    (the snapshot's) is not the replay's. Merging it once kept setup's code in its place; it is
+    made again from its own code, with its defaults, and where it cannot be, refused."""
     setup_made = lambda step: 1.0  # noqa: E731 - what the replay holds
-    loop_made = lambda step: 0.5 ** step  # noqa: E731 - what the run held at the snapshot
+    loop_made = lambda step, base=0.5: base ** step  # noqa: E731 - what the run held at the snapshot
     snap, _ = snapshot_and_load(tmp_path, {"schedule": [loop_made]})
-    with pytest.raises(StateMismatch, match=r"root\['schedule'\]\[0\]: the snapshot holds test_a_function_the_loop_made_is_"
-                       r"told_from_setup_s_of_the_same_name_by_its_line.<locals>.<lambda> of line \d+ here, the replayed "
-                       r"program the one of line \d+: a function made inside the training loop is not made again"):
-        merge_into({"schedule": [setup_made]}, snap)
+    live = {"schedule": [setup_made]}
+    merge_into(live, snap)
+    made = live["schedule"][0]
+    assert made is not setup_made and made.__code__ is loop_made.__code__ and made(3) == 0.125
     live = {"schedule": [loop_made]}
     merge_into(live, snap)
     assert live["schedule"][0] is loop_made
+    with pytest.raises(StateMismatch, match=r"root\['schedule'\]\[0\]: the snapshot holds test_a_function_the_loop_made_is_"
+                       r"told_from_setup_s_of_the_same_name_by_its_line.<locals>.<lambda> of line \d+ here, the replayed "
+                       r"program the one of line \d+, and the run's could not be made again here"):
+        merge_into({"schedule": [setup_made]}, _with_line(snap, 1))  # (its code is not found at another line)
     live = {"schedule": [setup_made]}
     merge_into(live, snap, same_sources=False)  # a forced, changed source: lines move, the names are compared
     assert live["schedule"][0] is setup_made
+
+
+def test_a_defaultdict_and_a_partial_over_functions_the_replay_never_made_are_built_again(tmp_path):
+    """`counts = defaultdict(lambda: 0)` and `weigh = partial(scaled, factor=0.5)` made in a step
+    the replay skipped: pickle could not build them over the placeholders of their functions,
+    and the restart was refused ("cannot be rebuilt here"). Both are built again over their
+    functions made again, with the run's entries and arguments."""
+    base = torch.ones(2)
+
+    def scaled(loss, factor):
+        return loss * factor + base
+
+    counts = collections.defaultdict(lambda: 0)
+    counts["a"] += 3
+    snap, _ = snapshot_and_load(tmp_path, {"counts": counts, "weigh": functools.partial(scaled, factor=0.5), "base": base})
+    live = {"counts": None, "weigh": None, "base": torch.zeros(2)}
+    merge_into(live, snap)
+    assert type(live["counts"]) is collections.defaultdict and live["counts"]["a"] == 3 and live["counts"]["b"] == 0
+    weigh = live["weigh"]
+    assert type(weigh) is functools.partial and weigh.keywords == {"factor": 0.5}
+    assert weigh.func.__code__ is scaled.__code__ and torch.equal(weigh(torch.full((2,), 2.0)), torch.full((2,), 2.0))
+
+
+def _with_line(snap: dict, line: int) -> dict:
+    for value in snap.values():
+        for function in value:
+            function.line = line
+    return snap
 
 
 def test_a_cached_getter_made_inside_a_function_round_trips_by_value_and_merges_into_the_replays(tmp_path):

@@ -390,6 +390,41 @@ def test_a_with_around_a_loop_keeps_its_context_manager_in_a_local_while_the_bod
     assert "_gpusnap_with_" not in ast.unparse(transform.transform_source("with a:\n    pass\n"))
 
 
+def test_a_function_s_cells_are_reachable_from_its_frame():
+    """A function the run made in a step the replay skipped is made again over the replay's
+    frame's cells (restore.functions): ``__gpusnap_cells__`` holds them, a decorated function's
+    and a nested one's (its free variables too), after the docstring; a function without cells
+    gets nothing."""
+    source = textwrap.dedent("""\
+        def deco(f):
+            return f
+        @deco
+        def main():
+            "doc"
+            scale = 1.0
+            hook = lambda out: out * scale
+            def inner():
+                nonlocal scale
+                scale = 2.0
+                out.append(dict(locals()))
+            inner()
+            out.append(dict(locals()))
+            return hook
+        def plain():
+            out.append(dict(locals()))
+        out.append(main.__doc__)
+        out.append(main()(1.0))
+        plain()
+    """)
+    out, error = _run(source, instrumented=True)
+    assert error is None, error
+    doc, in_inner, in_main, result, in_plain = out
+    assert doc == "doc" and result == 2.0 and in_plain == {}
+    keeper, hook = in_main["__gpusnap_cells__"], in_main["hook"]
+    assert keeper.__code__.co_freevars == ("scale",) and keeper.__closure__[0] is hook.__closure__[0]
+    assert in_inner["__gpusnap_cells__"].__closure__[0] is hook.__closure__[0]
+
+
 FUTURE = """\
 from __future__ import annotations
 \"\"\"not the docstring: the future import comes first\"\"\"

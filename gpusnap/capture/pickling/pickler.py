@@ -38,7 +38,8 @@ intercepts, through ``reducer_override``:
   files are the replay's; these hold nothing but program state.
 - local functions -> ``_live_function(serial, type)`` with their first line and what their cells hold
   as its state: restore keeps the replayed function and merges the cells' contents into its
-  cells (an optimizer that only a ``train_step`` closure refers to).
+  cells (an optimizer that only a ``train_step`` closure refers to); where the replay made none,
+  it makes the function again from its code, over the replay's frame cells it shared.
 - classes of the program's that cannot be found by name (defined inside a function) ->
   ``_live_class(serial, type)`` with their class attributes (``graph.roots.class_state``) as
   its state: restore keeps the replayed class and sets them on it.
@@ -239,7 +240,7 @@ class GraphPickler(BufferReducers, pickle.Pickler):
     (stage.drain): those bytes are read there, never at their address.
     """
 
-    def __init__(self, file, sink, drained: Drained | None = None, device=None, unforked=None):
+    def __init__(self, file, sink, drained: Drained | None = None, device=None, unforked=None, frame_cells=None):
         super().__init__(file, protocol=PROTOCOL)
         self._file = file
         self.iterative = False  # dump_graph fell back to the iterative pickler
@@ -277,6 +278,7 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         # CUdeviceptr values inside a staged raw allocation are saved as (allocation, offset):
         # the replay's allocation has another base (stage.device.DeviceStage.pointer).
         self.device = device
+        self._frame_cells = frame_cells or {}
         driver = sys.modules.get("cuda.bindings.driver") if device is not None else None
         self._pointer_type = getattr(driver, "CUdeviceptr", None)
 
@@ -415,17 +417,27 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         """A local function: live-only, with its qualified name, its code's first line (the
         merge tells it from another function of the same name: the lambdas of one function) and
         its cells' contents (a closure's) as the placeholder's state, pickled after the
-        placeholder is memoized, so a cell that refers back to the function is no cycle."""
+        placeholder is memoized, so a cell that refers back to the function is no cycle. What
+        makes it again where the replay did not (a hook registered in a step the replay
+        skipped) goes in ``made``: its module, its defaults and attributes, which of its cells
+        are a frame's of the snapshot ({variable: frame index}), and each cell's id, which
+        tells the cells it shares with other local functions."""
         _, args = self._live(obj)
-        cells = {}
+        cells, frames, cell_ids = {}, {}, {}
         for name, cell in zip(obj.__code__.co_freevars, obj.__closure__ or ()):
             if name == "__class__":  # zero-argument super()'s: the class, which replay defines anew
                 continue
+            cell_ids[name] = id(cell)
+            if (at := self._frame_cells.get(id(cell))) is not None:
+                frames[name] = at[0]
             try:
                 cells[name] = cell.cell_contents
             except ValueError:  # a variable not bound yet
                 continue
-        return _live_function, args, (obj.__code__.co_qualname, cells, obj.__code__.co_firstlineno)
+        made = {"module": obj.__module__, "frames": frames, "cell_ids": cell_ids, "defaults": obj.__defaults__,
+                "kwdefaults": obj.__kwdefaults__, "attrs": dict(vars(obj))}
+        made = {key: value for key, value in made.items() if value}
+        return _live_function, args, (obj.__code__.co_qualname, cells, obj.__code__.co_firstlineno, made)
 
     def _live_class(self, cls, state: dict):
         """A class of the program's defined inside a function: live-only, with its class

@@ -103,7 +103,8 @@ def write_snapshot(job: WriteJob, report_progress=None) -> dict:
         payload = roots.collect(job.frame, job.active_loops, job.rng_states, lambda loop: loopnotes.record(loop, read),
                                 loopnotes.fetched_ahead, job.settings)
         stream = io.BytesIO()
-        pickler = GraphPickler(stream, sink, drained=drained, device=job.device, unforked=job.unforked)
+        pickler = GraphPickler(stream, sink, drained=drained, device=job.device, unforked=job.unforked,
+                               frame_cells=roots.frame_cells(roots.frames_on_path(job.frame)))
         pickler.dump_graph(payload)
         drained.done()  # the pages of what the pickler drained go now, and the region's unused tail
         if job.device is not None:
