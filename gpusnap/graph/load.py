@@ -283,7 +283,7 @@ class LiveFunction(LiveOnly):
     ``train_step`` closure refers to). ``cells``: {free variable name: what the cell held};
     ``line``: its code's first line (None in snapshots made before it was kept); ``made``:
     what makes it again where the replay made none (``capture.pickling.pickler``'s
-    ``_live_function``: "module", "frames", "cell_ids", "defaults", "kwdefaults", "attrs"; empty in
+    ``_live_function``: "module", "frames", "cell_ids", "defaults", "kwdefaults", "attrs", "names"; empty in
     snapshots made before it was kept)."""
 
     __slots__ = ("qualname", "cells", "line", "made")

@@ -52,6 +52,8 @@ def make_again(snap: LiveFunction, frames: list, shared: dict[int, object]) -> t
             return None
         closure.append(cell)
     made = types.FunctionType(code, namespace, code.co_name, None, tuple(closure) or None)
+    if names := snap.made.get("names"):  # a decorator's wrapper (functools.wraps): the wrapped function's
+        made.__name__, made.__qualname__, made.__module__, made.__doc__ = names
     for name, cell in zip(code.co_freevars, closure):
         if name in cell_ids:
             shared.setdefault(cell_ids[name], cell)  # the next function made over this cell shares it

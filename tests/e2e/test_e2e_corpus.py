@@ -124,6 +124,11 @@ CORPUS = {
     # here ... the replayed program has nothing at this place"), until it was built again over its
     # function made again (restore.functions); the full set has the hook, LambdaLR and partial
     "late_closures-counts": ("late_closures.py", ["counts"], 22, "gpusnap: fast-forward "),
+    # an AveragedModel made at a phase change with torch's EMA function (a closure over the decay
+    # inside torch.no_grad()'s wrapper, both made in that step), from a later epoch: refused, 2
+    # of 2 (the program called the wrapper's placeholder), until functions were made again, the
+    # wrapper from the module of its code, not the one functools.wraps names
+    "ema_late": ("ema_late.py", [], 18, "gpusnap: fast-forward "),
     # A LambdaLR made anew at a phase change in the epoch loop, its lambda over a local of main()
     # (`start`), from a later epoch: the replay holds setup's LambdaLR and lambda there. The merge
     # once put the snapshot's cells into setup's lambda, or kept setup's code; then it refused by

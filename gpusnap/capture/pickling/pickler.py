@@ -419,9 +419,9 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         its cells' contents (a closure's) as the placeholder's state, pickled after the
         placeholder is memoized, so a cell that refers back to the function is no cycle. What
         makes it again where the replay did not (a hook registered in a step the replay
-        skipped) goes in ``made``: its module, its defaults and attributes, which of its cells
-        are a frame's of the snapshot ({variable: frame index}), and each cell's id, which
-        tells the cells it shares with other local functions."""
+        skipped) goes in ``made``: the module of its code, its defaults and attributes, the names
+        a decorator gave it, which of its cells are a frame's of the snapshot ({variable: frame
+        index}), and each cell's id, which tells the cells it shares with other local functions."""
         _, args = self._live(obj)
         cells, frames, cell_ids = {}, {}, {}
         for name, cell in zip(obj.__code__.co_freevars, obj.__closure__ or ()):
@@ -434,10 +434,14 @@ class GraphPickler(BufferReducers, pickle.Pickler):
                 cells[name] = cell.cell_contents
             except ValueError:  # a variable not bound yet
                 continue
-        made = {"module": obj.__module__, "frames": frames, "cell_ids": cell_ids, "defaults": obj.__defaults__,
+        code = obj.__code__
+        module = obj.__globals__.get("__name__")  # where its code is (a decorator's wrapper names the module it wraps)
+        made = {"module": module, "frames": frames, "cell_ids": cell_ids, "defaults": obj.__defaults__,
                 "kwdefaults": obj.__kwdefaults__, "attrs": dict(vars(obj))}
+        if (obj.__name__, obj.__qualname__, obj.__module__) != (code.co_name, code.co_qualname, module):
+            made["names"] = (obj.__name__, obj.__qualname__, obj.__module__, obj.__doc__)  # (functools.wraps gave them)
         made = {key: value for key, value in made.items() if value}
-        return _live_function, args, (obj.__code__.co_qualname, cells, obj.__code__.co_firstlineno, made)
+        return _live_function, args, (code.co_qualname, cells, code.co_firstlineno, made)
 
     def _live_class(self, cls, state: dict):
         """A class of the program's defined inside a function: live-only, with its class
