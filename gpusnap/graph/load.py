@@ -502,15 +502,23 @@ ADDED_BY_SETSTATE: dict[int, frozenset] = {}
 # (restore.merge). Addresses of live objects, 16-byte aligned and above 2**32: no count or index
 # the program keeps is one.
 RUN_IDS: dict[int, object] = {}
-# id(loaded tensor) -> how many gradient hooks the run's tensor had (``register_hook``,
-# ``register_post_accumulate_grad_hook``), for the objects of the last ``load_graph``; absent for
-# a stream written before they were counted.
-GRAD_HOOKS: dict[int, int] = {}
+# id(loaded tensor) -> the gradient hooks the run's tensor had (``register_hook``,
+# ``register_post_accumulate_grad_hook``): ``grad_hook_dicts``' pair, or, in a stream written
+# before the hooks were kept, how many; for the objects of the last ``load_graph``; absent for a
+# stream written before they were counted.
+GRAD_HOOKS: dict[int, tuple | int] = {}
 
 
 def grad_hooks(t) -> int:
     """How many gradient hooks ``t`` has (its ``register_hook``s and post-accumulate hooks)."""
     return len(t._backward_hooks or ()) + len(getattr(t, "_post_accumulate_grad_hooks", None) or ())
+
+
+def grad_hook_dicts(t) -> tuple | None:
+    """``t``'s dicts of gradient hooks {handle id: hook}, (``_backward_hooks``,
+    ``_post_accumulate_grad_hooks``), each None where empty; None where it has none."""
+    dicts = (t._backward_hooks or None, getattr(t, "_post_accumulate_grad_hooks", None) or None)
+    return dicts if any(dicts) else None
 
 
 def _set_state_by_class(obj, state):
@@ -577,7 +585,7 @@ def _load_device_storage(name, offset, nbytes, device):
     return storage
 
 
-def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, is_param, attrs, run_id=None, hooks=0):
+def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, is_param, attrs, run_id=None, hooks=None):
     import torch
 
     t = torch.empty(0, dtype=getattr(torch, dtype), device=storage.device)
@@ -590,9 +598,9 @@ def _rebuild_tensor(storage, offset, size, stride, dtype, requires_grad, grad, i
         t.grad = grad
     if attrs:
         t.__dict__.update(attrs)
-    if run_id is not None:  # (a stream that has it counts the tensor's gradient hooks too)
+    if run_id is not None:  # (a stream that has it has the tensor's gradient hooks too)
         RUN_IDS[run_id] = t
-        GRAD_HOOKS[id(t)] = hooks
+        GRAD_HOOKS[id(t)] = hooks or 0
     saved_on = _loading.device_storages.get(id(storage))
     if saved_on is not None:  # the object the graph holds: a Parameter is a tensor of its own
         _loading.device_tensors.append((t, saved_on))

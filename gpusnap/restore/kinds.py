@@ -163,19 +163,30 @@ class KindMerges:
         return live
 
     def _same_grad_hooks(self, live, snap, path: Path) -> None:
-        """A snapshot holds no gradient hook (code the program registered on a tensor), only how
-        many the run's tensor had. Registered in a step the replay skips (`p.register_hook(lambda
-        g: g.clamp(...))` at a phase change), they were missing after the restart, which the
-        witness refused without naming them, or, where they act only later, did not see: refused
-        here, naming the tensor. Where the run had none left (it removed them), the replay's go."""
+        """The run's gradient hooks on a leaf tensor (code the program registered on it) where the
+        replay's tensor has another number of them: registered in a step the replay skips (`p.
+        register_hook(lambda g: g.clamp(...))` at a phase change), they were missing after the
+        restart, which the witness refused without naming them, or, where they act only later,
+        did not see. The snapshot's dicts of them go onto the live tensor at finish (their hooks
+        the replay's functions, or made again: restore.functions); where the run had none left
+        (it removed them), the replay's go. A stream that only counted them refuses, naming the
+        tensor."""
         want = GRAD_HOOKS.get(id(snap))
+        if want is None:
+            return  # (a stream written before hooks were counted)
+        dicts = want if isinstance(want, tuple) else None
+        count = sum(len(d or ()) for d in dicts) if dicts is not None else want
         have = grad_hooks(live) if live is not snap else 0
-        if want is None or want == have:
-            return  # (None: a stream written before hooks were counted)
-        if want == 0:
+        if count == have:
+            return
+        if count == 0:
             for hooks in (live._backward_hooks, getattr(live, "_post_accumulate_grad_hooks", None)):
                 if hooks:
                     hooks.clear()
+            return
+        if dicts is not None:
+            self._grad_hooks_later.append((live, dicts))
+            self._adopted.extend((d, path + ".hooks") for d in dicts if d)  # their hooks resolved with the adopted
             return
         raise StateMismatch(
             f"{path}: the run's tensor had {want} gradient hook{'s' if want != 1 else ''} (register_hook), the replay's "
@@ -183,6 +194,17 @@ class KindMerges:
             hint="register the hooks where the replay runs them again (the script's setup, or the start of each epoch), "
                  "or restart from a snapshot taken before they were registered (gpusnap restart DIR --snapshot ID)",
         )
+
+    def _put_grad_hooks(self) -> None:
+        """The run's hook dicts onto the tensors ``_same_grad_hooks`` found without them: the live
+        dict the merge gave one of them (a handle the program keeps holds it), else the
+        snapshot's. Assigned, not filled: torch registers a dict with autograd when it is set."""
+        for live, dicts in self._grad_hooks_later:
+            for name, hooks in zip(("_backward_hooks", "_post_accumulate_grad_hooks"), dicts):
+                if hooks:
+                    setattr(live, name, self.aligned.get(id(hooks), hooks))
+                elif getattr(live, name, None):
+                    getattr(live, name).clear()
 
     def _takes_shape(self, live, snap) -> bool:
         """Whether a parameter or buffer may take the snapshot's shape and dtype in place. The

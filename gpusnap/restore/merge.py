@@ -160,6 +160,7 @@ class Merger(KindMerges):
         self._run_cells: dict[int, object] = {}  # the run's id of a local function's cell -> the live cell
         self.made_again: list[str] = []  # "qualname (line N)" of each function made again
         self._unbuilt_missing: list = []  # (Unbuilt, path): a partial or defaultdict over a local function, the replay's none
+        self._grad_hooks_later: list = []  # (live tensor, the run's hook dicts): kinds._same_grad_hooks
         self.path: Path | str = ""  # the place being merged, for errors raised outside the merger
         self.tensors = 0
         self.nbytes = 0
@@ -208,6 +209,7 @@ class Merger(KindMerges):
         for pending in self._pending.values():  # root places (a frame's locals) settle here too
             self._settle(pending)
         self._remap_adopted()
+        self._put_grad_hooks()
         self._join_shared()
         for frame, values in self._generator_locals:
             write_locals(frame, {name: self.settled(value) for name, value in values.items()})

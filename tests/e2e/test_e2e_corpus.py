@@ -409,6 +409,11 @@ MORE = {
     # replayed program has nothing at this place"), until the run's function was made again from
     # its code over main()'s own cell (restore.functions)
     "late_hooks-forward_hook": ("late_hooks.py", ["forward_hook"], 37, "gpusnap: fast-forward "),
+    # gradient clamps registered on every parameter at a phase change (`p.register_hook(lambda g:
+    # g.clamp(...))`), from a later epoch: the witness refused, naming nothing (2 of 3), before
+    # hooks were counted; then the merge refused, naming the parameter (3 of 3), until a tensor's
+    # hooks were kept and their functions made again
+    "late_hooks-grad_hook": ("late_hooks.py", ["grad_hook"], 37, "gpusnap: fast-forward "),
     # late_closures' other functions made at its phase change (a hook a helper registered, over
     # main()'s list; a LambdaLR's lambda over train()'s `warm`; a partial over a local function):
     # refused, 2 of 2 each, before functions were made again

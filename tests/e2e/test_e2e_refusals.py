@@ -215,12 +215,6 @@ EXACT_OR_REFUSED = {
     # backward meets weights the merge wrote. Refused in the first iteration, with a hint (2 of
     # 3 here; a snapshot taken where the next step recomputes the loss first restarts exactly).
     "adaptive_inner": ("adaptive_inner.py", [], ("a snapshot holds no autograd graph",)),
-    # Gradient clamps registered on every parameter at a phase change (`p.register_hook(lambda g:
-    # ...)`): a snapshot holds no tensor's hooks, only how many each had, so from a snapshot past
-    # that epoch the merge refuses, naming the parameter (the witness refused, naming nothing,
-    # 2 of 3, before hooks were counted); from one in that epoch the replay registers them again
-    # and the restart is exact. (Forward hooks, a module's: exact, 3 of 3.)
-    "late_hooks-grad_hook": ("late_hooks.py", ["grad_hook"], ("gradient hook (register_hook), the replay's 0",)),
     # Each epoch's metrics inserted into SQLite, committed once at the end: at a snapshot past the
     # first epoch the rows wait in the connection's transaction, in SQLite's memory, which the
     # snapshot cannot hold, and the replay's connection had none of them: "verified" without those
@@ -237,10 +231,10 @@ EXACT_OR_REFUSED = {
     "tee_stdout-late": ("tee_stdout.py", ["--late"], ("in place of sys.stdout in a step the replay skips",)),
 }
 # Shapes the others cover (the full set runs them: GPUSNAP_TEST_CORPUS=all): a refusal by the witness
-# (hard_mining-online, prefetch_thread: scripted-jit-optimize's), by the merge (grad_hook: a unit
-# test, test_graph.py::test_gradient_hooks_...), a loop passed over whose results the code after it
-# needs (lr_finder: noisy_student's), a native writer's state (parquet_log: sqlite_metrics-commit_at_end's).
-MORE_EXACT_OR_REFUSED = ("late_hooks-grad_hook", "hard_mining-online", "lr_finder", "prefetch_thread",
+# (hard_mining-online, prefetch_thread: scripted-jit-optimize's), a loop passed over whose results
+# the code after it needs (lr_finder: noisy_student's), a native writer's state (parquet_log:
+# sqlite_metrics-commit_at_end's).
+MORE_EXACT_OR_REFUSED = ("hard_mining-online", "lr_finder", "prefetch_thread",
                          "parquet_log")
 
 

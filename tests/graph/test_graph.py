@@ -257,7 +257,7 @@ def test_parameters_and_buffers_the_run_resized_or_recast_take_the_snapshot_s_in
     assert live["view"][1].item() == 7.0
 
 
-def test_an_object_that_cannot_be_rebuilt_keeps_the_live_one_or_refuses(tmp_path):
+def test_an_object_that_cannot_be_rebuilt_keeps_the_live_one_is_built_again_or_refuses(tmp_path):
     def local_fn(x):  # not importable by name: live-only in the snapshot
         return x
 
@@ -273,8 +273,10 @@ def test_an_object_that_cannot_be_rebuilt_keeps_the_live_one_or_refuses(tmp_path
     merge_into(live, snap)
     assert live.call is kept and live.call.args == (1,) and live.count == 7  # the snapshot's arguments
 
+    made_after_setup = merge_into(Obj(), snap)  # built again over its function made again
+    assert made_after_setup.call.func.__code__ is local_fn.__code__ and made_after_setup.call() == 1
     with pytest.raises(StateMismatch, match=r"root\.call: the snapshot's functools\.partial cannot be rebuilt here"):
-        merge_into(Obj(), snap)
+        merge_into(Obj(), snap, same_sources=False)  # a changed source, forced: never made again
 
 
 def test_a_live_only_object_inside_one_made_after_setup_names_itself_when_the_program_uses_it(tmp_path):
@@ -825,28 +827,37 @@ def test_a_numpy_view_of_a_parameter_made_after_setup_views_the_live_parameter(t
     assert values["own"].tolist() == [0.0, 1.0, 2.0]
 
 
-def test_gradient_hooks_the_run_registered_in_a_skipped_step_are_refused_by_name_and_removed_ones_go(tmp_path):
-    """`p.register_hook(lambda g: g.clamp(...))` at a phase change: a snapshot holds no hook (they
+def test_gradient_hooks_the_run_registered_in_a_skipped_step_go_onto_the_replay_s_tensor_and_removed_ones_go(tmp_path):
+    """`p.register_hook(lambda g: g.clamp(...))` at a phase change: a snapshot held no hook (they
     are code), the restart stepped without them, and the witness refused it without naming them
-    (late_hooks.py grad_hook, 2 of 3; a hook that acts only later would have passed it). The
-    merge now compares how many each leaf tensor had, and names the tensor; where the run had
-    removed the replay's hooks, they go. A past iteration's activation with a hook (it can never
-    fire again) is no refusal."""
+    (late_hooks.py grad_hook, 2 of 3; a hook that acts only later would have passed it); then the
+    merge refused, naming the tensor, as it still does for a stream that only counted them. The
+    run's hooks now go onto the replay's tensor (or the snapshot's, where the replay has none),
+    the lambda made again from its code; where the run had removed the replay's hooks, they go. A
+    past iteration's activation with a hook (it can never fire again) is no refusal."""
+    from gpusnap.graph.load import GRAD_HOOKS
+
     hooked, plain = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))
     hooked.register_hook(lambda g: g.clamp(-0.1, 0.1))
-    activation = hooked * 2  # a past iteration's, with a hook that can never fire again: no refusal
+    activation = hooked * 2
     activation.register_hook(lambda g: g)
     snap, _ = snapshot_and_load(tmp_path, {"hooked": hooked, "plain": plain, "activation": activation})
-    with pytest.raises(StateMismatch, match=r"root\['hooked'\]: the run's tensor had 1 gradient hook \(register_hook\), the replay's 0"):
-        merge_into({"hooked": torch.nn.Parameter(torch.zeros(2)), "plain": torch.nn.Parameter(torch.zeros(2)), "activation": None}, snap)
-    with pytest.raises(StateMismatch, match=r"the run's tensor had 1 gradient hook"):
-        merge_into({"hooked": None, "plain": None, "activation": None}, snap)  # no live tensor: the snapshot's has no hook
+    live_hooked = torch.nn.Parameter(torch.zeros(2))
+    merged = merge_into({"hooked": live_hooked, "plain": torch.nn.Parameter(torch.zeros(2)), "activation": None}, snap)
+    (merged["hooked"] * 5).sum().backward()
+    assert merged["hooked"] is live_hooked and live_hooked.grad.tolist() == pytest.approx([0.1, 0.1])
+    merged = merge_into({"hooked": None, "plain": None, "activation": None}, snap)  # no live tensor: the snapshot's gets them
+    (merged["hooked"] * 5).sum().backward()
+    assert merged["hooked"].grad.tolist() == pytest.approx([0.1, 0.1])
     live_hooked, live_plain = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
     live_hooked.register_hook(lambda g: g * 0)
     live_plain.register_hook(lambda g: g * 0)
     merged = merge_into({"hooked": live_hooked, "plain": live_plain, "activation": None}, snap)
     merged["plain"].sum().backward()
     assert merged["plain"] is live_plain and live_plain.grad.tolist() == [1.0, 1.0]  # the replay's hook removed
+    GRAD_HOOKS[id(snap["hooked"])] = 1  # a stream written before the hooks were kept: only counted
+    with pytest.raises(StateMismatch, match=r"root\['hooked'\]: the run's tensor had 1 gradient hook \(register_hook\), the replay's 0"):
+        merge_into({"hooked": torch.nn.Parameter(torch.zeros(2)), "plain": torch.nn.Parameter(torch.zeros(2)), "activation": None}, snap)
 
 
 @pytest.mark.parametrize("order", ["weight first", "ema first"])

@@ -25,7 +25,7 @@ from gpusnap.graph.load import (
     _storage_of_ndarray,
     array_base,
     dtensor_layout,
-    grad_hooks,
+    grad_hook_dicts,
 )
 from gpusnap.rawmem import mapped, strided_extent, view_at
 from gpusnap.stage.drain import Drained
@@ -71,11 +71,11 @@ class BufferReducers:
         self.tensors.append((t, key))
         # id(t): a program may keep it as an int (`{id(p): name for name, p in ...}`), which the
         # merge maps to the id of the live tensor that stands for this one (graph.load.RUN_IDS);
-        # the number of its gradient hooks, which are code and not kept: the merge checks that the
-        # replay's tensor has as many (graph.load.GRAD_HOOKS). A leaf's only: a tensor computed in
-        # a past iteration (`h.register_hook(keep_grad)` on an activation) has no graph left to fire them
+        # its gradient hooks, the dicts of them (the merge gives the replay's tensor the run's
+        # where it has others: graph.load.GRAD_HOOKS). A leaf's only: a tensor computed in a past
+        # iteration (`h.register_hook(keep_grad)` on an activation) has no graph left to fire them
         args = (storage, t.storage_offset(), tuple(t.size()), tuple(t.stride()), dtype, requires_grad, grad, is_param, attrs, id(t))
-        hooks = grad_hooks(t) if t.is_leaf else 0
+        hooks = grad_hook_dicts(t) if t.is_leaf else None
         return _rebuild_tensor, (args + (hooks,) if hooks else args)
 
     def _reduce_made_state(self, generator):
