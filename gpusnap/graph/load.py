@@ -283,8 +283,8 @@ class LiveFunction(LiveOnly):
     ``train_step`` closure refers to). ``cells``: {free variable name: what the cell held};
     ``line``: its code's first line (None in snapshots made before it was kept); ``made``:
     what makes it again where the replay made none (``capture.pickling.pickler``'s
-    ``_live_function``: "module", "frames", "cell_ids", "defaults", "kwdefaults", "attrs", "names"; empty in
-    snapshots made before it was kept)."""
+    ``_live_function``: "module", "frames", "cell_ids", "modules", "defaults", "kwdefaults",
+    "attrs", "names"; empty in snapshots made before it was kept)."""
 
     __slots__ = ("qualname", "cells", "line", "made")
 

@@ -634,10 +634,12 @@ class Merger(KindMerges):
         return built
 
     def _fill_made(self, func, snap: LiveFunction, resolve, path: Path) -> None:
-        on_frames = snap.made.get("frames", {})
+        on_frames, modules = snap.made.get("frames", {}), snap.made.get("modules", {})
         for i, (name, cell) in enumerate(zip(func.__code__.co_freevars, func.__closure__ or ())):
             # A frame's cell holds what the merge of that frame's locals writes.
-            if name in snap.cells and name not in on_frames:
+            if name in modules and modules[name] in sys.modules:
+                cell.cell_contents = sys.modules[modules[name]]
+            elif name in snap.cells and name not in on_frames:
                 cell.cell_contents = resolve(snap.cells[name], path + f".__closure__[{i}].cell_contents")
         if defaults := snap.made.get("defaults"):
             func.__defaults__ = tuple(resolve(value, path + f".__defaults__[{i}]") for i, value in enumerate(defaults))

@@ -30,7 +30,7 @@ from gpusnap import files, knobs
 from gpusnap.console import Console
 from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, ReplayDiverged, RestoreError, StateMismatch
 from gpusnap.graph import exits, iterators, rng, roots, settings, witness, workers
-from gpusnap.graph.load import DEVICE_BASES, LiveOnly, NotCaptured
+from gpusnap.graph.load import DEVICE_BASES, LiveFunction, LiveOnly, NotCaptured
 from gpusnap.instrument import loops
 from gpusnap.restore import devices, fastforward, itemcheck, livecheck, load
 from gpusnap.restore.frames import write_locals
@@ -484,11 +484,12 @@ def _attributes(owner) -> dict:
 
 
 def _merge_all(merger: Merger, live: dict, saved: dict, path: str) -> dict:
-    """Merged values of one root's names; a live-only name the replay has not bound stays unbound."""
+    """Merged values of one root's names; a live-only name the replay has not bound stays unbound,
+    unless it names a local function, which the merge makes again (restore.functions)."""
     return {
         name: merger.value(live.get(name), value, f"{path}.{name}")
         for name, value in saved.items()
-        if name in live or not isinstance(value, LiveOnly)
+        if name in live or not isinstance(value, LiveOnly) or isinstance(value, LiveFunction)
     }
 
 

@@ -124,6 +124,14 @@ CORPUS = {
     # here ... the replayed program has nothing at this place"), until it was built again over its
     # function made again (restore.functions); the full set has the hook, LambdaLR and partial
     "late_closures-counts": ("late_closures.py", ["counts"], 22, "gpusnap: fast-forward "),
+    # a train step defined at a phase change over torch.func.grad of a loss through
+    # functional_call, the loop calling it through a local that held a plain step before: refused,
+    # 2 of 2 ("the snapshot holds function main.<locals>.train_step here, the replayed program
+    # main.<locals>.plain_step"); with functions made again, refused 2 of 2 in its first step
+    # (the NameError of an empty cell: the names main() bound to torch.func's wrapper and the loss
+    # were never bound in the replay) until they were made again too, and the wrapper's cell that
+    # holds torch._functorch's module got it back by name
+    "step_factory-func": ("step_factory.py", ["--style", "func"], 16, "gpusnap: fast-forward "),
     # an AveragedModel made at a phase change with torch's EMA function (a closure over the decay
     # inside torch.no_grad()'s wrapper, both made in that step), from a later epoch: refused, 2
     # of 2 (the program called the wrapper's placeholder), until functions were made again, the
@@ -414,6 +422,9 @@ MORE = {
     # hooks were counted; then the merge refused, naming the parameter (3 of 3), until a tensor's
     # hooks were kept and their functions made again
     "late_hooks-grad_hook": ("late_hooks.py", ["grad_hook"], 37, "gpusnap: fast-forward "),
+    # step_factory's closure from a factory (over the model, the optimizer, a scale and a count
+    # it rebinds): refused, 2 of 2, before functions were made again
+    "step_factory-closure": ("step_factory.py", ["--style", "closure"], 16, "gpusnap: fast-forward "),
     # late_closures' other functions made at its phase change (a hook a helper registered, over
     # main()'s list; a LambdaLR's lambda over train()'s `warm`; a partial over a local function):
     # refused, 2 of 2 each, before functions were made again

@@ -1335,6 +1335,25 @@ def test_a_defaultdict_and_a_partial_over_functions_the_replay_never_made_are_bu
     assert weigh.func.__code__ is scaled.__code__ and torch.equal(weigh(torch.full((2,), 2.0)), torch.full((2,), 2.0))
 
 
+def test_a_library_closure_the_run_made_is_made_again_with_the_module_its_cell_held(tmp_path):
+    """`grads_of = torch.func.grad(loss_of)` in a step the replay skipped: torch's wrapper is a
+    closure whose code is in torch._functorch, wrapped by functools.wraps to look like the loss,
+    and one of its cells holds a module it imported (live-only in a snapshot): made again from
+    the module of its code, that cell holding the module again, by name."""
+    from torch.func import grad
+
+    k = 3.0
+
+    def loss_of(p):
+        return (p * k).sum()
+
+    snap, _ = snapshot_and_load(tmp_path, {"grads_of": grad(loss_of)})
+    merged = merge_into({"grads_of": None}, snap)
+    grads_of = merged["grads_of"]
+    assert grads_of.__qualname__ == loss_of.__qualname__ and grads_of.__wrapped__.__code__ is loss_of.__code__
+    assert grads_of(torch.ones(2)).tolist() == [3.0, 3.0]
+
+
 def _with_line(snap: dict, line: int) -> dict:
     for value in snap.values():
         for function in value:

@@ -421,9 +421,10 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         makes it again where the replay did not (a hook registered in a step the replay
         skipped) goes in ``made``: the module of its code, its defaults and attributes, the names
         a decorator gave it, which of its cells are a frame's of the snapshot ({variable: frame
-        index}), and each cell's id, which tells the cells it shares with other local functions."""
+        index}), each cell's id, which tells the cells it shares with other local functions, and
+        the names of the modules its cells hold (`import x as y` inside the function that made it)."""
         _, args = self._live(obj)
-        cells, frames, cell_ids = {}, {}, {}
+        cells, frames, cell_ids, modules = {}, {}, {}, {}
         for name, cell in zip(obj.__code__.co_freevars, obj.__closure__ or ()):
             if name == "__class__":  # zero-argument super()'s: the class, which replay defines anew
                 continue
@@ -434,9 +435,11 @@ class GraphPickler(BufferReducers, pickle.Pickler):
                 cells[name] = cell.cell_contents
             except ValueError:  # a variable not bound yet
                 continue
+            if isinstance(cells[name], types.ModuleType):  # (live-only: made again, by its name)
+                modules[name] = cells[name].__name__
         code = obj.__code__
         module = obj.__globals__.get("__name__")  # where its code is (a decorator's wrapper names the module it wraps)
-        made = {"module": module, "frames": frames, "cell_ids": cell_ids, "defaults": obj.__defaults__,
+        made = {"module": module, "frames": frames, "cell_ids": cell_ids, "modules": modules, "defaults": obj.__defaults__,
                 "kwdefaults": obj.__kwdefaults__, "attrs": dict(vars(obj))}
         if (obj.__name__, obj.__qualname__, obj.__module__) != (code.co_name, code.co_qualname, module):
             made["names"] = (obj.__name__, obj.__qualname__, obj.__module__, obj.__doc__)  # (functools.wraps gave them)
