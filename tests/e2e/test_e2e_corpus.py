@@ -565,6 +565,26 @@ class _Earliest(random.Random):
         return a
 
 
+def test_a_profiler_recording_at_the_snapshot_hands_over_every_trace_after_the_restart(tmp_path):
+    """scripted.py runs the torch profiler on a schedule (wait 2, warmup 1, active 2, repeat 3)
+    and keeps the step of every trace its on_trace_ready is handed. Snapshotted in the last step of
+    a recording (step 9), the restart said "verified" with one trace fewer (seed 6 of the test
+    above; 2 of 2 here): the merge gave the replay's profiler the run's step and action, and no
+    session of the replay's ran, so the cycle's end handed nothing over. The replay's session is brought to the
+    run's action after the merge now (frameworks/profiler.py)."""
+    script = copy_programs(tmp_path) / "corpus" / "scripted.py"
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    ref.mkdir()
+    out.mkdir()
+    plain(script, ref, cwd=tmp_path, env=ENV)
+    assert load_final(ref)["traces"] == [5, 10, 15]
+    restarted = kill_and_restart(script, [], tmp_path, out, _Earliest(), progress(ref), ENV,
+                                 {**ENV, "TEST_STEP_SLEEP_S": "0.15"}, floors=(6,))
+    at = int(restarted.stderr.split("(iteration ")[1].split(")")[0])
+    assert at % 5 == 4, f"the snapshot at iteration {at} came where the profiler does not end a recording (9 was asked)"
+    assert_same(load_final(ref), load_final(out))
+
+
 @pytest.mark.parametrize("style", ["lr", "frozen"])
 def test_a_with_that_puts_state_back_at_its_exit_gets_the_run_s_state_from_the_snapshot(tmp_path, style):
     """context_phases.py re-warms each epoch inside a `with` that saved state at entry and puts it
