@@ -464,6 +464,9 @@ MORE = {
     # one, was a refusal (a regression there fails safe), or whose shape a default test covers;
     # the full set runs them before each change lands.
     "scripted": ("scripted.py", []),
+    # the same with the profiler started at step 12, past it: the replay's profiler never
+    # started, the run's recorded on its schedule (frameworks/profiler.py starts its session)
+    "scripted-profile_from": ("scripted.py", ["--profile-from", "12"], 14, "gpusnap: fast-forward "),
     # Training phases in turn, from a snapshot in the second: the replay runs the first phase's
     # loop zero times (it once stepped there, and was refused). A teacher's loop, then a
     # student's, in two functions (past the teacher's 30 steps), ...

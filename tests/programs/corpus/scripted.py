@@ -4,8 +4,9 @@ of its inputs), trained with RMSprop and a MultiStepLR; and the torch profiler a
 with a schedule (wait, warmup, active, repeat) that prof.step() advances, its traces handed to a
 function that counts them. The loop runs inside torch.jit.optimized_execution(False) unless
 --jit-optimize: TorchScript's executor optimizes a graph after its first calls in a process,
-and the optimized graph computes other last bits.
-usage: scripted.py OUT [--steps N] [--no-profiler] [--jit-optimize]"""
+and the optimized graph computes other last bits. --profile-from N starts the profiler at step
+N instead of before the loop, as scripts that profile a window of a long run do.
+usage: scripted.py OUT [--steps N] [--no-profiler] [--jit-optimize] [--profile-from N]"""
 import argparse
 import contextlib
 
@@ -42,6 +43,7 @@ def main():
     parser.add_argument("--steps", type=int, default=48)
     parser.add_argument("--no-profiler", action="store_true")
     parser.add_argument("--jit-optimize", action="store_true")
+    parser.add_argument("--profile-from", type=int, default=0)
     args = parser.parse_args()
 
     torch.manual_seed(101)
@@ -52,10 +54,12 @@ def main():
     profiler = profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=2, warmup=1, active=2, repeat=3),
                        on_trace_ready=lambda prof: traces.append(prof.step_num))
     losses = []
-    if not args.no_profiler:
+    if not args.no_profiler and not args.profile_from:
         profiler.start()
     with contextlib.nullcontext() if args.jit_optimize else torch.jit.optimized_execution(False):
         for step in range(args.steps):
+            if not args.no_profiler and args.profile_from and step == args.profile_from:
+                profiler.start()
             x = torch.randn(24, 10) + 0.5
             loss = F.cross_entropy(model(x), (x[:, 0] > 0.5).long())
             optimizer.zero_grad()
@@ -63,7 +67,7 @@ def main():
             optimizer.step()
             scheduler.step()
             losses.append(loss.item())
-            if not args.no_profiler:
+            if not args.no_profiler and step >= args.profile_from:
                 profiler.step()
             progress(step + 1)
     if not args.no_profiler:
