@@ -422,6 +422,13 @@ MORE = {
     # hooks were counted; then the merge refused, naming the parameter (3 of 3), until a tensor's
     # hooks were kept and their functions made again
     "late_hooks-grad_hook": ("late_hooks.py", ["grad_hook"], 37, "gpusnap: fast-forward "),
+    # forward hooks on every Linear made in a comprehension at a phase change, the module's name a
+    # default argument, writing into main()'s dict, removed by their handles two epochs later
+    # (act_capture), and a logging filter lambda added to a FileHandler at step 20 (log_filter,
+    # whose final state holds its log's lines): refused, 1 of 2 and 2 of 2 on the code before
+    # functions were made again
+    "act_capture": ("act_capture.py", [], 21, "gpusnap: fast-forward "),
+    "log_filter": ("log_filter.py", [], 21, "gpusnap: "),
     # step_factory's closure from a factory (over the model, the optimizer, a scale and a count
     # it rebinds): refused, 2 of 2, before functions were made again
     "step_factory-closure": ("step_factory.py", ["--style", "closure"], 16, "gpusnap: fast-forward "),
