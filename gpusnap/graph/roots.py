@@ -74,11 +74,18 @@ def frame_cells(frames: list) -> dict[int, tuple[int, str]]:
     was made over that frame's variable, and is made again over the replay's."""
     found = {}
     for i, frame in enumerate(frames):
-        keeper = frame.f_locals.get(transform.CELLS_NAME)
-        if isinstance(keeper, types.FunctionType):
-            for name, cell in zip(keeper.__code__.co_freevars, keeper.__closure__ or ()):
-                found.setdefault(id(cell), (i, name))
+        for name, cell in cells_of(frame).items():
+            found.setdefault(id(cell), (i, name))
     return found
+
+
+def cells_of(frame) -> dict:
+    """{variable: cell} of ``frame``'s closure cells, as ``instrument.transform`` keeps them in
+    ``__gpusnap_cells__``; empty for a frame of code it did not instrument, or without cells."""
+    keeper = frame.f_locals.get(transform.CELLS_NAME)
+    if not isinstance(keeper, types.FunctionType):
+        return {}
+    return dict(zip(keeper.__code__.co_freevars, keeper.__closure__ or ()))
 
 
 def _keep_local(name: str) -> bool:

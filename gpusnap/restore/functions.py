@@ -25,8 +25,8 @@ from __future__ import annotations
 import sys
 import types
 
+from gpusnap.graph import roots
 from gpusnap.graph.load import LiveFunction
-from gpusnap.instrument.transform import CELLS_NAME
 
 
 def make_again(snap: LiveFunction, frames: list, shared: dict[int, object]) -> types.FunctionType | None:
@@ -42,10 +42,11 @@ def make_again(snap: LiveFunction, frames: list, shared: dict[int, object]) -> t
         return None
     code, namespace = found
     cell_ids = snap.made.get("cell_ids", {})
+    frame_cells = {i: roots.cells_of(frames[i]) if i < len(frames) else {} for i in set(on_frames.values())}
     closure = []
     for name in code.co_freevars:
         if name in on_frames:
-            cell = _frame_cell(frames, on_frames[name], name)
+            cell = frame_cells[on_frames[name]].get(name)
         else:
             cell = shared.get(cell_ids.get(name), types.CellType())
         if cell is None:
@@ -58,13 +59,6 @@ def make_again(snap: LiveFunction, frames: list, shared: dict[int, object]) -> t
         if name in cell_ids:
             shared.setdefault(cell_ids[name], cell)  # the next function made over this cell shares it
     return made
-
-
-def _frame_cell(frames: list, index: int, name: str):
-    keeper = frames[index].f_locals.get(CELLS_NAME) if index < len(frames) else None
-    if not isinstance(keeper, types.FunctionType):
-        return None
-    return dict(zip(keeper.__code__.co_freevars, keeper.__closure__ or ())).get(name)
 
 
 def _code_of(snap: LiveFunction, sharing: list, frames: list):

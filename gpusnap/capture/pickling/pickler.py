@@ -424,8 +424,9 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         index}), each cell's id, which tells the cells it shares with other local functions, and
         the names of the modules its cells hold (`import x as y` inside the function that made it)."""
         _, args = self._live(obj)
+        code = obj.__code__
         cells, frames, cell_ids, modules = {}, {}, {}, {}
-        for name, cell in zip(obj.__code__.co_freevars, obj.__closure__ or ()):
+        for name, cell in zip(code.co_freevars, obj.__closure__ or ()):
             if name == "__class__":  # zero-argument super()'s: the class, which replay defines anew
                 continue
             cell_ids[name] = id(cell)
@@ -437,7 +438,6 @@ class GraphPickler(BufferReducers, pickle.Pickler):
                 continue
             if isinstance(cells[name], types.ModuleType):  # (live-only: made again, by its name)
                 modules[name] = cells[name].__name__
-        code = obj.__code__
         module = obj.__globals__.get("__name__")  # where its code is (a decorator's wrapper names the module it wraps)
         made = {"module": module, "frames": frames, "cell_ids": cell_ids, "modules": modules, "defaults": obj.__defaults__,
                 "kwdefaults": obj.__kwdefaults__, "attrs": dict(vars(obj))}
