@@ -1,7 +1,7 @@
 """Process-wide settings the program changed, which no object it holds carries: its environment
 variables, its working directory, torch's intra-op threads, default dtype, float32 matmul
-precision and deterministic mode. Read at the safe point (``capture``), put back after the merge
-(``restore``).
+precision and deterministic mode, how torch and NumPy print arrays, and the level `logging.disable`
+silences. Read at the safe point (``capture``), put back after the merge (``restore``).
 
 The replay runs the setup again, and with it the changes the setup made; a change made in a step
 the replay skips (`os.environ["NOISE_SCALE"] = "0.05"` or `torch.set_default_dtype(torch.float64)`
@@ -17,6 +17,11 @@ and reads back by relative paths are in the run's. The threads likewise, where t
 them away from what torch chose at its import. The torch settings are read and set only where
 the program has imported torch.
 
+The print options and the logging level shape the lines a log gets: `torch.set_printoptions(precision=3)`,
+`np.set_printoptions(precision=2, suppress=True)` or `logging.disable(logging.INFO)` once warm-up is
+over, from a later epoch, restarted "verified" with the setup's, the log's later lines other bytes
+(``tests/programs/corpus/late_knobs.py``, 1 of 1 each).
+
 And torch's counter of hook handles (``RemovableHandle.next_id``): the hooks a module or an
 optimizer holds are kept in dicts under the ids it gave out, and the merge gives them the run's.
 The replay, which skipped the steps that registered some, counted fewer; the program's next
@@ -27,6 +32,7 @@ took both away. The counter goes on from the run's where it is behind.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -84,6 +90,10 @@ def capture() -> dict:
         out["deterministic"] = [torch.are_deterministic_algorithms_enabled(),
                                 torch.is_deterministic_algorithms_warn_only_enabled()]
         out["hook_ids"] = torch.utils.hooks.RemovableHandle.next_id
+        out["torch_print"] = dict(vars(torch._tensor_str.PRINT_OPTS))
+    if (numpy := sys.modules.get("numpy")) is not None and hasattr(numpy, "get_printoptions"):
+        out["numpy_print"] = numpy.get_printoptions()
+    out["logging_disable"] = logging.root.manager.disable
     streams = {name: _kind(stream) for name in _STREAMS if (stream := getattr(sys, name)) is not getattr(sys, f"__{name}__")}
     if streams:
         out["streams"] = streams
@@ -95,6 +105,14 @@ _STREAMS = ("stdout", "stderr")
 
 def _kind(obj) -> str:
     return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def _known(saved: dict | None, live: dict) -> dict | None:
+    """The saved options another version of the library also has, where any differs from the live ones."""
+    if not saved:
+        return None
+    options = {k: v for k, v in saved.items() if k in live}
+    return options if any(live[k] != v for k, v in options.items()) else None
 
 
 def check_streams(saved: dict) -> None:
@@ -129,9 +147,19 @@ def restore(saved: dict) -> list[str]:
     for name in environ.get("unset", []):
         if os.environ.pop(name, None) is not None:
             put.append(f"${name} (unset)")
+    if (level := saved.get("logging_disable", logging.root.manager.disable)) != logging.root.manager.disable:
+        logging.disable(level)
+        put.append(f"logging.disable({logging.getLevelName(level)})")
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and (options := _known(saved.get("numpy_print"), numpy.get_printoptions())) is not None:
+        numpy.set_printoptions(**options)
+        put.append("NumPy's print options")
     torch = sys.modules.get("torch")
     if torch is None or "default_dtype" not in saved:
         return put
+    if (options := _known(saved.get("torch_print"), vars(torch._tensor_str.PRINT_OPTS))) is not None:
+        torch.set_printoptions(**options)
+        put.append("torch's print options")
     if "threads" in saved and torch.get_num_threads() != saved["threads"]:
         torch.set_num_threads(saved["threads"])
         put.append(f"{saved['threads']} intra-op threads")

@@ -75,3 +75,41 @@ def test_a_working_directory_the_program_entered_is_captured_and_entered_again_m
         assert os.getcwd() == str(run_dir)
     finally:
         settings._start_environ = settings._threads_at_import = settings._start_cwd = None
+
+
+def test_print_options_and_the_logging_level_disabled_are_captured_and_put_back():
+    """`torch.set_printoptions(precision=3)`, `np.set_printoptions(precision=2, suppress=True)`,
+    `logging.disable(logging.INFO)` once warm-up is over: from a later epoch, the replay printed
+    and logged with the setup's, and the restart said "verified" with other lines in its log
+    (late_knobs.py, 1 of 1 each)."""
+    import logging
+
+    import numpy as np
+
+    numpy_options = np.get_printoptions()
+    settings.note_start()
+    try:
+        assert settings.restore(settings.capture()) == []
+        torch.set_printoptions(precision=3)
+        np.set_printoptions(precision=2, suppress=True)
+        logging.disable(logging.INFO)
+        saved = settings.capture()
+
+        torch.set_printoptions(profile="default")  # the replay's: the setup's
+        np.set_printoptions(**numpy_options)
+        logging.disable(logging.NOTSET)
+        assert settings.restore(saved) == ["logging.disable(INFO)", "NumPy's print options", "torch's print options"]
+        assert str(torch.tensor([1 / 3])) == "tensor([0.333])" and str(np.array([1 / 3, 1e-9])) == "[0.33 0.  ]"
+        assert logging.root.manager.disable == logging.INFO
+        assert settings.restore(saved) == []
+
+        # the other way: the run had enabled again what the replay's setup disables
+        logging.disable(logging.NOTSET)
+        saved = settings.capture()
+        logging.disable(logging.WARNING)
+        assert settings.restore(saved) == ["logging.disable(NOTSET)"] and logging.root.manager.disable == logging.NOTSET
+    finally:
+        torch.set_printoptions(profile="default")
+        np.set_printoptions(**numpy_options)
+        logging.disable(logging.NOTSET)
+        settings._start_environ = settings._threads_at_import = settings._start_cwd = None
