@@ -206,6 +206,27 @@ def test_no_snapshot_while_a_process_the_program_started_runs(tmp_path):
     assert not list((tmp_path / "snaps" / "snapshots").glob("*.json"))
 
 
+def test_a_pool_made_at_setup_is_named_with_the_way_to_make_it_per_use(tmp_path):
+    """A multiprocessing.Pool made at start and mapped over each epoch keeps its processes for the
+    whole run, so no snapshot is ever taken: said at its start, and at each skipped snapshot, with
+    the hint that a pool made per use (the corpus's pool_augment --per-epoch, which restarts to
+    the same bytes) ends before the steps."""
+    script = copy_programs(tmp_path) / "corpus" / "pool_augment.py"
+    out = tmp_path / "out"
+    out.mkdir()
+    run = Run("run", "--dir", "snaps", script, out, "--epochs", "2", cwd=tmp_path, env={**ENV, "TEST_STEP_SLEEP_S": "0.1"})
+    wait_for(lambda: progress(out) >= 2, "the second step", proc=run)
+    run.signal(signal.SIGUSR1)
+    rc, _, err = run.wait()
+    assert rc == 0 and progress(out) == 12, err
+    hint = "make the pool where its work is handed out (`with Pool(n) as pool:` around the map)"
+    started = [line for line in err.splitlines() if line.startswith("gpusnap: the program started process ")]
+    assert len(started) == 1 and "pool_augment.py:37 (multiprocessing.pool.worker)" in started[0] and hint in started[0], err
+    skipped = err.split("gpusnap: snapshot skipped: ")[1].splitlines()
+    assert "(multiprocessing.pool.worker) is running" in skipped[0] and hint in skipped[1], err
+    assert not list((tmp_path / "snaps" / "snapshots").glob("*.json"))
+
+
 def test_ranks_the_program_spawns_itself_are_named_when_they_start(tmp_path):
     """The PyTorch examples' multi-process shape: `torch.multiprocessing.spawn` starts the ranks
     and joins them in torch's own code, where the main process reaches no boundary. A snapshot

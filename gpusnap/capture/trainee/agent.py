@@ -33,7 +33,7 @@ from gpusnap.capture.safepoints import inflight, steploop
 from gpusnap.capture.trainee import children, control, handlers, pace, session
 from gpusnap.capture.trainee import witness as witnessing
 from gpusnap.capture.writer import fork
-from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, ChildRunning, StageError
+from gpusnap.errors import EXIT_PREEMPTED, EXIT_PREEMPTED_UNSAVED, StageError
 from gpusnap.graph import caches, exits, rng, roots, settings, workers
 from gpusnap.instrument import loops
 from gpusnap.stage import limits
@@ -200,7 +200,7 @@ def take(loop, snap_id: str | None, reason: str, stop: bool, requested_s: float 
     try:
         running = children.refusal()
         if running is not None:
-            raise ChildRunning(running)
+            raise running
         device = stage.stage_device_memory(snap_id, _written, paranoid=bool(knobs.PARANOID or session.config.get("paranoid")))
         unforked = stage.stage_unforked(roots.frames_on_path(loop.frame))
         # A stop snapshot drains nothing: training stops (its witness's few iterations run at

@@ -18,12 +18,19 @@ import subprocess
 import sys
 import weakref
 
+from gpusnap.errors import ChildRunning
+
 _running: weakref.WeakSet = weakref.WeakSet()
 _installed = False
 # Frames in these directories are the machinery between the program's line and the start.
 _MACHINERY = (os.path.dirname(multiprocessing.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _DATALOADER_WORKER = "torch.utils.data._utils.worker._worker_loop"
 _SPAWNED_RANK = "torch.multiprocessing.spawn._wrap"  # what torch.multiprocessing.spawn starts
+# What a multiprocessing.Pool and a concurrent.futures.ProcessPoolExecutor start: a pool made once
+# at setup blocks every snapshot, one made per use does not.
+_POOL_WORKERS = ("multiprocessing.pool.worker", "concurrent.futures.process._process_worker")
+_POOL_HINT = ("make the pool where its work is handed out (`with Pool(n) as pool:` around the map), so that its "
+              "processes have ended by the next step, where snapshots are taken")
 _said = False
 
 
@@ -73,6 +80,8 @@ def _say_started(process) -> None:
     else:
         line = (f"gpusnap: the program started process {process.pid} at {process._gpusnap_site} ({process._gpusnap_target}): "
                 "while a process it started runs, no snapshot can be taken, since a snapshot of this process cannot hold its work")
+        if process._gpusnap_target in _POOL_WORKERS:
+            line += f"; {_POOL_HINT}"
     _say(line)
 
 
@@ -90,7 +99,7 @@ def _site(frame) -> str:
     return "?"
 
 
-def refusal() -> str | None:
+def refusal() -> ChildRunning | None:
     """Why no snapshot can be taken now: a process the program started is running."""
     for process in list(_running):
         try:
@@ -99,7 +108,8 @@ def refusal() -> str | None:
             alive = False
         if alive:
             target = process._gpusnap_target
-            return (f"process {process.pid} that the program started at {process._gpusnap_site}"
-                    f"{f' ({target})' if target else ''} is running, and a snapshot cannot hold its work")
+            return ChildRunning(f"process {process.pid} that the program started at {process._gpusnap_site}"
+                                f"{f' ({target})' if target else ''} is running, and a snapshot cannot hold its work",
+                                hint=_POOL_HINT if target in _POOL_WORKERS else None)
         _running.discard(process)
     return None
