@@ -111,6 +111,11 @@ CORPUS = {
     # and the restart said "verified" with other bytes, 3 of 3, until the working directory the
     # program changed was kept (graph.settings)
     "chdir_outputs-setup": ("chdir_outputs.py", ["setup"], 9, "settings the run's steps had changed"),
+    # torch.set_printoptions(precision=3) once warm-up is over (epoch 2), the log's lines printing
+    # tensors, from a later epoch: the replay printed with the setup's options, and the restart
+    # said "verified" with other lines in the log, 1 of 1, as with NumPy's print options and
+    # logging.disable(INFO) (the full set), until the settings kept them too
+    "late_knobs-torch_print": ("late_knobs.py", ["torch-print"], 31, "settings the run's steps had changed"),
     # an EMA that an optimizer step hook registered after warmup updates: "verified" with other
     # bytes, 3 of 3, until the optimizer's hooks were kept (frameworks.optimizers)
     "optimizer_hooks": ("optimizer_hooks.py", [], 21, "gpusnap: fast-forward "),
@@ -533,6 +538,23 @@ MORE = {
     # a metrics log written with os.write through a descriptor that `os.open` made in setup with
     # O_TRUNC, which the replay opens (and truncates) again
     "raw_fd_log-trunc": ("raw_fd_log.py", ["--trunc"]),
+    # each epoch's augmentation mapped over a multiprocessing.Pool, or a ProcessPoolExecutor, made
+    # in a `with` per epoch: its processes have ended by the steps (a pool made at start blocks
+    # every snapshot, tests/e2e/test_e2e_witness.py); exact at the first try, 2 of 2 each
+    "late_knobs-numpy_print": ("late_knobs.py", ["numpy-print"], 31, "settings the run's steps had changed"),
+    "late_knobs-disable": ("late_knobs.py", ["disable"], 31, "settings the run's steps had changed"),
+    # the logger's own level set to WARNING at the same place: exact at the first try (loggers are kept)
+    "late_knobs-level": ("late_knobs.py", ["level"], 31, "gpusnap: fast-forward "),
+    "pool_augment-pool": ("pool_augment.py", ["--per-epoch", "pool"]),
+    "pool_augment-executor": ("pool_augment.py", ["--per-epoch", "executor"]),
+    # a CNN and its inputs switched to channels_last at a phase change (the weights' strides in
+    # the final state); a RotatingFileHandler rolling the log over every 1.5 kB; a dataset opening
+    # its records file lazily, whose __getstate__ drops the handle; a rollback to the state dicts
+    # deep-copied every 6 steps when the loss spikes: exact at the first try, 2 of 2 each
+    "channels_late": ("channels_late.py", []),
+    "rotating_log": ("rotating_log.py", []),
+    "lazy_handle": ("lazy_handle.py", []),
+    "rollback_spike": ("rollback_spike.py", []),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)

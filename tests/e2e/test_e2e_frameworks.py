@@ -192,6 +192,11 @@ if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":  # CI time: it passes where "
     # a GAN with manual optimization (two optimizers, toggle_optimizer, manual_backward), past its
     # first epoch: exact at the first try, 3 of 3
     LIGHTNING["gan-manual"] = ("lightning_gan_manual.py", [], 16, 48, 18, "again at their saved batches (by batch sampler)")
+    # the callbacks guides stack: StochasticWeightAveraging from epoch 2 (its own rates, the
+    # weights averaged each epoch), accumulation over 2 batches from epoch 1, validation twice an
+    # epoch, early stopping, a learning-rate monitor into a CSVLogger, past the averaging's start:
+    # exact at the first try, 6 of 6 (3 in the first epoch)
+    LIGHTNING["swa-callbacks"] = ("lightning_swa.py", [], 20, 100, 36, "again at their saved batches (by batch sampler)")
 
 
 # The full set runs both (CI's time): lightning_fit.py restarts to the same bytes in the SIGTERM
