@@ -74,6 +74,8 @@ make_venv() {
 
 versions=("$@")
 [ ${#versions[@]} -gt 0 ] || versions=(3.12 3.13)
+# Side by side: each waits mostly on the package index and on unpacking wheels.
 for version in "${versions[@]}"; do
-    make_venv "$version"
+    make_venv "$version" &
 done
+wait
