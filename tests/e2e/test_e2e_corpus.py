@@ -214,8 +214,6 @@ MORE = {
     # the same with the database in write-ahead-log mode (its commits in metrics.db-wal): 3 of 6 so before
     "sqlite_metrics-wal": ("sqlite_metrics.py", ["--wal"], 13, "gpusnap: fast-forward "),
     "scratch_average-mkdtemp": ("scratch_average.py", ["--mkdtemp"], 13, "gpusnap: fast-forward "),
-    "late_hooks-remove_hook": ("late_hooks.py", ["remove_hook"], 0, "gpusnap: fast-forward "),
-    "memory_buffers-report": ("memory_buffers.py", ["report"], 12, "gpusnap: fast-forward "),
     "memory_buffers-best": ("memory_buffers.py", ["best"], 31, "gpusnap: fast-forward "),
     # the same, a weight constraint in the hook: refused by the witness, 3 of 3 (the parameters differ)
     "optimizer_hooks-clip": ("optimizer_hooks.py", ["--hook", "clip"], 21, "gpusnap: fast-forward "),
