@@ -226,9 +226,11 @@ def snapshot_now(run: Run, run_dir: Path, cwd: Path) -> dict:
 LAST_STEPS = 8  # the steps before a program's end that ``interrupt`` leaves it, at least
 
 
-def interrupt(run: Run, out: Path, run_dir: Path, cwd: Path, rnd: random.Random, total: int, floor: int = 0) -> dict:
-    """Snapshot at a random step, then kill -9 the whole group a few steps later."""
-    snap_at = rnd.randint(floor + 3, floor + (total - floor) // 2)
+def interrupt(run: Run, out: Path, run_dir: Path, cwd: Path, rnd: random.Random, total: int, floor: int = 0,
+              by: int | None = None) -> dict:
+    """Snapshot at a random step (asked for by step ``by``, where given), then kill -9 the whole
+    group a few steps later."""
+    snap_at = rnd.randint(floor + 3, min(floor + (total - floor) // 2, by or total))
     wait_for(lambda: progress(out) >= snap_at, f"step {snap_at}", proc=run)
     snap_id = request_snapshot(run, run_dir, hold=out / "hold")
     seen_at = progress(out)
@@ -275,19 +277,22 @@ def assert_same(a, b, where: str = "final") -> None:
 
 
 def kill_and_restart(
-    script: Path, args, tmp_path: Path, out: Path, rnd: random.Random, total: int, env: dict, slow_env: dict, floors=(0,)
+    script: Path, args, tmp_path: Path, out: Path, rnd: random.Random, total: int, env: dict, slow_env: dict, floors=(0,),
+    counted_before: int = 0,
 ):
     """`gpusnap run` the program (paced by ``slow_env``), snapshot at a random step after
     ``floors[0]`` and kill -9 it (``interrupt``); for each further floor, `gpusnap restart` it and
     do that again after that step; then `gpusnap restart` it to the end. Asserts that the restart
-    restored the last snapshot, and returns its CompletedProcess."""
+    restored the last snapshot, and returns its CompletedProcess. ``counted_before``: optimizer
+    steps the program takes before its first reported one (a learning-rate range test on a copy),
+    which a snapshot's iteration counts too."""
     command = ("run", "--dir", "snaps", script, out, *args)
     for floor in floors:
         run = Run(*command, cwd=tmp_path, env=slow_env)
         snap = interrupt(run, out, tmp_path / "snaps", tmp_path, rnd, total, max(floor, progress(out)))
         print(f"snapshot {snap['id']} at iteration {snap['iteration']}, killed at step {progress(out)}")
         # "iteration" counts loop iterations, not optimizer steps (a GAN steps two per iteration)
-        assert 0 < snap["iteration"] <= progress(out)
+        assert 0 < snap["iteration"] <= progress(out) + counted_before
         command = ("restart", "snaps")
     restarted = gpusnap("restart", "snaps", cwd=tmp_path, env=env)
     print(*[line for line in restarted.stderr.splitlines() if line.startswith("gpusnap:")], sep="\n")

@@ -51,7 +51,7 @@ pytestmark = pytest.mark.slow  # end-to-end runs: the full suite, not the quick 
 SEEDS = [int(s) for s in os.environ.get("GPUSNAP_TEST_SEEDS", "1").split(",")]
 
 # name: (program under programs/corpus, arguments after OUT[, snapshot after step, how restart must
-# say it fast-forwarded])
+# say it fast-forwarded[, optimizer steps before the first one the program reports]])
 CORPUS = {
     "word_lm": ("word_lm.py", []),
     "tensor_kinds": ("tensor_kinds.py", []),
@@ -505,8 +505,9 @@ MORE = {
     # a chain of generators consumed through islice: the ones inside it move with it
     "shard_pipeline": ("shard_pipeline.py", [], 0, "by consuming"),
     # ...and a learning-rate range test on a deepcopy, then `while True` over epochs it counts
-    # itself (`data.set_epoch(epoch)`: the replay's prefix reads the epoch its iteration started with)
-    "epoch_stream": ("epoch_stream.py", [], 0, "gpusnap: passed over "),
+    # itself (`data.set_epoch(epoch)`: the replay's prefix reads the epoch its iteration started with).
+    # The range test's 4 steps count in a snapshot's iteration
+    "epoch_stream": ("epoch_stream.py", [], 0, "gpusnap: passed over ", 4),
     # Lazy modules with the optimizer made before the first forward: the run materialized the
     # parameters (and made each module its final class) in a step the replay skips; refused,
     # 3 of 3, until the merge materialized them in place
@@ -571,7 +572,7 @@ def test_corpus_program_restarts_to_the_same_bytes(tmp_path, name, seed):
         pytest.importorskip("datasets")
     started = time.monotonic()
     # A restart says how it brought each loop to its place; where no way is named, it must say one.
-    program, args, floor, says = (*CORPUS[name], 0, "gpusnap: fast-forward ")[:4]
+    program, args, floor, says, counted_before = (*CORPUS[name], 0, "gpusnap: fast-forward ", 0)[:5]
     rnd = random.Random(f"{name}/{seed}")
     print(f"program {name} seed {seed}")
     script = copy_programs(tmp_path) / "corpus" / program
@@ -582,7 +583,7 @@ def test_corpus_program_restarts_to_the_same_bytes(tmp_path, name, seed):
     total = progress(ref)
     print(f"reference: {total} steps in {time.monotonic() - started:.1f} s")
 
-    restarted = kill_and_restart(script, args, tmp_path, out, rnd, total, ENV, SLOW, floors=(floor,))
+    restarted = kill_and_restart(script, args, tmp_path, out, rnd, total, ENV, SLOW, floors=(floor,), counted_before=counted_before)
     assert says in restarted.stderr
     assert_same(load_final(ref), load_final(out))
     print(f"{name}: {time.monotonic() - started:.1f} s")

@@ -172,31 +172,31 @@ def test_a_step_loop_gpusnap_does_not_instrument_is_named_at_the_first_step(tmp_
         assert f"--instrument {needed}" in notices[0]
 
 
-# name: (program, arguments after OUT, batches per epoch, steps in all, snapshot after step, how
-# restart positions the trainer's DataLoader iterator)
+# name: (program, arguments after OUT, the step by which the snapshot is asked for (None: any),
+# steps in all, snapshot after step, how restart positions the trainer's DataLoader iterator)
 LIGHTNING = {
     # past the first epoch: the iterator is made again, by its index sampler
-    "fit": ("lightning_fit.py", [], 20, 60, 20, "again at their saved batches (by batch sampler)"),
+    "fit": ("lightning_fit.py", [], None, 60, 20, "again at their saved batches (by batch sampler)"),
     # a LightningDataModule whose 2 persistent workers jitter samples with numpy's global generator
     # (seed_everything(workers=True)), past the first epoch: the replay's fresh workers are given
     # the generators the original's started the epoch with, and the epoch's batches are taken again
     "datamodule-persistent-workers": ("lightning_dm.py", ["--epochs", "6", "--workers", "2", "--persistent", "--augment"],
-                                      17, 102, 20, "with their workers' random number generators where the epoch"),
+                                      None, 102, 20, "with their workers' random number generators where the epoch"),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":  # CI time: it passes where "fit" does
-    # a LightningDataModule, in the first epoch: the replay's iterator is advanced
-    LIGHTNING["datamodule"] = ("lightning_dm.py", [], 17, 51, 0, "advanced the DataLoader iterator at")
+    # a LightningDataModule, in the first epoch (17 batches): the replay's iterator is advanced
+    LIGHTNING["datamodule"] = ("lightning_dm.py", [], 14, 51, 0, "advanced the DataLoader iterator at")
     # Lightning's BackboneFinetuning past the unfreezing (epoch 2: a parameter group added to the
     # optimizer, its rate raised each epoch by the callback): exact at the first try, 3 of 3
-    LIGHTNING["finetune"] = ("lightning_finetune.py", [], 20, 80, 45, "again at their saved batches (by batch sampler)")
+    LIGHTNING["finetune"] = ("lightning_finetune.py", [], None, 80, 45, "again at their saved batches (by batch sampler)")
     # a GAN with manual optimization (two optimizers, toggle_optimizer, manual_backward), past its
     # first epoch: exact at the first try, 3 of 3
-    LIGHTNING["gan-manual"] = ("lightning_gan_manual.py", [], 16, 48, 18, "again at their saved batches (by batch sampler)")
+    LIGHTNING["gan-manual"] = ("lightning_gan_manual.py", [], None, 48, 18, "again at their saved batches (by batch sampler)")
     # the callbacks guides stack: StochasticWeightAveraging from epoch 2 (its own rates, the
     # weights averaged each epoch), accumulation over 2 batches from epoch 1, validation twice an
-    # epoch, early stopping, a learning-rate monitor into a CSVLogger, past the averaging's start:
-    # exact at the first try, 6 of 6 (3 in the first epoch)
-    LIGHTNING["swa-callbacks"] = ("lightning_swa.py", [], 20, 100, 36, "again at their saved batches (by batch sampler)")
+    # epoch, early stopping, a learning-rate monitor into a CSVLogger, past the averaging's start
+    # (optimizer step 30): exact at the first try, 6 of 6 (and 3 of 3 in the first epoch)
+    LIGHTNING["swa-callbacks"] = ("lightning_swa.py", [], None, 60, 30, "again at their saved batches (by batch sampler)")
 
 
 # The full set runs both (CI's time): lightning_fit.py restarts to the same bytes in the SIGTERM
@@ -213,7 +213,7 @@ def test_a_lightning_fit_restarts_to_the_same_bytes(tmp_path, name, seed):
     leave alone. Lightning's step loop is instrumented: no notice says otherwise, the optimization
     helpers between that loop and the optimizer's step notwithstanding."""
     pytest.importorskip("lightning")
-    program_name, args, per_epoch, total, floor, how = LIGHTNING[name]
+    program_name, args, by, total, floor, how = LIGHTNING[name]
     started = time.monotonic()
     rnd = random.Random(f"lightning/{seed}" if name == "fit" else f"lightning-{name}/{seed}")
     print(f"seed {seed}")
@@ -224,7 +224,7 @@ def test_a_lightning_fit_restarts_to_the_same_bytes(tmp_path, name, seed):
     # Paced so that the snapshot commits well before the end, the workers' CPU notwithstanding.
     pause_s = "0.15" if "--workers" in args else "0.05"
     run = Run("run", "--dir", "snaps", program, out, *args, cwd=tmp_path, env={**ENV, "TEST_STEP_SLEEP_S": pause_s})
-    snap = interrupt(run, out, tmp_path / "snaps", tmp_path, rnd, total, floor=floor)
+    snap = interrupt(run, out, tmp_path / "snaps", tmp_path, rnd, total, floor=floor, by=by)
     print(f"snapshot {snap['id']} at iteration {snap['iteration']}, killed at step {progress(out)}")
     assert floor < snap["iteration"] <= progress(out)
     assert "does not instrument" not in run.proc.stderr.read()

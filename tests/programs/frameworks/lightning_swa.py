@@ -38,12 +38,10 @@ class Regressor(L.LightningModule):
 class Progress(L.Callback):
     def __init__(self):
         self.losses = []
-        self.batches = 0
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         self.losses.append(round(outputs["loss"].item(), 6))
-        self.batches += 1
-        progress(self.batches)
+        progress(trainer.global_step)
 
 
 def main():
