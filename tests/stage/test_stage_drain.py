@@ -4,12 +4,12 @@ child lets go of, and what it must leave alone."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 
 import numpy as np
 import pytest
 import torch
+from device_helpers import in_child as run_in_child
 
 from gpusnap.stage.drain import Drained, drain
 from gpusnap.stage.arena import Arena
@@ -18,24 +18,10 @@ from gpusnap.rawmem import view_at
 MIN = 256 << 10
 
 
-def in_child(work) -> dict:
+def in_child(work):
     """Run ``work()`` in a forked child (as the writer runs); returns its JSON-able result."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_fd)
-        try:
-            result = {"ok": work()}
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
-            result = {"error": f"{type(exc).__name__}: {exc}"}
-        os.write(write_fd, json.dumps(result).encode())
-        os._exit(0)
-    os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as pipe:
-        data = pipe.read()
-    os.waitpid(pid, 0)
-    result = json.loads(data)
-    assert "error" not in result, result["error"]
+    result = run_in_child(work)
+    assert "ok" in result, result
     return result["ok"]
 
 
