@@ -1,7 +1,8 @@
 """Process-wide settings the program changed, which no object it holds carries: its environment
 variables, its working directory, torch's intra-op threads, default dtype, float32 matmul
-precision and deterministic mode, how torch and NumPy print arrays, and the level `logging.disable`
-silences. Read at the safe point (``capture``), put back after the merge (``restore``).
+precision and deterministic mode, how torch and NumPy print arrays, pandas' options, and the level
+`logging.disable` silences. Read at the safe point (``capture``), put back after the merge
+(``restore``).
 
 The replay runs the setup again, and with it the changes the setup made; a change made in a step
 the replay skips (`os.environ["NOISE_SCALE"] = "0.05"` or `torch.set_default_dtype(torch.float64)`
@@ -20,7 +21,9 @@ the program has imported torch.
 The print options and the logging level shape the lines a log gets: `torch.set_printoptions(precision=3)`,
 `np.set_printoptions(precision=2, suppress=True)` or `logging.disable(logging.INFO)` once warm-up is
 over, from a later epoch, restarted "verified" with the setup's, the log's later lines other bytes
-(``tests/programs/corpus/late_knobs.py``, 1 of 1 each).
+(``tests/programs/corpus/late_knobs.py``, 1 of 1 each), as did `pd.set_option("display.precision", 3)`
+with each epoch's DataFrame of metrics logged (``warn_log.py --pandas``, 2 of 2). Of pandas' options,
+those away from their defaults are kept; restore sets every option to the run's.
 
 And torch's counter of hook handles (``RemovableHandle.next_id``): the hooks a module or an
 optimizer holds are kept in dicts under the ids it gave out, and the merge gives them the run's.
@@ -94,6 +97,8 @@ def capture() -> dict:
     if (numpy := sys.modules.get("numpy")) is not None and hasattr(numpy, "get_printoptions"):
         out["numpy_print"] = numpy.get_printoptions()
     out["logging_disable"] = logging.root.manager.disable
+    if (pandas := sys.modules.get("pandas")) is not None and hasattr(pandas, "get_option"):
+        out["pandas_options"] = _pandas_options(pandas)
     streams = {name: _kind(stream) for name in _STREAMS if (stream := getattr(sys, name)) is not getattr(sys, f"__{name}__")}
     if streams:
         out["streams"] = streams
@@ -113,6 +118,23 @@ def _known(saved: dict | None, live: dict) -> dict | None:
         return None
     options = {k: v for k, v in saved.items() if k in live}
     return options if any(live[k] != v for k, v in options.items()) else None
+
+
+def _pandas_options(pandas) -> dict:
+    """pandas' options away from their defaults (deprecated ones, which warn when read, left out)."""
+    config = pandas._config.config
+    return {key: value for key, option in config._registered_options.items()
+            if key not in config._deprecated_options and (value := pandas.get_option(key)) != option.defval}
+
+
+def _put_pandas_options(pandas, saved: dict) -> list[str]:
+    registered = pandas._config.config._registered_options
+    live = _pandas_options(pandas)
+    changed = sorted(key for key in set(saved) | set(live)
+                     if key in registered and saved.get(key, registered[key].defval) != live.get(key, registered[key].defval))
+    for key in changed:
+        pandas.set_option(key, saved.get(key, registered[key].defval))
+    return [f"pandas' {key}" for key in changed]
 
 
 def check_streams(saved: dict) -> None:
@@ -154,6 +176,9 @@ def restore(saved: dict) -> list[str]:
     if numpy is not None and (options := _known(saved.get("numpy_print"), numpy.get_printoptions())) is not None:
         numpy.set_printoptions(**options)
         put.append("NumPy's print options")
+    pandas = sys.modules.get("pandas")
+    if pandas is not None and "pandas_options" in saved and hasattr(pandas, "get_option"):
+        put += _put_pandas_options(pandas, saved["pandas_options"])
     torch = sys.modules.get("torch")
     if torch is None or "default_dtype" not in saved:
         return put

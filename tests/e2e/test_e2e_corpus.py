@@ -540,6 +540,12 @@ MORE = {
     # each epoch's augmentation mapped over a multiprocessing.Pool, or a ProcessPoolExecutor, made
     # in a `with` per epoch: its processes have ended by the steps (a pool made at start blocks
     # every snapshot, tests/e2e/test_e2e_witness.py); exact at the first try, 2 of 2 each
+    # pandas' display precision lowered once warm-up is over, each epoch's DataFrame of metrics
+    # logged: "verified" with the default precision in the log's later lines, 2 of 2, until the
+    # settings kept pandas' options; without it, the program's own warnings captured into the log
+    # (exact at the first try, 2 of 2)
+    "warn_log-pandas": ("warn_log.py", ["--pandas"], 31, "settings the run's steps had changed"),
+    "warn_log": ("warn_log.py", [], 31, "gpusnap: fast-forward "),
     "late_knobs-numpy_print": ("late_knobs.py", ["numpy-print"], 31, "settings the run's steps had changed"),
     "late_knobs-disable": ("late_knobs.py", ["disable"], 31, "settings the run's steps had changed"),
     # the logger's own level set to WARNING at the same place: exact at the first try (loggers are kept)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 from gpusnap.graph import settings
@@ -113,3 +114,24 @@ def test_print_options_and_the_logging_level_disabled_are_captured_and_put_back(
         np.set_printoptions(**numpy_options)
         logging.disable(logging.NOTSET)
         settings._start_environ = settings._threads_at_import = settings._start_cwd = None
+
+
+def test_pandas_options_the_run_set_are_put_back_and_those_it_left_at_their_defaults_too():
+    """`pd.set_option("display.precision", 3)` once warm-up is over, each epoch's DataFrame of
+    metrics logged: from a later epoch the restart logged with the default precision, "verified"
+    (warn_log.py --pandas, 2 of 2). What the replay's setup set that the run had put back to its
+    default goes back too."""
+    pd = pytest.importorskip("pandas")
+    try:
+        pd.set_option("display.precision", 3)
+        saved = settings.capture()
+        assert saved["pandas_options"] == {"display.precision": 3}
+
+        pd.reset_option("display.precision")  # the replay's: the setup's
+        pd.set_option("display.max_rows", 7)
+        assert settings.restore(saved) == ["pandas' display.max_rows", "pandas' display.precision"]
+        assert pd.get_option("display.precision") == 3 and pd.get_option("display.max_rows") == 60
+        assert settings.restore(saved) == []
+    finally:
+        pd.reset_option("display.precision")
+        pd.reset_option("display.max_rows")
