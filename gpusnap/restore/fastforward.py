@@ -281,6 +281,7 @@ class DataLoaderAdapter:
             sampler, _ = sampler_digest(loader)
             if sampler is not None:
                 note["sampler"] = sampler  # replay: is its sampler the run's when the loop starts?
+                note["sampler_plain"] = sampler_plain_attrs(loader)  # what it may have changed since (``as_its_loop_started``)
             own = sampler_generators(loader)
             if own:
                 note["sampler_rngs"] = own  # a sampler's generator of its own: put back with the loader's
@@ -574,7 +575,10 @@ def start_skipping(it, ctx: Context | None = None, at: tuple = (), remake_of: tu
 # note of the run's loop holds a digest of its sampler as the loop started; where the replay's
 # differs, the order is drawn again after the merge, from the same random states, and only
 # where the merged sampler then has the run's digest: what changed since the loop started
-# (a sampler the program changes mid-epoch) would make the new order another guess.
+# (a sampler the program changes mid-epoch) would make the new order another guess. A sampler's
+# plain attributes (numbers, strings) as the loop started are in the note too: a sampler whose
+# own ``__iter__`` counts its epochs had counted one more as it drew, and the merge gives it that
+# count; the order is drawn with the noted ones put back for the while.
 
 
 def sampler_digest(loader) -> tuple[str | None, str | None]:
@@ -608,6 +612,49 @@ def _sampler_state(sampler) -> list:
             value = f"the sampler {type(value).__qualname__}"  # its own state is its entry in ``samplers_of``
         state.append([name, value])
     return state
+
+
+_PLAIN = (int, float, str, bool, type(None))
+
+
+def sampler_plain_attrs(loader) -> list[dict]:
+    """Each sampler's attributes (``samplers_of``'s order) that hold a number, a string or None:
+    what a sampler that counts its own epochs in ``__iter__`` changes after its loop started."""
+    return [{name: value for name, value in (getattr(sampler, "__dict__", None) or {}).items() if type(value) in _PLAIN}
+            for sampler in samplers_of(loader._index_sampler)]
+
+
+_CHANGED = "the sampler of the run that took the snapshot changed after its loop started"
+
+
+@contextlib.contextmanager
+def as_its_loop_started(loader, note: dict, want: str, skip: int):
+    """Yields None where the loader's sampler has the digest ``want`` the run's had as its loop
+    started, or has it with the plain attributes the loop's note kept put back for the while
+    (``sampler_plain_attrs``: a sampler whose ``__iter__`` counts its epochs had counted one
+    more by the snapshot, and the merge gave it that count); else why not. On exit the sampler's
+    attributes are what they were on entry: the skipping of ``skip`` batches inside has run its
+    ``__iter__`` by then, which none does with no batch to skip."""
+    now, why = sampler_digest(loader)
+    noted = note.get("sampler_plain")
+    samplers = samplers_of(loader._index_sampler)
+    if now == want or not skip or not noted or len(noted) != len(samplers):
+        yield None if now == want else (why or _CHANGED)
+        return
+    missing = object()
+    kept = [{name: vars(sampler).get(name, missing) for name in attrs} for sampler, attrs in zip(samplers, noted)]
+    try:
+        for sampler, attrs in zip(samplers, noted):
+            vars(sampler).update(attrs)
+        back, why = sampler_digest(loader)
+        yield None if back == want else (why or _CHANGED)
+    finally:
+        for sampler, attrs in zip(samplers, kept):
+            for name, value in attrs.items():
+                if value is missing:
+                    vars(sampler).pop(name, None)
+                else:
+                    vars(sampler)[name] = value
 
 
 def _length(data) -> int | None:
@@ -645,11 +692,10 @@ class Remake:
         iterator then stays as fast-forward made it, and the witness judges it)."""
         if self.it._num_workers:
             return "its workers hold the order drawn before the merge"
-        now, why = sampler_digest(self.loader)
-        if now != self.want:
-            return why or "the sampler of the run that took the snapshot changed after its loop started"
         global_states, generators = self.drawn_from
-        with _states_kept(generators):
+        with as_its_loop_started(self.loader, self.note, self.want, self.skip) as why, _states_kept(generators):
+            if why is not None:
+                return why
             rng.restore(global_states)
             for gen, state in generators.items():
                 put_state(gen, state)
@@ -670,9 +716,10 @@ class Remake:
         if not skips_by_sampler(loader):
             return "the run's cannot be positioned by its batch sampler"
         want = self.note.get("sampler")
-        if want and sampler_digest(loader)[0] != want:
-            return "the sampler of the run's changed after its loop started"
-        with _states_kept(_generators_of(loader)):
+        with (as_its_loop_started(loader, self.note, want, self.skip) if want else contextlib.nullcontext()) as why, \
+                _states_kept(_generators_of(loader)):
+            if why is not None:
+                return "the sampler of the run's changed after its loop started"
             rng.restore(self.before_iter)
             try:
                 new = _dataloader_at(loader, 0, self.note, start=False)

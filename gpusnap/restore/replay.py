@@ -363,8 +363,9 @@ class Replay:
         """A loop whose replay iterates another DataLoader than the run's (chosen by state the
         skipped iterations changed) has its iterator made again from the run's; a sampler the
         replay made from other state than the run (inside an epoch, from what skipped epochs
-        computed) holds the run's state now: the order of the iterator that fast-forward made
-        from it is drawn again (``fastforward.Remake``). Where that cannot be proven, the
+        computed), or whose sampler counted its epochs in iterations the replay skipped, holds the
+        run's state now: the order of the iterator that fast-forward made from it is drawn again,
+        from the sampler as it stood when the run's loop started (``fastforward.Remake``). Where that cannot be proven, the
         iterator stays, and the witness compares what it yields."""
         for want, remake in self._remakes:
             theirs = self._run_loaders.get(id(remake.loader), remake.loader)
@@ -384,8 +385,8 @@ class Replay:
                 continue
             why = remake.redraw()
             if why is None:
-                _say(f"drew the order of the DataLoader of loop {self.name(want)} again from its merged sampler "
-                     "(the replay had made that sampler from other state than the run)")
+                _say(f"drew the order of the DataLoader of loop {self.name(want)} again from its merged sampler, "
+                     "as it stood when the run's loop started (the replay's had drawn it from other state)")
             else:
                 _say(f"kept the order of the DataLoader of loop {self.name(want)}, which the replay drew from "
                      f"another sampler than the run's: {why}; the witness compares what it yields", level=1)

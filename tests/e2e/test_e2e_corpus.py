@@ -546,6 +546,11 @@ MORE = {
     # (exact at the first try, 2 of 2)
     "warn_log-pandas": ("warn_log.py", ["--pandas"], 31, "settings the run's steps had changed"),
     "warn_log": ("warn_log.py", [], 31, "gpusnap: fast-forward "),
+    # a custom Sampler that counts its own epochs in __iter__ (the permutation seeded by the count):
+    # the merged sampler had counted one more than when the run's loop started, its order was not
+    # drawn again, and the witness refused, 1 of 3 (past the first epoch, with batches left in it),
+    # until the order was drawn with the count the loop's note kept; exact 5 of 5 then
+    "counting_sampler": ("counting_sampler.py", [], 12, "drew the order of the DataLoader of loop"),
     "late_knobs-numpy_print": ("late_knobs.py", ["numpy-print"], 31, "settings the run's steps had changed"),
     "late_knobs-disable": ("late_knobs.py", ["disable"], 31, "settings the run's steps had changed"),
     # the logger's own level set to WARNING at the same place: exact at the first try (loggers are kept)

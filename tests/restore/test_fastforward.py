@@ -657,6 +657,49 @@ def test_an_order_is_not_drawn_again_unless_the_merged_sampler_is_the_one_the_ru
     assert it._sampler_iter is drawn  # the order stays the one fast-forward drew: the witness judges it
 
 
+class EpochCountingSampler(torch.utils.data.Sampler):
+    """Counts its own epochs: each ``__iter__`` draws from a generator seeded by the count, then
+    counts one more (counting_sampler.py's shape)."""
+
+    def __init__(self, n):
+        self.n, self.seed, self.epoch = n, 5, 0
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        self.epoch += 1
+        return iter(torch.randperm(self.n, generator=g).tolist())
+
+    def __len__(self):
+        return self.n
+
+
+@pytest.mark.parametrize("skip", [2, 0])
+def test_an_order_a_sampler_drew_before_counting_its_epoch_is_drawn_again_from_the_count_its_loop_started_with(tmp_path, skip):
+    """The run's loop started in epoch 2, and the sampler's ``__iter__`` counted 3 as it drew the
+    order; the replay's loop starts with setup's count, 0, and the merge gives it the run's, 3.
+    Counted 3, the merged sampler is not the one the loop started with, and the order the replay
+    drew stayed (the witness refused: counting_sampler.py, 1 of 3). ``redraw`` draws it with the
+    count the loop's note kept, and leaves the run's count. With no batch taken, the sampler would
+    draw at the loop's next batch, from the count the merge gave it: not drawn again."""
+    log = str(tmp_path / "loads")
+    run = DataLoader(LoggedDataset(N_ITEMS, log), batch_size=4, sampler=EpochCountingSampler(N_ITEMS))
+    run.sampler.epoch = 2
+    note, items = _deferred_original(run)
+    assert run.sampler.epoch == 3
+    loader = DataLoader(LoggedDataset(N_ITEMS, log), batch_size=4, sampler=EpochCountingSampler(N_ITEMS))
+    ctx = fastforward.Context()
+    it, _ = fastforward.iterator_at(loader, skip, note, ctx)
+    loader.sampler.epoch = 3  # the merge
+    why = ctx.remakes[0].redraw()
+    assert loader.sampler.epoch == 3
+    if skip == 0:
+        assert "changed after its loop started" in why
+        return
+    assert why is None
+    rest = list(it)
+    assert len(rest) == len(items) - skip and all(_same(a, b) for a, b in zip(rest, items[skip:]))
+
+
 @pytest.mark.parametrize("wrap", ["loader", "enumerate", "zip"])
 @pytest.mark.parametrize("lengths", [(24, 24), (16, 28), (8, 28)], ids=["same-length", "other-length", "replay-s-shorter"])
 def test_a_loop_whose_replay_took_another_loader_than_the_run_is_made_again_from_the_run_s(wrap, lengths):
