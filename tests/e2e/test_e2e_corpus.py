@@ -551,6 +551,15 @@ MORE = {
     # drawn again, and the witness refused, 1 of 3 (past the first epoch, with batches left in it),
     # until the order was drawn with the count the loop's note kept; exact 5 of 5 then
     "counting_sampler": ("counting_sampler.py", [], 12, "drew the order of the DataLoader of loop"),
+    # detectron2's iteration-based shape: an infinite sampler over its own seeded generator, the
+    # loader's iterator taken in setup and advanced by next() in `for iteration in range(...)`
+    # (through its index sampler, or by taking the batches again; with 2 workers too);
+    # torch.compile switched on once warm-up is over, of the model or of the train step: exact at
+    # the first try, 2 of 2 each
+    "infinite_sampler": ("infinite_sampler.py", [], 0, "advanced the DataLoader iterator at frame[1].locals.data_loader_iter by"),
+    "infinite_sampler-workers": ("infinite_sampler.py", ["--workers", "2"], 0, "by taking batches"),
+    "compile_late": ("compile_late.py", ["--backend", "aot_eager"], 20, "gpusnap: fast-forward "),
+    "compile_late-step": ("compile_late.py", ["--backend", "aot_eager", "--step"], 20, "gpusnap: fast-forward "),
     "late_knobs-numpy_print": ("late_knobs.py", ["numpy-print"], 31, "settings the run's steps had changed"),
     "late_knobs-disable": ("late_knobs.py", ["disable"], 31, "settings the run's steps had changed"),
     # the logger's own level set to WARNING at the same place: exact at the first try (loggers are kept)
