@@ -15,6 +15,8 @@ import json
 import os
 import random
 import signal
+import time
+from pathlib import Path
 
 import pytest
 from harness import REPO, Run, assert_same, copy_programs, gpusnap, load_final, plain, programs_and_out, progress, ref_and_out, wait_for
@@ -225,6 +227,26 @@ def test_a_pool_made_at_setup_is_named_with_the_way_to_make_it_per_use(tmp_path)
     skipped = err.split("gpusnap: snapshot skipped: ")[1].splitlines()
     assert "(multiprocessing.pool.worker) is running" in skipped[0] and hint in skipped[1], err
     assert not list((tmp_path / "snaps" / "snapshots").glob("*.json"))
+
+
+def test_a_process_the_program_starts_ends_on_sigterm_and_ignores_the_snapshot_signal(tmp_path):
+    """Forked from the trainee, a process the program starts had gpusnap's handlers: SIGTERM asked
+    for a stop snapshot and left it running, so a Pool's terminate() joined a worker that waited
+    on the lock the pool held, forever (pool_augment.py --per-epoch pool hung, 2 of 6). It has
+    the program's dispositions now: SIGTERM ends it, and the snapshot signal, sent to the whole
+    job, is ignored (a plain run would not have heard it)."""
+    programs, out = programs_and_out(tmp_path)
+    run = Run("run", "--dir", "snaps", programs / "terminated_child.py", out, cwd=tmp_path, env=ENV)
+    wait_for(lambda: (out / "child.pid").exists(), "the child's start", proc=run)
+    child = int((out / "child.pid").read_text())
+    os.kill(child, signal.SIGUSR1)
+    time.sleep(0.5)
+    state = (Path("/proc") / str(child) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    assert state != "Z", "the snapshot signal ended the program's child"
+    (out / "go").touch()
+    rc, _, err = run.wait()
+    assert rc == 0, err
+    assert json.loads((out / "result.json").read_text()) == {"exitcode": -signal.SIGTERM}, err
 
 
 def test_ranks_the_program_spawns_itself_are_named_when_they_start(tmp_path):

@@ -7,7 +7,9 @@ first one started says so at once: a program that waits for them in library code
 be said, and its snapshots would wait, silently, until the processes end.
 
 ``install`` wraps ``multiprocessing.process.BaseProcess.start`` (every context's ``Process``
-inherits it) to note each process and the program's line that started it.
+inherits it) to note each process and the program's line that started it. A forked one gets the
+program's signal handlers back in place of gpusnap's (``handlers.as_the_program_had_them``), so
+that SIGTERM ends it as it would without gpusnap.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import weakref
 
+from gpusnap.capture.trainee import handlers
 from gpusnap.errors import ChildRunning
 
 _running: weakref.WeakSet = weakref.WeakSet()
@@ -32,6 +35,7 @@ _POOL_WORKERS = ("multiprocessing.pool.worker", "concurrent.futures.process._pro
 _POOL_HINT = ("make the pool where its work is handed out (`with Pool(n) as pool:` around the map), so that its "
               "processes have ended by the next step, where snapshots are taken")
 _said = False
+_starting: str | None = None  # the target of the process being started now: its fork's child reads it
 
 
 def install() -> None:
@@ -42,8 +46,13 @@ def install() -> None:
     start = multiprocessing.process.BaseProcess.start
 
     def noted_start(self):
+        global _starting
         target = _target_name(self)  # start() lets go of the target
-        start(self)
+        _starting = target
+        try:
+            start(self)
+        finally:
+            _starting = None
         if target != _DATALOADER_WORKER:  # their batches are the loader's: fast-forward remakes them
             self._gpusnap_site, self._gpusnap_target = _site(sys._getframe(1)), target.lstrip(".")
             _running.add(self)
@@ -51,6 +60,15 @@ def install() -> None:
 
     noted_start.__wrapped__ = start
     multiprocessing.process.BaseProcess.start = noted_start
+    os.register_at_fork(after_in_child=_in_started_child)
+
+
+def _in_started_child() -> None:
+    """A process the program starts has its signals as the program had them; a DataLoader
+    worker keeps gpusnap's (a SIGTERM to the whole job must leave it to the batches of the stop
+    snapshot's witness), as does what gpusnap forks itself (its writer sets its own)."""
+    if _starting is not None and _starting != _DATALOADER_WORKER:
+        handlers.as_the_program_had_them()
 
 
 def note_launched(processes, site: str, what: str, line: str) -> None:

@@ -93,6 +93,23 @@ def _run(signum: int, frame) -> None:
         _delivering = False
 
 
+def as_the_program_had_them() -> None:
+    """In a process the program started (a Pool's worker, forked): each signal gpusnap answers
+    gets the handler the program gave it, else the one it would have without gpusnap: SIGTERM's
+    default action, and the snapshot signal ignored (asked of gpusnap, and sent to a whole job a
+    plain run would not have heard it). gpusnap's handler asked the trainee for a snapshot and
+    kept the process alive: a Pool's terminate() signals workers that wait on the lock it holds,
+    and joined one that never ended (tests/programs/corpus/pool_augment.py --per-epoch pool)."""
+    for signum in _answered:
+        handler = _program.get(signum)
+        if handler is None:
+            handler = signal.SIG_DFL if signum == signal.SIGTERM else signal.SIG_IGN
+        try:
+            _real_signal(signum, handler)
+        except (OSError, TypeError, ValueError):  # not the main thread of the child; a handler of C's
+            pass
+
+
 def due() -> bool:
     return bool(_due)
 
