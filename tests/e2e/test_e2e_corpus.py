@@ -560,6 +560,15 @@ MORE = {
     "infinite_sampler-workers": ("infinite_sampler.py", ["--workers", "2"], 0, "by taking batches"),
     "compile_late": ("compile_late.py", ["--backend", "aot_eager"], 20, "gpusnap: fast-forward "),
     "compile_late-step": ("compile_late.py", ["--backend", "aot_eager", "--step"], 20, "gpusnap: fast-forward "),
+    # a run history in a shelve database (a list read, extended and written back each step); an
+    # epoch summary appended with pandas' to_csv(mode="a"); torchmetrics' MetricCollection, a
+    # MeanMetric and a MaxMetric across epochs; the popular EarlyStopping class that torch.save's
+    # the whole model when it improves, steps inside try/except/finally: exact at the first try,
+    # 2 of 2 each
+    "shelve_history": ("shelve_history.py", []),
+    "pandas_log": ("pandas_log.py", []),
+    "metrics_collection": ("metrics_collection.py", []),
+    "early_stop": ("early_stop.py", []),
     "late_knobs-numpy_print": ("late_knobs.py", ["numpy-print"], 31, "settings the run's steps had changed"),
     "late_knobs-disable": ("late_knobs.py", ["disable"], 31, "settings the run's steps had changed"),
     # the logger's own level set to WARNING at the same place: exact at the first try (loggers are kept)
