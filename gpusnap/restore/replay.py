@@ -365,8 +365,8 @@ class Replay:
         replay made from other state than the run (inside an epoch, from what skipped epochs
         computed), or whose sampler counted its epochs in iterations the replay skipped, holds the
         run's state now: the order of the iterator that fast-forward made from it is drawn again,
-        from the sampler as it stood when the run's loop started (``fastforward.Remake``). Where that cannot be proven, the
-        iterator stays, and the witness compares what it yields."""
+        from the sampler as it stood when the run's loop started (``fastforward.Remake``). Where
+        that cannot be proven, the iterator stays, and the witness compares what it yields."""
         for want, remake in self._remakes:
             theirs = self._run_loaders.get(id(remake.loader), remake.loader)
             if theirs is not remake.loader:
