@@ -10,9 +10,9 @@ importable by both sides: restore must never import capture. Placeholders:
 - ``LiveClass``, a ``LiveOnly`` for a class of the program's defined inside a function:
   restore keeps the replayed class, and sets the snapshot's class attributes on it;
 - ``LiveObject``, a ``LiveOnly`` for an instance of a class that cannot be found by name (one
-  defined inside a function, or made at run time as torch's parametrizations make
-  ``ParametrizedLinear``): restore keeps the replayed object and merges the snapshot's
-  attributes into it;
+  defined inside a function, or made at run time): restore keeps the replayed object and merges
+  the snapshot's attributes into it (those of the classes torch makes one per object, a
+  parametrized module's and a torch.fx GraphModule's, are made again: ``graph.madeclasses``);
 - ``LiveFile``, a ``LiveOnly`` for a file the program writes through (``open()``'s): where the
   replay made none at its place (it was opened after setup), restore opens its path again;
 - ``LiveMemmap``, a ``LiveFile`` for a NumPy memmap (read-only, or written in place): mapped again;

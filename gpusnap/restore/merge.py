@@ -56,6 +56,7 @@ import types
 import weakref
 
 from gpusnap.errors import StateMismatch
+from gpusnap.graph import madeclasses
 from gpusnap.graph.load import (
     ADDED_BY_SETSTATE,
     RUN_IDS,
@@ -411,6 +412,9 @@ class Merger(KindMerges):
             into = live if type(live) is weakref.WeakSet else weakref.WeakSet()
             self._align(snap, into, path)
             return _Steps(self._merge_weak_set(into, snap, path))
+        if live is not None and type(live) is not type(snap) and (attrs := madeclasses.alike_attrs(live, snap)) is not None:
+            self._align(snap, live, path)
+            return _Steps(self._merge_attrs(live, attrs, path, added=ADDED_BY_SETSTATE.get(id(snap), ())))
         if live is None or type(live) is not type(snap):
             return self._wait(snap, path)
         if not isinstance(snap, tuple) and self._stands_for.get(id(live), snap) is not snap:

@@ -24,7 +24,8 @@ loop; an output directory the script entered; an EMA on an optimizer's step hook
 by its handle; a report kept in a StringIO; a hook for every module or optimizer; epochs' weights
 and a loss log kept in a TemporaryDirectory; metrics in an SQLite database; statistics in a
 WeakKeyDictionary; a log file never flushed by hand; a log handler added mid-run; an evaluator
-run as a subprocess that appends to a results file; a CSV writer made at the first step; predictions written into a NumPy memmap) continue
+run as a subprocess that appends to a results file; a CSV writer made at the first step; predictions written into a NumPy memmap;
+spectral normalization put on a discriminator after warm-up) continue
 with the same bytes after a kill: each is run uninterrupted, and again under `gpusnap run` with
 SIGUSR1 at a random step, kill -9 of the whole process group a few steps later, then `gpusnap
 restart`. One seed per program by default (printed; pytest shows it on failure);
@@ -196,6 +197,11 @@ CORPUS = {
     # restart, and the rows after the snapshot never reached it, "verified", 1 of 3, until a
     # memmap was kept as its file and mapped again (graph.load.LiveMemmap)
     "memmap_preds": ("memmap_preds.py", [], 0, "gpusnap: fast-forward "),
+    # spectral normalization put on a discriminator's layers at epoch 2 (torch makes each
+    # parametrized module a class of its own, ParametrizedLinear), on a layer weight-normalized
+    # since setup: the replay held plain Linear layers there, and the restart was refused, 2 of 2,
+    # until such modules were made again from the snapshot (graph.madeclasses)
+    "parametrize_late-setup": ("parametrize_late.py", ["--setup"], 18, "gpusnap: fast-forward "),
 }
 MORE = {
     # everything printed goes to a log file too, through a Tee object put in place of sys.stdout
@@ -583,6 +589,12 @@ MORE = {
     "rotating_log": ("rotating_log.py", []),
     "lazy_handle": ("lazy_handle.py", []),
     "rollback_spike": ("rollback_spike.py", []),
+    # the same for a model traced with torch.fx at epoch 2 and its graph rewritten (each
+    # GraphModule has a class of its own): refused, 2 of 2; traced in setup and rewritten at
+    # epoch 2, the replay's module kept its setup's code: refused by the witness, 2 of 2
+    "parametrize_late": ("parametrize_late.py", [], 18, "gpusnap: fast-forward "),
+    "fx_late": ("fx_late.py", [], 22, "gpusnap: fast-forward "),
+    "fx_late-setup": ("fx_late.py", ["--setup"], 22, "gpusnap: fast-forward "),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)

@@ -44,8 +44,10 @@ intercepts, through ``reducer_override``:
   ``_live_class(serial, type)`` with their class attributes (``graph.roots.class_state``) as
   its state: restore keeps the replayed class and sets them on it.
 - instances of classes that cannot be found by name (defined inside a function, or made at run
-  time: torch's ``ParametrizedLinear``) -> ``_live_object(serial, type)`` with their attributes as
-  its state: restore keeps the replayed object and merges the attributes into it.
+  time) -> ``_live_object(serial, type)`` with their attributes as its state: restore keeps the
+  replayed object and merges the attributes into it. Those of the classes torch makes one per
+  object (a parametrized module's ``ParametrizedLinear``, a torch.fx ``GraphModuleImpl``) are
+  made again instead (``graph.madeclasses``).
 
 Buffer bytes never pass through the pickle stream: ``sink.put_buffer`` receives a memoryview over
 the storage's own memory (the fork gave the writer a consistent copy), so the stream holds only
@@ -74,7 +76,7 @@ import weakref
 from gpusnap.capture.pickling.reducers import BufferReducers, HostMemory, InlineArray, _is_named
 from gpusnap.capture.safepoints import returnable as safepoints
 from gpusnap.files import disk
-from gpusnap.graph import roots
+from gpusnap.graph import madeclasses, roots
 from gpusnap.graph.iterpickle import IterativePickler
 from gpusnap.graph.load import (
     MEMORY_FILES,
@@ -365,7 +367,8 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         if type(obj) in _SEQUENCE_ITERATORS:
             return _guarded(obj, obj.__reduce_ex__(PROTOCOL))
         if not findable(type(obj)):
-            return self._live_object(obj)
+            made = madeclasses.reduction(obj, torch)
+            return self._as_built(obj, made) if made is not None else self._live_object(obj)
         try:
             reducer = copyreg.dispatch_table.get(type(obj))
             rv = reducer(obj) if reducer is not None else obj.__reduce_ex__(PROTOCOL)
@@ -377,13 +380,17 @@ class GraphPickler(BufferReducers, pickle.Pickler):
             if REPLAYED_ATTRS and isinstance(rv, tuple) and len(rv) > 2 and isinstance(rv[2], dict) and _replayed_attrs(type(obj)):
                 left_out = _replayed_attrs(type(obj))
                 rv = (*rv[:2], {k: v for k, v in rv[2].items() if k not in left_out}, *rv[3:])
-            rv = _guarded(obj, rv)
-            if torch is not None and isinstance(obj, torch.nn.Module) and not isinstance(rv, str):
-                # its id in the run, as a tensor's: `{id(m): name for name, m in model.named_modules()}`
-                rv = (_with_run_id, (id(obj), rv[0], rv[1]), *rv[2:])
-            return rv
+            return self._as_built(obj, rv)
         except Exception:
             return self._live(obj)
+
+    def _as_built(self, obj, rv):
+        """``obj``'s reduction ``rv``, made safe to load, a module's with its id in the run, as a
+        tensor's: `{id(m): name for name, m in model.named_modules()}`."""
+        rv = _guarded(obj, rv)
+        if self._torch is not None and isinstance(obj, self._torch.nn.Module) and not isinstance(rv, str):
+            rv = (_with_run_id, (id(obj), rv[0], rv[1]), *rv[2:])
+        return rv
 
     def _reduce_method(self, obj):
         """A module's own (``random.randint``, a method of its generator) by name; a method of
