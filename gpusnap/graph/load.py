@@ -565,6 +565,13 @@ def _load_storage(name, device):
     return storage
 
 
+def _meta_storage(nbytes):
+    """A storage on the meta device: its size, which has no bytes."""
+    import torch
+
+    return torch.UntypedStorage(nbytes, device="meta")
+
+
 def _load_device_storage(name, offset, nbytes, device):
     """A device storage (saved on ``device``, e.g. "cuda:1"), loaded as a CPU storage over its
     bytes in buffer ``name`` at ``offset``. The merge copies it into the live tensor, wherever

@@ -595,6 +595,12 @@ MORE = {
     "parametrize_late": ("parametrize_late.py", [], 18, "gpusnap: fast-forward "),
     "fx_late": ("fx_late.py", [], 22, "gpusnap: fast-forward "),
     "fx_late-setup": ("fx_late.py", ["--setup"], 22, "gpusnap: fast-forward "),
+    # an ensemble trained at once with torch.func (stack_module_state, functional_call under
+    # vmap, one Adam over the stacked tensors); PyTorch's Transformer language-model tutorial
+    # (positional encoding buffer, causal mask, bptt windows, a deep copy of the best model):
+    # exact at the first try, 3 of 3 each
+    "ensemble_vmap": ("ensemble_vmap.py", []),
+    "transformer_lm": ("transformer_lm.py", []),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)

@@ -1663,3 +1663,18 @@ def test_a_module_held_under_a_second_name_is_one_module_of_the_program(tmp_path
     monkeypatch.setitem(sys.modules, "__mp_main__", module)
     found = roots.instrumented_modules()
     assert "helpers_with_alias" in found and "__mp_main__" not in found
+
+
+def test_tensors_on_the_meta_device_round_trip_by_their_sizes(tmp_path):
+    """A template module moved to the meta device (torch.func's ensembling calls
+    `copy.deepcopy(model).to("meta")`) beside real weights: its record once claimed bytes that
+    no chunk held, and every snapshot of such a program failed at its commit."""
+    template = copy.deepcopy(torch.nn.Linear(8, 16)).to("meta")
+    real = torch.nn.Linear(8, 16)
+    snap, _ = snapshot_and_load(tmp_path, {"template": template, "real": real, "view": template.weight[2:]})
+    assert snap["template"].weight.device.type == "meta" and snap["template"].weight.shape == (16, 8)
+    assert isinstance(snap["template"].weight, torch.nn.Parameter) and snap["view"].shape == (14, 8)
+    assert torch.equal(snap["real"].weight, real.weight)
+    live = {"template": copy.deepcopy(torch.nn.Linear(8, 16)).to("meta"), "real": torch.nn.Linear(8, 16), "view": None}
+    merged = merge_into(live, snap)
+    assert merged["template"].weight.is_meta and torch.equal(merged["real"].weight, real.weight)

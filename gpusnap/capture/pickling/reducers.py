@@ -16,6 +16,7 @@ from gpusnap.graph.load import (
     _inline_array,
     _load_device_storage,
     _load_storage,
+    _meta_storage,
     _ndarray_over,
     _raw_ndarray,
     _rebuild_cupy,
@@ -105,7 +106,13 @@ class BufferReducers:
             storage = storage.untyped()
         key = _storage_key(storage)
         device, address, nbytes = key
-        if device not in ("cpu", "meta") and nbytes:
+        if device == "meta":
+            # Sizes and no bytes: a model moved to the meta device as the template torch.func's
+            # ensembling calls (`base = copy.deepcopy(model).to("meta")`), or made there before its
+            # weights load. Its record claimed bytes no chunk held, and every snapshot of such a
+            # program failed (corpus/ensemble_vmap.py); its tensors also share no memory to keep.
+            return _meta_storage, (nbytes,)
+        if device != "cpu" and nbytes:
             return self._reduce_device_storage(storage, key)
         name = self.storage_names.get(key)
         if name is None and device == "cpu" and nbytes:
