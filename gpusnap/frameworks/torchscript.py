@@ -15,6 +15,11 @@ where the run ran the optimized graph. The witness caught that while it held eno
 on a faster machine). So a snapshot taken while the executor optimizes (the flag
 ``torch.jit.optimized_execution`` sets, in the snapshot's thread) is refused at its restart, by
 name; inside ``optimized_execution(False)`` it restarts exactly.
+
+A TorchScript module made in a step (``torch.jit.trace(model, x)`` once warm-up is over, kept
+to evaluate with) has nothing the replay made at its place, and its C++ object (which shares the
+eager model's parameters) is none a snapshot can hold: such a restart is refused, by name
+(``tests/programs/corpus/jit_trace_late.py``; it failed inside gpusnap, "please report this").
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import sys
 
 from gpusnap.capture.pickling import pickler
 from gpusnap.errors import StateMismatch
+from gpusnap.graph.load import LiveOnly
 from gpusnap.restore import replay
 
 _SCRIPTED = "torch.jit._script.RecursiveScriptModule"
@@ -44,6 +50,15 @@ def _give_buffers(objects) -> None:
     torch = sys.modules.get("torch")
     if torch is None:
         return
+    objects = list(objects)
+    for module in objects:  # first: the rest of a module made after setup is moot
+        if isinstance(module, torch.jit.ScriptModule) and isinstance(module.__dict__.get("_c"), LiveOnly):
+            raise StateMismatch(
+                f"the snapshot holds a TorchScript module ({type(module).__name__}) that the program made after setup, "
+                "in a step the replay skips: its compiled object, which shares the model's parameters, is none a snapshot "
+                "can hold",
+                "trace or script the model before the training loop (the replay then does it again), or evaluate with the "
+                "eager module")
     for module in objects:
         if isinstance(module, torch.jit.RecursiveScriptModule) and module.__dict__.pop(_OPTIMIZED, False):
             raise StateMismatch(
