@@ -316,16 +316,18 @@ class LiveClass(LiveOnly):
 class LiveObject(LiveOnly):
     """Stands where the snapshot held an instance of a class that cannot be found by name: the
     object is the replay's, its state the snapshot's. ``attrs``: its ``__dict__``; ``slots``:
-    its slot values."""
+    its slot values; ``made``: what makes it again of the replay's class where the replay has
+    none to merge into, or one it cannot merge into (a tuple, an Enum member): ``cls`` (the
+    class's placeholder), ``items`` (a tuple's), ``member`` (an Enum member's name)."""
 
-    __slots__ = ("qualname", "attrs", "slots")
+    __slots__ = ("qualname", "attrs", "slots", "made")
 
     def __init__(self, serial: int, type_name: str):
         super().__init__(serial, type_name)
-        self.qualname, self.attrs, self.slots = "", {}, {}
+        self.qualname, self.attrs, self.slots, self.made = "", {}, {}, {}
 
     def __setstate__(self, state) -> None:  # after the placeholder is memoized: attributes may hold it
-        self.qualname, self.attrs, self.slots = state
+        self.qualname, self.attrs, self.slots, self.made = (*state, {})[:4]
 
 
 class LiveFile(LiveOnly):

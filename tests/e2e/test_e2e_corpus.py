@@ -25,7 +25,7 @@ by its handle; a report kept in a StringIO; a hook for every module or optimizer
 and a loss log kept in a TemporaryDirectory; metrics in an SQLite database; statistics in a
 WeakKeyDictionary; a log file never flushed by hand; a log handler added mid-run; an evaluator
 run as a subprocess that appends to a results file; a CSV writer made at the first step; predictions written into a NumPy memmap;
-spectral normalization put on a discriminator after warm-up) continue
+spectral normalization put on a discriminator after warm-up; records of classes main() defines) continue
 with the same bytes after a kill: each is run uninterrupted, and again under `gpusnap run` with
 SIGUSR1 at a random step, kill -9 of the whole process group a few steps later, then `gpusnap
 restart`. One seed per program by default (printed; pytest shows it on failure);
@@ -202,6 +202,13 @@ CORPUS = {
     # since setup: the replay held plain Linear layers there, and the restart was refused, 2 of 2,
     # until such modules were made again from the snapshot (graph.madeclasses)
     "parametrize_late-setup": ("parametrize_late.py", ["--setup"], 18, "gpusnap: fast-forward "),
+    # namedtuples, a dataclass and an Enum whose classes main() defines, made in the steps: the
+    # replay memory's transitions were live-only with nothing of the replay's at their places
+    # (refused, 2 of 2); the best evaluation, a namedtuple, kept the replay's setup value, read
+    # back into each step's record: "verified" with other bytes, 1 of 2; the phase Enum member had
+    # the run's name and value written over the replay's WARMUP member: refused by the witness,
+    # 2 of 2. Each is made again of the replay's class now (restore.merge._made_object)
+    "local_records": ("local_records.py", [], 12, "gpusnap: fast-forward "),
 }
 MORE = {
     # everything printed goes to a log file too, through a Tee object put in place of sys.stdout

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import enum
 import functools
 import io
 import itertools
@@ -1207,6 +1208,37 @@ def test_objects_of_classes_pickle_cannot_name_merge_into_the_replayed_ones(tmp_
     assert live.fc is fc and live.counter is counter and counter.count == 1
     for name, value in trained.state_dict().items():
         assert torch.equal(live.state_dict()[name], value), name
+
+
+def make_local_records(v: int) -> dict:
+    """Classes a script's main() defines, and instances of them its steps make."""
+    Best = collections.namedtuple("Best", "loss epoch")
+    Phase = enum.Enum("Phase", "WARMUP TRAIN")
+
+    @dataclasses.dataclass
+    class Record:
+        step: int
+
+    return {"Best": Best, "Phase": Phase, "Record": Record, "best": Best(v, v), "phase": Phase.TRAIN if v else Phase.WARMUP,
+            "records": [Record(v)] * v, "pair": (Best(v, 1), torch.full((2,), float(v)))}
+
+
+@pytest.mark.parametrize("iterative", [False, True], ids=["c-pickler", "iterative-pickler"])
+def test_instances_of_classes_main_defines_are_made_again_of_the_replays_classes(tmp_path, iterative):
+    """A namedtuple kept the replay's items (a best epoch restarted with the setup's, "verified"),
+    an Enum member got the run's name written over the replay's, and a dataclass made in a step
+    was refused: each is made of the replay's class now, once for all its places."""
+    snap, _ = snapshot_and_load(tmp_path, make_local_records(3), iterative)
+    live = make_local_records(0)
+    tensor = live["pair"][1]
+    merged = merge_into(live, snap)
+    Best, Phase, Record = live["Best"], live["Phase"], live["Record"]
+    assert type(merged["best"]) is Best and merged["best"] == (3, 3)
+    assert merged["phase"] is Phase.TRAIN and Phase.WARMUP.name == "WARMUP" and Phase.WARMUP.value == 1
+    assert [type(r) for r in merged["records"]] == [Record] * 3 and merged["records"][0] is merged["records"][2]
+    assert merged["records"][0].step == 3
+    assert type(merged["pair"][0]) is Best and merged["pair"][0] == (3, 1) and merged["pair"][1].tolist() == [3.0, 3.0]
+    assert merged["pair"][1] is tensor
 
 
 def test_an_object_of_another_unnamed_class_at_its_place_refuses(tmp_path):

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import contextlib
 import copyreg
+import enum
 import io
 import mmap
 import pickle
@@ -461,18 +462,26 @@ class GraphPickler(BufferReducers, pickle.Pickler):
 
     def _live_object(self, obj):
         """An object whose class pickle cannot name: live-only, with its ``__dict__`` and slots as
-        the placeholder's state. Not what its ``__getstate__`` gives (a parametrized module's
-        refuses): restore merges these into the replay's object, and never builds one."""
+        the placeholder's state. Not what its ``__getstate__`` gives (one may refuse): restore
+        merges these into the replay's object. And what makes it again of the replay's class
+        (``made``): the class itself (a placeholder, which the merge finds the replay's class
+        for where a frame holds it, as `Best = namedtuple(...)` in main()), a tuple's items,
+        an Enum member's name."""
         _, args = self._live(obj)
         attrs = getattr(obj, "__dict__", None)
         slots = slot_values(obj)
-        if not isinstance(attrs, dict) and not slots:
+        made = {"cls": type(obj)}
+        if isinstance(obj, tuple):
+            made["items"] = tuple(obj)
+        if isinstance(obj, enum.Enum):
+            made["member"] = obj._name_
+        if not isinstance(attrs, dict) and not slots and len(made) == 1:
             return _live_only, args
         attrs = dict(attrs or {})
         if REPLAYED_ATTRS and _replayed_attrs(type(obj)):
             left_out = _replayed_attrs(type(obj))
             attrs = {k: v for k, v in attrs.items() if k not in left_out}
-        return _live_object, args, (type(obj).__qualname__, attrs, slots)
+        return _live_object, args, (type(obj).__qualname__, attrs, slots, made)
 
     def _reduce_by_pickle(self, obj):
         """``obj``'s own reduction, made safe to load; live-only where it has none."""
