@@ -28,6 +28,7 @@ from gpusnap.graph.load import (
     LiveFile,
     LiveFunction,
     LiveGenerator,
+    LiveObject,
     LiveOnly,
     LiveOverFile,
     ShardedState,
@@ -437,9 +438,10 @@ class KindMerges:
                 keys.append(self.aligned[id(key)])
             elif not final:
                 return None
-            elif torch is not None and isinstance(key, torch.Tensor) and id(key) not in self._pending:
+            elif torch is not None and isinstance(key, torch.Tensor) and id(key) not in self._pending and id(key) not in self._adopted_later():
                 # (a tensor that waits at a place of its own, a parameter of a head the run
-                # replaced, is adopted there: the key is that tensor)
+                # replaced, is adopted there: the key is that tensor; so is one inside what
+                # waits, a layer the run appended in a step, with its parameter group)
                 raise StateMismatch(f"{path}: a key of this dict ({type(key).__name__}) has no counterpart in the program")
             else:
                 keys.append(self._adopt(key, path + f"[<key {type(key).__name__}>]"))
@@ -450,8 +452,8 @@ class KindMerges:
         # Object-keyed dicts (optimizer.state) come last: their keys align while the rest merges.
         for name in sorted(snap_attrs, key=lambda k: _has_object_keys(snap_attrs[k])):
             value = snap_attrs[name]
-            if isinstance(value, LiveOnly) and name not in live_attrs and not isinstance(value, (LiveFile, LiveOverFile)):
-                continue  # nothing to keep, and nothing the snapshot could give (a file is opened again, a writer made)
+            if isinstance(value, LiveOnly) and name not in live_attrs and not _made_again(value):
+                continue  # nothing to keep, and nothing the snapshot could give
             if name in added and name in live_attrs and not _picklable(value):
                 # Not saved: the class's __setstate__ made it for the loaded copy (DDP's reducer,
                 # hooked to the copy's parameters). The live object keeps its own.
@@ -569,6 +571,13 @@ class _SetItems:
 
     def __setitem__(self, key, value) -> None:
         self.items.add(key)
+
+
+def _made_again(placeholder: LiveOnly) -> bool:
+    """Whether the merge makes this placeholder's object again where the replay holds none: a
+    file is opened again, a writer made over it, an object of a class the program defined in a
+    function made of the replay's class."""
+    return isinstance(placeholder, (LiveFile, LiveOverFile)) or (isinstance(placeholder, LiveObject) and bool(placeholder.made))
 
 
 def _plain_key(key) -> bool:

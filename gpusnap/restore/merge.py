@@ -76,7 +76,7 @@ from gpusnap.graph.load import (
     Unkept,
 )
 from gpusnap.graph.walk import ATOMS as _ATOMS
-from gpusnap.graph.walk import Path, slot_values
+from gpusnap.graph.walk import Path, children, slot_values
 from gpusnap.graph.walk import key_text as _key_text
 from gpusnap.restore import corebuffers, functions
 from gpusnap.restore.frames import write_locals
@@ -161,6 +161,7 @@ class Merger(KindMerges):
         self._made: dict[int, LiveFunction] = {}  # id(function made again) -> its placeholder (restore.functions)
         self._run_cells: dict[int, object] = {}  # the run's id of a local function's cell -> the live cell
         self.made_again: list[str] = []  # "qualname (line N)" of each function made again
+        self._inside_pending: tuple[int, set[int]] = (0, set())  # (_pending's size, _adopted_later's ids then)
         self._classes: dict[int, type] = {}  # id(LiveObject): the class of the replay's object at one of its places
         self._unbuilt_missing: list = []  # (Unbuilt, path): a partial or defaultdict over a local function, the replay's none
         self._grad_hooks_later: list = []  # (live tensor, the run's hook dicts): kinds._same_grad_hooks
@@ -249,6 +250,26 @@ class Merger(KindMerges):
             return pending.live  # before finish (a tuple's item cannot wait)
         found = found if found is not _MISSING else self._adopt(pending.snap, pending.path)
         return id(found) if isinstance(pending, _IdOf) else found
+
+    def _adopted_later(self) -> set[int]:
+        """The ids of the snapshot's objects inside the places that wait (``_pending``), which
+        finish adopts with them: a layer the run appended to a ModuleList in a step, and the
+        parameter group it added to the optimizer. Their tensors key the optimizer's state,
+        which merges before they settle; it once refused them, as keys of no place."""
+        if self._inside_pending[0] != len(self._pending):
+            inside: set[int] = set()
+            torch = self._torch
+
+            def expand(obj, _):
+                inside.add(id(obj))
+                if isinstance(obj, (LiveOnly, *_ATOMS)) or (torch is not None and isinstance(obj, torch.Tensor)):
+                    return ()
+                return ((child, None) for _, child in children(obj, torch))
+
+            for _ in walk(((pending.snap, None) for pending in self._pending.values()), expand):
+                pass
+            self._inside_pending = (len(self._pending), inside)
+        return self._inside_pending[1]
 
     def _match_live_only(self) -> None:
         """Each stateless live-only placeholder stands for one live object at all its places, as
@@ -648,18 +669,32 @@ class Merger(KindMerges):
             return None
         if live is not None and type(live).__qualname__ == snap.qualname:
             self._classes.setdefault(id(snap), type(live))
-        _name_place(snap, path)
-        return _LiveLater(snap, path)
-
-    def _made_object(self, snap: LiveObject, path: Path):
-        """``snap`` made again, once for all its places, of the replay's class: the one a place
-        of the snapshot's class holds in the replay (a frame's local), else the class of the
-        replay's object at one of its places. _MISSING where neither is known."""
         made = self._live_only.get(id(snap), _MISSING)
         if made is not _MISSING:
             return made
+        if member is None and "items" not in snap.made and (cls := self._live_class(snap)) is not None:
+            # Made here, its attributes placed as any object's: what they hold lines up with the
+            # places met later (a head made in a step, whose parameters key the optimizer's state).
+            made = self._live_only[id(snap)] = cls.__new__(cls)
+            self._keep.append(snap)
+            return _Steps(self._merge_attrs(made, snap.attrs, path, snap.slots))
+        _name_place(snap, path)
+        return _LiveLater(snap, path)
+
+    def _live_class(self, snap: LiveObject):
+        """The replay's class for ``snap``'s, where known: the one a place of the snapshot's class
+        holds in the replay (a frame's local), else that of the replay's object at one of its places."""
         cls = self._live_only.get(id(snap.made.get("cls")), self._classes.get(id(snap)))
-        if not isinstance(cls, type) or cls.__qualname__ != snap.qualname:
+        return cls if isinstance(cls, type) and cls.__qualname__ == snap.qualname else None
+
+    def _made_object(self, snap: LiveObject, path: Path):
+        """``snap`` made again, once for all its places, of the replay's class (``_live_class``);
+        _MISSING where that is not known."""
+        made = self._live_only.get(id(snap), _MISSING)
+        if made is not _MISSING:
+            return made
+        cls = self._live_class(snap)
+        if cls is None:
             return _MISSING
         member = snap.made.get("member")
         if member is not None:

@@ -30,7 +30,7 @@ from gpusnap import files, knobs
 from gpusnap.console import Console
 from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, ReplayDiverged, RestoreError, StateMismatch
 from gpusnap.graph import exits, iterators, rng, roots, settings, witness, workers
-from gpusnap.graph.load import DEVICE_BASES, LiveFunction, LiveOnly, NotCaptured
+from gpusnap.graph.load import DEVICE_BASES, LiveFunction, LiveObject, LiveOnly, NotCaptured
 from gpusnap.instrument import loops
 from gpusnap.restore import devices, fastforward, itemcheck, livecheck, load
 from gpusnap.restore.frames import write_locals
@@ -486,12 +486,23 @@ def _attributes(owner) -> dict:
 
 def _merge_all(merger: Merger, live: dict, saved: dict, path: str) -> dict:
     """Merged values of one root's names; a live-only name the replay has not bound stays unbound,
-    unless it names a local function, which the merge makes again (restore.functions)."""
-    return {
-        name: merger.value(live.get(name), value, f"{path}.{name}")
-        for name, value in saved.items()
-        if name in live or not isinstance(value, LiveOnly) or isinstance(value, LiveFunction)
+    unless it names a local function, which the merge makes again (restore.functions), or an
+    object of a class the program defined in a function, made again of the replay's class
+    (`head = Head(...)` in a step). The classes merge first: the merge makes such objects of
+    the replay's class where it knows it, and a name's place precedes a class's among the
+    locals that closures share (Net.__init__ refers to Head)."""
+    classes_first = sorted(saved, key=lambda name: not _names_a_class(saved[name]))
+    merged = {
+        name: merger.value(live.get(name), saved[name], f"{path}.{name}")
+        for name in classes_first
+        if name in live or not isinstance(saved[name], LiveOnly) or isinstance(saved[name], LiveFunction)
+        or (isinstance(saved[name], LiveObject) and saved[name].made)
     }
+    return {name: merged[name] for name in saved if name in merged}
+
+
+def _names_a_class(value) -> bool:
+    return isinstance(value, LiveOnly) and (value.type_name or "").startswith("class ")
 
 
 def _check_frames(live_frames, saved_frames) -> None:

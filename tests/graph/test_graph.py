@@ -1241,6 +1241,34 @@ def test_instances_of_classes_main_defines_are_made_again_of_the_replays_classes
     assert merged["pair"][1] is tensor
 
 
+def test_a_layer_appended_in_a_step_with_its_parameter_group_takes_the_run_s_optimizer_state(tmp_path):
+    """A layer appended to a ModuleList and its parameters added to the optimizer as a new group:
+    the replay has neither, and the optimizer's state, keyed by those parameters, was refused
+    ("a key of this dict has no counterpart") before the layer and the group were adopted."""
+
+    def grown(layers: int):
+        torch.manual_seed(layers)
+        stack = torch.nn.ModuleList([torch.nn.Linear(3, 2)])
+        optimizer = torch.optim.Adam(stack.parameters())
+        for _ in range(layers - 1):
+            stack.append(torch.nn.Linear(3, 2))
+            optimizer.add_param_group({"params": stack[-1].parameters(), "lr": 0.01})
+        for layer in stack:
+            layer.weight.grad, layer.bias.grad = torch.ones(2, 3), torch.ones(2)
+        optimizer.step()
+        return {"model": torch.nn.Sequential(stack), "optimizer": optimizer}
+
+    run = grown(2)
+    snap, _ = snapshot_and_load(tmp_path, run)
+    live = grown(1)
+    first = live["model"][0][0].weight
+    merged = merge_into(live, snap)
+    stack, optimizer = merged["model"][0], merged["optimizer"]
+    assert len(stack) == 2 and stack[0].weight is first and optimizer.param_groups[1]["params"][0] is stack[1].weight
+    for i in range(2):
+        assert torch.equal(optimizer.state[stack[i].weight]["exp_avg"], run["optimizer"].state[run["model"][0][i].weight]["exp_avg"])
+
+
 def test_an_object_of_another_unnamed_class_at_its_place_refuses(tmp_path):
     snap, _ = snapshot_and_load(tmp_path, {"model": make_local_model(1)})
     live = make_local_model(0)
