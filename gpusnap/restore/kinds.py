@@ -432,6 +432,8 @@ class KindMerges:
                     return None
                 else:
                     keys.append(id(self._adopt(obj, path + "[<key id()>]")))
+            elif isinstance(key, LiveObject) and key.made and (made := self._made_object(key, path)) is not None:
+                keys.append(made)  # `scale = {Phase.WARMUP: 0.5, ...}` of an Enum main() defines: the replay's members
             elif _plain_key(key):
                 keys.append(key)
             elif id(key) in self.aligned:

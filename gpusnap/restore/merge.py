@@ -233,8 +233,8 @@ class Merger(KindMerges):
                 found = self._made_over_file(pending.snap, pending.path)
             if found is _MISSING and isinstance(pending.snap, LiveObject) and pending.snap.made:
                 found = self._made_object(pending.snap, pending.path)
-                if found is _MISSING and pending.path.depth <= 1:
-                    found = pending.snap  # a name: refuses where used
+                if found is None:
+                    found = pending.snap if pending.path.depth <= 1 else _MISSING  # a name: refuses where used
             if found is _MISSING and isinstance(pending.snap, LiveFunction):
                 found = self._made_function(pending.snap, pending.path)  # (placed after finish began)
                 if found is None:
@@ -570,7 +570,6 @@ class Merger(KindMerges):
                     found = self._made_function(item, path)  # (a LambdaLR made in a step the replay skipped)
                 if found is None and isinstance(item, LiveObject) and item.made:
                     found = self._made_object(item, path)  # (`best = (Best(...), state)`)
-                    found = None if found is _MISSING else found
                 if found is not None:
                     return found
                 _name_place(item, path)
@@ -689,18 +688,18 @@ class Merger(KindMerges):
 
     def _made_object(self, snap: LiveObject, path: Path):
         """``snap`` made again, once for all its places, of the replay's class (``_live_class``);
-        _MISSING where that is not known."""
-        made = self._live_only.get(id(snap), _MISSING)
-        if made is not _MISSING:
+        None where that is not known."""
+        made = self._live_only.get(id(snap))
+        if made is not None:
             return made
         cls = self._live_class(snap)
         if cls is None:
-            return _MISSING
+            return None
         member = snap.made.get("member")
         if member is not None:
-            made = getattr(cls, member, _MISSING)
+            made = getattr(cls, member, None)
             if not isinstance(made, cls):
-                return _MISSING
+                return None
         elif "items" in snap.made:
             resolve = self._resolver(self._remapping if self._remapping is not None else [])
             made = tuple.__new__(cls, [resolve(item, path + f"[{i}]") for i, item in enumerate(snap.made["items"])])

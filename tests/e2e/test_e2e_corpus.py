@@ -611,6 +611,10 @@ MORE = {
     # live-only with nothing of the replay's at its place, and once made again, the optimizer's
     # state keyed by its parameters was refused (no counterpart): refused, 1 of 2, until both
     "local_head": ("local_head.py", [], 26, "gpusnap: fast-forward "),
+    # dicts keyed by the members of an Enum main() defines: the keys stayed the snapshot's
+    # placeholders, and the program's first lookup after the merge raised KeyError (refused, 2 of
+    # 2), until such keys were the replay's members
+    "local_enum_keys": ("local_enum_keys.py", [], 22, "gpusnap: fast-forward "),
     "ensemble_vmap": ("ensemble_vmap.py", []),
     "transformer_lm": ("transformer_lm.py", []),
 }

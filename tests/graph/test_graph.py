@@ -1220,14 +1220,16 @@ def make_local_records(v: int) -> dict:
         step: int
 
     return {"Best": Best, "Phase": Phase, "Record": Record, "best": Best(v, v), "phase": Phase.TRAIN if v else Phase.WARMUP,
-            "records": [Record(v)] * v, "pair": (Best(v, 1), torch.full((2,), float(v)))}
+            "records": [Record(v)] * v, "pair": (Best(v, 1), torch.full((2,), float(v))),
+            "steps": {Phase.WARMUP: v, Phase.TRAIN: 2 * v}}
 
 
 @pytest.mark.parametrize("iterative", [False, True], ids=["c-pickler", "iterative-pickler"])
 def test_instances_of_classes_main_defines_are_made_again_of_the_replays_classes(tmp_path, iterative):
     """A namedtuple kept the replay's items (a best epoch restarted with the setup's, "verified"),
     an Enum member got the run's name written over the replay's, and a dataclass made in a step
-    was refused: each is made of the replay's class now, once for all its places."""
+    was refused, and a dict keyed by Enum members kept the snapshot's placeholders as keys: each is
+    made of the replay's class now, once for all its places."""
     snap, _ = snapshot_and_load(tmp_path, make_local_records(3), iterative)
     live = make_local_records(0)
     tensor = live["pair"][1]
@@ -1239,6 +1241,7 @@ def test_instances_of_classes_main_defines_are_made_again_of_the_replays_classes
     assert merged["records"][0].step == 3
     assert type(merged["pair"][0]) is Best and merged["pair"][0] == (3, 1) and merged["pair"][1].tolist() == [3.0, 3.0]
     assert merged["pair"][1] is tensor
+    assert merged["steps"] == {Phase.WARMUP: 3, Phase.TRAIN: 6}  # keyed by the replay's members
 
 
 def test_a_layer_appended_in_a_step_with_its_parameter_group_takes_the_run_s_optimizer_state(tmp_path):
