@@ -654,9 +654,10 @@ class Merger(KindMerges):
     def _instance_place(self, live, snap: LiveObject, path: Path):
         """An instance of a class the program defined in a function (`Best = namedtuple(...)`,
         an Enum or a dataclass made in main()): an Enum member is the replay's member of that
-        name; a tuple, or an object the replay holds none of at this place (made in a step), is
-        made again of the replay's class at finish (``_made_object``). None: merged into the
-        replay's object as any other (``_WITH_STATE``). A tuple kept the replay's items, and an
+        name; an object the replay holds none of at this place (made in a step) is made of the
+        replay's class here, its attributes placed as any object's, where that class is known
+        already (``_live_class``), else at finish (``_made_object``), as a tuple is (its items
+        settle first). None: merged into the replay's object as any other (``_WITH_STATE``). A tuple kept the replay's items, and an
         Enum member had the run's name and value written over the replay's, until these were
         made again (corpus/local_records.py: a best epoch as a namedtuple, "verified" with the
         setup's; the witness refused the Enum's, 2 of 2)."""
@@ -672,11 +673,13 @@ class Merger(KindMerges):
         if made is not _MISSING:
             return made
         if member is None and "items" not in snap.made and (cls := self._live_class(snap)) is not None:
-            # Made here, its attributes placed as any object's: what they hold lines up with the
-            # places met later (a head made in a step, whose parameters key the optimizer's state).
-            made = self._live_only[id(snap)] = cls.__new__(cls)
-            self._keep.append(snap)
-            return _Steps(self._merge_attrs(made, snap.attrs, path, snap.slots))
+            # What its attributes hold lines up with the places met later (a head made in a
+            # step, whose parameters key the optimizer's state).
+            made = _new_of(cls)
+            if made is not None:
+                self._live_only[id(snap)] = made
+                self._keep.append(snap)
+                return _Steps(self._merge_attrs(made, snap.attrs, path, snap.slots))
         _name_place(snap, path)
         return _LiveLater(snap, path)
 
@@ -702,9 +705,11 @@ class Merger(KindMerges):
                 return None
         elif "items" in snap.made:
             resolve = self._resolver(self._remapping if self._remapping is not None else [])
-            made = tuple.__new__(cls, [resolve(item, path + f"[{i}]") for i, item in enumerate(snap.made["items"])])
+            made = _new_of(cls, [resolve(item, path + f"[{i}]") for i, item in enumerate(snap.made["items"])])
         else:
-            made = cls.__new__(cls)
+            made = _new_of(cls)
+        if made is None:
+            return None
         if member is None and (snap.attrs or snap.slots):
             if snap.attrs:
                 made.__dict__.update(snap.attrs)
@@ -779,6 +784,15 @@ def _over_a_local_function(snap: Unbuilt) -> bool:
 def _unbuilt_here(snap: Unbuilt, path: Path) -> StateMismatch:
     return StateMismatch(f"{path}: the snapshot's {snap.type_name} cannot be rebuilt here ({snap.error}), "
                          "and the replayed program has nothing at this place")
+
+
+def _new_of(cls: type, items: list | None = None):
+    """An instance of ``cls`` with no ``__init__`` run (its state follows), a tuple's with
+    ``items``; None where the class refuses (a ``__new__`` that wants arguments)."""
+    try:
+        return tuple.__new__(cls, items) if items is not None else cls.__new__(cls)
+    except Exception:  # noqa: BLE001 - any refusal: the place is refused, naming it
+        return None
 
 
 def _name_place(placeholder: LiveOnly, path: Path) -> None:
