@@ -163,6 +163,7 @@ class Merger(KindMerges):
         self.made_again: list[str] = []  # "qualname (line N)" of each function made again
         self._inside_pending: tuple[int, set[int]] = (0, set())  # (_pending's size, _adopted_later's ids then)
         self._classes: dict[int, type] = {}  # id(LiveObject): the class of the replay's object at one of its places
+        self._objects_later: list = []  # (LiveObject, path): made at finish (_instance_place)
         self._unbuilt_missing: list = []  # (Unbuilt, path): a partial or defaultdict over a local function, the replay's none
         self._grad_hooks_later: list = []  # (live tensor, the run's hook dicts): kinds._same_grad_hooks
         self.path: Path | str = ""  # the place being merged, for errors raised outside the merger
@@ -212,6 +213,8 @@ class Merger(KindMerges):
             self._merge_deferred()
         for pending in self._pending.values():  # root places (a frame's locals) settle here too
             self._settle(pending)
+        for snap, path in self._objects_later:  # made now, so that what they hold is remapped with the rest
+            self._made_object(snap, path)
         self._remap_adopted()
         self._put_grad_hooks()
         self._join_shared()
@@ -681,6 +684,7 @@ class Merger(KindMerges):
                 self._keep.append(snap)
                 return _Steps(self._merge_attrs(made, snap.attrs, path, snap.slots))
         _name_place(snap, path)
+        self._objects_later.append((snap, path))
         return _LiveLater(snap, path)
 
     def _live_class(self, snap: LiveObject):

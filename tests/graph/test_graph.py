@@ -30,6 +30,7 @@ from gpusnap.errors import StateMismatch
 from gpusnap.graph.iterpickle import IterativePickler
 from gpusnap.graph.load import NotCaptured, Unbuilt
 from gpusnap.instrument import importer
+from gpusnap.restore import replay
 from gpusnap.restore.merge import Merger
 from gpusnap.store import RunDir
 
@@ -1242,6 +1243,33 @@ def test_instances_of_classes_main_defines_are_made_again_of_the_replays_classes
     assert type(merged["pair"][0]) is Best and merged["pair"][0] == (3, 1) and merged["pair"][1].tolist() == [3.0, 3.0]
     assert merged["pair"][1] is tensor
     assert merged["steps"] == {Phase.WARMUP: 3, Phase.TRAIN: 6}  # keyed by the replay's members
+
+
+def test_an_instance_met_before_its_class_is_made_at_finish_with_what_it_holds_remapped(tmp_path):
+    """A tracker of a class main() defines, put in a module global in a step, holding another of
+    main()'s classes: globals merge before main()'s locals, so it is made at finish; its
+    attribute once stayed the snapshot's placeholder for the class ('LiveClass' object is not
+    callable, at the program's next step)."""
+
+    def made(tracked: bool):
+        Row = collections.namedtuple("Row", "seen")
+
+        class Tracker:
+            def __init__(self):
+                self.Row, self.last = Row, Row(3)
+
+        return {"tracker": Tracker() if tracked else None, "Row": Row, "Tracker": Tracker}
+
+    snap, _ = snapshot_and_load(tmp_path, made(True))
+    live = made(False)
+    globals_of_main = {"tracker": snap["tracker"]}  # a root of its own, merged before the locals
+    merger = Merger()
+    merged = replay._merge_all(merger, {"tracker": None}, globals_of_main, "globals[__main__]")
+    replay._merge_all(merger, live, {"Row": snap["Row"], "Tracker": snap["Tracker"]}, "frame[1].locals")
+    merger.finish()
+    merged = {name: merger.settled(value) for name, value in merged.items()}
+    assert type(merged["tracker"]) is live["Tracker"] and merged["tracker"].Row is live["Row"]
+    assert type(merged["tracker"].last) is live["Row"] and merged["tracker"].last == (3,)
 
 
 def test_a_layer_appended_in_a_step_with_its_parameter_group_takes_the_run_s_optimizer_state(tmp_path):
