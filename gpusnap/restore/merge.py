@@ -668,10 +668,15 @@ class Merger(KindMerges):
         if member is not None and isinstance(live, enum.Enum) and type(live).__qualname__ == snap.qualname:
             self._classes.setdefault(id(snap), type(live))
             return self._made_object(snap, path)
-        if live is not None and "items" not in snap.made and member is None:
-            return None
         if live is not None and type(live).__qualname__ == snap.qualname:
             self._classes.setdefault(id(snap), type(live))
+        if live is not None and "items" not in snap.made and member is None:
+            if self._stands_for.setdefault(id(live), snap) is snap or type(live).__qualname__ != snap.qualname:
+                return None
+            # The replay holds one object where the run held two (`initial = cfg` in setup, then
+            # `cfg = dataclasses.replace(cfg, lr=...)` in a step): both merged into it, the second's
+            # attributes over the first's. The second is made of its own.
+            live = None
         made = self._live_only.get(id(snap), _MISSING)
         if made is not _MISSING:
             return made

@@ -619,6 +619,12 @@ MORE = {
     # its classes: made at finish (globals merge before the locals), the class it held stayed the
     # snapshot's placeholder, and the next step called it (refused, 1 of 2)
     "local_global": ("local_global.py", [], 14, "gpusnap: fast-forward "),
+    # a config dataclass main() defines, the first kept as `initial`, the live one replaced by
+    # dataclasses.replace at epoch 2: the replay holds one object at both names, and both of the
+    # run's merged into it, the restarted run training at the initial learning rate (refused by
+    # the witness past epoch 2, 2 of 2; a value only the log read would have been out of its
+    # sight), until the second was made of its own
+    "local_config_replace": ("local_config_replace.py", [], 38, "gpusnap: fast-forward "),
     "ensemble_vmap": ("ensemble_vmap.py", []),
     "transformer_lm": ("transformer_lm.py", []),
 }

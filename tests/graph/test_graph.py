@@ -1272,6 +1272,29 @@ def test_an_instance_met_before_its_class_is_made_at_finish_with_what_it_holds_r
     assert type(merged["tracker"].last) is live["Row"] and merged["tracker"].last == (3,)
 
 
+def test_two_objects_of_a_class_main_defines_where_the_replay_holds_one_stay_two(tmp_path):
+    """`initial = cfg` in setup, `cfg = dataclasses.replace(cfg, lr=...)` in a step: the replay
+    holds one Config at both names, and both of the run's merged into it, the second's values
+    over the first's (the witness refused: the learning rate was the initial one)."""
+
+    def made():
+        @dataclasses.dataclass
+        class Config:
+            lr: float
+
+        cfg = Config(0.05)
+        return {"Config": Config, "cfg": cfg, "initial": cfg}
+
+    run = made()
+    run["cfg"] = dataclasses.replace(run["cfg"], lr=0.01)
+    snap, _ = snapshot_and_load(tmp_path, run)
+    live = made()
+    replayed = live["cfg"]
+    merged = merge_into(live, snap)
+    assert (merged["cfg"].lr, merged["initial"].lr) == (0.01, 0.05) and merged["cfg"] is replayed
+    assert type(merged["initial"]) is live["Config"]
+
+
 def test_a_layer_appended_in_a_step_with_its_parameter_group_takes_the_run_s_optimizer_state(tmp_path):
     """A layer appended to a ModuleList and its parameters added to the optimizer as a new group:
     the replay has neither, and the optimizer's state, keyed by those parameters, was refused
