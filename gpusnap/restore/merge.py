@@ -660,23 +660,22 @@ class Merger(KindMerges):
         name; an object the replay holds none of at this place (made in a step) is made of the
         replay's class here, its attributes placed as any object's, where that class is known
         already (``_live_class``), else at finish (``_made_object``), as a tuple is (its items
-        settle first). None: merged into the replay's object as any other (``_WITH_STATE``). A tuple kept the replay's items, and an
-        Enum member had the run's name and value written over the replay's, until these were
-        made again (corpus/local_records.py: a best epoch as a namedtuple, "verified" with the
-        setup's; the witness refused the Enum's, 2 of 2)."""
+        settle first). None: merged into the replay's object as any other (``_WITH_STATE``). A
+        tuple kept the replay's items, and an Enum member had the run's name and value written
+        over the replay's, until these were made again (corpus/local_records.py: a best epoch as
+        a namedtuple, "verified" with the setup's; the witness refused the Enum's, 2 of 2)."""
         member = snap.made.get("member")
-        if member is not None and isinstance(live, enum.Enum) and type(live).__qualname__ == snap.qualname:
+        same_class = live is not None and type(live).__qualname__ == snap.qualname
+        if same_class:
             self._classes.setdefault(id(snap), type(live))
+        if same_class and member is not None and isinstance(live, enum.Enum):
             return self._made_object(snap, path)
-        if live is not None and type(live).__qualname__ == snap.qualname:
-            self._classes.setdefault(id(snap), type(live))
         if live is not None and "items" not in snap.made and member is None:
-            if self._stands_for.setdefault(id(live), snap) is snap or type(live).__qualname__ != snap.qualname:
+            # Made of its own where the replay's object already stands for another of the run's
+            # (`initial = cfg` in setup, `cfg = dataclasses.replace(cfg, lr=...)` in a step): both
+            # merged into it, the second's attributes over the first's.
+            if not same_class or self._stands_for.setdefault(id(live), snap) is snap:
                 return None
-            # The replay holds one object where the run held two (`initial = cfg` in setup, then
-            # `cfg = dataclasses.replace(cfg, lr=...)` in a step): both merged into it, the second's
-            # attributes over the first's. The second is made of its own.
-            live = None
         made = self._live_only.get(id(snap), _MISSING)
         if made is not _MISSING:
             return made
