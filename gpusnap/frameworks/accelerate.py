@@ -23,7 +23,12 @@ The step loop of an Accelerate program is the program's own: no module needs ins
 ``Accelerator._dataloaders`` lists every DataLoader ``prepare`` made, those of evaluations that
 ran in iterations the replay skips too (the transformers Trainer prepares one per evaluation):
 restore keeps the replay's list (``pickler.REPLAYED_ATTRS``). What it lists are live-only loaders,
-and nothing but ``save_state`` reads the list.
+and nothing but ``save_state`` reads the list. The same for ``GradientState``'s weak references
+to the loaders being iterated (one shared state for every Accelerator of the process): a loader
+registers there at each iterator's start and leaves only at an end the transformers Trainer
+never reaches, so the list grows by one each epoch, a finished Trainer's epochs included; the
+replay, which passes over a finished phase's loops (a first Trainer's), holds fewer. Only the
+last is read (``active_dataloader``), and the replay's is the loader it started again.
 """
 
 from __future__ import annotations
@@ -224,6 +229,7 @@ after_import("accelerate.data_loader", _note_rng_at_iter)
 pickler.FETCHED_AHEAD[f"{SHARD}.__iter__"] = SHARD_HELD = ("current_batch", "next_batch")
 pickler.FETCHED_AHEAD[f"{DISPATCHER}.__iter__"] = DISPATCHER_HELD = ("batch", "next_batch", "next_batch_info", "first_batch")
 pickler.REPLAYED_ATTRS["accelerate.accelerator.Accelerator"] = frozenset({"_dataloaders"})
+pickler.REPLAYED_ATTRS["accelerate.state.GradientState"] = frozenset({"_dataloader_references_ref"})
 fastforward.ADAPTERS[SHARD] = ShardLoop()
 fastforward.ADAPTERS[DISPATCHER] = ShardLoop(by_sampler=False)
 iterators.ADAPTERS[f"{SHARD}.__iter__"] = ShardIterator("dataloader_shard_iter", "DataLoaderShard", "dataloader_iter", SHARD_HELD)

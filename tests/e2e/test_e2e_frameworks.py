@@ -105,6 +105,13 @@ TRAINERS = {
         "transformers", "hf_stream.py", ["--drop-tokens"], (0,), "0.15", "started the DataLoaderDispatcher iterator at",
         "by taking batches",
     ),
+    # two-stage fine-tuning, the head alone with a first Trainer, then everything with a second,
+    # from a snapshot in the second: refused, 2 of 2 (accelerate's GradientState lists a Trainer's
+    # loader once per epoch, the first Trainer's included, which the replay, passing over that
+    # Trainer's loop, never listed), until the replay's list was kept (frameworks/accelerate.py)
+    "transformers-two-phase": (
+        "transformers", "hf_two_phase.py", [], (45,), "0.15", "started the DataLoaderShard iterator at",
+    ),
 }
 
 
@@ -116,7 +123,8 @@ TRAINERS = {
 # test_e2e_restart.py's snapshot while the program evaluates, and the Lightning tests).
 # The plain Trainer itself: transformers-mlm, and test_e2e_files.py's hf_trainer.py.
 MORE_TRAINERS = ("transformers-auto-batch", "transformers-loop", "accelerate-noisy", "transformers-best", "transformers-custom",
-                 "transformers", "accelerate-accumulate", "transformers-stream-main", "fabric-workers")
+                 "transformers", "accelerate-accumulate", "transformers-stream-main", "fabric-workers",
+                 "transformers-two-phase")
 
 
 @pytest.mark.parametrize("seed", SEEDS)
