@@ -25,6 +25,9 @@ over, from a later epoch, restarted "verified" with the setup's, the log's later
 with each epoch's DataFrame of metrics logged (``warn_log.py --pandas``, 2 of 2). Of pandas' options,
 those away from their defaults are kept; restore sets every option to the run's.
 
+And the warnings the program was shown once per place (``graph.warned``), which a restarted
+process would show again.
+
 And torch's counter of hook handles (``RemovableHandle.next_id``): the hooks a module or an
 optimizer holds are kept in dicts under the ids it gave out, and the merge gives them the run's.
 The replay, which skipped the steps that registered some, counted fewer; the program's next
@@ -41,6 +44,7 @@ import sys
 
 from gpusnap import onimport
 from gpusnap.errors import StateMismatch
+from gpusnap.graph import warned
 
 _start_environ: dict[str, str] | None = None  # os.environ as the program's code began
 _start_cwd: str | None = None  # the working directory it began in
@@ -99,6 +103,7 @@ def capture() -> dict:
     out["logging_disable"] = logging.root.manager.disable
     if (pandas := sys.modules.get("pandas")) is not None and hasattr(pandas, "get_option"):
         out["pandas_options"] = _pandas_options(pandas)
+    out["warned"] = warned.capture()
     streams = {name: _kind(stream) for name in _STREAMS if (stream := getattr(sys, name)) is not getattr(sys, f"__{name}__")}
     if streams:
         out["streams"] = streams
@@ -153,8 +158,11 @@ def check_streams(saved: dict) -> None:
 
 
 def restore(saved: dict) -> list[str]:
-    """Put ``saved`` (``capture``'s) back; the settings that differed, in words."""
+    """Put ``saved`` (``capture``'s) back; the settings that differed, in words (not the warnings
+    shown once: the program cannot tell)."""
     put = []
+    if "warned" in saved:
+        warned.restore(saved["warned"])
     cwd = saved.get("cwd")
     if cwd and _cwd() != cwd:
         if not os.path.isdir(cwd):

@@ -132,6 +132,10 @@ CORPUS = {
     # the run's name and value written over the replay's WARMUP member: refused by the witness,
     # 2 of 2. Each is made again of the replay's class now (restore.merge._made_object)
     "local_records": ("local_records.py", [], 12, "gpusnap: fast-forward "),
+    # deprecated calls whose warnings, shown once per place, go to the log (captureWarnings): the
+    # restarted process showed each again, "verified" with two more lines in the log, 2 of 2,
+    # until the records of what was shown were kept (graph.warned)
+    "warn_once": ("warn_once.py", [], 11, "gpusnap: fast-forward "),
 }
 MORE = {
     # everything printed goes to a log file too, through a Tee object put in place of sys.stdout

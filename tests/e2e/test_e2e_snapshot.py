@@ -39,12 +39,15 @@ def test_snapshot_holds_the_bytes_of_its_iteration(tmp_path, workers):
     assert tensors and all(b["device"] == "cpu" and b["device_index"] is None for b in tensors)
 
 
-def test_timer_snapshots_do_not_change_what_the_program_computes(tmp_path):
-    programs = copy_programs(tmp_path)
+def test_timer_snapshots_do_not_change_what_the_program_computes_or_logs(tmp_path):
+    """The program logs its warnings (logging.captureWarnings), each shown once per place: a
+    snapshot's fork once set a filter through catch_warnings, which let every one show again
+    after each snapshot."""
+    script = copy_programs(tmp_path) / "corpus" / "warn_once.py"
     (tmp_path / "ref").mkdir()
     (tmp_path / "out").mkdir()
-    plain(programs / "style_a.py", tmp_path / "ref", 0, 3, cwd=tmp_path)
-    result = gpusnap("run", "--every", "1s", "--dir", "snaps", programs / "style_a.py", tmp_path / "out", 0, 3,
+    plain(script, tmp_path / "ref", "--epochs", "8", cwd=tmp_path)
+    result = gpusnap("run", "--every", "1s", "--dir", "snaps", script, tmp_path / "out", "--epochs", "8",
                      cwd=tmp_path, env={"TEST_STEP_SLEEP_S": "0.05"})
     assert result.returncode == 0, result.stderr
     assert len(snapshots(tmp_path / "snaps", tmp_path)) >= 2, result.stderr

@@ -12,8 +12,10 @@ snapshots are intact, and training goes on.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import resource
 import signal
 import sys
@@ -150,10 +152,7 @@ def start_writer(job, at_step_loop: bool = True) -> Writer:
     # the trainee, the larger of the two.
     own_score = _oom_score_adj(b"1000")
     try:
-        with warnings.catch_warnings():
-            # Python >= 3.12 warns about fork() in a threaded process. The child runs only
-            # fork-safe code (no CUDA, no torch operators, no locks other threads may hold).
-            warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*fork.*")
+        with _fork_warning_ignored():
             pid = os.fork()
         if pid == 0:
             _child(job, trainee, read_fd, write_fd, mask)  # never returns
@@ -238,6 +237,27 @@ def _oom_score_adj(score: bytes) -> bytes | None:
         return None
     finally:
         os.close(fd)
+
+
+# Python >= 3.12 warns about fork() in a threaded process. The child runs only fork-safe code (no
+# CUDA, no torch operators, no locks other threads may hold).
+_FORK_WARNING = ("ignore", re.compile(".*fork.*", re.I), DeprecationWarning, None, 0)
+
+
+@contextlib.contextmanager
+def _fork_warning_ignored():
+    """The fork warning ignored, the filter put into ``warnings.filters`` in place. Not through
+    ``catch_warnings`` or ``filterwarnings``: each bumps the filters' version, which clears every
+    module's record of the warnings it gave once, and the program's once-per-place warnings came
+    again after each snapshot (into its log, where ``logging.captureWarnings`` sends them), as
+    they never do in a run without gpusnap."""
+    warnings.filters.insert(0, _FORK_WARNING)
+    try:
+        yield
+    finally:
+        at = next((i for i, entry in enumerate(warnings.filters) if entry is _FORK_WARNING), None)
+        if at is not None:
+            del warnings.filters[at]
 
 
 def _write(job, write_fd: int) -> dict:
