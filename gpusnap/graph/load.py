@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import os
 import pickle
 import sys
 import threading
@@ -343,6 +344,34 @@ class LiveFile(LiveOnly):
         super().__init__(serial, type_name)
         self.state = state
 
+    @property
+    def path(self) -> str:
+        """The file's path here: the run's, under where the program's files are on this machine
+        where they moved (``store.rundir.rebase``)."""
+        from gpusnap import knobs
+
+        if not knobs.MOVED_FROM:
+            return self.state["path"]
+        from gpusnap.store.rundir import rebase
+
+        return rebase(self.state["path"], knobs.MOVED_FROM, os.getcwd())
+
+    def open_here(self) -> bool:
+        """Whether this process holds the file open."""
+        from gpusnap.files.disk import open_descriptors
+
+        return any(target == self.path for _, target in open_descriptors())
+
+    def elsewhere(self, live) -> bool:
+        """Whether ``live``, the replay's file at this place, is another file than the run's: the
+        replayed setup named it from what the run had left on disk (``runs/exp2``, ``runs/exp``
+        taken), or from the clock or its process id."""
+        try:
+            here = os.readlink(f"/proc/self/fd/{live.fileno()}")
+        except (AttributeError, OSError, ValueError, TypeError):
+            return False
+        return here.startswith("/") and here != self.path
+
     def open_again(self):
         """The file opened again to go on where it stood: appending where it appended, else
         written in place (never truncated: ``w`` becomes ``r+``) from its offset at the snapshot.
@@ -350,11 +379,11 @@ class LiveFile(LiveOnly):
         s = self.state
         mode = ("a+" if "+" in s["mode"] else "a") if "a" in s["mode"] else "r+"
         if s["text"]:
-            f = open(s["path"], mode, buffering=1 if s["line_buffering"] else -1, encoding=s["encoding"], errors=s["errors"])
+            f = open(self.path, mode, buffering=1 if s["line_buffering"] else -1, encoding=s["encoding"], errors=s["errors"])
             if s["write_through"]:
                 f.reconfigure(write_through=True)
         else:
-            f = open(s["path"], mode + "b")
+            f = open(self.path, mode + "b")
         if "a" not in mode:
             f.seek(s["offset"])
         return f
@@ -372,7 +401,7 @@ class LiveMemmap(LiveFile):
         import numpy as np
 
         s = self.state
-        return np.memmap(s["path"], dtype=s["dtype"], mode="r" if s["mode"] == "r" else "r+", offset=s["offset"],
+        return np.memmap(self.path, dtype=s["dtype"], mode="r" if s["mode"] == "r" else "r+", offset=s["offset"],
                          shape=s["shape"], order=s["order"])
 
 

@@ -57,6 +57,7 @@ import types
 import weakref
 
 from gpusnap.errors import StateMismatch
+from gpusnap.files.disk import open_paths
 from gpusnap.graph import madeclasses
 from gpusnap.graph.load import (
     ADDED_BY_SETSTATE,
@@ -166,6 +167,8 @@ class Merger(KindMerges):
         self._objects_later: list = []  # (LiveObject, path): made at finish (_instance_place)
         self._unbuilt_missing: list = []  # (Unbuilt, path): a partial or defaultdict over a local function, the replay's none
         self._grad_hooks_later: list = []  # (live tensor, the run's hook dicts): kinds._same_grad_hooks
+        self._replay_files: frozenset | None = None  # the paths the replay held open as the merge began
+        self._superseded: list = []  # the replay's files another file's opening again stands for: closed at finish
         self.path: Path | str = ""  # the place being merged, for errors raised outside the merger
         self.tensors = 0
         self.nbytes = 0
@@ -220,6 +223,11 @@ class Merger(KindMerges):
         self._join_shared()
         for frame, values in self._generator_locals:
             write_locals(frame, {name: self.settled(value) for name, value in values.items()})
+        for file in self._superseded:  # nothing of the program's holds it now: settle puts its file aside
+            try:
+                file.close()
+            except (OSError, ValueError):
+                pass
 
     def counterpart(self, snap, default=None):
         """What stands for the snapshot's object ``snap`` after ``finish()``: the live object
@@ -349,6 +357,8 @@ class Merger(KindMerges):
         if isinstance(snap, LiveObject) and snap.made and (placed := self._instance_place(live, snap, path)) is not None:
             return placed
         if isinstance(snap, (LiveOnly, Unbuilt)):
+            if live is not None and self._writes_elsewhere(live, snap):
+                live = None  # the run's file is opened again, a writer made again over it
             refusal = self._other_function(live, snap, path) if isinstance(snap, LiveFunction) and live is not None else None
             if refusal is not None:
                 live = None  # the run's is made again (at finish), or this refuses the restart
@@ -602,10 +612,32 @@ class Merger(KindMerges):
 
         return resolve
 
+    def _writes_elsewhere(self, live, snap) -> bool:
+        """Whether the replay's object at the place of a file the run wrote through (or of a writer
+        over one) writes another file: its setup named the file from what the run had left on
+        disk, as YOLO-style scripts take the first free `runs/exp{n}` (the run had made
+        `runs/exp`, the replay made `runs/exp2`), or from the clock. The replay's was kept, and the
+        restarted run wrote the rest of its rows there, "verified" (corpus/increment_dir.py, 2 of
+        2). The run's file is opened again instead, a writer made again over it, and the replay's
+        file, closed at finish, is put aside with the rest it wrote (``files.settle``). Not for a
+        memmap."""
+        if self._replay_files is None:
+            self._replay_files = open_paths()  # before any file is opened again
+        if type(snap) is LiveFile:
+            if snap.elsewhere(live):
+                self._superseded.append(live)
+                return True
+            return False
+        if isinstance(snap, LiveOverFile) and type(snap.file) is LiveFile:
+            return snap.file.path not in self._replay_files
+        return False
+
     def _opened_again(self, snap: LiveFile):
         """A file the program opened after setup, opened again once for all its places; None
         where it cannot be (gone, or not allowed): the placeholder then stands there, and
         refuses the restore where the program uses it."""
+        if self._replay_files is None:
+            self._replay_files = open_paths()  # (_writes_elsewhere's: the replay's own)
         try:
             opened = snap.open_again()
         except (OSError, ValueError, LookupError):

@@ -136,6 +136,11 @@ CORPUS = {
     # restarted process showed each again, "verified" with two more lines in the log, 2 of 2,
     # until the records of what was shown were kept (graph.warned)
     "warn_once": ("warn_once.py", [], 11, "gpusnap: fast-forward "),
+    # a fresh output directory per run, the first free runs/exp{n} (as YOLO-style scripts take),
+    # its results CSV opened in setup: the replay's setup found runs/exp taken and opened
+    # runs/exp2/results.csv, whose file and csv.writer were kept, and the restarted run wrote its
+    # later rows there, "verified", 2 of 2, until the run's file was opened again (restore.merge)
+    "increment_dir": ("increment_dir.py", [], 10, "gpusnap: fast-forward "),
 }
 MORE = {
     # everything printed goes to a log file too, through a Tee object put in place of sys.stdout

@@ -1722,6 +1722,45 @@ def test_a_csv_writer_made_after_setup_is_made_again_over_its_file(tmp_path):
     assert merged["report"].getvalue() == "x\r\ny\r\n"
 
 
+def test_a_file_the_replay_opened_at_another_path_gives_way_to_the_runs_opened_again(tmp_path):
+    """A script that takes the first free `runs/exp{n}` opened `runs/exp/results.csv` in setup;
+    the replay's setup, finding `runs/exp` taken, opened `runs/exp2/results.csv`. The replay's file
+    and its csv.writer were kept, and the restarted run wrote the rest of its rows there
+    ("verified", corpus/increment_dir.py). The run's file is opened again where it stood, the
+    writer made again over it, and the replay's file closed."""
+    import csv
+
+    from gpusnap.files import disk
+    from gpusnap.frameworks import writers  # noqa: F401 - wraps csv.writer, as boot's frameworks.load does
+
+    ran, replayed = tmp_path / "exp" / "results.csv", tmp_path / "exp2" / "results.csv"
+    ran.parent.mkdir()
+    replayed.parent.mkdir()
+    results = open(ran, "w", newline="")
+    rows = csv.writer(results)
+    rows.writerow(["epoch", "loss"])
+    rows.writerow([0, 1.5])
+    disk.flush_writers({str(ran.resolve())})  # as the stall does
+    run = {"results": results, "rows": rows}
+
+    def setup():
+        again = open(replayed, "w", newline="")
+        writer = csv.writer(again)
+        writer.writerow(["epoch", "loss"])
+        return {"results": again, "rows": writer}
+
+    snap, _ = snapshot_and_load(tmp_path / "sub", run)
+    results.close()  # the run's process is gone
+    live = setup()
+    before = dict(live)
+    merged = merge_into(live, snap)
+    assert before["results"].closed, "the replay's file is left open"
+    merged["rows"].writerow([1, 0.5])
+    merged["results"].close()
+    assert ran.read_bytes() == b"epoch,loss\r\n0,1.5\r\n1,0.5\r\n"
+    assert replayed.read_bytes() == b"epoch,loss\r\n"
+
+
 def test_a_live_only_object_the_replay_left_none_stands_as_a_placeholder_that_refuses(tmp_path):
     """A name the replay bound to None, where the run held an object the snapshot cannot hold:
     None sent the program down its path for a first use (made again: a log truncated). The
