@@ -16,6 +16,8 @@ it, and a bump lets every once-per-place warning show again.
 
 from __future__ import annotations
 
+import contextlib
+import re
 import sys
 import types
 import warnings
@@ -25,20 +27,30 @@ class _VersionProbe(Warning):
     """Warned only to read the filters' version, and ignored by a filter put in place for it."""
 
 
+@contextlib.contextmanager
+def ignored(category: type, message: str | None = None):
+    """Warnings of ``category`` (whose text matches ``message``) ignored, by a filter put into
+    ``warnings.filters`` in place and taken out after: ``filterwarnings`` and ``catch_warnings``
+    would bump the filters' version, and every warning shown once per place would show again."""
+    entry = ("ignore", re.compile(message, re.I) if message else None, category, None, 0)
+    warnings.filters.insert(0, entry)
+    try:
+        yield
+    finally:
+        at = next((i for i, kept in enumerate(warnings.filters) if kept is entry), None)
+        if at is not None:
+            del warnings.filters[at]
+
+
 def filters_version() -> int | None:
     """The version of the process's warning filters, as a registry records it; None where it
     cannot be read."""
-    probe = ("ignore", None, _VersionProbe, None, 0)
     registry: dict = {}
-    warnings.filters.insert(0, probe)  # in place: filterwarnings() would bump the version
     try:
-        warnings.warn_explicit("", _VersionProbe, "gpusnap", 0, registry=registry)
+        with ignored(_VersionProbe):
+            warnings.warn_explicit("", _VersionProbe, "gpusnap", 0, registry=registry)
     except Exception:  # noqa: BLE001 - a warnings module not as CPython's
         return None
-    finally:
-        at = next((i for i, entry in enumerate(warnings.filters) if entry is probe), None)
-        if at is not None:
-            del warnings.filters[at]
     version = registry.get("version")
     return version if isinstance(version, int) else None
 

@@ -12,10 +12,8 @@ snapshots are intact, and training goes on.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import re
 import resource
 import signal
 import sys
@@ -27,6 +25,7 @@ from gpusnap import lifeline, rawmem, stage
 from gpusnap.capture.trainee import control, costs, session, witness
 from gpusnap.capture.writer import watchdog
 from gpusnap.errors import NoSpace
+from gpusnap.graph.warned import ignored
 
 
 class Writer:
@@ -152,7 +151,12 @@ def start_writer(job, at_step_loop: bool = True) -> Writer:
     # the trainee, the larger of the two.
     own_score = _oom_score_adj(b"1000")
     try:
-        with _fork_warning_ignored():
+        # Python >= 3.12 warns about fork() in a threaded process; the child runs only fork-safe
+        # code (no CUDA, no torch operators, no locks other threads may hold). Ignored through
+        # graph.warned.ignored, not catch_warnings: that let every warning the program had been shown
+        # once per place show again after each snapshot (into its log, where captureWarnings
+        # sends them), as they never do in a run without gpusnap.
+        with ignored(DeprecationWarning, ".*fork.*"):
             pid = os.fork()
         if pid == 0:
             _child(job, trainee, read_fd, write_fd, mask)  # never returns
@@ -237,27 +241,6 @@ def _oom_score_adj(score: bytes) -> bytes | None:
         return None
     finally:
         os.close(fd)
-
-
-# Python >= 3.12 warns about fork() in a threaded process. The child runs only fork-safe code (no
-# CUDA, no torch operators, no locks other threads may hold).
-_FORK_WARNING = ("ignore", re.compile(".*fork.*", re.I), DeprecationWarning, None, 0)
-
-
-@contextlib.contextmanager
-def _fork_warning_ignored():
-    """The fork warning ignored, the filter put into ``warnings.filters`` in place. Not through
-    ``catch_warnings`` or ``filterwarnings``: each bumps the filters' version, which clears every
-    module's record of the warnings it gave once, and the program's once-per-place warnings came
-    again after each snapshot (into its log, where ``logging.captureWarnings`` sends them), as
-    they never do in a run without gpusnap."""
-    warnings.filters.insert(0, _FORK_WARNING)
-    try:
-        yield
-    finally:
-        at = next((i for i, entry in enumerate(warnings.filters) if entry is _FORK_WARNING), None)
-        if at is not None:
-            del warnings.filters[at]
 
 
 def _write(job, write_fd: int) -> dict:
