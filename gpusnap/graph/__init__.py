@@ -10,6 +10,8 @@
 - ``rng``: the global random number generators' states (and those of generators a data source
   owns), taken at safe points and loop starts, given back by restore;
 - ``digest``: xxh3 digests of loop items, taken by the writer and compared by replay.
+- ``settings`` and ``warned``: what the program changed process-wide (its environment, torch's
+  threads, print options...) and the warnings it was shown once per place, put back by restore.
 
 Every walk here handles cycles, sharing and depth without Python's recursion limit: real
 programs are full of back references (argparse, nn.Module trees, framework trainers).
