@@ -103,7 +103,7 @@ def write_in_place(path: str, data, mode: int) -> None:
     seek_writers(path, len(data))
 
 
-def open_descriptors():
+def _targets():
     """(fd, path) of this process's open descriptors."""
     try:
         names = os.listdir("/proc/self/fd")
@@ -121,7 +121,7 @@ def writing_fds(paths) -> dict[int, tuple[str, int]]:
     theirs have their flags read: a snapshot's stall asks, where a program with DataLoader
     workers holds hundreds of pipes."""
     found = {}
-    for fd, target in open_descriptors():
+    for fd, target in _targets():
         if target in paths:
             try:
                 with open(f"/proc/self/fdinfo/{fd}") as info:
@@ -134,7 +134,7 @@ def writing_fds(paths) -> dict[int, tuple[str, int]]:
 
 
 def open_paths() -> frozenset:
-    return frozenset(target for _, target in open_descriptors() if target.startswith("/"))
+    return frozenset(target for _, target in _targets() if target.startswith("/"))
 
 
 # Python's own buffered files over a file descriptor: a flush moves their bytes to the file and

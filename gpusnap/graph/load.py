@@ -356,12 +356,6 @@ class LiveFile(LiveOnly):
 
         return rebase(self.state["path"], knobs.MOVED_FROM, os.getcwd())
 
-    def open_here(self) -> bool:
-        """Whether this process holds the file open."""
-        from gpusnap.files.disk import open_descriptors
-
-        return any(target == self.path for _, target in open_descriptors())
-
     def elsewhere(self, live) -> bool:
         """Whether ``live``, the replay's file at this place, is another file than the run's: the
         replayed setup named it from what the run had left on disk (``runs/exp2``, ``runs/exp``
