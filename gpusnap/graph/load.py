@@ -350,11 +350,10 @@ class LiveFile(LiveOnly):
         where they moved (``store.rundir.rebase``)."""
         from gpusnap import knobs
 
-        if not knobs.MOVED_FROM:
-            return self.state["path"]
-        from gpusnap.store.rundir import rebase
-
-        return rebase(self.state["path"], knobs.MOVED_FROM, os.getcwd())
+        path, old = self.state["path"], (knobs.MOVED_FROM or "").rstrip("/")
+        if old and (path == old or path.startswith(old + "/")):
+            return os.getcwd() + path[len(old):]  # (the graph may not import the store's rebase)
+        return path
 
     def elsewhere(self, live) -> bool:
         """Whether ``live``, the replay's file at this place, is another file than the run's: the
