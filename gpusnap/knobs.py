@@ -245,5 +245,5 @@ STORE_RETRIES = _int("STORE_RETRIES", 5)
 STORE_BACKOFF_S = _float("STORE_BACKOFF_S", 0.2)
 # Set by `gpusnap restart` of a run from an object store whose recorded working directory is not
 # on this machine: the paths under it in the snapshot's manifest (loop positions, sources, the
-# program's files) are read as under the current working directory (store.rundir.rebase).
+# program's files) are read as under the current working directory (gpusnap.moved).
 MOVED_FROM = os.environ.get("GPUSNAP_MOVED_FROM") or None

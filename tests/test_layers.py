@@ -12,7 +12,7 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "gpusnap"
-FLOOR = {"atomic", "console", "errors", "knobs", "lifeline", "onimport", "protocol", "rawmem", "sources", "traverse", "trust"}  # importable from anywhere
+FLOOR = {"atomic", "console", "errors", "knobs", "lifeline", "moved", "onimport", "protocol", "rawmem", "sources", "traverse", "trust"}  # importable from anywhere
 # layer -> the layers it may import (besides itself and the floor)
 ALLOWED = {
     "__init__": {"capture"},  # gpusnap.snapshot() asks the capture side

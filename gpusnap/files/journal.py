@@ -29,7 +29,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from gpusnap import knobs
+from gpusnap import moved
 
 JOURNAL = "files.jsonl"
 
@@ -79,11 +79,7 @@ def after(data: bytes | None, token: str | None) -> After:
             found[p] = record.get("before")
     if not seen:
         return After(cut="the run's file journal does not hold the snapshot's marker")
-    if knobs.MOVED_FROM:  # the program's files are elsewhere on this machine (store.rundir.rebase)
-        from gpusnap.store.rundir import rebase
-
-        found = rebase(found, knobs.MOVED_FROM, os.getcwd())
-    return After(found, cut)
+    return After(moved.here(found), cut)
 
 
 def restarted(rd, snap_id: str) -> None:

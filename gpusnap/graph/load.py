@@ -45,6 +45,7 @@ import sys
 import threading
 import weakref
 
+from gpusnap import moved
 from gpusnap.rawmem import view_at
 
 # {saved allocation seq: its base in this process}: set by the restore before the graph loads
@@ -347,13 +348,8 @@ class LiveFile(LiveOnly):
     @property
     def path(self) -> str:
         """The file's path here: the run's, under where the program's files are on this machine
-        where they moved (``store.rundir.rebase``)."""
-        from gpusnap import knobs
-
-        path, old = self.state["path"], (knobs.MOVED_FROM or "").rstrip("/")
-        if old and (path == old or path.startswith(old + "/")):
-            return os.getcwd() + path[len(old):]  # (the graph may not import the store's rebase)
-        return path
+        where they moved (``gpusnap.moved``)."""
+        return moved.here(self.state["path"])
 
     def elsewhere(self, live) -> bool:
         """Whether ``live``, the replay's file at this place, is another file than the run's: the

@@ -167,7 +167,7 @@ class Merger(KindMerges):
         self._objects_later: list = []  # (LiveObject, path): made at finish (_instance_place)
         self._unbuilt_missing: list = []  # (Unbuilt, path): a partial or defaultdict over a local function, the replay's none
         self._grad_hooks_later: list = []  # (live tensor, the run's hook dicts): kinds._same_grad_hooks
-        self._replay_files: frozenset | None = None  # the paths the replay held open as the merge began
+        self._replay_files = open_paths()  # the paths the replay held open, before any file is opened again
         self._superseded: list = []  # the replay's files another file's opening again stands for: closed at finish
         self.path: Path | str = ""  # the place being merged, for errors raised outside the merger
         self.tensors = 0
@@ -621,8 +621,6 @@ class Merger(KindMerges):
         2). The run's file is opened again instead, a writer made again over it, and the replay's
         file, closed at finish, is put aside with the rest it wrote (``files.settle``). Not for a
         memmap."""
-        if self._replay_files is None:
-            self._replay_files = open_paths()  # before any file is opened again
         if type(snap) is LiveFile:
             if snap.elsewhere(live):
                 self._superseded.append(live)
@@ -636,8 +634,6 @@ class Merger(KindMerges):
         """A file the program opened after setup, opened again once for all its places; None
         where it cannot be (gone, or not allowed): the placeholder then stands there, and
         refuses the restore where the program uses it."""
-        if self._replay_files is None:
-            self._replay_files = open_paths()  # (_writes_elsewhere's: the replay's own)
         try:
             opened = snap.open_again()
         except (OSError, ValueError, LookupError):

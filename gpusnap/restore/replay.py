@@ -26,7 +26,7 @@ import sys
 import time
 import types
 
-from gpusnap import files, knobs
+from gpusnap import files, knobs, moved
 from gpusnap.console import Console
 from gpusnap.errors import FastForwardError, GpusnapError, ProgramChanged, ReplayDiverged, RestoreError, StateMismatch
 from gpusnap.graph import exits, iterators, rng, roots, settings, witness, workers
@@ -37,7 +37,6 @@ from gpusnap.restore.frames import write_locals
 from gpusnap.restore.merge import Merger
 from gpusnap.store import reader
 from gpusnap.store.fetch import Prefetch
-from gpusnap.store.rundir import rebase
 
 active = None  # the Replay in progress, until its merge is done
 
@@ -248,9 +247,8 @@ class Replay:
         load_s = time.perf_counter() - loading
         live_frames = roots.frames_on_path(loop.frame)
         saved_frames = payload["frames"]
-        if knobs.MOVED_FROM:  # the program's files are elsewhere on this machine (store.rundir.rebase)
-            for f in saved_frames:
-                f["file"] = rebase(f["file"], knobs.MOVED_FROM, os.getcwd())
+        for f in saved_frames:
+            f["file"] = moved.here(f["file"])
         _check_frames(live_frames, saved_frames)
         merger = Merger(self.write_device, same_sources=same_sources, frames=live_frames)
         self._stage = "merging"
@@ -325,7 +323,7 @@ class Replay:
         saved_settings = payload.get("settings") or {}
         settings.check_streams(saved_settings)
         if knobs.MOVED_FROM and saved_settings.get("cwd"):  # a working directory inside the program's tree
-            saved_settings = {**saved_settings, "cwd": rebase(saved_settings["cwd"], knobs.MOVED_FROM, settings.start_cwd() or os.getcwd())}
+            saved_settings = {**saved_settings, "cwd": moved.rebase(saved_settings["cwd"], knobs.MOVED_FROM, settings.start_cwd() or os.getcwd())}
         put = settings.restore(saved_settings)
         if put:
             _say(f"settings the run's steps had changed, as it had them: {', '.join(put)}", level=1)

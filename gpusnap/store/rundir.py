@@ -17,7 +17,7 @@ import pathlib
 import secrets
 import stat
 
-from gpusnap import atomic, knobs
+from gpusnap import atomic, moved
 from gpusnap.errors import (
     FormatVersionError,
     RunDirError,
@@ -48,23 +48,6 @@ def _describe_command_difference(old: dict, new: dict) -> str:
         if key not in ("kind", "target", "args") and old.get(key) != new.get(key):
             parts.append(f"{key} differs ({old.get(key)!r} there, {new.get(key)!r} here)")
     return "; ".join(parts) or "the command differs"
-
-
-def rebase(doc, old: str, new: str):
-    """``doc`` with every path under ``old`` (a string value or key) under ``new`` instead: a
-    run restarted from its store on a machine whose copy of the program is elsewhere."""
-    old = old.rstrip("/")
-
-    def one(x):
-        if isinstance(x, str):
-            return new + x[len(old):] if x == old or x.startswith(old + "/") else x
-        if isinstance(x, dict):
-            return {one(k): one(v) for k, v in x.items()}
-        if isinstance(x, list):
-            return [one(v) for v in x]
-        return x
-
-    return one(doc)
 
 
 class RunDir:
@@ -246,9 +229,7 @@ class RunDir:
                 f"snapshot {snap_id} has format {m.get('format')!r}; this gpusnap knows format {FORMAT_VERSION}"
             )
         m["id"] = snap_id
-        if knobs.MOVED_FROM:
-            m = rebase(m, knobs.MOVED_FROM, os.getcwd())
-        return m
+        return moved.here(m)
 
     def snapshots(self) -> list[SnapshotInfo]:
         """Committed snapshots whose manifest reads, oldest first (verify reports the others)."""
@@ -305,7 +286,7 @@ class RunDir:
         from gpusnap.store import witness
 
         doc = witness.read(self.backend, snap_id)
-        return rebase(doc, knobs.MOVED_FROM, os.getcwd()) if doc is not None and knobs.MOVED_FROM else doc
+        return moved.here(doc)
 
     # ---- reading, checking, pruning (implemented in their own modules)
 

@@ -1761,6 +1761,52 @@ def test_a_file_the_replay_opened_at_another_path_gives_way_to_the_runs_opened_a
     assert replayed.read_bytes() == b"epoch,loss\r\n"
 
 
+def test_a_file_opened_after_setup_is_opened_again_where_the_programs_files_moved(tmp_path):
+    """A restart from the store on a machine whose copy of the program is elsewhere
+    (``GPUSNAP_MOVED_FROM``, the old machine's working directory): a log the program opened after
+    setup is opened again under this machine's copy, never at the old machine's path, and a
+    replay's file there at the run's own path is not taken for another file."""
+    old, new = tmp_path / "vm1", tmp_path / "vm2"
+    script = f"""
+import io, os, shutil
+from gpusnap.capture.pickling.pickler import GraphPickler
+from gpusnap.files import disk
+from gpusnap.store import RunDir
+from gpusnap import restore
+from gpusnap.restore.merge import Merger
+os.makedirs("out")
+log = open("out/train.log", "a")
+log.write("step 1\\n")
+disk.flush_writers({{os.path.realpath("out/train.log")}})
+rd = RunDir.create({str(tmp_path / "run")!r}, {{"command": ["test"]}})
+sink = rd.begin_snapshot("000001")
+stream = io.BytesIO()
+pickler = GraphPickler(stream, sink)
+pickler.dump_graph({{"late": log, "setup": log}})
+sink.commit({{"buffers": {{**pickler.buffers, "graph": sink.put_buffer(stream.getbuffer(), dtype="bytes", typesize=1)}}}})
+log.close()
+shutil.copytree({str(old)!r}, {str(new)!r})
+shutil.rmtree({str(old)!r})
+os.chdir({str(new)!r})
+_, snap = restore.load(RunDir.open({str(tmp_path / "run")!r}), "000001")
+print(snap["late"].path)
+replays = open("out/train.log", "a")
+print(snap["setup"].elsewhere(replays))
+merger = Merger()
+merged = merger.settled(merger.value(None, snap["late"], "root.late"))
+merger.finish()
+merged.write("step 2\\n")
+merged.close()
+"""
+    old.mkdir()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=old,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "GPUSNAP_MOVED_FROM": str(old)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(new / "out" / "train.log"), "False"]
+    assert (new / "out" / "train.log").read_text() == "step 1\nstep 2\n"
+    assert not old.exists()
+
+
 def test_a_live_only_object_the_replay_left_none_stands_as_a_placeholder_that_refuses(tmp_path):
     """A name the replay bound to None, where the run held an object the snapshot cannot hold:
     None sent the program down its path for a first use (made again: a log truncated). The
