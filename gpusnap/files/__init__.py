@@ -33,6 +33,7 @@ import sys
 from gpusnap import knobs
 from gpusnap.files import guard, record, rollback, watch
 from gpusnap.files.paths import DEFAULT_EXCLUDES, Excludes
+from gpusnap.store.info import AFTER
 
 __all__ = ["DEFAULT_EXCLUDES", "install", "stage", "forked", "put", "settle", "before_replay", "refused_elsewhere"]
 
@@ -73,7 +74,7 @@ def settle(rundir, manifest: dict, config: dict, say) -> dict | None:
         return None
     if not rollback.ours(table, config):
         return None  # another node's files
-    after = (config.get("files") or {}).get("after") or os.path.join(str(rundir.path), f"after-{manifest['id']}")
+    after = (config.get("files") or {}).get("after") or os.path.join(str(rundir.path), f"{AFTER}{manifest['id']}")
     source = rollback.Source(manifest["id"], table, manifest.get("buffers") or {},
                              lambda record: rundir.read_buffer(record, snapshot=manifest["id"]))
     plan = rollback.settle(source, after)

@@ -56,6 +56,7 @@ from gpusnap import lifeline
 from gpusnap.errors import FilesNotRestorable, GpusnapError
 from gpusnap.files import disk, journal, watch
 from gpusnap.files.paths import Excludes
+from gpusnap.store.info import AFTER
 
 
 @dataclass
@@ -394,11 +395,11 @@ def after_dir(rd, snap_id: str, shared=None) -> str:
     """``DIR/after-<id>``, or ``-2``, ``-3``... when an earlier restart from the same snapshot
     moved files there already: in this directory, or, for a run on an object store, in the store
     (``shared``), where another machine's restart may have put its ``after-<id>/``."""
-    name = f"after-{snap_id}"
+    name = f"{AFTER}{snap_id}"
     n = 1
     while any(_holds(b, name) for b in (rd.backend, shared) if b is not None):
         n += 1
-        name = f"after-{snap_id}-{n}"
+        name = f"{AFTER}{snap_id}-{n}"
     return os.path.join(str(rd.path), name)
 
 

@@ -83,8 +83,55 @@ class _HandleDicts:
         self.handle.extra_dict_ref = tuple(self.refs[1:])
 
 
+class _PartialParts:
+    """A ``functools.partial``'s function, arguments and keywords as a container, for ``_store``:
+    set in place through its ``__setstate__`` once each part is what stands for the run's (a
+    part that waits for ``finish`` is no function, tuple or dict yet)."""
+
+    __slots__ = ("partial", "parts")
+
+    def __init__(self, partial):
+        self.partial, self.parts = partial, {"func": partial.func, "args": partial.args, "keywords": partial.keywords}
+
+    def __setitem__(self, name, value) -> None:
+        self.parts[name] = value
+        func, args, keywords = self.parts["func"], self.parts["args"], self.parts["keywords"]
+        if callable(func) and type(args) is tuple and type(keywords) is dict:
+            self.partial.__setstate__((func, args, keywords, self.partial.__dict__ or None))
+
+
 def _dead_ref():
     return weakref.ref(collections.OrderedDict())  # what torch's own __setstate__ gives a handle whose dict was gone
+
+
+def _native_state(obj):
+    """The state of an object of a compiled class that keeps it beyond its ``__dict__``, which
+    the class's own ``__setstate__`` (a compiled one) sets from plain data: a tokenizers
+    ``Tokenizer``, whose vocabulary, added tokens and truncation are Rust's, serialized to JSON.
+    Its ``__dict__`` is empty: merged as attributes, the replay's tokenizer stood as the setup
+    made it, without the tokens the run added and the truncation it turned on at a phase
+    change, and the restart was refused (corpus/tokenizer_grow.py, 4 of 4). None for any
+    other object, and where the state holds objects (a ``functools.partial``'s function and
+    arguments), which have counterparts of their own."""
+    setstate = getattr(type(obj), "__setstate__", None)
+    if not isinstance(setstate, (types.MethodDescriptorType, types.WrapperDescriptorType)) or not hasattr(obj, "__dict__"):
+        return None
+    try:
+        reduced = obj.__reduce_ex__(4)
+    except Exception:  # noqa: BLE001 - not picklable this way: not this kind
+        return None
+    state = reduced[2] if isinstance(reduced, tuple) and len(reduced) > 2 else None
+    return state if state is not None and _plain(state) else None
+
+
+def _plain(value) -> bool:
+    if isinstance(value, (bytes, str, int, float, bool, type(None))):
+        return True
+    if type(value) in (tuple, list):
+        return all(_plain(v) for v in value)
+    if type(value) is dict:
+        return all(_plain(k) and _plain(v) for k, v in value.items())
+    return False
 
 
 class KindMerges:
@@ -122,6 +169,9 @@ class KindMerges:
             live.state = snap.state
         elif torch is not None and isinstance(snap, torch.Generator):
             live.set_state(snap.get_state())
+        elif (state := _native_state(snap)) is not None:
+            live.__setstate__(state)
+            return not snap.__dict__  # what the program set on it besides: merged as attributes
         else:
             return False
         return True
@@ -403,6 +453,19 @@ class KindMerges:
         else:
             result = snap
         return self._align(snap, result, path)
+
+    def _merge_partial(self, live: functools.partial, snap: functools.partial, path: Path):
+        """A ``functools.partial`` takes the run's function, arguments and keywords in place. Its
+        ``__dict__`` is all a merge by attributes saw: where the run had bound another one at the
+        replay's place (`augment = partial(jitter, strength=0.3)` at a curriculum stage), the
+        replay's arguments stood, "verified" only where the witness's steps did not call it."""
+        parts = _PartialParts(live)
+        self._store(parts, "func", (yield (live.func, snap.func, path + ".func")))
+        self._store(parts, "args", (yield (live.args, snap.args, path + ".args")))
+        self._store(parts, "keywords", (yield (live.keywords, snap.keywords, path + ".keywords")))
+        if snap.__dict__:
+            yield from self._merge_attrs(live, snap.__dict__, path)
+        return live
 
     def _merge_dict(self, live: dict, snap: dict, path: Path, final: bool = False):
         keys = self._live_keys(snap, final, path)

@@ -473,6 +473,9 @@ class Merger(KindMerges):
         if isinstance(snap, tuple):
             self._building.add(id(snap))
             return _Steps(self._merge_tuple(live, snap, path))
+        if type(snap) is functools.partial:
+            self._align(snap, live, path)
+            return _Steps(self._merge_partial(live, snap, path))
         if self._merge_by_state(live, snap):
             return self._align(snap, live, path)
         if hasattr(snap, "__dict__") and isinstance(getattr(live, "__dict__", None), dict):

@@ -11,7 +11,7 @@ from gpusnap.errors import FormatVersionError, SnapshotNotFound, StoreError
 from gpusnap import atomic
 from gpusnap.store import index, pack
 from gpusnap.store.pack import PackReader, list_packs  # noqa: F401  (list_packs: re-exported)
-from gpusnap.store.info import SnapshotInfo
+from gpusnap.store.info import AFTER, SnapshotInfo
 from gpusnap.store.reader import ChunkProblem, chunks_of, load_chunk
 
 # Finding kinds, worst first when one snapshot has several.
@@ -135,7 +135,7 @@ def leftovers(rd) -> list[Leftover]:
     # An object store has no temp files: its puts are whole or nothing.
     for dirpath, dirs, files in os.walk(root) if rd.local else ():
         if dirpath == str(root):
-            dirs[:] = [d for d in dirs if not d.startswith("after-")]  # the program's files a restart moved aside
+            dirs[:] = [d for d in dirs if not d.startswith(AFTER)]  # the program's files a restart moved aside
         for name in files:
             if atomic.is_temp(name):
                 out.append(Leftover("temp_file", str(pathlib.Path(dirpath, name).relative_to(root))))

@@ -35,7 +35,7 @@ import time
 from gpusnap import atomic, lifeline
 from gpusnap.errors import NoSpace, StoreError, UsageError
 from gpusnap.store import codec, index, pack, witness
-from gpusnap.store.info import by_number, utc_now
+from gpusnap.store.info import AFTER, by_number, utc_now
 from gpusnap.store.pack import list_packs
 from gpusnap.store.reader import ChunkProblem, load_chunk
 
@@ -186,7 +186,7 @@ def _remove_temp(root: pathlib.Path, report: dict) -> None:
         if dirpath == str(root):
             # A distributed run's shards are pruned each as a run directory of its own; the files
             # a restart moved aside (after-<id>/) are the program's, whatever their names.
-            dirs[:] = [d for d in dirs if d != "ranks" and not d.startswith("after-")]
+            dirs[:] = [d for d in dirs if d != "ranks" and not d.startswith(AFTER)]
         for name in files:
             if not atomic.is_temp(name):
                 continue

@@ -8,6 +8,9 @@ import datetime
 from dataclasses import asdict, dataclass
 
 FORMAT_VERSION = 1
+# What a restart moved aside of the program's files goes into DIR/after-<id>/ (files.rollback):
+# the program's, never read by gpusnap, so left out of the checks of what gpusnap reads.
+AFTER = "after-"
 # A snapshot id is its number in decimal, zero-padded to at least this many digits: "000042".
 SNAP_DIGITS = 6
 

@@ -41,7 +41,7 @@ from gpusnap.errors import GpusnapError, StoreError
 from gpusnap import atomic
 from gpusnap.store import index, witness
 from gpusnap.store.backend import Backend
-from gpusnap.store.info import utc_now
+from gpusnap.store.info import AFTER, utc_now
 from gpusnap.store.local import LocalBackend
 from gpusnap.store.pack import pack_key
 from gpusnap.store.rundir import RUN_JSON, RunDir
@@ -49,7 +49,6 @@ from gpusnap.store.rundir import RUN_JSON, RunDir
 LOCAL, SHARED = "local", "shared"
 LOG = "log.jsonl"  # the run log, copied whole whenever it grew (what `gpusnap ls` reads of the run)
 JOURNAL = "files.jsonl"  # the file journal (gpusnap/files/journal.py: what its copies end with)
-AFTER = "after-"  # what a restart moved aside (gpusnap/files/rollback.py)
 
 
 def cache_dir(url: str) -> pathlib.Path:

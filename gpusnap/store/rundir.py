@@ -27,7 +27,7 @@ from gpusnap.errors import (
     StoreError,
 )
 from gpusnap.store.backend import Backend
-from gpusnap.store.info import FORMAT_VERSION, SNAP_DIGITS, SnapshotInfo, by_number, is_snapshot_id, snapshot_id, utc_now  # noqa: F401  (re-exported)
+from gpusnap.store.info import AFTER, FORMAT_VERSION, SNAP_DIGITS, SnapshotInfo, by_number, is_snapshot_id, snapshot_id, utc_now  # noqa: F401  (re-exported)
 from gpusnap.store.local import LocalBackend
 from gpusnap.store.lock import RunLock
 from gpusnap.trust import TRUST_HINT, untrusted
@@ -157,11 +157,18 @@ class RunDir:
         """Before a restore or a lock: the directory and everything in it (shards included) is
         the user's own, nobody else can write to it, and none of it is a symbolic link. A
         snapshot is code: restart unpickles it, imports the modules it names and runs the
-        command ``run.json`` records, so whoever can write here could run code as the user."""
+        command ``run.json`` records, so whoever can write here could run code as the user.
+        What a restart moved aside of the program's files (``after-<id>/``) is checked as an
+        entry but not within: gpusnap never reads it, and it holds what the program made, its
+        symbolic links (a `latest` checkpoint's) and modes (a umask of 002) included."""
         self.check_owner()
         if not self.local:
             return  # no owners, modes or links in an object store: check_owner says what holds instead
         for dirpath, dirs, files in os.walk(self.path):
+            if dirpath == str(self.path):
+                for name in [d for d in dirs if d.startswith(AFTER)]:
+                    dirs.remove(name)
+                    files.append(name)  # its own entry, as a file's
             for name in dirs + files:
                 entry = pathlib.Path(dirpath, name)
                 try:

@@ -646,6 +646,19 @@ MORE = {
     # restart, and the rows after the snapshot never reached it, "verified", 1 of 3, until a
     # memmap was kept as its file and mapped again (graph.load.LiveMemmap)
     "memmap_preds": ("memmap_preds.py", [], 0, "gpusnap: fast-forward "),
+    # a `latest` symbolic link moved to each new checkpoint, the oldest removed: the restart
+    # moved the run's later link aside into DIR/after-ID/, and each restart after it was refused
+    # ("... is a symbolic link"), 2 of 2, until what a restart moves aside was left out of the
+    # run directory's trust check (tests/store/test_store_trust.py)
+    "symlink_latest": ("symlink_latest.py", [], 5, "gpusnap: fast-forward "),
+    # a tokenizers Tokenizer that adds the words it meets and truncates from epoch 2, past it:
+    # refused, 4 of 4 (the replay's stood, its Rust state unmerged), until such an object took the
+    # run's state through its own __setstate__
+    "tokenizer_grow": ("tokenizer_grow.py", [], 17, "gpusnap: fast-forward "),
+    # partials rebound at curriculum stages (an augmentation's strength, the trainer's loss),
+    # past stage 2: refused, 2 of 3 (the replay's partial stood), until a partial took the run's
+    # function, arguments and keywords in place
+    "partial_stage": ("partial_stage.py", [], 17, "gpusnap: fast-forward "),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)

@@ -58,6 +58,34 @@ def test_a_symlinked_lock_makes_gc_refuse_and_leaves_its_target_untouched(tmp_pa
     assert target.read_bytes() == b"the user's own file\n"
 
 
+def test_what_a_restart_moved_aside_is_the_programs_and_trusted_as_it_is(tmp_path, monkeypatch):
+    """A program that keeps a `latest` symbolic link to its newest checkpoint, killed after the
+    snapshot: the restart moved the link aside into DIR/after-ID/, and the next restart was
+    refused ("... is a symbolic link"), as was every restart after a program with a umask of
+    002 (a group-writable file moved aside). gpusnap never reads there: the entry is checked,
+    not what it holds."""
+    monkeypatch.setattr(knobs, "TRUST_DIR", 0)
+    monkeypatch.setenv("GPUSNAP_TRUST_DIR", "0")
+    rd, _ = make_run(tmp_path)
+    aside = rd.path / "after-000001" / "out" / "ckpt"
+    aside.mkdir(parents=True)
+    (aside / "step_8.pt").write_bytes(b"x")
+    (aside / "latest").symlink_to("step_8.pt")
+    (aside / "metrics.csv").write_text("step,loss\n")
+    os.chmod(aside / "metrics.csv", 0o664)
+    RunDir.open(rd.path, trusted=True)
+    r = run("gc", rd.path, "--keep", "3")
+    assert r.exit_code == 0, r.output
+    # The entry itself is still checked: one that is a link, or writable by others, is refused.
+    os.chmod(rd.path / "after-000001", 0o777)
+    with pytest.raises(RunDirPermission, match="after-000001 can be written by others"):
+        RunDir.open(rd.path, trusted=True)
+    (rd.path / "after-000002").symlink_to(tmp_path)
+    os.chmod(rd.path / "after-000001", 0o755)
+    with pytest.raises(RunDirPermission, match="after-000002 is a symbolic link"):
+        RunDir.open(rd.path, trusted=True)
+
+
 def test_a_hard_linked_lock_is_refused(tmp_path):
     rd, _ = make_run(tmp_path)
     target = tmp_path / "precious"
