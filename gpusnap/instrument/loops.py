@@ -57,6 +57,8 @@ on_loop_end = None
 describe_source = None
 # capture_rng() -> raw RNG states; installed by the capture agent, called by EnclosingLoop.
 capture_rng = None
+# note_start(loop) -> None: installed by the capture agent, called as each main-thread loop starts.
+note_start = None
 # replaying() -> None while a restore has not merged its snapshot (installed and cleared by
 # restore's replay): the capture agent calls it at an optimizer step (replay must not train) and
 # takes no snapshot meanwhile. Capture never imports restore: this is what it knows of one.
@@ -73,10 +75,11 @@ class ActiveLoop:
 
     # Unset until used: ``gen`` (weak reference to the _iterate generator, loops with a note),
     # ``rng_at`` and ``locals_at`` (the global RNG states and the frame's scalar locals at the
-    # current iteration's start, EnclosingLoop only), ``stepped``
+    # current iteration's start, EnclosingLoop only; ``locals_at`` also as the loop starts, for
+    # its first iteration, and ``locals_for`` the iteration it holds them for), ``stepped``
     # (an optimizer stepped while this execution of the loop ran, set by the capture agent),
     # ``loaders`` (the DataLoaders its source iterates, ``graph.iterators.loaders_in``).
-    __slots__ = ("loop_id", "frame", "index", "kind", "resume", "started_s", "gen", "rng_at", "locals_at", "stepped",
+    __slots__ = ("loop_id", "frame", "index", "kind", "resume", "started_s", "gen", "rng_at", "locals_at", "locals_for", "stepped",
                  "loaders", "__weakref__")
 
     def __init__(self, loop_id: str, frame, kind: str):
@@ -107,7 +110,7 @@ def _set_index(loop, value: int) -> None:
     if capture_rng is not None:
         loop.rng_at = capture_rng()
         if not loop.frame.f_code.co_flags & _IN_GENERATOR:
-            loop.locals_at = scalar_locals(loop.frame)
+            loop.locals_at, loop.locals_for = scalar_locals(loop.frame), value
 
 
 class EnclosingLoop(ActiveLoop):
@@ -174,6 +177,8 @@ def _start_for(loop_id: str, iterable, frame):
     loop = ActiveLoop(loop_id, frame, "for")
     if frame.f_code.co_flags & _IN_GENERATOR and capture_rng is not None:
         loop.__class__ = EnclosingLoop
+    if note_start is not None:
+        note_start(loop)
     if describe_source is not None:
         loop.resume = describe_source(loop, iterable)
     it = None
@@ -266,16 +271,19 @@ def while_loop(loop_id: str) -> _WhileLoop:
     loop = ActiveLoop(loop_id, frame, "while")
     if frame.f_code.co_flags & _IN_GENERATOR and capture_rng is not None:
         loop.__class__ = EnclosingLoop
+    if note_start is not None:
+        note_start(loop)
     return _WhileLoop(loop)
 
 
 def reset_after_fork_in_child() -> None:
     """A forked child (DataLoader worker, writer) must never take a snapshot of its own."""
-    global pending, on_boundary, on_loop_start, on_loop_end, describe_source, capture_rng
+    global pending, on_boundary, on_loop_start, on_loop_end, describe_source, capture_rng, note_start
     pending = False
     on_boundary = None
     on_loop_start = None
     on_loop_end = None
     describe_source = None
     capture_rng = None
+    note_start = None
     ACTIVE.clear()

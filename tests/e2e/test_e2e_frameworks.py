@@ -112,6 +112,14 @@ TRAINERS = {
     "transformers-two-phase": (
         "transformers", "hf_two_phase.py", [], (45,), "0.15", "started the DataLoaderShard iterator at",
     ),
+    # a masked LM as the transformers examples write it: at start, the last checkpoint in the
+    # output directory, if any, passed to train(resume_from_checkpoint=...); a checkpoint every 5
+    # steps. The replay's start found the one the run saved before the snapshot, and in the first
+    # epoch its `_run_epoch` skipped the batches the run had taken: refused, 2 of 4 ("its
+    # DataLoader has 3 batches"), until a loop's start gave its first iteration the run's locals
+    "transformers-example-resume": (
+        "datasets", "hf_example_resume.py", ["--epochs", "1"], (6,), "0.15", "started the DataLoaderShard iterator at",
+    ),
 }
 
 
@@ -124,7 +132,7 @@ TRAINERS = {
 # The plain Trainer itself: transformers-mlm, and test_e2e_files.py's hf_trainer.py.
 MORE_TRAINERS = ("transformers-auto-batch", "transformers-loop", "accelerate-noisy", "transformers-best", "transformers-custom",
                  "transformers", "accelerate-accumulate", "transformers-stream-main", "fabric-workers",
-                 "transformers-two-phase")
+                 "transformers-two-phase", "transformers-example-resume")
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -497,6 +497,33 @@ def test_an_enclosing_loop_records_the_rng_states_and_scalar_locals_at_each_iter
     assert "model" not in loop.locals_at and "loop" not in loop.locals_at
 
 
+def test_a_loops_start_gives_its_first_iteration_its_locals_and_no_later_one(monkeypatch):
+    """A loop becomes an EnclosingLoop at the first optimizer step inside it, after its first
+    iteration's prefix ran: a snapshot in that iteration held no locals for it, and the replay's
+    prefix called `_run_epoch` with what its own setup found (a transformers example script that
+    resumed, in the replay, from the checkpoint the run saved before the snapshot). The locals a
+    loop starts with stand for its first iteration's; a loop that never encloses a step gives
+    none past it (they would be stale)."""
+    monkeypatch.setattr(loops, "capture_rng", rng.compact)
+    resume_from_checkpoint, steps_trained = None, 0  # noqa: F841 - what the frame holds
+    loop = loops.ActiveLoop("1:0", sys._getframe(), "for")
+    steploop.note_start(loop)
+    loop.index += 1
+    loop.__class__ = loops.EnclosingLoop  # the first optimizer step, inside its first iteration
+    noted = loopnotes.record(loop)["locals_at"]
+    assert noted["resume_from_checkpoint"] is None and noted["steps_trained"] == 0
+    steps_trained = 13  # noqa: F841
+    loop.index += 1
+    assert loopnotes.record(loop)["locals_at"]["steps_trained"] == 13
+
+    plain = loops.ActiveLoop("2:0", sys._getframe(), "for")
+    steploop.note_start(plain)
+    plain.index += 1
+    assert "locals_at" in loopnotes.record(plain)
+    plain.index += 1
+    assert "locals_at" not in loopnotes.record(plain)
+
+
 def test_a_dataloader_iterator_advanced_by_hand_is_put_back(tmp_path):
     log = str(tmp_path / "loads")
     torch.manual_seed(2)

@@ -55,6 +55,7 @@ def install(note_source) -> None:
     loops.describe_source = describe_source
     loops.on_loop_end = loop_ended
     loops.capture_rng = rng.compact
+    loops.note_start = note_start
     after_import("torch.optim.optimizer", _hook_optimizers)
     after_import("torch.utils.data.dataloader", _note_loader_iters)
     workers.install()
@@ -247,6 +248,22 @@ def mark_enclosing(i: int) -> None:
     for loop in loops.ACTIVE[:i]:
         if type(loop) is loops.ActiveLoop and loop.frame.f_back is not None:
             loop.__class__ = loops.EnclosingLoop
+
+
+def note_start(loop) -> None:
+    """``loops.note_start``: the scalar locals a loop starts with, which its first iteration
+    starts with too. A loop becomes an ``EnclosingLoop``, which records them at each iteration
+    start, only at the first optimizer step inside it, after its first iteration's prefix ran:
+    a snapshot in that iteration had none, and the replay's prefix ran with its own. Where the
+    replay's setup went another way than the run's, that was another call: a transformers
+    example script that looks for its last checkpoint at start found the one the run saved
+    before the snapshot, and `_run_epoch(resume_from_checkpoint=..., steps_trained_in_current_epoch=10)`
+    skipped the batches the run had taken (refused, 2 of 4: "its DataLoader has 3 batches, the run
+    that took the snapshot had taken 11"; corpus/hf_example_resume.py). Not for loops inside a
+    step loop's body (they end before its next safe point), nor in a generator."""
+    if loop.frame.f_code.co_flags & _GENERATOR_FLAGS or _inside_step_body(loop):
+        return
+    loop.locals_at, loop.locals_for = loops.scalar_locals(loop.frame), 1
 
 
 def describe_source(loop, source):

@@ -87,7 +87,7 @@ def record(loop, read=None) -> dict:
     if rng_at is not None:
         out["rng_at"] = rng.to_json(rng_at, read)
     locals_at = getattr(loop, "locals_at", None)
-    if locals_at:
+    if locals_at and getattr(loop, "locals_for", None) == loop.index:  # (a loop's start: its first iteration's)
         out["locals_at"] = loops.scalars_to_json(locals_at)
     paths = consumed_paths(loop.resume)
     if paths and loop.index > 0:
