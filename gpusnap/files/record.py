@@ -125,13 +125,25 @@ def stage(snap_id: str, rundir_path) -> FilesJob | None:
 
 def _paths():
     """(path, made), sorted, of every path the program wrote, and of everything under the
-    directories it made (native writers fill them unseen)."""
+    directories it made (native writers fill them unseen) or renamed into place: a checkpoint
+    written into `ckpt.tmp/` and renamed to `ckpt/` (as atomic saves are) had none of its
+    files in the table, and a restart after the next epoch's save refused ("... was rewritten
+    after the snapshot, and the program first wrote it then"; corpus/zip_archive.py, 2 of 3)."""
     seen = {path: note.made for path, note in list(watch.notes.items())}
     for path, made in list(seen.items()):
-        if made and "mkdir" in (watch.notes[path].kinds if path in watch.notes else ()):
+        kinds = watch.notes[path].kinds if path in watch.notes else ()
+        if (made and "mkdir" in kinds) or ("replaced" in kinds and _real_dir(path)):
             for inner in _walk(path):
                 seen.setdefault(inner, True)
     return sorted(seen.items())
+
+
+def _real_dir(path: str) -> bool:
+    """A directory, not a link to one (whose target is not the program's to walk)."""
+    try:
+        return stat_.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _walk(top: str):

@@ -659,6 +659,11 @@ MORE = {
     # past stage 2: refused, 2 of 3 (the replay's partial stood), until a partial took the run's
     # function, arguments and keywords in place
     "partial_stage": ("partial_stage.py", [], 17, "gpusnap: fast-forward "),
+    # each epoch's weights appended to a zip archive, a checkpoint directory written aside and
+    # renamed into place, copied per epoch with copytree, the oldest copies removed: the renamed
+    # directory's files were in no snapshot's table, and a restart after the next save refused,
+    # 2 of 3, until what a rename puts in place was searched as a made directory is
+    "zip_archive": ("zip_archive.py", [], 7, "gpusnap: fast-forward "),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)
