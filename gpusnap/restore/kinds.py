@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import enum
 import functools
 import random
@@ -200,8 +201,12 @@ class KindMerges:
                 live.data = snap  # the same object (optimizers and hooks hold it), the snapshot's memory
                 self.reshaped += 1
             else:
-                self._part_if_apart(live, snap)
-                live.copy_(snap)
+                # One the replay made under torch.inference_mode() (a baseline evaluated in
+                # setup) takes bytes in that mode only: in place, outside it, the merge failed
+                # and the restart was refused (corpus/inference_baseline.py, 3 of 3).
+                with torch.inference_mode() if live.is_inference() else contextlib.nullcontext():
+                    self._part_if_apart(live, snap)
+                    live.copy_(snap)
             _set_requires_grad(live, snap.requires_grad)
             if snap.grad is None:
                 live.grad = None

@@ -664,6 +664,10 @@ MORE = {
     # directory's files were in no snapshot's table, and a restart after the next save refused,
     # 2 of 3, until what a rename puts in place was searched as a made directory is
     "zip_archive": ("zip_archive.py", [], 7, "gpusnap: fast-forward "),
+    # a baseline evaluated under torch.inference_mode() before training, kept to compare each
+    # epoch's evaluation against: the merge's copy into the replay's inference tensor failed,
+    # refused, 3 of 3, until it was made in that mode
+    "inference_baseline": ("inference_baseline.py", [], 9, "gpusnap: fast-forward "),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)

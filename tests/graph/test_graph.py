@@ -304,6 +304,20 @@ def test_a_partial_the_run_bound_anew_takes_the_runs_function_arguments_and_keyw
     assert live_weight.tolist() == [2.0, 3.0] and scale(torch.ones(2)).tolist() == [2.0, 3.0]
 
 
+def test_an_inference_tensor_the_replay_made_takes_the_runs_bytes_in_place(tmp_path):
+    """A baseline evaluated under torch.inference_mode() in setup: the replay's is an inference
+    tensor, which takes no update in place outside that mode, and the merge failed (refused,
+    corpus/inference_baseline.py, 3 of 3). It takes the run's bytes in that mode, and stays the
+    replay's object."""
+    with torch.inference_mode():
+        run = torch.arange(4.0) * 2
+        live = torch.zeros(4)
+    snap, _ = snapshot_and_load(tmp_path, {"baseline": run, "same": run})
+    merged = merge_into({"baseline": live, "same": live}, snap)
+    assert merged["baseline"] is live and merged["same"] is live
+    assert live.is_inference() and live.tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
 def test_a_tokenizer_takes_the_runs_vocabulary_and_truncation_in_place(tmp_path):
     """A tokenizers ``Tokenizer`` keeps its state in Rust, its ``__dict__`` empty: merged by
     attributes, the replay's stood as setup trained it, without the tokens the run added and
