@@ -105,6 +105,22 @@ def _dead_ref():
     return weakref.ref(collections.OrderedDict())  # what torch's own __setstate__ gives a handle whose dict was gone
 
 
+def _written_through(torch, live, snap):
+    """What of ``live`` takes ``snap``'s bytes: ``live`` itself, or, where its elements share
+    memory along broadcast dimensions (``torch.arange(T).expand(B, T)`` kept in setup, stride 0),
+    a view with each such dimension cut to one element, which a copy into the whole refuses
+    ("more than one element of the written-to tensor refers to a single memory location"; the
+    merge failed). None where it shares memory otherwise (an ``unfold``'s windows), or where
+    the run's tensor did not broadcast alike: no copy in place can give it the run's values."""
+    if live.layout is not torch.strided or live.is_nested or not torch._debug_has_internal_overlap(live):
+        return live  # (a sparse tensor "overlaps": its values are copied whole)
+    shape = tuple(1 if stride == 0 else size for size, stride in zip(live.shape, live.stride()))
+    if live.stride() != snap.stride():
+        return None
+    cut = live.as_strided(shape, live.stride(), live.storage_offset())
+    return cut if not torch._debug_has_internal_overlap(cut) else None
+
+
 def _native_state(obj):
     """The state of an object of a compiled class that keeps it beyond its ``__dict__``, which
     the class's own ``__setstate__`` (a compiled one) sets from plain data: a tokenizers
@@ -188,6 +204,9 @@ class KindMerges:
         # skipped it) has no shape to compare: it takes the snapshot's, and becomes what
         # materializing makes it (a Parameter, or a plain tensor for a buffer).
         reshaped = lazy or live.shape != snap.shape or live.dtype != snap.dtype
+        into = live if reshaped else _written_through(torch, live, snap)
+        if into is None:
+            return snap  # memory the place's elements share otherwise than the run's did: the snapshot's
         if reshaped:
             if not (isinstance(live, torch.nn.Parameter) or any(s in ("._buffers", ".state") for s in path.suffixes())):
                 return snap  # a plain tensor: the place takes the snapshot's
@@ -206,7 +225,7 @@ class KindMerges:
                 # and the restart was refused (corpus/inference_baseline.py, 3 of 3).
                 with torch.inference_mode() if live.is_inference() else contextlib.nullcontext():
                     self._part_if_apart(live, snap)
-                    live.copy_(snap)
+                    into.copy_(snap if into is live else snap.as_strided(into.shape, snap.stride(), snap.storage_offset()))
             _set_requires_grad(live, snap.requires_grad)
             if snap.grad is None:
                 live.grad = None

@@ -668,6 +668,10 @@ MORE = {
     # epoch's evaluation against: the merge's copy into the replay's inference tensor failed,
     # refused, 3 of 3, until it was made in that mode
     "inference_baseline": ("inference_baseline.py", [], 9, "gpusnap: fast-forward "),
+    # position ids and a causal mask broadcast over the batch by expand() in setup: a copy into
+    # memory the elements share refused, 2 of 2, until it went through one element of each
+    # broadcast dimension
+    "expanded_setup": ("expanded_setup.py", [], 0, "gpusnap: fast-forward "),
 }
 if os.environ.get("GPUSNAP_TEST_CORPUS") == "all":
     CORPUS.update(MORE)

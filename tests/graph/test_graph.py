@@ -318,6 +318,24 @@ def test_an_inference_tensor_the_replay_made_takes_the_runs_bytes_in_place(tmp_p
     assert live.is_inference() and live.tolist() == [0.0, 2.0, 4.0, 6.0]
 
 
+def test_a_tensor_broadcast_by_expand_takes_the_runs_bytes_through_one_element_of_each_broadcast_dimension(tmp_path):
+    """`position_ids = torch.arange(T).expand(B, T)` kept in setup: its rows share memory, and
+    a copy into it refused ("more than one element ... refers to a single memory location"):
+    every restart of such a program was refused (corpus/expanded_setup.py, 2 of 2). The copy
+    goes through one element of each broadcast dimension, into the same object. Where the
+    run's tensor was not broadcast alike, or the memory is shared otherwise (an unfold's
+    windows), the place takes the snapshot's tensor."""
+    base = torch.arange(4.0)
+    run = {"pos": (base * 2).expand(3, 4), "windows": base.unfold(0, 2, 1) * 1, "other": torch.arange(12.0).reshape(3, 4)}
+    snap, _ = snapshot_and_load(tmp_path, run)
+    live = {"pos": torch.zeros(4).expand(3, 4), "windows": torch.zeros(4).unfold(0, 2, 1), "other": torch.zeros(4).expand(3, 4)}
+    before = dict(live)
+    merged = merge_into(live, snap)
+    assert merged["pos"] is before["pos"] and merged["pos"].stride() == (0, 1) and merged["pos"][2].tolist() == [0.0, 2.0, 4.0, 6.0]
+    assert merged["windows"].tolist() == [[0.0, 1.0], [1.0, 2.0], [2.0, 3.0]]
+    assert merged["other"] is not before["other"] and merged["other"].tolist() == run["other"].tolist()
+
+
 def test_a_tokenizer_takes_the_runs_vocabulary_and_truncation_in_place(tmp_path):
     """A tokenizers ``Tokenizer`` keeps its state in Rust, its ``__dict__`` empty: merged by
     attributes, the replay's stood as setup trained it, without the tokens the run added and
