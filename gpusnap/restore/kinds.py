@@ -114,9 +114,9 @@ def _written_through(torch, live, snap):
     the run's tensor did not broadcast alike: no copy in place can give it the run's values."""
     if live.layout is not torch.strided or live.is_nested or not torch._debug_has_internal_overlap(live):
         return live  # (a sparse tensor "overlaps": its values are copied whole)
-    shape = tuple(1 if stride == 0 else size for size, stride in zip(live.shape, live.stride()))
-    if live.stride() != snap.stride():
+    if snap.layout is not torch.strided or live.stride() != snap.stride():
         return None
+    shape = tuple(1 if stride == 0 else size for size, stride in zip(live.shape, live.stride()))
     cut = live.as_strided(shape, live.stride(), live.storage_offset())
     return cut if not torch._debug_has_internal_overlap(cut) else None
 
@@ -153,8 +153,9 @@ def _plain(value) -> bool:
 
 class KindMerges:
     def _merge_by_state(self, live, snap) -> bool:
-        """Arrays, random generators and in-memory files: the live object takes the snapshot's
-        state (a csv.writer the replay made over its StringIO writes on into the run's report)."""
+        """Arrays, random generators, in-memory files and objects of compiled classes that set
+        their own state (``_native_state``): the live object takes the snapshot's state (a
+        csv.writer the replay made over its StringIO writes on into the run's report)."""
         if type(snap) in MEMORY_FILES:
             live.seek(0)
             live.truncate()
