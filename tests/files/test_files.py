@@ -163,8 +163,8 @@ os.rename("ckpt.tmp", "ckpt")
 os.symlink("data/set", "latest")                             # a link to a directory: not the program's to walk
 os.replace("latest", "current")
 job = record.stage("000001", work)
-print(json.dumps({os.path.relpath(e["path"], work): e.get("kind") for e in job.entries}))
-print(json.dumps({os.path.relpath(p, work): d.decode() for p, d in job.read.items()}))
+print(json.dumps({"entries": {os.path.relpath(e["path"], work): e.get("kind") for e in job.entries},
+                  "read": {os.path.relpath(p, work): d.decode() for p, d in job.read.items()}}))
 """
 
 
@@ -173,12 +173,8 @@ def test_a_directory_renamed_into_place_is_kept_with_what_it_holds(tmp_path):
     snapshot's table (only a directory the program made with mkdir was searched), and the
     restart after the next epoch's save refused (corpus/zip_archive.py, 2 of 3). What a rename
     puts in place is searched as a made directory is; a link to a directory is not followed."""
-    script = tmp_path / "watched.py"
-    script.write_text(textwrap.dedent(RENAMED_DIR))
-    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=60,
-                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
-    assert done.returncode == 0, done.stderr
-    entries, read = (json.loads(line) for line in done.stdout.splitlines())
+    seen = _watched(tmp_path, RENAMED_DIR)
+    entries, read = seen["entries"], seen["read"]
     assert entries["ckpt"] == "dir" and entries["ckpt/meta.txt"] == "file" and read["ckpt/meta.txt"] == "epoch 0"
     assert entries["current"] == "link" and not any(path.startswith(("current/", "data")) for path in entries), entries
 
