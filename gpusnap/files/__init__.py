@@ -31,11 +31,11 @@ import os
 import sys
 
 from gpusnap import knobs
-from gpusnap.files import guard, record, rollback, watch
+from gpusnap.files import guard, preserve, record, rollback, watch
 from gpusnap.files.paths import DEFAULT_EXCLUDES, Excludes
 from gpusnap.store.info import AFTER
 
-__all__ = ["DEFAULT_EXCLUDES", "install", "stage", "forked", "put", "settle", "before_replay", "refused_elsewhere"]
+__all__ = ["DEFAULT_EXCLUDES", "install", "stage", "forked", "put", "protect", "settle", "before_replay", "refused_elsewhere"]
 
 
 def install(config: dict, shard_dir: str, always_excluded=()) -> None:
@@ -77,14 +77,23 @@ def settle(rundir, manifest: dict, config: dict, say) -> dict | None:
     after = (config.get("files") or {}).get("after") or os.path.join(str(rundir.path), f"{AFTER}{manifest['id']}")
     source = rollback.Source(manifest["id"], table, manifest.get("buffers") or {},
                              lambda record: rundir.read_buffer(record, snapshot=manifest["id"]))
-    plan = rollback.settle(source, after)
+    plan = rollback.settle(source, after, preserve.kept())
     plan.apply()
+    preserve.done({path for path, _ in plan.failed})
     record.resumed(manifest["id"], table)
     for path, why in plan.problems:
         say(f"warning: {path} is left as the replay wrote it: it was {why}")
     for path, why in plan.failed:
         say(f"warning: {path} is left as the replay wrote it: it {why}")
     return plan.report()
+
+
+def protect(rundir, manifest: dict, config: dict) -> None:
+    """Before the replay's first line: keep from its hands the files its snapshot holds by
+    length only (``preserve``), until ``settle`` puts them back."""
+    table = manifest.get("files")
+    if watch.active() and table and rollback.ours(table, config):
+        preserve.install(table, str(rundir.path), manifest["id"])
 
 
 before_replay = rollback.before_replay

@@ -54,7 +54,7 @@ import xxhash
 
 from gpusnap import lifeline
 from gpusnap.errors import FilesNotRestorable, GpusnapError
-from gpusnap.files import disk, journal, watch
+from gpusnap.files import disk, journal, preserve, watch
 from gpusnap.files.paths import Excludes
 from gpusnap.store.info import AFTER
 
@@ -88,18 +88,20 @@ class Plan:
     copied: list = field(default_factory=list)  # (path, to): what apply copied before cutting it back
     contents: dict = field(default_factory=dict)  # path -> the bytes to write back, read ahead (prefetch)
     open_paths: frozenset = frozenset()
+    kept: dict = field(default_factory=dict)  # settle: path -> the copy kept from the replay (``preserve``)
+    restores: list = field(default_factory=list)  # (path, that copy): files put back from it
 
     def report(self) -> dict:
         return {"moved": [list(m) for m in self.moved], "copied": [list(c) for c in self.copied],
-                "restored": [w[0] for w in self.writes],
+                "restored": [w[0] for w in self.writes] + [r[0] for r in self.restores],
                 "truncated": [c[0] for c in self.cuts], "made": [m[0] for m in self.makes] + [l[0] for l in self.links],
                 "left": [list(x) for x in self.left + self.problems + self.failed + [[p, why] for _, why, p in self.cut if p]],
                 **({"cut": [why for _, why, _ in self.cut]} if self.cut else {})}
 
     def summary(self) -> str | None:
         parts = []
-        if self.writes:
-            parts.append(f"{len(self.writes)} restored")
+        if self.writes or self.restores:
+            parts.append(f"{len(self.writes) + len(self.restores)} restored")
         if self.cuts:
             parts.append(f"{len(self.cuts)} cut back to their length")
         if self.makes or self.links:
@@ -128,6 +130,12 @@ class Plan:
             if cur is not None and not self.in_place:
                 self.moves.append(path)
             self.writes.append((path, entry, source))
+            return
+        copy = self.kept.get(path)
+        if copy is not None:  # the replay removed, moved or rewrote it: kept before it did
+            if cur is not None and not (self.in_place and disk.held(path, self.open_paths)):
+                self.moves.append(path)
+            self.restores.append((path, copy))
             return
         why = entry.get("why") or "not kept"
         if why == "too large":
@@ -201,6 +209,8 @@ class Plan:
                 done.append(path)
         for path, mode in sorted(self.makes):
             self._try(path, disk.make_dir, path, mode)
+        for path, copy in self.restores:
+            self._try(path, preserve.put, path, copy, self.in_place and disk.held(path, self.open_paths))
         for path, entry, source in self.writes:
             write = disk.write_in_place if self.in_place else disk.write_new
             self._try(path, lambda: write(path, self.contents.pop(path, None) or source.read_buffer(source.buffers[entry["buffer"]]),
@@ -229,13 +239,14 @@ class Plan:
 # ---- the two passes
 
 
-def rollback(sources: list[Source], after_dir: str, force: bool, leave=lambda path: False, settled=()) -> Plan:
+def rollback(sources: list[Source], after_dir: str, force: bool, leave=lambda path: False, settled=(), kept=None) -> Plan:
     """Plan putting the files of ``sources`` (lowest rank first: a path several ranks wrote is
     put back by the first) back to their snapshots' state, but those ``leave(path)`` names (the
     restart's own ``--files-exclude``) and those ``settled`` names (the file tables another
     supervisor of this host has put back for the same restart); refuse when some cannot be,
-    unless ``force``. The caller applies the plan."""
-    plan = Plan(after_dir, in_place=False)
+    unless ``force``. ``kept``: copies an earlier restart's replay kept (``preserve.left_by``).
+    The caller applies the plan."""
+    plan = Plan(after_dir, in_place=False, kept=kept or {})
     decided: set[str] = {e["path"] for table in settled for e in table.get("entries") or ()}
     for source in sources:
         recorded = excludes_of(source.table)
@@ -296,7 +307,8 @@ def before_replay(rd, snap_id: str, force: bool, leave=lambda path: False, share
     from gpusnap.store import shards
 
     if not shards.is_sharded(rd):  # the supervisor holds the run's lock
-        return _put_back([(rd, rd.load_manifest(snap_id))], after_dir(rd, snap_id, shared), snap_id, force, leave)
+        return _put_back([(rd, rd.load_manifest(snap_id))], after_dir(rd, snap_id, shared), snap_id, force, leave,
+                         kept=preserve.left_by(str(rd.path), snap_id))
     host = socket.gethostname()
     pairs = {}
     for rank, sid in sorted(shards.shards_of(rd.load_manifest(snap_id)).items()):
@@ -362,7 +374,7 @@ def _source(shard, m: dict, host: str | None = None, rank=None) -> Source:
     return Source(m["id"], m["files"], m.get("buffers") or {}, _reader(shard, m["id"]), journal.read(shard), elsewhere)
 
 
-def _put_back(pairs: list, after: str, snap_id: str, force: bool, leave, settled=()) -> Plan | None:
+def _put_back(pairs: list, after: str, snap_id: str, force: bool, leave, settled=(), kept=None) -> Plan | None:
     """``pairs``: (run directory or shard, its manifest[, the rank it holds])."""
     held = {}  # id(source) -> (source, the run directory or shard whose journal it read)
     host = socket.gethostname()
@@ -372,7 +384,7 @@ def _put_back(pairs: list, after: str, snap_id: str, force: bool, leave, settled
             held[id(source)] = (source, shard)
     if not held:
         return None
-    plan = rollback([source for source, _ in held.values()], after, force, leave, settled)
+    plan = rollback([source for source, _ in held.values()], after, force, leave, settled, kept)
     plan.prefetch()
     plan.apply()
     if plan.failed and not force:
@@ -414,12 +426,13 @@ def _holds(backend, name: str) -> bool:
     return True
 
 
-def settle(source: Source, after_dir: str) -> Plan:
+def settle(source: Source, after_dir: str, kept=None) -> Plan:
     """Plan undoing what the replay wrote before the merge (``watch.notes``: this process's and
-    its workers'): the paths it touched go back to the snapshot's state, in place."""
+    its workers'): the paths it touched go back to the snapshot's state, in place; ``kept``: the
+    copies ``preserve`` kept of files the snapshot holds by length only."""
     watch.merge_journal()
     disk.flush_writers(watch.notes)
-    plan = Plan(after_dir, in_place=True, open_paths=disk.open_paths())
+    plan = Plan(after_dir, in_place=True, open_paths=disk.open_paths(), kept=kept or {})
     excluded = excludes_of(source.table)
     entries = {e["path"]: e for e in source.table.get("entries") or ()}
     for path, note in sorted(watch.notes.items()):
@@ -430,10 +443,27 @@ def settle(source: Source, after_dir: str) -> Plan:
             plan.absent(path, _lstat(path))
         elif stat_.S_ISREG(note.before[0]):
             plan.by_length(path, note.before, _lstat(path), "the replay wrote it")
+    # What was under a directory the replay removed, renamed away or replaced (a setup that
+    # rotates the last run's directory, `os.rename(run_dir, run_dir + ".old")`): the replay never
+    # touched those paths by name, and they stayed missing after the merge (corpus/clean_start.py
+    # --rotate, 2 of 2).
+    gone = {path for path, note in watch.notes.items() if note.kinds & {"moved", "remove", "replaced"}}
+    for path, entry in entries.items():
+        if path not in watch.notes and _under(path, gone):
+            _decide(plan, path, entry, source, excluded)
     for path, entry in entries.items():
         if entry.get("kind") == "dir" and entry.get("names") is not None and path not in watch.notes:
             plan.directory(path, entry, _lstat(path), excluded)  # what the replay's native writers made there
     return plan  # its problems are the replay's own writes: said, never a refusal
+
+
+def _under(path: str, dirs: set) -> bool:
+    parent = os.path.dirname(path)
+    while parent != os.path.dirname(parent):
+        if parent in dirs:
+            return True
+        parent = os.path.dirname(parent)
+    return False
 
 
 def _decide(plan: Plan, path: str, entry: dict, source: Source, excluded) -> None:

@@ -56,7 +56,7 @@ import urllib.parse
 import xxhash
 
 from gpusnap import sources
-from gpusnap.files import commands, guard
+from gpusnap.files import commands, guard, preserve
 from gpusnap.files.journal import JOURNAL  # noqa: F401  (where install's caller puts it)
 from gpusnap.files.paths import Excludes, fd_path, normalize
 
@@ -223,6 +223,7 @@ def _touch(path: str | None, kind: str) -> None:
     if path is None or skipped(path):
         return
     guard.keep(path, kind)  # nothing unless a verify set a guard
+    preserve.keep(path, kind)  # nothing unless a replay guards what its snapshot holds by length only
     note = notes.get(path)
     line = None
     if note is None:

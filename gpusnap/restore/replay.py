@@ -560,6 +560,7 @@ def install(rundir, snap_id: str, config: dict, emit, on_merged, restore_device=
         refused = files.refused_elsewhere(replay.manifest["files"], config, os.environ.get("RANK", "?"), replay.snap_id)
         if refused is not None:
             fail(refused)
+    files.protect(rundir, replay.manifest, config)
     active = replay
     loops.on_loop_start = replay.on_loop_start
     loops.replaying = diverged_by_step

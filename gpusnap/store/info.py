@@ -11,6 +11,9 @@ FORMAT_VERSION = 1
 # What a restart moved aside of the program's files goes into DIR/after-<id>/ (files.rollback):
 # the program's, never read by gpusnap, so left out of the checks of what gpusnap reads.
 AFTER = "after-"
+# What a replay is kept from until its merge, DIR/after-<id>.replay/ (files.preserve): gone after
+# it, and no copy of what the killed run left, so never the uploader's to copy to a store.
+REPLAY_KEPT = ".replay"
 # A snapshot id is its number in decimal, zero-padded to at least this many digits: "000042".
 SNAP_DIGITS = 6
 

@@ -41,7 +41,7 @@ from gpusnap.errors import GpusnapError, StoreError
 from gpusnap import atomic
 from gpusnap.store import index, witness
 from gpusnap.store.backend import Backend
-from gpusnap.store.info import AFTER, utc_now
+from gpusnap.store.info import AFTER, REPLAY_KEPT, utc_now
 from gpusnap.store.local import LocalBackend
 from gpusnap.store.pack import pack_key
 from gpusnap.store.rundir import RUN_JSON, RunDir
@@ -219,7 +219,7 @@ class Uploader:
         put from a read-only map of it, so a later checkpoint of many GB takes no memory of the
         supervisor's own."""
         try:
-            names = [n for n in self.local.backend.list("") if n.startswith(AFTER)]
+            names = [n for n in self.local.backend.list("") if n.startswith(AFTER) and not n.endswith(REPLAY_KEPT)]
         except FileNotFoundError:
             return
         root = pathlib.Path(self.local.path)

@@ -192,6 +192,53 @@ def test_a_loop_with_workers_logging_and_rotating_checkpoints(tmp_path, seed):
     assert_same_files(ref, out)
 
 
+@pytest.mark.parametrize("how", ["rotate", pytest.param("rmtree", marks=pytest.mark.more)])
+def test_a_setup_that_clears_its_output_directory_leaves_the_run_its_files(tmp_path, how):
+    """clean_start.py starts from a clean output directory: its setup renames the last run's
+    `run/` to `run.old` (or removes it), then writes a checkpoint there each epoch. With
+    --files-max below the checkpoints, the replayed setup took the run's directory away: the
+    files under a directory it renamed were never put back, whatever their size, and a
+    checkpoint the snapshot held by its length only was gone for good; the restart said
+    "verified" and ended with 3 files of 6 (2 of 2 each). The replay's hands are kept off
+    such a file until the merge puts it back (files/preserve.py), and what was under a
+    directory the replay renamed or removed goes back too."""
+    script = copy_programs(tmp_path) / "corpus" / "clean_start.py"
+    ref, out = ref_and_out(tmp_path)
+    args = ["--rotate"] if how == "rotate" else []
+    plain(script, ref, *args, cwd=tmp_path, env=ENV)
+    small = {**ENV, "GPUSNAP_FILES_MAX_BYTES": "2500"}
+    restarted = kill_and_restart(script, args, tmp_path, out, random.Random(how), progress(ref), small,
+                                 {**small, "TEST_STEP_SLEEP_S": "0.1"}, floors=(14,))
+    assert "is left as the replay wrote it" not in restarted.stderr, restarted.stderr
+    manifest = json.loads(next((tmp_path / "snaps" / "snapshots").glob("*.json")).read_text())
+    assert any(e.get("why") == "too large" for e in manifest["files"]["entries"]), "no checkpoint held by its length only"
+    assert_same(load_final(ref), load_final(out))
+    assert not list((tmp_path / "snaps").glob("after-*.replay")), "the kept copies stay behind"
+
+
+@pytest.mark.more  # (CI's time: the default run has the restart that merges)
+def test_a_restart_killed_in_its_replay_leaves_the_next_one_what_it_kept(tmp_path):
+    """A restart killed -9 after its replay took the run's directory away (renamed to `run.old`),
+    before its merge: the checkpoints the snapshot holds by length only are in
+    `after-<id>.replay/`, and the next restart's first pass puts them back from there."""
+    script = copy_programs(tmp_path) / "corpus" / "clean_start.py"
+    ref, out = ref_and_out(tmp_path)
+    plain(script, ref, "--rotate", cwd=tmp_path, env=ENV)
+    small = {**ENV, "GPUSNAP_FILES_MAX_BYTES": "2500"}
+    run = Run("run", "--dir", "snaps", script, out, "--rotate", cwd=tmp_path, env={**small, "TEST_STEP_SLEEP_S": "0.1"})
+    snap = interrupt(run, out, tmp_path / "snaps", tmp_path, random.Random(7), progress(ref), 14)
+    stalled = Run("restart", "snaps", cwd=tmp_path, env={**small, "TEST_SETUP_SLEEP_S": "60"})
+    wait_for(lambda: (out / "run.old").exists(), "the replay's rename", proc=stalled)
+    stalled.kill_group()
+    kept = tmp_path / "snaps" / f"after-{snap['id']}.replay"
+    assert len((kept / "kept.jsonl").read_text().splitlines()) >= 1
+    restarted = gpusnap("restart", "snaps", cwd=tmp_path, env=small)
+    assert restarted.returncode == 0, restarted.stderr
+    assert "is left as" not in restarted.stderr, restarted.stderr
+    assert_same(load_final(ref), load_final(out))
+    assert not kept.exists()
+
+
 def test_verify_replay_leaves_the_programs_files_as_it_found_them(tmp_path):
     """`gpusnap verify --replay` restarts a snapshot as a restart would, its files put back to
     the snapshot's state (files_ops.py checks them at every step: the verify fails otherwise),
