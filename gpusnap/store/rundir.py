@@ -165,10 +165,9 @@ class RunDir:
         if not self.local:
             return  # no owners, modes or links in an object store: check_owner says what holds instead
         for dirpath, dirs, files in os.walk(self.path):
-            if dirpath == str(self.path):
-                for name in [d for d in dirs if d.startswith(AFTER)]:
-                    dirs.remove(name)
-                    files.append(name)  # its own entry, as a file's
+            for name in [d for d in dirs if d.startswith(AFTER)]:  # (a shard's own too)
+                dirs.remove(name)
+                files.append(name)  # its own entry, as a file's
             for name in dirs + files:
                 entry = pathlib.Path(dirpath, name)
                 try:
