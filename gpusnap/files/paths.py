@@ -117,6 +117,14 @@ def normalize(raw, dir_fd=None, follow: bool = True) -> str | None:
     return os.path.join(os.path.realpath(parent), name) if name else os.path.realpath(parent)
 
 
+def ancestors(path: str):
+    """The directories above ``path``, nearest first, the root left out."""
+    parent = os.path.dirname(path)
+    while parent != os.path.dirname(parent):
+        yield parent
+        parent = os.path.dirname(parent)
+
+
 def fd_path(fd: int) -> str | None:
     """The path an open file descriptor of this process names (None: not a file, or gone)."""
     try:

@@ -26,6 +26,7 @@ import os
 import shutil
 import stat as stat_
 
+from gpusnap.files.paths import ancestors
 from gpusnap.store.info import AFTER, REPLAY_KEPT
 
 KEPT = "kept.jsonl"
@@ -49,13 +50,7 @@ def install(table: dict, run_dir: str, snap_id: str) -> None:
     if not guarded:
         return
     _dir, _guarded = stash_dir(run_dir, snap_id), frozenset(guarded)
-    holding = set()
-    for path in guarded:
-        parent = os.path.dirname(path)
-        while parent not in holding and parent != os.path.dirname(parent):
-            holding.add(parent)
-            parent = os.path.dirname(parent)
-    _holding = frozenset(holding)
+    _holding = frozenset(at for path in guarded for at in ancestors(path))
 
 
 def uninstall() -> None:

@@ -55,7 +55,7 @@ import xxhash
 from gpusnap import lifeline
 from gpusnap.errors import FilesNotRestorable, GpusnapError
 from gpusnap.files import disk, journal, preserve, watch
-from gpusnap.files.paths import Excludes
+from gpusnap.files.paths import Excludes, ancestors
 from gpusnap.store.info import AFTER
 
 
@@ -449,21 +449,13 @@ def settle(source: Source, after_dir: str, kept=None) -> Plan:
     # --rotate, 2 of 2).
     gone = {path for path, note in watch.notes.items() if note.kinds & {"moved", "remove", "replaced"}}
     for path, entry in entries.items():
-        if path not in watch.notes and _under(path, gone):
+        if path not in watch.notes and any(at in gone for at in ancestors(path)):
             _decide(plan, path, entry, source, excluded)
     for path, entry in entries.items():
         if entry.get("kind") == "dir" and entry.get("names") is not None and path not in watch.notes:
             plan.directory(path, entry, _lstat(path), excluded)  # what the replay's native writers made there
     return plan  # its problems are the replay's own writes: said, never a refusal
 
-
-def _under(path: str, dirs: set) -> bool:
-    parent = os.path.dirname(path)
-    while parent != os.path.dirname(parent):
-        if parent in dirs:
-            return True
-        parent = os.path.dirname(parent)
-    return False
 
 
 def _decide(plan: Plan, path: str, entry: dict, source: Source, excluded) -> None:

@@ -58,7 +58,7 @@ import xxhash
 from gpusnap import sources
 from gpusnap.files import commands, guard, preserve
 from gpusnap.files.journal import JOURNAL  # noqa: F401  (where install's caller puts it)
-from gpusnap.files.paths import Excludes, fd_path, normalize
+from gpusnap.files.paths import Excludes, ancestors, fd_path, normalize
 
 # A file's last bytes before a length, digested: what shows that a file was only appended to
 # since (a rewrite of a log or CSV changes its earlier lines).
@@ -245,13 +245,7 @@ def skipped(path: str) -> bool:
         excluded = _excluded[path] = bool(_excludes(path)) if _excludes is not None else False
     if excluded:
         return True
-    if _temp:
-        at = path
-        while at not in ("/", ""):
-            if at in _temp:
-                return True
-            at = os.path.dirname(at)
-    return False
+    return bool(_temp) and (path in _temp or any(at in _temp for at in ancestors(path)))
 
 
 def state_of(path: str) -> list | None:
