@@ -77,7 +77,7 @@ def settle(rundir, manifest: dict, config: dict, say) -> dict | None:
     after = (config.get("files") or {}).get("after") or os.path.join(str(rundir.path), f"{AFTER}{manifest['id']}")
     source = rollback.Source(manifest["id"], table, manifest.get("buffers") or {},
                              lambda record: rundir.read_buffer(record, snapshot=manifest["id"]))
-    plan = rollback.settle(source, after, preserve.kept())
+    plan = rollback.settle(source, after, preserve.release())
     plan.apply()
     preserve.done({path for path, _ in plan.failed})
     record.resumed(manifest["id"], table)

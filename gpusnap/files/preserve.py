@@ -117,6 +117,15 @@ def kept(folder: str | None = None) -> dict[str, str]:
     return found
 
 
+def release() -> dict[str, str]:
+    """At the merge, before its pass writes: what was kept (``kept``), and nothing more kept from
+    here on (the pass's own moves and writes are no replay's)."""
+    global _guarded, _holding
+    found = kept()
+    _guarded, _holding = frozenset(), frozenset()
+    return found
+
+
 def left_by(run_dir: str, snap_id: str) -> dict[str, str]:
     """What an earlier restart from snapshot ``snap_id`` kept from its replay and never put back
     (refused, or killed, before its merge): for the next restart's first pass."""
