@@ -482,8 +482,9 @@ class KindMerges:
     def _merge_partial(self, live: functools.partial, snap: functools.partial, path: Path):
         """A ``functools.partial`` takes the run's function, arguments and keywords in place. Its
         ``__dict__`` is all a merge by attributes saw: where the run had bound another one at the
-        replay's place (`augment = partial(jitter, strength=0.3)` at a curriculum stage), the
-        replay's arguments stood, "verified" only where the witness's steps did not call it."""
+        replay's place (`trainer.loss_fn = partial(F.smooth_l1_loss, beta=0.5)` at a curriculum
+        stage), the replay's arguments stood: refused by the witness where its steps called it
+        (corpus/partial_stage.py, 2 of 3); one whose result no parameter shows would pass it."""
         parts = _PartialParts(live)
         self._store(parts, "func", (yield (live.func, snap.func, path + ".func")))
         self._store(parts, "args", (yield (live.args, snap.args, path + ".args")))

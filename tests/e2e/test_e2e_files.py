@@ -199,7 +199,7 @@ def test_a_setup_that_clears_its_output_directory_leaves_the_run_its_files(tmp_p
     --files-max below the checkpoints, the replayed setup took the run's directory away: the
     files under a directory it renamed were never put back, whatever their size, and a
     checkpoint the snapshot held by its length only was gone for good; the restart said
-    "verified" and ended with 3 files of 6 (2 of 2 each). The replay's hands are kept off
+    exit 0 and ended with 3 files of 6 (2 of 2 each). The replay's hands are kept off
     such a file until the merge puts it back (files/preserve.py), and what was under a
     directory the replay renamed or removed goes back too."""
     script = copy_programs(tmp_path) / "corpus" / "clean_start.py"
