@@ -61,13 +61,35 @@ def keep(path: str, kind: str) -> None:
             _kept.add(parent)
             records.append({"path": parent, "was": "absent"})
             parent = os.path.dirname(parent)
-        fd = os.open(os.path.join(_dir, KEPT), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:  # one write: the trainee's and its workers' lines stay whole
-            os.write(fd, "".join(json.dumps(r) + "\n" for r in records).encode())
-        finally:
-            os.close(fd)
+        note_kept(_dir, records)
     finally:
         _busy = False
+
+
+def note_kept(folder: str, records: list) -> None:
+    """A line per record in ``folder``'s ``kept.jsonl``, in one write: the lines of the trainee
+    and its workers stay whole. (Also the replay's keeping: ``preserve``.)"""
+    fd = os.open(os.path.join(folder, KEPT), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, "".join(json.dumps(r) + "\n" for r in records).encode())
+    finally:
+        os.close(fd)
+
+
+def read_kept(folder: str) -> list[dict]:
+    """The records of ``folder``'s ``kept.jsonl``, in order; none where there is none."""
+    try:
+        with open(os.path.join(folder, KEPT), "rb") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return []
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue  # a line torn by a kill: its path was not yet written
+    return records
 
 
 def _keep(path: str, kind: str) -> dict:
@@ -92,17 +114,8 @@ def _keep(path: str, kind: str) -> dict:
 def put_back(guard_dir: str) -> tuple[int, list[tuple[str, str]]]:
     """Return every kept path to its kept state. Returns (paths put back, [(path, why)] that
     could not be)."""
-    try:
-        with open(os.path.join(guard_dir, KEPT), "rb") as f:
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        return 0, []
     first: dict[str, dict] = {}
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line torn by a kill: its path was not yet written
+    for record in read_kept(guard_dir):
         first.setdefault(record["path"], record)
     failed = []
     # Whole directories first, outermost first; then single paths, deepest first (what the verify
@@ -142,19 +155,28 @@ def _put(path: str, record: dict) -> None:
     elif was == "dir":
         shutil.copytree(record["copy"], path, symlinks=True)
     else:
-        try:
-            os.replace(record["copy"], path)
-        except OSError:  # the copy is on another file system than the program's file
-            _copy(record["copy"], path)
+        put_copy(record["copy"], path)
 
 
-def _copy(source: str, path: str) -> None:
-    """Put a copy of ``source`` at ``path``, whole or not at all, with its mode and times."""
-    with open(source, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else contextlib.nullcontext(b"") as data:
-            atomic.write_file(path, [data], mode=stat_.S_IMODE(os.fstat(f.fileno()).st_mode))
-    shutil.copystat(source, path)
+def put_copy(copy: str, path: str) -> None:
+    """The kept ``copy`` at ``path`` in its place: renamed there, or, from another file system
+    than the program's file, copied whole or not at all, with its mode and times."""
+    try:
+        os.replace(copy, path)
+    except OSError:
+        with mapped(copy) as (data, mode):
+            atomic.write_file(path, [data], mode=mode)
+        shutil.copystat(copy, path)
+
+
+@contextlib.contextmanager
+def mapped(path: str):
+    """(a read-only map of the file at ``path``, its mode bits): a checkpoint of many GB is read
+    through the page cache, not copied into memory."""
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        with mmap.mmap(f.fileno(), st.st_size, access=mmap.ACCESS_READ) if st.st_size else contextlib.nullcontext(b"") as data:
+            yield data, stat_.S_IMODE(st.st_mode)
 
 
 def _clear(path: str) -> None:

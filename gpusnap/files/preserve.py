@@ -14,22 +14,19 @@ rewrites such a file (or a directory holding one), the audit hook keeps it: a ha
 ``DIR/after-<id>.replay/`` (its content outlives the removal; a copy where the run directory is
 on another file system, or where the file is rewritten in place). The merge's pass
 (``rollback.settle``) puts each back from there; what is left there afterwards is removed.
-Each kept path is a line of ``kept.jsonl`` there: the replay's DataLoader workers keep theirs too.
+Each kept path is a line of ``kept.jsonl`` there, as the verify's guard writes its own: the replay's
+DataLoader workers keep theirs too.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import mmap
 import os
 import shutil
-import stat as stat_
 
+from gpusnap.files import guard
 from gpusnap.files.paths import ancestors
 from gpusnap.store.info import AFTER, REPLAY_KEPT
 
-KEPT = "kept.jsonl"
 _DESTROYS = frozenset({"remove", "moved", "replaced", "rewrite"})  # watch's kinds that end a file's content there
 
 _dir: str | None = None
@@ -70,29 +67,36 @@ def keep(path: str, kind: str) -> None:
 
 
 def _keep(paths, copy: bool) -> None:
-    lines = []
+    """``copy``: the file is about to be rewritten in place, where a link would see the new
+    content."""
+    records = []
     for path in paths:
         if path in _kept or not os.path.isfile(path):
             continue
         _kept.add(path)
         os.makedirs(_dir, mode=0o700, exist_ok=True)
         to = os.path.join(_dir, f"{os.getpid()}-{len(_kept)}-{os.urandom(4).hex()}")
-        try:
-            if copy:
-                raise OSError  # rewritten in place: a link would see the new content
-            os.link(path, to)
-        except OSError:
-            try:
-                shutil.copy2(path, to)
-            except OSError:
-                continue  # (not kept: the merge's pass says it is left as the replay wrote it)
-        lines.append(json.dumps({"path": path, "copy": to}) + "\n")
-    if lines:
-        fd = os.open(os.path.join(_dir, KEPT), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:  # one write: the trainee's and its workers' lines stay whole
-            os.write(fd, "".join(lines).encode())
-        finally:
-            os.close(fd)
+        if (copy or not _linked(path, to)) and not _copied(path, to):
+            continue  # (not kept: the merge's pass says it is left as the replay wrote it)
+        records.append({"path": path, "copy": to})
+    if records:
+        guard.note_kept(_dir, records)
+
+
+def _linked(path: str, to: str) -> bool:
+    try:
+        os.link(path, to)
+        return True
+    except OSError:  # the run directory is on another file system
+        return False
+
+
+def _copied(path: str, to: str) -> bool:
+    try:
+        shutil.copy2(path, to)
+        return True
+    except OSError:
+        return False
 
 
 def kept(folder: str | None = None) -> dict[str, str]:
@@ -102,19 +106,7 @@ def kept(folder: str | None = None) -> dict[str, str]:
     folder = folder or _dir
     if folder is None:
         return {}
-    found: dict[str, str] = {}
-    try:
-        with open(os.path.join(folder, KEPT), "rb") as f:
-            for line in f.read().splitlines():
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue  # a line torn by a kill
-                if os.path.lexists(record["copy"]):
-                    found[record["path"]] = record["copy"]
-    except FileNotFoundError:
-        pass
-    return found
+    return {r["path"]: r["copy"] for r in guard.read_kept(folder) if os.path.lexists(r["copy"])}
 
 
 def release() -> dict[str, str]:
@@ -138,16 +130,11 @@ def put(path: str, copy: str, in_place: bool) -> None:
     from gpusnap.files import disk
 
     if in_place:
-        with open(copy, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else contextlib.nullcontext(b"") as data:
-                disk.write_in_place(path, data, stat_.S_IMODE(os.fstat(f.fileno()).st_mode))
+        with guard.mapped(copy) as (data, mode):
+            disk.write_in_place(path, data, mode)
         return
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    try:
-        os.replace(copy, path)
-    except OSError:  # another file system than the program's file
-        shutil.copy2(copy, path)
+    guard.put_copy(copy, path)
 
 
 def done(failed=()) -> None:

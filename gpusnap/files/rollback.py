@@ -457,7 +457,6 @@ def settle(source: Source, after_dir: str, kept=None) -> Plan:
     return plan  # its problems are the replay's own writes: said, never a refusal
 
 
-
 def _decide(plan: Plan, path: str, entry: dict, source: Source, excluded) -> None:
     cur = _lstat(path)
     kind = entry.get("kind")
