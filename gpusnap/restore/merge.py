@@ -186,6 +186,7 @@ class Merger(KindMerges):
         self._live_arrays: list[tuple[int, int, object, object]] = []
         self._live_sets: dict[int, set] = {}  # id(snapshot set) -> the live set at its first place
         self._set_claims: dict[int, int] = {}  # id(live set) -> id(the snapshot set that claimed it first)
+        self._replayed_methods: dict[int, types.MethodType] = {}  # id(snapshot method) -> the replay's at its place
 
     def value(self, live, snap, path: str | Path):
         return self._drive(self._place(live, snap, Path(path) if isinstance(path, str) else path))
@@ -421,6 +422,14 @@ class Merger(KindMerges):
             return done
         if id(snap) in self._building:
             return snap  # a tuple reached through its own items: the one place it cannot be rebuilt
+        if type(snap) is types.MethodType:
+            # Bound at finish to its owner's counterpart, whatever the replay holds here: its own
+            # method may be another one (`self.loss_fn = self.focal_loss` at a phase change) or
+            # a partial the run had replaced (the transformers Trainer's `gather_function`, a
+            # partial of the accelerator's method until its first evaluation).
+            if type(live) is types.MethodType:
+                self._replayed_methods[id(snap)] = live
+            return self._wait(snap, path)
         if isinstance(snap, HookHandle):
             return _Steps(self._merge_hook_handle(live, snap, path))
         if isinstance(snap, ShardedState):
@@ -506,6 +515,8 @@ class Merger(KindMerges):
             return self._align(snap, corebuffers.build(snap, path, self.write_device), path)
         if type(snap) in (tuple, set, frozenset) or (isinstance(snap, tuple) and hasattr(type(snap), "_make")):
             return self._align(snap, self._rebuilt(snap, path), path)
+        if type(snap) is types.MethodType:
+            return self._align(snap, self._bound(snap, path), path)
         if self._np is not None and type(snap) is self._np.ndarray:
             over_live = self._ndarray_over_live(snap)
             if over_live is not None:
@@ -514,6 +525,16 @@ class Merger(KindMerges):
             self._same_grad_hooks(snap, snap, path)
         self._adopted.append((snap, path))
         return self._align(snap, snap, path)
+
+    def _bound(self, snap, path: Path):
+        """A method the run had bound, bound to what stands for its owner now (the resolver
+        binds it): the replay's own method object where that is the same method of the same
+        object (`draw = rng.rand` beside the generator it draws from)."""
+        bound = self._resolver(self._remapping if self._remapping is not None else [])(snap, path)
+        replayed = self._replayed_methods.get(id(snap))
+        if replayed is not None and replayed.__func__ is bound.__func__ and replayed.__self__ is bound.__self__:
+            return replayed
+        return bound
 
     def _rebuilt(self, snap, path: Path):
         """A tuple (or namedtuple) or set the run made after setup, with what stands for its items

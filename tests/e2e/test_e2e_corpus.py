@@ -141,8 +141,15 @@ CORPUS = {
     # runs/exp2/results.csv, whose file and csv.writer were kept, and the restarted run wrote its
     # later rows there, "verified", 2 of 2, until the run's file was opened again (restore.merge)
     "increment_dir": ("increment_dir.py", [], 10, "gpusnap: fast-forward "),
+    # a trainer object that rebinds its own methods at phase changes (`self.score = self.top3`),
+    # past the second: the merge kept the replay's bound method, and the scores after the restart
+    # were top-1's, "verified" with other bytes, 2 of 2, until a method the run bound was bound to
+    # its owner's counterpart (restore.merge); the loss's switch too: the full set
+    "method_switch-score-only": ("method_switch.py", ["--score-only"], 21, "gpusnap: fast-forward "),
 }
 MORE = {
+    # the same with the loss switched after the warm-up: refused by the witness, 2 of 2, before
+    "method_switch": ("method_switch.py", [], 21, "gpusnap: fast-forward "),
     # everything printed goes to a log file too, through a Tee object put in place of sys.stdout
     # at start (exact at the first try, 3 of 3)
     "tee_stdout": ("tee_stdout.py", [], 0, "gpusnap: fast-forward "),
