@@ -39,6 +39,7 @@ class After:
     """What a journal says of the paths touched after a snapshot's marker."""
 
     paths: dict = field(default_factory=dict)  # path -> its state before its first touch after the marker
+    at: dict = field(default_factory=dict)  # path -> when that touch was (time_ns), where the journal says
     cut: str | None = None  # why writes after the marker may be missing from the journal, or None
 
 
@@ -52,11 +53,13 @@ def read(rd) -> bytes | None:
 
 def after(data: bytes | None, token: str | None) -> After:
     """path -> its state before its first touch, for every path the journal names after the
-    marker ``token`` (the first line of each path after it counts), and whether that is all.
+    marker ``token`` (the first line of each path after it counts), with when that was, and
+    whether that is all.
     No journal at all says nothing (a verify's scratch copy has none)."""
     if not token or data is None:
         return After()
     found: dict = {}
+    at: dict = {}
     seen = False
     cut = None
     for line in data.splitlines():
@@ -77,9 +80,11 @@ def after(data: bytes | None, token: str | None) -> After:
         p = record.get("path")
         if p is not None and p not in found:
             found[p] = record.get("before")
+            if record.get("at") is not None:
+                at[p] = record["at"]
     if not seen:
         return After(cut="the run's file journal does not hold the snapshot's marker")
-    return After(moved.here(found), cut)
+    return After(paths=moved.here(found), at=moved.here(at), cut=cut)
 
 
 def restarted(rd, snap_id: str) -> None:

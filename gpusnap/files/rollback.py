@@ -240,14 +240,16 @@ class Plan:
 
 
 def rollback(sources: list[Source], after_dir: str, force: bool, leave=lambda path: False, settled=(), kept=None) -> Plan:
-    """Plan putting the files of ``sources`` (lowest rank first: a path several ranks wrote is
-    put back by the first) back to their snapshots' state, but those ``leave(path)`` names (the
+    """Plan putting the files of ``sources`` (lowest rank first: a path in several ranks' tables
+    is put back by the first's, one only their journals name by the rank that touched it first)
+    back to their snapshots' state, but those ``leave(path)`` names (the
     restart's own ``--files-exclude``) and those ``settled`` names (the file tables another
     supervisor of this host has put back for the same restart); refuse when some cannot be,
     unless ``force``. ``kept``: copies an earlier restart's replay kept (``preserve.left_by``).
     The caller applies the plan."""
     plan = Plan(after_dir, in_place=False, kept=kept or {})
     decided: set[str] = {e["path"] for table in settled for e in table.get("entries") or ()}
+    read = []
     for source in sources:
         recorded = excludes_of(source.table)
         excluded = lambda path, recorded=recorded: recorded(path) or leave(path)  # noqa: E731
@@ -255,15 +257,22 @@ def rollback(sources: list[Source], after_dir: str, force: bool, leave=lambda pa
         after = journal.after(source.journal, source.table.get("token"))
         if after.cut is not None:
             plan.cut.append((source, after.cut, _outlived([*entries, *after.paths], excluded)))
-        missing = _missing_dirs(source, entries)
+        read.append((source, excluded, entries, after, _missing_dirs(source, entries)))
+    # A path in a snapshot's table goes back by it, whichever rank's journal touched it since.
+    for source, excluded, entries, after, missing in read:
         for path, entry in sorted(entries.items()):
             if path in decided or leave(path):
                 continue
             decided.add(path)
             if not missing(path, plan):
                 _decide(plan, path, entry, source, excluded)
+    # Any other by the rank that touched it first after the snapshot: it saw what was there then.
+    # (Two ranks that save one checkpoint: rank 1 made `checkpoint_3/`, then rank 0 found it
+    # there, and the directory made after the snapshot was left in place, empty.)
+    first = _first_touches(read)
+    for source, excluded, entries, after, missing in read:
         for path, before in sorted(after.paths.items()):
-            if path in decided or path in entries or excluded(path):
+            if path in decided or first.get(path, source) is not source or excluded(path):
                 continue
             decided.add(path)
             if missing(path, None):
@@ -293,6 +302,19 @@ def rollback(sources: list[Source], after_dir: str, force: bool, leave=lambda pa
             raise FilesNotRestorable(f"cannot put {path} back as it was at snapshot {sources[0].snap_id}: it was {why}{more}",
                                      _GONE_HINT if gone else None, problems=plan.problems)
     return plan
+
+
+def _first_touches(read: list) -> dict:
+    """path -> the source whose journal touched it first after the snapshot, for the paths in
+    more than one journal: by when (a journal written before 2026-12-03 says nothing of it,
+    and the lowest rank's counts)."""
+    seen: dict = {}
+    for order, (source, _, _, after, _) in enumerate(read):
+        for path in after.paths:
+            key = (after.at.get(path, 0), order)
+            if path not in seen or key < seen[path][0]:
+                seen[path] = (key, source)
+    return {path: source for path, (_, source) in seen.items()}
 
 
 def before_replay(rd, snap_id: str, force: bool, leave=lambda path: False, shared=None, ranks=None) -> Plan | None:

@@ -51,6 +51,7 @@ import os
 import stat as stat_
 import struct
 import sys
+import time
 import urllib.parse
 
 import xxhash
@@ -229,7 +230,9 @@ def _touch(path: str | None, kind: str) -> None:
     if note is None:
         note = notes[path] = Note(state_of(path))
         note.made = note.before is None and kind in _MAKES
-        line = {"path": path, "kind": kind, "pid": os.getpid(), "before": note.before}
+        # `at`: when, by the wall clock the ranks of a node share: of the ranks that touched a
+        # path after a snapshot, the first saw what the snapshot's moment left there.
+        line = {"path": path, "kind": kind, "pid": os.getpid(), "before": note.before, "at": time.time_ns()}
     if kind in _IN_PLACE:
         note.rewritten_at = _bump()
     if kind not in note.kinds:

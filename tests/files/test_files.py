@@ -258,6 +258,44 @@ def test_a_file_several_ranks_wrote_is_put_back_once_as_the_lowest_rank_recorded
     assert [to for _, to in plan.copied] == [f"{tmp_path}/run/after-000004{shared}", f"{tmp_path}/run/after-000004{own}"]
 
 
+def test_a_directory_two_ranks_touched_after_the_snapshot_goes_back_as_the_first_one_found_it(tmp_path):
+    """Accelerate's save_state on two ranks after the snapshot: rank 1 made `checkpoint_3/` and
+    wrote its RNG states there, rank 0 then found the directory and wrote the model beside them.
+    Decided by rank 0's journal (the lowest rank), the directory had been there before: its files
+    went aside and it stayed, empty, and the replay's setup took it for the newest checkpoint
+    (refused, FileNotFoundError, 2 of 2). The rank that touched a path first after the snapshot
+    says what was there then; a file in a rank's table goes back by the table, whichever rank's
+    journal touched it."""
+    from gpusnap.files import watch
+    from gpusnap.files.rollback import Source, rollback
+
+    made = tmp_path / "checkpoints" / "checkpoint_3"
+    made.mkdir(parents=True)
+    (made / "random_states_1.pkl").write_bytes(b"rank 1")
+    (made / "model.safetensors").write_bytes(b"rank 0")
+    log = tmp_path / "train.log"
+    log.write_text("one\ntwo\nthree\n")
+    dir_state = watch.state_of(str(made))
+    entry = {"path": str(log), "kind": "file", "mode": log.stat().st_mode, "made": True, "size": 8, "mtime_ns": 1,
+             "ctime_ns": 1, "ino": log.stat().st_ino, "why": "too large", "tail": watch.tail_digest(str(log), 8)}
+
+    def journal(*records):
+        return _lines({"snapshot": "000002", "token": "t", "pid": 1}, *records)
+
+    rank0 = journal({"path": str(made), "kind": "mkdir", "pid": 1, "before": dir_state, "at": 200},
+                    {"path": str(made / "model.safetensors"), "kind": "write", "pid": 1, "before": None, "at": 201},
+                    {"path": str(log), "kind": "append", "pid": 1, "before": watch.state_of(str(log)), "at": 202})
+    rank1 = journal({"path": str(made), "kind": "mkdir", "pid": 2, "before": None, "at": 100},
+                    {"path": str(made / "random_states_1.pkl"), "kind": "write", "pid": 2, "before": None, "at": 101})
+    sources = [Source("000002", {"token": "t"}, {}, None, rank0), Source("000002", {"token": "t", "entries": [entry]}, {}, None, rank1)]
+    plan = rollback(sources, str(tmp_path / "run" / "after-000002"), force=False)
+    assert not plan.problems and plan.cuts == [(str(log), 8)]
+    plan.apply()
+    assert not made.exists() and sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == []
+    assert (tmp_path / "run" / f"after-000002{made}" / "model.safetensors").read_bytes() == b"rank 0"
+    assert log.read_text() == "one\ntwo\n"
+
+
 def _lines(*records) -> bytes:
     return b"".join(json.dumps(r).encode() + b"\n" for r in records)
 
