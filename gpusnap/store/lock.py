@@ -4,7 +4,10 @@ The lock is the file ``lock`` holding {host, pid, time, purpose, token} as JSON,
 exclusive ``flock`` on it. The kernel drops the flock when its process dies, so a lock whose
 holder is gone is stale and simply taken over; the JSON is what the message to the user shows.
 The lock file descriptor is close-on-exec, so a program started by the holder does not inherit
-it. The file is opened without following a symbolic link, and only when it is a plain file of
+it, and a process the holder forks (a DataLoader worker, the snapshot's writer) closes its copy
+first thing: a flock belongs to the open file, which fork shares, and the workers of a rank
+killed -9 held its shard's lock until they noticed their parent was gone (seconds), while a
+restart was refused, naming the dead rank. The file is opened without following a symbolic link, and only when it is a plain file of
 the user's own (``atomic.open_private``): a ``lock`` linked to another file must not make gc
 write into that file.
 
@@ -32,6 +35,7 @@ import secrets
 import socket
 import threading
 import time
+import weakref
 
 from gpusnap import knobs
 from gpusnap.errors import RunDirError, RunDirLocked, RunDirPermission
@@ -111,6 +115,25 @@ def check_token(root: pathlib.Path, token: str | None) -> None:
                            "earlier snapshots are intact")
 
 
+_held: weakref.WeakSet = weakref.WeakSet()  # the locks this process holds
+
+
+def _let_go_in_child() -> None:
+    """In a forked child: close the copies of the parent's lock descriptors, and hold nothing
+    (a ``release`` there would unlock the parent's)."""
+    for lock in list(_held):
+        if lock._fd >= 0:
+            try:
+                os.close(lock._fd)
+            except OSError:
+                pass
+            lock._fd = -1
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_let_go_in_child)
+
+
 class RunLock:
     """Held from acquire until release(); usable as a context manager."""
 
@@ -171,9 +194,11 @@ class RunLock:
                       "token": self.token}
             self._record = json.dumps(record).encode() + b"\n"
             self._fd = fd
+            _held.add(self)
             self._write_record()
         except BaseException:
             self._fd = -1
+            _held.discard(self)
             os.close(fd)  # closing drops the flock
             raise
 
@@ -227,6 +252,7 @@ class RunLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = -1
+            _held.discard(self)
 
     def __enter__(self) -> "RunLock":
         return self

@@ -135,6 +135,43 @@ HOLDER = textwrap.dedent(
 )
 
 
+FORKING_HOLDER = textwrap.dedent(
+    """
+    import os, sys, time
+    from gpusnap.store import RunDir
+    lock = RunDir.open(sys.argv[1]).lock("run")
+    if os.fork() == 0:  # a DataLoader worker of the holder: it outlives a kill -9 of the holder for a while
+        time.sleep(60)
+        os._exit(0)
+    print("locked", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_a_process_the_holder_forked_does_not_keep_its_lock_once_the_holder_is_killed(tmp_path):
+    """A rank with DataLoader workers, killed -9: its orphaned workers held the rank's lock, a
+    flock shared through fork, until they noticed their parent was gone, and a restart meanwhile
+    was refused ("is used by pid ...", the dead rank's). A forked child closes its copy."""
+    import psutil
+
+    rd = RunDir.create(tmp_path / "run", IDENTITY)
+    holder = subprocess.Popen([sys.executable, "-c", FORKING_HOLDER, str(rd.path)], stdout=subprocess.PIPE, text=True)
+    children = []
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        children = psutil.Process(holder.pid).children()
+        holder.kill()
+        holder.wait()
+        assert [child.is_running() for child in children] == [True]
+        with rd.lock("run") as lock:
+            assert lock.took_over["pid"] == holder.pid
+    finally:
+        holder.kill()
+        for child in children:
+            child.kill()
+
+
 def test_two_runs_on_one_directory(tmp_path):
     rd = RunDir.create(tmp_path / "run", IDENTITY)
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(rd.path)], stdout=subprocess.PIPE, text=True)
