@@ -497,6 +497,14 @@ def _module_attribute(module, name):
     return getattr(importlib.import_module(module), name)
 
 
+def _bound_method(func, owner):
+    """A function bound to an object by hand (``types.MethodType(noisy_forward, model)``), which
+    its owner's class has no method of that name to get it by."""
+    import types
+
+    return types.MethodType(func, owner)
+
+
 def _set_state(obj, state):
     """pickle's BUILD without looking ``__setstate__`` up on the instance: a class whose
     ``__getattr__`` reads its own attributes (a wrapper that forwards to ``self._wrapped``)

@@ -75,6 +75,7 @@ from gpusnap.graph.load import (
     ShardedState,
     Unbuilt,
     Unkept,
+    _bound_method,
 )
 from gpusnap.graph.walk import ATOMS as _ATOMS
 from gpusnap.graph.walk import Path, children, slot_values
@@ -783,10 +784,14 @@ class Merger(KindMerges):
     def _built_again(self, snap: Unbuilt, path: Path):
         """A ``functools.partial`` or ``defaultdict`` the run made over a local function in a step
         the replay skipped, built again over that function made again; its arguments or entries
-        go in with the adopted objects' remap. Refused where the function cannot be made."""
+        go in with the adopted objects' remap; a method bound by hand (``types.MethodType``), bound
+        again to its owner's counterpart. Refused where the function cannot be made."""
         made = self._made_function(snap.args[0], path + ".func")
         if made is None:
             raise _unbuilt_here(snap, path)
+        if snap.func is _bound_method:  # bound to its owner's counterpart, as the resolver binds methods
+            owner = self._resolver(self._remapping if self._remapping is not None else [])(snap.args[1], path + ".__self__")
+            return types.MethodType(made, owner)
         if snap.func is collections.defaultdict:
             built = collections.defaultdict(made)
             dict.update(built, snap.entries)
@@ -834,8 +839,11 @@ def _resolve_items(obj: dict, resolve, path: Path) -> None:
 
 
 def _over_a_local_function(snap: Unbuilt) -> bool:
-    """A ``defaultdict(lambda: 0)`` or ``functools.partial(local_function, ...)``: what failed to
-    build is one of those, over a function the snapshot holds as a placeholder."""
+    """A ``defaultdict(lambda: 0)``, ``functools.partial(local_function, ...)`` or
+    a function bound by hand (``_bound_method``): what failed to build is one of those, over a
+    function the snapshot holds as a placeholder."""
+    if snap.func is _bound_method:
+        return len(snap.args) == 2 and isinstance(snap.args[0], LiveFunction)
     return (snap.func in (collections.defaultdict, functools.partial) and len(snap.args) == 1
             and isinstance(snap.args[0], LiveFunction)
             and (snap.func is collections.defaultdict or (isinstance(snap.state, tuple) and len(snap.state) == 4)))

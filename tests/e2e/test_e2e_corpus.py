@@ -150,6 +150,11 @@ CORPUS = {
 MORE = {
     # the same with the loss switched after the warm-up: refused by the witness, 2 of 2, before
     "method_switch": ("method_switch.py", [], 21, "gpusnap: fast-forward "),
+    # `model.forward = types.MethodType(noisy_forward, model)` after the warm-up (--local: a
+    # function main() makes), past the epoch after it: refused, 2 of 2 ("'Sequential' object has
+    # no attribute 'noisy_forward'"), until such a method was kept as its function and owner
+    "patched_forward": ("patched_forward.py", [], 31, "gpusnap: fast-forward "),
+    "patched_forward-local": ("patched_forward.py", ["--local"], 31, "gpusnap: fast-forward "),
     # everything printed goes to a log file too, through a Tee object put in place of sys.stdout
     # at start (exact at the first try, 3 of 3)
     "tee_stdout": ("tee_stdout.py", [], 0, "gpusnap: fast-forward "),

@@ -348,6 +348,26 @@ def test_a_method_the_run_bound_is_bound_to_its_owners_live_counterpart(tmp_path
     assert merged["same"] is replayed_same
 
 
+def doubled_forward(self, x):
+    return torch.nn.Linear.forward(self, x) * 2
+
+
+def test_a_function_bound_to_an_object_by_hand_is_bound_again_to_the_objects_live_counterpart(tmp_path):
+    """`model.forward = types.MethodType(noisy_forward, model)` at a phase change: the snapshot
+    held the method as `getattr(model, "noisy_forward")`, which no model has, and the restart was
+    refused (corpus/patched_forward.py, 2 of 2). It is held as its function and its owner, and
+    bound to the owner's live counterpart."""
+    torch.manual_seed(0)
+    run = torch.nn.Linear(2, 2)
+    run.forward = types.MethodType(doubled_forward, run)
+    snap, _ = snapshot_and_load(tmp_path, {"model": run})
+    torch.manual_seed(1)
+    live = torch.nn.Linear(2, 2)
+    merged = merge_into({"model": live}, snap)["model"]
+    assert merged is live and vars(live)["forward"].__self__ is live and vars(live)["forward"].__func__ is doubled_forward
+    assert torch.equal(live(torch.ones(1, 2)), run(torch.ones(1, 2)))
+
+
 def test_an_inference_tensor_the_replay_made_takes_the_runs_bytes_in_place(tmp_path):
     """A baseline evaluated under torch.inference_mode() in setup: the replay's is an inference
     tensor, which takes no update in place outside that mode, and the merge failed (refused,

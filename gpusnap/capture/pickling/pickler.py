@@ -82,6 +82,7 @@ from gpusnap.graph.iterpickle import IterativePickler
 from gpusnap.graph.load import (
     MEMORY_FILES,
     WEAK_MAPPINGS,
+    _bound_method,
     _construct,
     _device_pointer,
     _hook_handle,
@@ -406,6 +407,10 @@ class GraphPickler(BufferReducers, pickle.Pickler):
                 return _module_attribute, (module, name)
         if type(obj) is types.BuiltinFunctionType and not (owner is None or isinstance(owner, (type, types.ModuleType))):
             return self._live(obj)
+        if type(obj) is types.MethodType and not isinstance(owner, type) and getattr(type(owner), name, None) is not obj.__func__:
+            # A function bound to an object by hand (`model.forward = types.MethodType(noisy_forward,
+            # model)` at a phase change): its owner has no method of that name to get it by.
+            return _guarded(obj, (_bound_method, (obj.__func__, owner)))
         try:
             rv = obj.__reduce_ex__(PROTOCOL)
         except Exception:
