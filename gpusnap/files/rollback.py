@@ -305,9 +305,8 @@ def rollback(sources: list[Source], after_dir: str, force: bool, leave=lambda pa
 
 
 def _first_touches(read: list) -> dict:
-    """path -> the source whose journal touched it first after the snapshot, for the paths in
-    more than one journal: by when (a journal written before 2026-12-03 says nothing of it,
-    and the lowest rank's counts)."""
+    """path -> the source whose journal touched it first after the snapshot, by when (a
+    journal written before 2026-12-03 says nothing of it, and the lowest rank's counts)."""
     seen: dict = {}
     for order, (source, _, _, after, _) in enumerate(read):
         for path in after.paths:

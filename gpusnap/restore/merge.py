@@ -531,7 +531,7 @@ class Merger(KindMerges):
         """A method the run had bound, bound to what stands for its owner now (the resolver
         binds it): the replay's own method object where that is the same method of the same
         object (`draw = rng.rand` beside the generator it draws from)."""
-        bound = self._resolver(self._remapping if self._remapping is not None else [])(snap, path)
+        bound = self._resolve_now()(snap, path)
         replayed = self._replayed_methods.get(id(snap))
         if replayed is not None and replayed.__func__ is bound.__func__ and replayed.__self__ is bound.__self__:
             return replayed
@@ -543,8 +543,7 @@ class Merger(KindMerges):
         did, not of the snapshot's copies (which no training would move), and ``p in frozen``
         finds the live parameters. A tuple or frozenset is built anew, a set refilled, here at
         ``finish`` (every live counterpart known), where it settles a place."""
-        # What resolving adopts is remapped in turn: by _remap_adopted's walk where it runs now.
-        resolve = self._resolver(self._remapping if self._remapping is not None else [])
+        resolve = self._resolve_now()
         items = [resolve(item, path + f"[{i}]") for i, item in enumerate(snap)]
         if type(snap) is set:
             # The live set where the replay held one at its place, as a list's merge keeps the
@@ -594,6 +593,11 @@ class Merger(KindMerges):
                 for name, value in slot_values(obj).items():  # a @dataclass(slots=True) of the program's
                     object.__setattr__(obj, name, resolve(value, path + f".{name}"))
         self._remapping = None
+
+    def _resolve_now(self):
+        """A resolver for what is built at finish; what resolving adopts is remapped in turn (by
+        ``_remap_adopted``'s walk, where it runs now)."""
+        return self._resolver(self._remapping if self._remapping is not None else [])
 
     def _resolver(self, todo: list):
         def resolve(item, path: Path):
@@ -765,7 +769,7 @@ class Merger(KindMerges):
             if not isinstance(made, cls):
                 return None
         elif "items" in snap.made:
-            resolve = self._resolver(self._remapping if self._remapping is not None else [])
+            resolve = self._resolve_now()
             made = _new_of(cls, [resolve(item, path + f"[{i}]") for i, item in enumerate(snap.made["items"])])
         else:
             made = _new_of(cls)
@@ -790,7 +794,7 @@ class Merger(KindMerges):
         if made is None:
             raise _unbuilt_here(snap, path)
         if snap.func is _bound_method:  # bound to its owner's counterpart, as the resolver binds methods
-            owner = self._resolver(self._remapping if self._remapping is not None else [])(snap.args[1], path + ".__self__")
+            owner = self._resolve_now()(snap.args[1], path + ".__self__")
             return types.MethodType(made, owner)
         if snap.func is collections.defaultdict:
             built = collections.defaultdict(made)

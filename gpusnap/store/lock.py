@@ -7,8 +7,8 @@ The lock file descriptor is close-on-exec, so a program started by the holder do
 it, and a process the holder forks (a DataLoader worker, the snapshot's writer) closes its copy
 first thing: a flock belongs to the open file, which fork shares, and the workers of a rank
 killed -9 held its shard's lock until they noticed their parent was gone (seconds), while a
-restart was refused, naming the dead rank. The file is opened without following a symbolic link, and only when it is a plain file of
-the user's own (``atomic.open_private``): a ``lock`` linked to another file must not make gc
+restart was refused, naming the dead rank. The file is opened without following a symbolic
+link, and only when it is a plain file of the user's own (``atomic.open_private``): a ``lock`` linked to another file must not make gc
 write into that file.
 
 Where flock does not reach another host (some network file systems), two hosts could both
