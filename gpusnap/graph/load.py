@@ -424,11 +424,27 @@ class LiveGenerator(LiveOnly):
         self.qualname, self.locals = state
 
 
+class LiveBuiltinMethod(LiveOnly):
+    """A builtin method bound to an object of plain data (`record = losses.append`, `draw =
+    rng.random`): live-only, with its owner (in the graph as any object) and its name, so that
+    the merge binds it to the owner's live counterpart, not to whatever the replay bound there."""
+
+    __slots__ = ("owner", "name")
+
+    def __init__(self, serial: int, type_name: str, owner=None, name: str = ""):
+        super().__init__(serial, type_name)
+        self.owner, self.name = owner, name
+
+
 _loading = threading.local()
 
 
 def _live_only(serial, name):
     return LiveOnly(serial, name)
+
+
+def _live_builtin_method(serial, name, owner, method):
+    return LiveBuiltinMethod(serial, name, owner, method)
 
 
 def _live_file(serial, name, state):

@@ -65,6 +65,7 @@ from gpusnap.graph.load import (
     WEAK_MAPPINGS,
     CoreBuffer,
     HookHandle,
+    LiveBuiltinMethod,
     LiveClass,
     LiveFile,
     LiveFunction,
@@ -358,6 +359,13 @@ class Merger(KindMerges):
             raise StateMismatch(f"{path}: the snapshot's {snap.type_name} {snap.why}; no snapshot can hold that", snap.hint)
         if isinstance(snap, LiveObject) and snap.made and (placed := self._instance_place(live, snap, path)) is not None:
             return placed
+        if type(snap) is LiveBuiltinMethod:  # bound at finish to its owner's counterpart (_bound_builtin)
+            done = self.aligned.get(id(snap), _MISSING)
+            if done is not _MISSING:
+                return done
+            if live is not None:
+                self._replayed_methods[id(snap)] = live
+            return self._wait(snap, path)
         if isinstance(snap, (LiveOnly, Unbuilt)):
             if live is not None and self._writes_elsewhere(live, snap):
                 live = None  # the run's file is opened again, a writer made again over it
@@ -518,6 +526,8 @@ class Merger(KindMerges):
             return self._align(snap, self._rebuilt(snap, path), path)
         if type(snap) is types.MethodType:
             return self._align(snap, self._bound(snap, path), path)
+        if type(snap) is LiveBuiltinMethod:
+            return self._align(snap, self._bound_builtin(snap, path), path)
         if self._np is not None and type(snap) is self._np.ndarray:
             over_live = self._ndarray_over_live(snap)
             if over_live is not None:
@@ -536,6 +546,22 @@ class Merger(KindMerges):
         if replayed is not None and replayed.__func__ is bound.__func__ and replayed.__self__ is bound.__self__:
             return replayed
         return bound
+
+    def _bound_builtin(self, snap: LiveBuiltinMethod, path: Path):
+        """A builtin method of plain data (`record = losses.append`), got from its owner's
+        counterpart: the run may have bound another object's than the replay holds at its place
+        (`record = val_losses.append` at a phase change). The replay's own method object where it
+        is that one; the replay's where the owner has no counterpart, as for any live-only object."""
+        owner = self._resolve_now()(snap.owner, path + ".__self__")
+        replayed = self._replayed_methods.get(id(snap))
+        bound = None if isinstance(owner, LiveOnly) else getattr(owner, snap.name, None)
+        if bound is not None and getattr(bound, "__self__", None) is owner:
+            same = replayed is not None and getattr(replayed, "__self__", None) is owner and replayed.__name__ == bound.__name__
+            return replayed if same else bound
+        if replayed is not None:
+            return replayed
+        _name_place(snap, path)
+        return snap  # refuses where the program calls it
 
     def _rebuilt(self, snap, path: Path):
         """A tuple (or namedtuple) or set the run made after setup, with what stands for its items
@@ -601,6 +627,8 @@ class Merger(KindMerges):
 
     def _resolver(self, todo: list):
         def resolve(item, path: Path):
+            if type(item) is LiveBuiltinMethod and id(item) not in self.aligned:
+                return self._align(item, self._bound_builtin(item, path), path)
             if isinstance(item, LiveOnly):
                 found = self.counterpart(item)  # the live object it stands for (_match_live_only, or placed first)
                 if found is None and isinstance(item, LiveFile):

@@ -348,6 +348,29 @@ def test_a_method_the_run_bound_is_bound_to_its_owners_live_counterpart(tmp_path
     assert merged["same"] is replayed_same
 
 
+def test_a_builtin_method_the_run_bound_anew_is_bound_to_its_owners_live_counterpart(tmp_path):
+    """`record = val_losses.append` at a phase change, where the replay holds setup's
+    `train_losses.append`; `draw = second.random` for `first.random`: a builtin method is
+    live-only, and the replay's stood, appending to the other list, drawing from the other
+    generator; one the run bound in a step the replay skipped refused the restart. Such a
+    method of plain data is kept with its owner and name and got from the owner's live
+    counterpart; the replay's own method object stays where it is that one."""
+    train_losses, val_losses, first, second = [], [], random.Random(1), random.Random(2)
+    run = {"train": train_losses, "val": val_losses, "first": first, "second": second,
+           "record": val_losses.append, "draw": second.random, "same": train_losses.append, "added": val_losses.extend}
+    snap, _ = snapshot_and_load(tmp_path, run)
+    live_train, live_val, live_first, live_second = [], [], random.Random(1), random.Random(2)
+    live = {"train": live_train, "val": live_val, "first": live_first, "second": live_second,
+            "record": live_train.append, "draw": live_first.random, "same": live_train.append}
+    replayed_same = live["same"]
+    merged = merge_into(live, snap)
+    assert merged["record"].__self__ is live_val and merged["draw"].__self__ is live_second
+    assert merged["added"].__self__ is live_val and merged["added"].__name__ == "extend"
+    assert merged["same"] is replayed_same
+    merged["record"](0.5)
+    assert live_val == [0.5] and live_train == [] and merged["draw"]() == second.random()
+
+
 def doubled_forward(self, x):
     return torch.nn.Linear.forward(self, x) * 2
 

@@ -63,12 +63,14 @@ fetch buffers through ``read_buffer(name)``, once per buffer.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copyreg
 import enum
 import io
 import mmap
 import pickle
+import random
 import sys
 import threading
 import types
@@ -86,6 +88,7 @@ from gpusnap.graph.load import (
     _construct,
     _device_pointer,
     _hook_handle,
+    _live_builtin_method,
     _live_class,
     _live_file,
     _live_function,
@@ -406,6 +409,10 @@ class GraphPickler(BufferReducers, pickle.Pickler):
             if module in sys.modules and name and getattr(sys.modules[module], name, None) == obj:
                 return _module_attribute, (module, name)
         if type(obj) is types.BuiltinFunctionType and not (owner is None or isinstance(owner, (type, types.ModuleType))):
+            if type(owner) in _PLAIN_OWNERS or _is_named(type(owner), _GENERATOR_OWNERS):
+                # (the run may have bound another object's since: `record = val_losses.append`)
+                serial, kind = self._live(obj)[1]
+                return _live_builtin_method, (serial, kind, owner, name)
             return self._live(obj)
         if type(obj) is types.MethodType and not isinstance(owner, type) and getattr(type(owner), name, None) is not obj.__func__:
             # A function bound to an object by hand (`model.forward = types.MethodType(noisy_forward,
@@ -500,6 +507,13 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         name = type_name(obj) if not isinstance(obj, type) else f"class {obj.__module__}.{obj.__qualname__}"
         self.live_only.append((obj, name))
         return _live_only, (serial, name)
+
+
+# Owners of builtin methods kept with their owner and name (graph.load.LiveBuiltinMethod): plain
+# data the merge puts in place, whose counterpart is then the object to bind to. Other owners
+# (a file, a socket) keep the replay's method at its place.
+_PLAIN_OWNERS = (list, dict, set, bytearray, collections.deque, random.Random)
+_GENERATOR_OWNERS = frozenset({"torch._C.Generator", "torch.Generator"})
 
 
 def _memmap_state(array) -> dict | None:
