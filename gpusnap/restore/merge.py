@@ -364,7 +364,7 @@ class Merger(KindMerges):
             if done is not _MISSING:
                 return done
             if live is not None:
-                self._replayed_methods[id(snap)] = live
+                self._replayed_methods.setdefault(id(snap), live)
             return self._wait(snap, path)
         if isinstance(snap, (LiveOnly, Unbuilt)):
             if live is not None and self._writes_elsewhere(live, snap):
@@ -437,7 +437,7 @@ class Merger(KindMerges):
             # a partial the run had replaced (the transformers Trainer's `gather_function`, a
             # partial of the accelerator's method until its first evaluation).
             if type(live) is types.MethodType:
-                self._replayed_methods[id(snap)] = live
+                self._replayed_methods.setdefault(id(snap), live)
             return self._wait(snap, path)
         if isinstance(snap, HookHandle):
             return _Steps(self._merge_hook_handle(live, snap, path))
