@@ -146,6 +146,11 @@ CORPUS = {
     # were top-1's, "verified" with other bytes, 2 of 2, until a method the run bound was bound to
     # its owner's counterpart (restore.merge); the loss's switch too: the full set
     "method_switch-score-only": ("method_switch.py", ["--score-only"], 21, "gpusnap: fast-forward "),
+    # `record = history["finetune"].append` at the switch to fine-tuning, past the epoch after it:
+    # the replay's `append` of the pretraining list stood (a builtin method is live-only), and the
+    # restart said "verified" with the fine-tuning losses in the other list, 1 of 1, until such a
+    # method of plain data was got from its owner's counterpart
+    "phase_history": ("phase_history.py", [], 31, "gpusnap: fast-forward "),
 }
 MORE = {
     # the same with the loss switched after the warm-up: refused by the witness, 2 of 2, before
