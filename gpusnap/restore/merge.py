@@ -601,7 +601,9 @@ class Merger(KindMerges):
                 self._fill_made(obj, self._made[id(obj)], resolve, path)
                 continue
             if type(obj) is functools.partial:  # (built again: _built_again)
-                obj.__setstate__((obj.func, tuple(resolve(a, path + f".args[{i}]") for i, a in enumerate(obj.args)),
+                # Over a method (`partial(self.compute_loss, weight=w)` made in a step): its owner's counterpart's.
+                func = resolve(obj.func, path + ".func") if isinstance(obj.func, (types.MethodType, LiveBuiltinMethod)) else obj.func
+                obj.__setstate__((func, tuple(resolve(a, path + f".args[{i}]") for i, a in enumerate(obj.args)),
                                   {k: resolve(v, path + f".keywords[{k!r}]") for k, v in obj.keywords.items()}, None))
             if type(obj) is list:
                 obj[:] = [resolve(item, path + f"[{i}]") for i, item in enumerate(obj)]

@@ -329,11 +329,13 @@ def test_a_method_the_run_bound_is_bound_to_its_owners_live_counterpart(tmp_path
     top-1's, "verified" (corpus/method_switch.py --score-only, 2 of 2). A method the replay held
     none of, or held as a partial (the transformers Trainer's `gather_function` until its first
     evaluation: tests/programs/dist/hf_ddp.py), stayed bound to the snapshot's copy of its
-    owner. Each is bound to its owner's live counterpart now; the replay's own method object
-    stays where it is the same method of the same object."""
+    owner, as did the method of a partial made in a step. Each is bound to its owner's live
+    counterpart now; the replay's own method object stays where it is the same method of the
+    same object."""
     first, second = Scorer("first"), Scorer("second")
     run = MethodHolder(first, second)
     run.score, run.gather, run.added, same = first.top3, first.top1, second.top3, first.top1
+    run.scaled = functools.partial(second.top1, x=2)  # a partial over a method, made in a step
     snap, _ = snapshot_and_load(tmp_path, {"holder": run, "same": same})
     live_first, live_second = Scorer("first"), Scorer("second")
     live = MethodHolder(live_first, live_second)
@@ -345,6 +347,7 @@ def test_a_method_the_run_bound_is_bound_to_its_owners_live_counterpart(tmp_path
                               ("added", live_second, Scorer.top3)):
         method = getattr(holder, name)
         assert type(method) is types.MethodType and method.__self__ is owner and method.__func__ is func, name
+    assert holder.scaled.func.__self__ is live_second and holder.scaled() == ("second", "top1", 2)
     assert merged["same"] is replayed_same
 
 
