@@ -359,7 +359,11 @@ class Merger(KindMerges):
             raise StateMismatch(f"{path}: the snapshot's {snap.type_name} {snap.why}; no snapshot can hold that", snap.hint)
         if isinstance(snap, LiveObject) and snap.made and (placed := self._instance_place(live, snap, path)) is not None:
             return placed
-        if type(snap) is LiveBuiltinMethod:  # bound at finish to its owner's counterpart (_bound_builtin)
+        if type(snap) in (types.MethodType, LiveBuiltinMethod):
+            # Bound at finish to its owner's counterpart (_bound), whatever the replay holds here:
+            # its own method may be another one (`self.loss_fn = self.focal_loss` at a phase
+            # change) or a partial the run had replaced (the transformers Trainer's
+            # `gather_function`, a partial of the accelerator's method until its first evaluation).
             done = self.aligned.get(id(snap), _MISSING)
             if done is not _MISSING:
                 return done
@@ -431,14 +435,6 @@ class Merger(KindMerges):
             return done
         if id(snap) in self._building:
             return snap  # a tuple reached through its own items: the one place it cannot be rebuilt
-        if type(snap) is types.MethodType:
-            # Bound at finish to its owner's counterpart, whatever the replay holds here: its own
-            # method may be another one (`self.loss_fn = self.focal_loss` at a phase change) or
-            # a partial the run had replaced (the transformers Trainer's `gather_function`, a
-            # partial of the accelerator's method until its first evaluation).
-            if type(live) is types.MethodType:
-                self._replayed_methods.setdefault(id(snap), live)
-            return self._wait(snap, path)
         if isinstance(snap, HookHandle):
             return _Steps(self._merge_hook_handle(live, snap, path))
         if isinstance(snap, ShardedState):
@@ -524,10 +520,8 @@ class Merger(KindMerges):
             return self._align(snap, corebuffers.build(snap, path, self.write_device), path)
         if type(snap) in (tuple, set, frozenset) or (isinstance(snap, tuple) and hasattr(type(snap), "_make")):
             return self._align(snap, self._rebuilt(snap, path), path)
-        if type(snap) is types.MethodType:
+        if type(snap) in (types.MethodType, LiveBuiltinMethod):
             return self._align(snap, self._bound(snap, path), path)
-        if type(snap) is LiveBuiltinMethod:
-            return self._align(snap, self._bound_builtin(snap, path), path)
         if self._np is not None and type(snap) is self._np.ndarray:
             over_live = self._ndarray_over_live(snap)
             if over_live is not None:
@@ -538,30 +532,26 @@ class Merger(KindMerges):
         return self._align(snap, snap, path)
 
     def _bound(self, snap, path: Path):
-        """A method the run had bound, bound to what stands for its owner now (the resolver
-        binds it): the replay's own method object where that is the same method of the same
-        object (`draw = rng.rand` beside the generator it draws from)."""
-        bound = self._resolve_now()(snap, path)
+        """A method the run had bound, bound to what stands for its owner now: a Python method by
+        the resolver, a builtin method of plain data (`record = losses.append`) got from its
+        owner's counterpart by name (the run may have bound another object's than the replay
+        holds: `record = val_losses.append` at a phase change). The replay's own method object
+        where it is that same one (`draw = rng.rand` beside the generator it draws from); for a
+        builtin method whose owner has no counterpart, the replay's, as for any live-only object."""
+        resolve = self._resolve_now()
         replayed = self._replayed_methods.get(id(snap))
-        if replayed is not None and replayed.__func__ is bound.__func__ and replayed.__self__ is bound.__self__:
-            return replayed
-        return bound
-
-    def _bound_builtin(self, snap: LiveBuiltinMethod, path: Path):
-        """A builtin method of plain data (`record = losses.append`), got from its owner's
-        counterpart: the run may have bound another object's than the replay holds at its place
-        (`record = val_losses.append` at a phase change). The replay's own method object where it
-        is that one; the replay's where the owner has no counterpart, as for any live-only object."""
-        owner = self._resolve_now()(snap.owner, path + ".__self__")
-        replayed = self._replayed_methods.get(id(snap))
-        bound = None if isinstance(owner, LiveOnly) else getattr(owner, snap.name, None)
-        if bound is not None and getattr(bound, "__self__", None) is owner:
-            same = replayed is not None and getattr(replayed, "__self__", None) is owner and replayed.__name__ == bound.__name__
-            return replayed if same else bound
-        if replayed is not None:
-            return replayed
-        _name_place(snap, path)
-        return snap  # refuses where the program calls it
+        if type(snap) is types.MethodType:
+            bound = resolve(snap, path)
+        else:
+            owner = resolve(snap.owner, path + ".__self__")
+            bound = None if isinstance(owner, LiveOnly) else getattr(owner, snap.name, None)
+            if bound is None or getattr(bound, "__self__", None) is not owner:
+                if replayed is not None:
+                    return replayed
+                _name_place(snap, path)
+                return snap  # refuses where the program calls it
+        same = replayed is not None and getattr(replayed, "__self__", None) is bound.__self__ and replayed == bound
+        return replayed if same else bound
 
     def _rebuilt(self, snap, path: Path):
         """A tuple (or namedtuple) or set the run made after setup, with what stands for its items
@@ -630,7 +620,7 @@ class Merger(KindMerges):
     def _resolver(self, todo: list):
         def resolve(item, path: Path):
             if type(item) is LiveBuiltinMethod and id(item) not in self.aligned:
-                return self._align(item, self._bound_builtin(item, path), path)
+                return self._align(item, self._bound(item, path), path)
             if isinstance(item, LiveOnly):
                 found = self.counterpart(item)  # the live object it stands for (_match_live_only, or placed first)
                 if found is None and isinstance(item, LiveFile):
