@@ -36,6 +36,7 @@ from gpusnap.graph.load import (
     Unbuilt,
     _ndarray_over,
     array_base,
+    flat_bytes,
     dtensor_layout,
     grad_hooks,
 )
@@ -369,10 +370,24 @@ class KindMerges:
 
     def _note_live_array(self, snap, live) -> None:
         """An array of the snapshot merged into a live one: a view of it the replay holds none of
-        comes back over the live one (``_ndarray_over_live``)."""
-        if snap.flags.c_contiguous and snap.nbytes:
-            start = snap.__array_interface__["data"][0]
-            bisect.insort(self._live_arrays, (start, start + snap.nbytes, snap, live), key=lambda span: span[0])
+        comes back over the live one (``_ndarray_over_live``), and so does a tensor over its
+        memory (``_onto_live_arrays``). The spans stay apart: a view within an array noted
+        already is not noted, and one noted before its array goes when the array comes. A view
+        noted beside its array (`head = flat[:4]` over the live `flat`) began where the array
+        did, and the lookup met the view's shorter span and found no array under a tensor over
+        all of `flat`."""
+        if not (snap.flags.c_contiguous and snap.nbytes):
+            return
+        start = snap.__array_interface__["data"][0]
+        end = start + snap.nbytes
+        spans = self._live_arrays
+        i = bisect.bisect_left(spans, start, key=lambda span: span[0])
+        if (i and end <= spans[i - 1][1]) or (i < len(spans) and spans[i][0] == start and end <= spans[i][1]):
+            return
+        j = i
+        while j < len(spans) and spans[j][1] <= end:
+            j += 1
+        spans[i:j] = [(start, end, snap, live)]
 
     def _ndarray_over_live(self, snap):
         """A NumPy array the run made over a tensor's memory (`decay = w.detach().numpy()`) or over
@@ -385,10 +400,9 @@ class KindMerges:
         torch = self._torch
         address = snap.__array_interface__["data"][0]
         lowest, nbytes = strided_extent(address, snap.shape, snap.strides, snap.itemsize)
-        spans = self._live_arrays  # an array merged into a live one, whose memory holds this one
-        i = bisect.bisect_right(spans, lowest, key=lambda span: span[0])
-        if i and nbytes and lowest + nbytes <= spans[i - 1][1]:
-            start, _, array, live = spans[i - 1]
+        span = self._merged_array_holding(lowest, nbytes)  # an array merged into a live one, whose memory holds this one
+        if span is not None:
+            start, _, array, live = span
             if not live.flags.c_contiguous or live.nbytes != array.nbytes:
                 return None
             return _ndarray_over(live, address - start, snap.dtype.str, snap.shape, snap.strides)
@@ -401,6 +415,40 @@ class KindMerges:
         if storage is None or storage.data_ptr() == theirs:
             return None
         return _ndarray_over(storage, address - theirs, snap.dtype.str, snap.shape, snap.strides)
+
+    def _merged_array_holding(self, lowest: int, nbytes: int):
+        """(start, end, the snapshot's array, the live array it merged into) for the array whose
+        memory holds ``nbytes`` from ``lowest``; None where no merged array does."""
+        spans = self._live_arrays
+        i = bisect.bisect_right(spans, lowest, key=lambda span: span[0])
+        return spans[i - 1] if i and nbytes and lowest + nbytes <= spans[i - 1][1] else None
+
+    def _onto_live_arrays(self) -> None:
+        """A tensor the run made over an array's memory (`torch.from_numpy(buffer.obs)`, made at
+        the first update) that the merge adopted, where that array merged into the replay's:
+        moved onto the live array's memory (``set_``: identity and views stay). It viewed the
+        snapshot's copy of the array: what the program pushed into the buffer after the restart
+        never reached the batches it sampled through the tensor (refused by the witness,
+        numpy_view.py). One storage per storage of the snapshot's, so views of one tensor stay
+        one."""
+        torch = self._torch
+        if torch is None or not self._live_arrays:
+            return
+        moved: dict[int, object] = {}
+        with torch.no_grad():
+            for snap in self._adopted_tensors:
+                theirs = _host_storage(torch, snap)
+                if theirs is None:
+                    continue
+                nbytes = snap.untyped_storage().nbytes()
+                span = self._merged_array_holding(theirs, nbytes)
+                if span is None or not span[3].flags.c_contiguous or span[3].nbytes != span[2].nbytes:
+                    continue
+                start, _, _, live = span
+                storage = moved.get(theirs)
+                if storage is None:
+                    storage = moved[theirs] = torch.from_numpy(flat_bytes(live)[theirs - start:theirs - start + nbytes]).untyped_storage()
+                snap.set_(storage, snap.storage_offset(), snap.size(), snap.stride())
 
     # -- DTensors: this rank's shard ------------------------------------------------------
     def _merge_sharded(self, live, snap: ShardedState, path: Path):

@@ -150,6 +150,7 @@ class Merger(KindMerges):
         self._keep: list = []  # snapshot objects stay alive so their ids stay unique
         self._deferred: list = []  # (live, snap, path) of dicts whose object keys were not aligned yet
         self._adopted: list = []  # (snapshot object, path) taken as they are
+        self._adopted_tensors: list = []  # the tensors among them and in them (_remap_adopted's walk)
         self._remapping: list | None = None  # _remap_adopted's list of what it adopted, while it runs
         self._pending: dict[int, _Pending] = {}  # id(snapshot object) -> its waiting places
         self._fixups: list = []  # (container, key, _Pending): slots that wait for finish()
@@ -224,6 +225,7 @@ class Merger(KindMerges):
         self._remap_adopted()
         self._put_grad_hooks()
         self._join_shared()
+        self._onto_live_arrays()
         for frame, values in self._generator_locals:
             write_locals(frame, {name: self.settled(value) for name, value in values.items()})
         for file in self._superseded:  # nothing of the program's holds it now: settle puts its file aside
@@ -587,6 +589,8 @@ class Merger(KindMerges):
 
         for obj, path in walk(self._adopted, expand):
             self.path = path
+            if self._is_tensor(obj):
+                self._adopted_tensors.append(obj)
             if id(obj) in self._made:
                 self._fill_made(obj, self._made[id(obj)], resolve, path)
                 continue

@@ -155,6 +155,13 @@ CORPUS = {
 MORE = {
     # the same with the loss switched after the warm-up: refused by the witness, 2 of 2, before
     "method_switch": ("method_switch.py", [], 21, "gpusnap: fast-forward "),
+    # the replay memory's array allocated in setup, its `torch.from_numpy` tensor at the first
+    # transition: the merge adopted the tensor over the snapshot's copy of the array, and the
+    # restart's batches missed what it pushed: refused by the witness, 3 of 3, at the second or
+    # the third iteration after the snapshot (the last it holds: a draw that missed the new rows
+    # one iteration longer would have said "verified"), until such a tensor was moved onto the
+    # live array (restore.kinds)
+    "lazy_buffer-memory-first": ("lazy_buffer.py", ["--memory-first"], 2, "gpusnap: fast-forward "),
     # `model.forward = types.MethodType(noisy_forward, model)` after the warm-up (--local: a
     # function main() makes), past the epoch after it: refused, 2 of 2 ("'Sequential' object has
     # no attribute 'noisy_forward'"), until such a method was kept as its function and owner

@@ -1212,6 +1212,34 @@ def test_a_tensor_from_numpy_and_its_array_come_back_sharing_their_memory(tmp_pa
     assert values["memory_t"][1, 1] == -5.0 and values["head"][1, 1] == -5.0 and values["flat"][7] == -5.0
 
 
+@pytest.mark.parametrize("order", [("buffer", "views"), ("views", "buffer")])
+def test_a_tensor_from_numpy_made_after_setup_over_an_array_of_the_replay_s_views_the_live_array(tmp_path, order):
+    """A numpy replay buffer made in setup, read through `torch.from_numpy(buffer.obs)` views the
+    agent makes at its first update (numpy_view.py): the replay, stopped before it, holds no
+    tensor, and the merge adopted the snapshot's, over the snapshot's copy of the array. What the
+    restart pushed into the buffer never reached the batches it sampled (refused by the
+    witness). The tensors come back over the live array, views of one tensor on one storage; a
+    view of the array beside them (`head = obs[:2]`, noted at the array's start) does not hide
+    the array from them."""
+    obs = np.arange(12, dtype=np.float32).reshape(4, 3)
+    obs_t = torch.from_numpy(obs)
+    snap, _ = snapshot_and_load(tmp_path, {"buffer": {"obs": obs},
+                                           "views": {"head": obs[:2], "all": obs_t, "tail": obs_t[2:]}})
+    live = {"buffer": {"obs": np.zeros((4, 3), dtype=np.float32)}, "views": None}
+    merger = Merger()
+    values = {name: merger.value(live[name], snap[name], f"locals.{name}") for name in order}
+    merger.finish()
+    views = merger.settled(values["views"])
+    live_obs = live["buffer"]["obs"]
+    assert merger.settled(values["buffer"])["obs"] is live_obs and live_obs.tolist() == obs.tolist()
+    live_obs[3] = -1.0
+    live_obs[1] = -2.0
+    assert views["all"][3].tolist() == [-1.0] * 3 and views["tail"][1].tolist() == [-1.0] * 3
+    assert views["head"][1].tolist() == [-2.0] * 3
+    assert views["all"].untyped_storage().data_ptr() == live_obs.__array_interface__["data"][0]
+    assert views["tail"].untyped_storage().data_ptr() == views["all"].untyped_storage().data_ptr()
+
+
 @pytest.mark.parametrize("order", [("model", "params", "view"), ("params", "view", "model")])
 def test_places_the_replay_made_share_memory_that_the_run_held_apart_get_the_run_s_bytes_each(tmp_path, order):
     """`params = {k: v.detach() for k, v in model.named_parameters()}`, then each step rebinds
