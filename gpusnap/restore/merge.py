@@ -497,6 +497,14 @@ class Merger(KindMerges):
         if hasattr(snap, "__dict__") and isinstance(getattr(live, "__dict__", None), dict):
             self._align(snap, live, path)
             return _Steps(self._merge_attrs(live, snap.__dict__, path, added=ADDED_BY_SETSTATE.get(id(snap), ())))
+        if not hasattr(snap, "__dict__") and type(snap).__hash__ in (None, object.__hash__) and (slots := slot_values(snap)):
+            # State in __slots__ (DDP's PowerSGDState, which the reducer the replay built calls
+            # its hook with): in place, as attributes are. Adopted, the program's name held the
+            # run's error feedback and a reducer not built again compressed with the replay's
+            # fresh state. A class hashed by value (a Fraction, a path) is a
+            # value, not state, and is adopted: changed in place it would move under a dict key.
+            self._align(snap, live, path)
+            return _Steps(self._merge_attrs(live, {}, path, slots))
         if type(snap) in (set, frozenset):
             if type(snap) is set and self._set_claims.setdefault(id(live), id(snap)) == id(snap):
                 self._live_sets.setdefault(id(snap), live)  # refilled at finish (_rebuilt), if no other set claimed it

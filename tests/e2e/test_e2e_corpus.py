@@ -151,6 +151,11 @@ CORPUS = {
     # restart said "verified" with the fine-tuning losses in the other list, 1 of 1, until such a
     # method of plain data was got from its owner's counterpart
     "phase_history": ("phase_history.py", [], 31, "gpusnap: fast-forward "),
+    # DDP's PowerSGD communication hook registered in setup: restore gives the replay's DDP a
+    # reducer with the run's bucket layout, built anew without the hook, and the restart reduced
+    # uncompressed gradients: refused by the witness, 2 of 2, until the run's hook was registered
+    # on it again (frameworks.ddp); registered mid-run (late): the full set
+    "ddp_one_process-powersgd": ("ddp_one_process.py", ["--powersgd", "setup"], 4, "gpusnap: fast-forward "),
 }
 MORE = {
     # the same with the loss switched after the warm-up: refused by the witness, 2 of 2, before
@@ -162,6 +167,7 @@ MORE = {
     # one iteration longer would have said "verified"), until such a tensor was moved onto the
     # live array (restore.kinds)
     "lazy_buffer-memory-first": ("lazy_buffer.py", ["--memory-first"], 2, "gpusnap: fast-forward "),
+    "ddp_one_process-powersgd-late": ("ddp_one_process.py", ["--powersgd", "late"], 18, "gpusnap: fast-forward "),
     # `model.forward = types.MethodType(noisy_forward, model)` after the warm-up (--local: a
     # function main() makes), past the epoch after it: refused, 2 of 2 ("'Sequential' object has
     # no attribute 'noisy_forward'"), until such a method was kept as its function and owner

@@ -190,6 +190,12 @@ def _setup(tmp_path: Path):
     # empty, for the replay's setup to load: refused, 2 of 2, until the rank that touched a path
     # first after the snapshot said what was there
     pytest.param("accelerate_state_ddp.py", ["4"], 2, "all", marks=pytest.mark.more),
+    # DDP's PowerSGD hook: the reducer restore builds with the run's bucket layout lacked it, and
+    # the restart reduced uncompressed gradients: refused, 2 of 2 (one rank killed, the job),
+    # until the run's hook was registered on it again; registered mid-run too (a one-process
+    # DDP of the default set: corpus ddp_one_process-powersgd)
+    pytest.param("comm_hook.py", ["8"], 2, "one", marks=pytest.mark.more),
+    pytest.param("comm_hook.py", ["8", "--late"], 2, "all", marks=pytest.mark.more),
 ])
 def test_kill_and_restart_matches_uninterrupted(tmp_path, program, args, ranks, victim):
     if program.startswith("lightning"):

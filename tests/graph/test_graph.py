@@ -921,6 +921,33 @@ def test_a_live_only_object_the_run_held_at_two_places_is_one_live_object_after_
     assert merger.counterpart(snap["loader"]) is live["hard"]
 
 
+class CompressorState:
+    """State in __slots__, as DDP's PowerSGDState keeps it."""
+
+    __slots__ = ("iter", "errors", "rank")
+
+    def __init__(self, rank: int):
+        self.iter, self.errors, self.rank = 0, {}, rank
+
+
+def test_state_in_slots_merges_into_the_replay_s_object_and_a_value_hashed_by_value_is_adopted(tmp_path):
+    """DDP's PowerSGD state, registered with the reducer in setup: the replay's object is the one
+    the reducer calls its hook with (a reference the merge cannot see). An object with
+    __slots__ and no __dict__ was adopted whole: the program's name held the run's error feedback
+    and iteration count, the reducer the replay's fresh state. It merges in place now; a slotted
+    class hashed by value (a Fraction, a frozen dataclass) is a value, and is still adopted."""
+    import fractions
+
+    state = CompressorState(1)
+    state.iter, state.errors[0] = 7, torch.arange(3.0)
+    snap, _ = snapshot_and_load(tmp_path, {"state": state, "ratio": fractions.Fraction(3, 4)})
+    registered = CompressorState(1)  # what the replay handed the reducer
+    live_ratio = fractions.Fraction(1, 2)
+    merged = merge_into({"state": registered, "ratio": live_ratio}, snap)
+    assert merged["state"] is registered and registered.iter == 7 and torch.equal(registered.errors[0], torch.arange(3.0))
+    assert merged["ratio"] == fractions.Fraction(3, 4) and live_ratio == fractions.Fraction(1, 2)
+
+
 Record = collections.namedtuple("Record", "step weight")  # at module level: a namedtuple pickles by name
 
 

@@ -2,7 +2,9 @@
 debug theirs: it makes a gloo process group of world size 1 itself (a TCP rendezvous on a free
 port), wraps the model in DistributedDataParallel, shards the data with a DistributedSampler
 (`set_epoch` each epoch) and all-reduces its metrics. OneCycleLR, gradient accumulation of 2.
-usage: ddp_one_process.py OUT [--epochs N]"""
+With --powersgd setup|late, DDP compresses its gradients with the PowerSGD communication hook
+(rank 1, error feedback), registered before the loop or when the second epoch starts.
+usage: ddp_one_process.py OUT [--epochs N] [--powersgd setup|late]"""
 import argparse
 import socket
 
@@ -10,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
@@ -29,6 +32,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--powersgd", choices=["setup", "late"])
     args = parser.parse_args()
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
@@ -43,8 +47,16 @@ def main():
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.1, total_steps=args.epochs * len(loader) // ACCUMULATE + 1)
     step, epoch_losses = 0, []
 
+    def compress():
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=3)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+
+    if args.powersgd == "setup":
+        compress()
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
+        if args.powersgd == "late" and epoch == 1:
+            compress()
         total = torch.zeros(2)
         for i, (xb, yb) in enumerate(loader):
             loss = F.mse_loss(model(xb).squeeze(1), yb) / ACCUMULATE
