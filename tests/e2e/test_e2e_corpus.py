@@ -149,7 +149,9 @@ CORPUS = {
     # `record = history["finetune"].append` at the switch to fine-tuning, past the epoch after it:
     # the replay's `append` of the pretraining list stood (a builtin method is live-only), and the
     # restart said "verified" with the fine-tuning losses in the other list, 1 of 1, until such a
-    # method of plain data was got from its owner's counterpart
+    # method of plain data was got from its owner's counterpart; the log's `write` moved to a
+    # second log likewise: refused, 2 of 2 (the replay's `write` of the first log, which the merge
+    # closed), until a file's builtin method was got from the file opened again
     "phase_history": ("phase_history.py", [], 31, "gpusnap: fast-forward "),
     # DDP's PowerSGD communication hook registered in setup: restore gives the replay's DDP a
     # reducer with the run's bucket layout, built anew without the hook, and the restart reduced

@@ -1948,6 +1948,36 @@ def test_a_csv_writer_made_after_setup_is_made_again_over_its_file(tmp_path):
     assert merged["report"].getvalue() == "x\r\ny\r\n"
 
 
+def test_a_files_write_the_run_bound_to_the_log_it_rotated_to_writes_there_after_the_merge(tmp_path):
+    """`write = log.write`, then at a phase change `log = open("phase2.log")` and `write =
+    log.write`: a builtin method of a file was live-only, and the replay's `write` stood, bound to
+    the first log, which the merge closes (refused: "I/O operation on closed file",
+    write_switch's shape, 2 of 2). It is kept with its file and name and got from the file opened
+    again; the replay's own method stays where it is the same file's."""
+    from gpusnap.files import disk
+
+    first, second = tmp_path / "phase1.log", tmp_path / "phase2.log"
+    log1 = open(first, "w")
+    log1.write("1\n")
+    log1.close()
+    log2 = open(second, "w")
+    log2.write("2\n")
+    echo = sys.stderr.write
+    disk.flush_writers({str(second.resolve())})  # as the stall does
+    snap, _ = snapshot_and_load(tmp_path / "sub", {"log": log2, "write": log2.write, "echo": echo})
+    log2.close()  # the run's process is gone
+    replayed = open(first, "w")  # the replay's setup opened the first log again
+    replayed.write("1\n")
+    live = {"log": replayed, "write": replayed.write, "echo": echo}
+    merged = merge_into(live, snap)
+    assert merged["write"].__self__ is merged["log"] and merged["log"] is not replayed
+    assert merged["echo"] is echo
+    merged["write"]("3\n")
+    merged["log"].close()
+    replayed.close()
+    assert second.read_text() == "2\n3\n" and first.read_text() == "1\n"
+
+
 def test_a_file_the_replay_opened_at_another_path_gives_way_to_the_runs_opened_again(tmp_path):
     """A script that takes the first free `runs/exp{n}` opened `runs/exp/results.csv` in setup;
     the replay's setup, finding `runs/exp` taken, opened `runs/exp2/results.csv`. The replay's file

@@ -409,8 +409,10 @@ class GraphPickler(BufferReducers, pickle.Pickler):
             if module in sys.modules and name and getattr(sys.modules[module], name, None) == obj:
                 return _module_attribute, (module, name)
         if type(obj) is types.BuiltinFunctionType and not (owner is None or isinstance(owner, (type, types.ModuleType))):
-            if type(owner) in _PLAIN_OWNERS or _is_named(type(owner), _GENERATOR_OWNERS):
-                # (the run may have bound another object's since: `record = val_losses.append`)
+            if (type(owner) in _PLAIN_OWNERS or _is_named(type(owner), _GENERATOR_OWNERS)
+                    or (isinstance(owner, io.IOBase) and disk.reopen_state(owner) is not None)):
+                # (the run may have bound another object's since: `record = val_losses.append`,
+                # `write = log.write` of the log it rotated to)
                 serial, kind = self._live(obj)[1]
                 return _live_builtin_method, (serial, kind, owner, name)
             return self._live(obj)
@@ -510,8 +512,8 @@ class GraphPickler(BufferReducers, pickle.Pickler):
 
 
 # Owners of builtin methods kept with their owner and name (graph.load.LiveBuiltinMethod): plain
-# data the merge puts in place, whose counterpart is then the object to bind to. Other owners
-# (a file, a socket) keep the replay's method at its place.
+# data the merge puts in place, whose counterpart is then the object to bind to, and files restore
+# opens again (or finds the replay's). Other owners (a socket) keep the replay's method at its place.
 _PLAIN_OWNERS = (list, dict, set, bytearray, collections.deque, random.Random)
 _GENERATOR_OWNERS = frozenset({"torch._C.Generator", "torch.Generator"})
 
