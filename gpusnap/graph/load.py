@@ -425,10 +425,10 @@ class LiveGenerator(LiveOnly):
 
 
 class LiveBuiltinMethod(LiveOnly):
-    """A builtin method bound to an object of plain data (`record = losses.append`, `draw =
-    rng.random`) or to a file (`write = log.write`): live-only, with its owner (in the graph as
-    any object, a file as ``LiveFile``) and its name, so that the merge binds it to the owner's
-    live counterpart, not to whatever the replay bound there."""
+    """A builtin method bound to an object (`record = losses.append`, `draw = rng.random`,
+    `write = log.write`, `new_id = ids.__next__`): live-only, with its owner (in the graph as any
+    object, a file as ``LiveFile``) and its name, so that the merge binds it to the owner's live
+    counterpart, not to whatever the replay bound there."""
 
     __slots__ = ("owner", "name")
 

@@ -543,9 +543,9 @@ class Merger(KindMerges):
 
     def _bound(self, snap, path: Path):
         """A method the run had bound, bound to what stands for its owner now: a Python method by
-        the resolver, a builtin method of plain data (`record = losses.append`) got from its
-        owner's counterpart by name (the run may have bound another object's than the replay
-        holds: `record = val_losses.append` at a phase change). The replay's own method object
+        the resolver, a builtin method (`record = losses.append`) got from its owner's
+        counterpart by name (the run may have bound another object's than the replay holds:
+        `record = val_losses.append` at a phase change). The replay's own method object
         where it is that same one (`draw = rng.rand` beside the generator it draws from); for a
         builtin method whose owner has no counterpart, the replay's, as for any live-only object."""
         resolve = self._resolve_now()

@@ -158,6 +158,11 @@ CORPUS = {
     # uncompressed gradients: refused by the witness, 2 of 2, until the run's hook was registered
     # on it again (frameworks.ddp); registered mid-run (late): the full set
     "ddp_one_process-powersgd": ("ddp_one_process.py", ["--powersgd", "setup"], 4, "gpusnap: fast-forward "),
+    # `new_id = itertools.count().__next__` names each batch, `accumulate = epoch_total.add_`
+    # sums each epoch's losses: a builtin method of an object the merge adopts or replaces was
+    # the replay's, and the restart numbered batches from 0 again, "verified" with other bytes,
+    # 2 of 2, until every builtin method was bound to what stands for its owner
+    "sample_ids": ("sample_ids.py", [], 0, "gpusnap: fast-forward "),
 }
 MORE = {
     # the same with the loss switched after the warm-up: refused by the witness, 2 of 2, before

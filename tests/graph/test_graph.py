@@ -374,6 +374,25 @@ def test_a_builtin_method_the_run_bound_anew_is_bound_to_its_owners_live_counter
     assert live_val == [0.5] and live_train == [] and merged["draw"]() == second.random()
 
 
+def test_a_builtin_method_of_an_object_the_merge_adopts_is_bound_to_that_object(tmp_path):
+    """`new_id = ids.__next__` beside `ids = itertools.count()`, `accumulate = total.add_` of an
+    epoch's tensor: the method was live-only and the replay's stood, bound to the replay's
+    counter (ids from 0 again after a restart, where the run was at 5, with the restart's
+    witness blind to it) and to setup's tensor. Kept with its owner and name, it is bound to
+    what stands for the owner: the snapshot's counter the merge adopts, the live tensor."""
+    ids = itertools.count()
+    for _ in range(5):
+        next(ids)
+    total = torch.zeros(2)
+    run = {"ids": ids, "new_id": ids.__next__, "total": total, "accumulate": total.add_}
+    snap, _ = snapshot_and_load(tmp_path, run)
+    live_ids, live_total = itertools.count(), torch.zeros(2)
+    merged = merge_into({"ids": live_ids, "new_id": live_ids.__next__, "total": live_total, "accumulate": None}, snap)
+    assert merged["new_id"]() == 5 and next(merged["ids"]) == 6
+    merged["accumulate"](torch.ones(2))
+    assert merged["total"] is live_total and live_total.tolist() == [1.0, 1.0]
+
+
 def doubled_forward(self, x):
     return torch.nn.Linear.forward(self, x) * 2
 

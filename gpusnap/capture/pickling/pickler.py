@@ -361,7 +361,7 @@ class GraphPickler(BufferReducers, pickle.Pickler):
             return self._live(obj)
         if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)) and findable(obj):
             return NotImplemented
-        if type(obj) in (types.MethodType, types.BuiltinFunctionType):
+        if type(obj) in (types.MethodType, types.BuiltinFunctionType, types.MethodWrapperType):
             return self._reduce_method(obj)
         if type(obj) is types.FunctionType:
             return self._live_function(obj)
@@ -401,21 +401,21 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         """A module's own (``random.randint``, a method of its generator) by name; a method of
         a Python object as getattr(owner, name), the owner in the graph, so restore binds it to
         the owner's live counterpart (merge); a builtin as getattr(its class or module, name)
-        (``torch.mean``). A builtin bound to an instance stays live-only: a copy of that
-        instance would take its place."""
+        (``torch.mean``). A builtin bound to an instance is live-only, with its owner and name
+        (``LiveBuiltinMethod``): pickled whole, a copy of that instance would take its place."""
         name, owner = getattr(obj, "__name__", None), getattr(obj, "__self__", None)
         # A builtin's __module__ is None: random.random is found through its owner's class.
         for module in (getattr(obj, "__module__", None), type(owner).__module__):
             if module in sys.modules and name and getattr(sys.modules[module], name, None) == obj:
                 return _module_attribute, (module, name)
-        if type(obj) is types.BuiltinFunctionType and not (owner is None or isinstance(owner, (type, types.ModuleType))):
-            if (type(owner) in _PLAIN_OWNERS or _is_named(type(owner), _GENERATOR_OWNERS)
-                    or (isinstance(owner, io.IOBase) and disk.reopen_state(owner) is not None)):
-                # (the run may have bound another object's since: `record = val_losses.append`,
-                # `write = log.write` of the log it rotated to)
-                serial, kind = self._live(obj)[1]
-                return _live_builtin_method, (serial, kind, owner, name)
-            return self._live(obj)
+        if type(obj) in (types.BuiltinFunctionType, types.MethodWrapperType) and not (owner is None or isinstance(owner, (type, types.ModuleType))):
+            # Kept with its owner (in the graph as any object: a file as a file to open again, one
+            # that cannot be kept live-only) and its name: the run may have bound another object's
+            # since (`record = val_losses.append`, `write = log.write` of the log it rotated to), or
+            # its owner may come back as the snapshot's (`new_id = ids.__next__` of an
+            # itertools.count, which the merge adopts): the merge binds it to the owner's counterpart.
+            serial, kind = self._live(obj)[1]
+            return _live_builtin_method, (serial, kind, owner, name)
         if type(obj) is types.MethodType and not isinstance(owner, type) and getattr(type(owner), name, None) is not obj.__func__:
             # A function bound to an object by hand (`model.forward = types.MethodType(noisy_forward,
             # model)` at a phase change): its owner has no method of that name to get it by.
@@ -509,13 +509,6 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         name = type_name(obj) if not isinstance(obj, type) else f"class {obj.__module__}.{obj.__qualname__}"
         self.live_only.append((obj, name))
         return _live_only, (serial, name)
-
-
-# Owners of builtin methods kept with their owner and name (graph.load.LiveBuiltinMethod): plain
-# data the merge puts in place, whose counterpart is then the object to bind to, and files restore
-# opens again (or finds the replay's). Other owners (a socket) keep the replay's method at its place.
-_PLAIN_OWNERS = (list, dict, set, bytearray, collections.deque, random.Random)
-_GENERATOR_OWNERS = frozenset({"torch._C.Generator", "torch.Generator"})
 
 
 def _memmap_state(array) -> dict | None:
