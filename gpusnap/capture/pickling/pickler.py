@@ -63,14 +63,12 @@ fetch buffers through ``read_buffer(name)``, once per buffer.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import copyreg
 import enum
 import io
 import mmap
 import pickle
-import random
 import sys
 import threading
 import types
