@@ -202,6 +202,8 @@ class KindMerges:
         lazy = isinstance(live, torch.nn.parameter.UninitializedTensorMixin)
         if lazy and isinstance(snap, torch.nn.parameter.UninitializedTensorMixin):
             return live  # neither has memory yet
+        if live.layout != torch.strided or snap.layout != torch.strided:
+            return self._merge_sparse(live, snap, path)
         # A lazy module's parameter that the run materialized in its first forward (the replay
         # skipped it) has no shape to compare: it takes the snapshot's, and becomes what
         # materializing makes it (a Parameter, or a plain tensor for a buffer).
@@ -237,6 +239,32 @@ class KindMerges:
                 live.grad = snap.grad.to(live.device)
         self.tensors += 1
         self.nbytes += snap.numel() * snap.element_size()
+        return live
+
+    def _merge_sparse(self, live, snap, path: Path):
+        """A sparse tensor (a graph's normalized adjacency, built in setup, as GCN scripts do):
+        its indices and values have no storage to write through, and the merge failed ("Cannot
+        access storage of SparseTensorImpl", refused). The live tensor takes the snapshot's in
+        place (whatever holds it, a module or a closure, keeps it): a COO tensor by ``.data``, a
+        compressed one (CSR, CSC) by ``copy_``, which torch allows between tensors of as many
+        elements (``.data`` leaves one as it was). Otherwise a plain tensor's place takes the
+        snapshot's, and a parameter's or a buffer's refuses."""
+        torch = self._torch
+        kept = isinstance(live, torch.nn.Parameter) or any(s in ("._buffers", ".state") for s in path.suffixes())
+        same = live.layout == snap.layout and live.shape == snap.shape and live.dtype == snap.dtype
+        if not same or (live.layout != torch.sparse_coo and live._nnz() != snap._nnz()):
+            if kept:
+                raise StateMismatch(f"{path}: the snapshot holds a {snap.layout} tensor {tuple(snap.shape)} {snap.dtype}, "
+                                    f"the program built a {live.layout} one {tuple(live.shape)} {live.dtype}")
+            return snap
+        with torch.no_grad():
+            if live.layout == torch.sparse_coo:
+                live.data = snap.to(live.device)
+            else:
+                live.copy_(snap)
+            _set_requires_grad(live, snap.requires_grad)
+            live.grad = None if snap.grad is None else snap.grad.to(live.device)
+        self.tensors += 1
         return live
 
     def _same_grad_hooks(self, live, snap, path: Path) -> None:

@@ -1967,6 +1967,30 @@ def test_a_csv_writer_made_after_setup_is_made_again_over_its_file(tmp_path):
     assert merged["report"].getvalue() == "x\r\ny\r\n"
 
 
+def test_sparse_tensors_the_replay_holds_take_the_snapshots_in_place(tmp_path):
+    """A GCN's normalized adjacency, a sparse COO tensor built in setup and held by the model
+    too; a CSR copy of it; a CSR tensor whose number of elements changed since setup. The merge
+    wrote through storages that sparse tensors lack and the restart was refused ("Cannot access
+    storage of SparseTensorImpl", corpus/gcn.py). Each takes the run's values in place; the one
+    whose elements differ in number takes the snapshot's tensor (a plain tensor's place)."""
+    def graph(scale: float, edges: list):
+        adj = torch.sparse_coo_tensor(torch.tensor(edges).T, torch.arange(1.0, len(edges) + 1) * scale, (3, 3)).coalesce()
+        model = torch.nn.Module()
+        model.adj = adj
+        return {"adj": adj, "model": model, "csr": (adj * 2).to_sparse_csr(), "grown": adj.to_sparse_csr()}
+
+    run = graph(5.0, [[0, 1], [1, 2], [2, 0]])
+    run["grown"] = graph(5.0, [[0, 1], [1, 2], [2, 0], [2, 2]])["adj"].to_sparse_csr()
+    snap, _ = snapshot_and_load(tmp_path, run)
+    live = graph(1.0, [[0, 1], [1, 2], [2, 0]])
+    before = dict(live)
+    merged = merge_into(live, snap)
+    assert merged["adj"] is before["adj"] and merged["model"].adj is before["adj"] and merged["csr"] is before["csr"]
+    assert torch.equal(merged["adj"].to_dense(), run["adj"].to_dense())
+    assert torch.equal(merged["csr"].to_dense(), run["csr"].to_dense())
+    assert merged["grown"]._nnz() == 4 and torch.equal(merged["grown"].to_dense(), run["grown"].to_dense())
+
+
 def test_a_files_write_the_run_bound_to_the_log_it_rotated_to_writes_there_after_the_merge(tmp_path):
     """`write = log.write`, then at a phase change `log = open("phase2.log")` and `write =
     log.write`: a builtin method of a file was live-only, and the replay's `write` stood, bound to
