@@ -9,6 +9,7 @@ place holds afterwards, so depth costs memory, not recursion."""
 
 from __future__ import annotations
 
+import array
 import bisect
 import collections
 import contextlib
@@ -154,14 +155,24 @@ def _plain(value) -> bool:
 
 class KindMerges:
     def _merge_by_state(self, live, snap) -> bool:
-        """Arrays, random generators, in-memory files and objects of compiled classes that set
-        their own state (``_native_state``): the live object takes the snapshot's state (a
-        csv.writer the replay made over its StringIO writes on into the run's report)."""
+        """Arrays (NumPy's, bytearrays, array.array), random generators, in-memory files and
+        objects of compiled classes that set their own state (``_native_state``): the live object
+        takes the snapshot's state (a csv.writer the replay made over its StringIO writes on into
+        the run's report)."""
         if type(snap) in MEMORY_FILES:
             live.seek(0)
             live.truncate()
             live.write(snap.getvalue())
             live.seek(snap.tell())
+            return True
+        if type(snap) in (bytearray, array.array) and (type(snap) is bytearray or live.typecode == snap.typecode):
+            # In place: a memoryview the replay made over it (a ring buffer written through the
+            # view) saw setup's bytes when the snapshot's was adopted. One the view pins to its
+            # length takes the snapshot's only where the length is the run's.
+            try:
+                live[:] = snap
+            except BufferError:
+                return False
             return True
         np, torch = self._np, self._torch
         if np is not None and isinstance(snap, np.ndarray):

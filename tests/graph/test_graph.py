@@ -1967,6 +1967,24 @@ def test_a_csv_writer_made_after_setup_is_made_again_over_its_file(tmp_path):
     assert merged["report"].getvalue() == "x\r\ny\r\n"
 
 
+def test_a_bytearray_or_array_the_replay_holds_takes_the_runs_bytes_in_place(tmp_path):
+    """A ring buffer of bytes and an `array.array` made in setup, each written through a
+    memoryview the replay holds too: both were adopted whole, and the replay's views went on
+    showing setup's bytes. They take the run's bytes in place, under their views."""
+    import array
+
+    def setup():
+        buf, values = bytearray(8), array.array("f", [0.0] * 4)
+        return {"buf": buf, "view": memoryview(buf), "values": values, "values_view": memoryview(values)}
+
+    run = setup()
+    run["buf"][:] = b"abcdefgh"
+    run["values"][1] = 3.5
+    merged, before = merged_into_replay(tmp_path, run, setup)
+    assert merged["buf"] is before["buf"] and bytes(merged["view"]) == b"abcdefgh"
+    assert merged["values"] is before["values"] and merged["values_view"].tolist() == [0.0, 3.5, 0.0, 0.0]
+
+
 def test_sparse_tensors_the_replay_holds_take_the_snapshots_in_place(tmp_path):
     """A GCN's normalized adjacency, a sparse COO tensor built in setup and held by the model
     too; a CSR copy of it; a CSR tensor whose number of elements changed since setup. The merge
