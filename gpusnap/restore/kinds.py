@@ -390,14 +390,18 @@ class KindMerges:
         snapshot's tensor was adopted. Merged or adopted apart, the parameters' later steps no
         longer reach the best state, and `model.load_state_dict(best_state)` loaded stale
         weights. The others move onto the storage that owns them (``_shared_storages``) at their
-        offsets (``set_``: identity and views stay). Host tensors only, as ``_part_if_apart``; a
-        place with no such storage stays as merged."""
+        offsets (``set_``: identity and views stay). Where none owns one, all of them move onto a
+        copy of the snapshot's: parameters the run had put in one flat buffer (a periodic model
+        averager sets each `p.data` to a view of the averaged flat tensor) were apart after a
+        restart, and the witness refused it. Host tensors only, as ``_part_if_apart``."""
         torch = self._torch
         if torch is None:
             return
         for storage, places in self._shared_storages():
-            if storage is None or len({placed.untyped_storage().data_ptr() for _, placed in places}) < 2:
+            if len({placed.untyped_storage().data_ptr() for _, placed in places}) < 2:
                 continue  # shared already, or one place
+            if storage is None:
+                storage = places[0][0].untyped_storage().clone()
             with torch.no_grad():
                 for snap, placed in places:
                     if placed.untyped_storage().data_ptr() == storage.data_ptr() or placed.dtype != snap.dtype:

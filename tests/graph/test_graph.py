@@ -1286,6 +1286,29 @@ def test_a_tensor_from_numpy_made_after_setup_over_an_array_of_the_replay_s_view
     assert views["tail"].untyped_storage().data_ptr() == views["all"].untyped_storage().data_ptr()
 
 
+def test_parameters_the_run_put_in_one_flat_buffer_share_one_again_where_the_replay_holds_them_apart(tmp_path):
+    """A periodic model averager sets each `p.data` to a view of one averaged flat tensor: in the
+    run the parameters share a storage no parameter owns whole, in the replay (before its first
+    averaging) each has its own. Merged each into its own, they were apart after the restart,
+    which the witness refused (local_sgd.py, 3 of 4). They move together onto a copy of the
+    snapshot's storage, each the same object, at the run's offsets and with its bytes."""
+    torch.manual_seed(0)
+    run = torch.nn.Linear(3, 2)
+    flat = torch.cat([p.data.reshape(-1) for p in run.parameters()]) * 2
+    offset = 0
+    for p in run.parameters():
+        p.data = flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    snap, _ = snapshot_and_load(tmp_path, {"model": run})
+    live = torch.nn.Linear(3, 2)
+    weight, bias = live.weight, live.bias
+    merged = merge_into({"model": live}, snap)["model"]
+    assert merged is live and live.weight is weight and live.bias is bias
+    assert torch.equal(live.weight, run.weight) and torch.equal(live.bias, run.bias)
+    assert live.weight.untyped_storage().data_ptr() == live.bias.untyped_storage().data_ptr()
+    assert live.bias.storage_offset() == 6
+
+
 @pytest.mark.parametrize("order", [("model", "params", "view"), ("params", "view", "model")])
 def test_places_the_replay_made_share_memory_that_the_run_held_apart_get_the_run_s_bytes_each(tmp_path, order):
     """`params = {k: v.detach() for k, v in model.named_parameters()}`, then each step rebinds
