@@ -24,6 +24,11 @@ scheduler made mid-run (a head's, from a phase on) came back with a placeholder 
 first ``step()`` after the restart was refused. Left out, the optimizer keeps the replay's
 wrapper where the replay made the scheduler, else its class's ``step``; the wrapper only marks
 that the optimizer stepped, for a warning at the scheduler's first step.
+
+torch.ao's sparsifiers copy the optimizers' ``__getstate__`` (``defaults``, ``state``, ``groups``)
+and restore it with a bare ``__dict__`` update: one prepared mid-run (gradual pruning after a
+dense warm-up) came back without ``enable_mask_update``, ``model`` and ``config``, and its first
+``step()`` after a restart was refused. A sparsifier is pickled with its whole ``__dict__``.
 """
 
 from __future__ import annotations
@@ -53,3 +58,4 @@ def _set_by_torch() -> frozenset[str]:
 
 
 pickler.EXTRA_STATE["torch.optim.optimizer.Optimizer"] = _own_attributes
+pickler.WHOLE_STATE.add("torch.ao.pruning.sparsifier.base_sparsifier.BaseSparsifier")

@@ -179,6 +179,10 @@ MORE = {
     # sparse tensor has not ("Cannot access storage of SparseTensorImpl"), refused, 2 of 2, until
     # sparse tensors took the snapshot's in place
     "gcn": ("gcn.py", [], 0, "gpusnap: fast-forward "),
+    # torch.ao's WeightNormSparsifier prepared after a dense epoch: its __getstate__, copied from
+    # the optimizers', leaves out `enable_mask_update` and the model, and its first step() after
+    # the restart was refused, 2 of 3, until a sparsifier was pickled with its whole __dict__
+    "ao_sparsify": ("ao_sparsify.py", [], 10, "gpusnap: fast-forward "),
     # `model.forward = types.MethodType(noisy_forward, model)` after the warm-up (--local: a
     # function main() makes), past the epoch after it: refused, 2 of 2 ("'Sequential' object has
     # no attribute 'noisy_forward'"), until such a method was kept as its function and owner
