@@ -84,7 +84,8 @@ def _hook_again(ddp, hook: str | None, registered: str | None) -> None:
         found = [(fn, state) for fn, state in ddp._comm_hooks if fn.__qualname__ == hook]
         if not found:
             raise RestoreError(f"DistributedDataParallel had the communication hook {hook} in the run that took the "
-                               "snapshot, and the restored program holds no such hook", "restart the program the snapshot was taken of")
+                               "snapshot, and the restored program holds no such hook",
+                               "restart the program the snapshot was taken of")
         fn, state = found[-1]
         dist._register_comm_hook(ddp.reducer, state, fn)
     ddp.logger._set_comm_hook_name(hook)

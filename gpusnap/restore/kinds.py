@@ -223,7 +223,7 @@ class KindMerges:
         if into is None:
             return snap  # memory the place's elements share otherwise than the run's did: the snapshot's
         if reshaped:
-            if not (isinstance(live, torch.nn.Parameter) or any(s in ("._buffers", ".state") for s in path.suffixes())):
+            if not _held_in_place(torch, live, path):
                 return snap  # a plain tensor: the place takes the snapshot's
             if not self._takes_shape(live, snap):
                 built = "a lazy module's uninitialized tensor" if lazy else f"{tuple(live.shape)} {live.dtype}"
@@ -261,7 +261,7 @@ class KindMerges:
         elements (``.data`` leaves one as it was). Otherwise a plain tensor's place takes the
         snapshot's, and a parameter's or a buffer's refuses."""
         torch = self._torch
-        kept = isinstance(live, torch.nn.Parameter) or any(s in ("._buffers", ".state") for s in path.suffixes())
+        kept = _held_in_place(torch, live, path)
         same = live.layout == snap.layout and live.shape == snap.shape and live.dtype == snap.dtype
         if not same or (live.layout != torch.sparse_coo and live._nnz() != snap._nnz()):
             if kept:
@@ -445,9 +445,7 @@ class KindMerges:
         lowest, nbytes = strided_extent(address, snap.shape, snap.strides, snap.itemsize)
         span = self._merged_array_holding(lowest, nbytes)  # an array merged into a live one, whose memory holds this one
         if span is not None:
-            start, _, array, live = span
-            if not live.flags.c_contiguous or live.nbytes != array.nbytes:
-                return None
+            start, live = span
             return _ndarray_over(live, address - start, snap.dtype.str, snap.shape, snap.strides)
         _, base = array_base(snap)
         theirs = _host_storage(torch, base) if torch is not None else None
@@ -460,11 +458,15 @@ class KindMerges:
         return _ndarray_over(storage, address - theirs, snap.dtype.str, snap.shape, snap.strides)
 
     def _merged_array_holding(self, lowest: int, nbytes: int):
-        """(start, end, the snapshot's array, the live array it merged into) for the array whose
-        memory holds ``nbytes`` from ``lowest``; None where no merged array does."""
+        """(the start of the snapshot's array whose memory holds ``nbytes`` from ``lowest``, the
+        live array it merged into); None where no merged array does, or the live one is not
+        laid out as it (not contiguous, of another size)."""
         spans = self._live_arrays
         i = bisect.bisect_right(spans, lowest, key=lambda span: span[0])
-        return spans[i - 1] if i and nbytes and lowest + nbytes <= spans[i - 1][1] else None
+        if not (i and nbytes and lowest + nbytes <= spans[i - 1][1]):
+            return None
+        start, _, array, live = spans[i - 1]
+        return (start, live) if live.flags.c_contiguous and live.nbytes == array.nbytes else None
 
     def _onto_live_arrays(self) -> None:
         """A tensor the run made over an array's memory (`torch.from_numpy(buffer.obs)`, made at
@@ -472,8 +474,8 @@ class KindMerges:
         moved onto the live array's memory (``set_``: identity and views stay). It viewed the
         snapshot's copy of the array: what the program pushed into the buffer after the restart
         never reached the batches it sampled through the tensor (refused by the witness,
-        numpy_view.py). One storage per storage of the snapshot's, so views of one tensor stay
-        one."""
+        corpus/lazy_buffer.py --memory-first). One storage per storage of the snapshot's, so
+        views of one tensor stay one."""
         torch = self._torch
         if torch is None or not self._live_arrays:
             return
@@ -485,12 +487,13 @@ class KindMerges:
                     continue
                 nbytes = snap.untyped_storage().nbytes()
                 span = self._merged_array_holding(theirs, nbytes)
-                if span is None or not span[3].flags.c_contiguous or span[3].nbytes != span[2].nbytes:
+                if span is None:
                     continue
-                start, _, _, live = span
+                start, live = span
                 storage = moved.get(theirs)
                 if storage is None:
-                    storage = moved[theirs] = torch.from_numpy(flat_bytes(live)[theirs - start:theirs - start + nbytes]).untyped_storage()
+                    memory = flat_bytes(live)[theirs - start:theirs - start + nbytes]
+                    storage = moved[theirs] = torch.from_numpy(memory).untyped_storage()
                 snap.set_(storage, snap.storage_offset(), snap.size(), snap.stride())
 
     # -- DTensors: this rank's shard ------------------------------------------------------
@@ -809,6 +812,13 @@ def _picklable(value) -> bool:
     except Exception:  # noqa: BLE001 - whatever it raises, it is no data the snapshot holds
         return False
     return True
+
+
+def _held_in_place(torch, live, path: Path) -> bool:
+    """Whether a tensor of another shape or kind must change in place rather than give its place
+    to the snapshot's: a parameter, a buffer or an optimizer's state (a module or an optimizer
+    holds it by identity); a plain tensor's place takes the snapshot's."""
+    return isinstance(live, torch.nn.Parameter) or any(s in ("._buffers", ".state") for s in path.suffixes())
 
 
 def _host_storage(torch, t) -> int | None:

@@ -1261,9 +1261,9 @@ def test_a_tensor_from_numpy_and_its_array_come_back_sharing_their_memory(tmp_pa
 @pytest.mark.parametrize("order", [("buffer", "views"), ("views", "buffer")])
 def test_a_tensor_from_numpy_made_after_setup_over_an_array_of_the_replay_s_views_the_live_array(tmp_path, order):
     """A numpy replay buffer made in setup, read through `torch.from_numpy(buffer.obs)` views the
-    agent makes at its first update (numpy_view.py): the replay, stopped before it, holds no
-    tensor, and the merge adopted the snapshot's, over the snapshot's copy of the array. What the
-    restart pushed into the buffer never reached the batches it sampled (refused by the
+    agent makes at its first update (lazy_buffer.py --memory-first): the replay, stopped before
+    it, holds no tensor, and the merge adopted the snapshot's, over the snapshot's copy of the
+    array. What the restart pushed into the buffer never reached the batches it sampled (refused by the
     witness). The tensors come back over the live array, views of one tensor on one storage; a
     view of the array beside them (`head = obs[:2]`, noted at the array's start) does not hide
     the array from them."""
@@ -2036,8 +2036,8 @@ def test_a_files_write_the_run_bound_to_the_log_it_rotated_to_writes_there_after
     """`write = log.write`, then at a phase change `log = open("phase2.log")` and `write =
     log.write`: a builtin method of a file was live-only, and the replay's `write` stood, bound to
     the first log, which the merge closes (refused: "I/O operation on closed file",
-    write_switch's shape, 2 of 2). It is kept with its file and name and got from the file opened
-    again; the replay's own method stays where it is the same file's."""
+    corpus/phase_history.py, 2 of 2). It is kept with its file and name and got from the file
+    opened again; the replay's own method stays where it is the same file's."""
     from gpusnap.files import disk
 
     first, second = tmp_path / "phase1.log", tmp_path / "phase2.log"

@@ -406,7 +406,8 @@ class GraphPickler(BufferReducers, pickle.Pickler):
         for module in (getattr(obj, "__module__", None), type(owner).__module__):
             if module in sys.modules and name and getattr(sys.modules[module], name, None) == obj:
                 return _module_attribute, (module, name)
-        if type(obj) in (types.BuiltinFunctionType, types.MethodWrapperType) and not (owner is None or isinstance(owner, (type, types.ModuleType))):
+        bound_to_instance = not (owner is None or isinstance(owner, (type, types.ModuleType)))
+        if type(obj) in (types.BuiltinFunctionType, types.MethodWrapperType) and bound_to_instance:
             # Kept with its owner (in the graph as any object: a file as a file to open again, one
             # that cannot be kept live-only) and its name: the run may have bound another object's
             # since (`record = val_losses.append`, `write = log.write` of the log it rotated to), or
