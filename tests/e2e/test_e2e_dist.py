@@ -197,7 +197,7 @@ def _setup(tmp_path: Path):
     pytest.param("comm_hook.py", ["8"], 2, "one", marks=pytest.mark.more),
     pytest.param("comm_hook.py", ["8", "--late"], 2, "all", marks=pytest.mark.more),
     # post-local SGD with a periodic model averager, which leaves the parameters views of one
-    # flat tensor: merged each into its own, they were apart after the restart, refused, 3 of 4,
+    # flat tensor: merged each into its own, they were apart after the restart, refused, 2 of 3,
     # until tensors that shared a storage no live one owned moved onto a copy of it
     pytest.param("local_sgd.py", ["6"], 2, "all", marks=pytest.mark.more),
 ])

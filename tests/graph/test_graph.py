@@ -1290,7 +1290,7 @@ def test_parameters_the_run_put_in_one_flat_buffer_share_one_again_where_the_rep
     """A periodic model averager sets each `p.data` to a view of one averaged flat tensor: in the
     run the parameters share a storage no parameter owns whole, in the replay (before its first
     averaging) each has its own. Merged each into its own, they were apart after the restart,
-    which the witness refused (local_sgd.py, 3 of 4). They move together onto a copy of the
+    which the witness refused (local_sgd.py, 2 of 3). They move together onto a copy of the
     snapshot's storage, each the same object, at the run's offsets and with its bytes."""
     torch.manual_seed(0)
     run = torch.nn.Linear(3, 2)
